@@ -1,0 +1,13 @@
+//! Docket's wire protocol.
+//!
+//! Every message and service of package `docket.v1` is generated at build time from the
+//! `.proto` files under `proto/` (see `build.rs`) and re-exported from [`v1`]. Nothing here is
+//! written by hand: changing the protocol means changing a `.proto` file.
+//!
+//! Compatibility rule: fields are only ever added, never renumbered or retyped, so a replica
+//! or agent one release behind keeps working during a rolling upgrade.
+
+/// Package `docket.v1`.
+pub mod v1 {
+    tonic::include_proto!("docket.v1");
+}
