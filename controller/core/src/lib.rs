@@ -1,14 +1,39 @@
 //! Docket's scheduler, as a pure state machine.
 //!
-//! Every controller replica holds the same [`docket-core`](crate) state and applies the same
-//! replicated commands to it in the same order, so everything here must be deterministic:
-//! ordered maps only, no clocks (time arrives in each command, stamped by the leader), no
-//! randomness except from a seed held in state, no I/O. The daemons around it do the I/O,
-//! tracing, metrics and timing.
+//! Every controller replica holds the same [`State`] and applies the same replicated
+//! [`Command`]s to it in the same order ([`State::apply`]), so everything here must be
+//! deterministic: ordered maps only, no clocks (time arrives in each command, stamped by the
+//! leader), no randomness except from a seed held in state, no I/O. The daemons around it do
+//! the I/O, tracing, metrics and timing.
 //!
-//! This purity is what lets the same planning code run inside the leader, inside
-//! `docket sim` on a workload trace, and inside deterministic simulation tests.
+//! This purity is what lets the same code run inside the leader, inside `docket sim` on a
+//! workload trace, and inside deterministic simulation tests.
+//!
+//! Map:
+//! - model: [`ids`], [`quantity`], [`job`], [`node`], [`partition`], [`qos`], [`account`],
+//!   [`config`], held together in [`state`];
+//! - change: [`command`] (what), [`apply`] (how), [`policy`] (which part of the queue and
+//!   which reason each pending job gets);
+//! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
+pub mod account;
+pub mod apply;
+pub mod command;
+pub mod config;
 pub mod ids;
+pub mod invariants;
+pub mod job;
+pub mod node;
+pub mod partition;
+mod policy;
+pub mod qos;
+pub mod quantity;
+pub mod snapshot;
+pub mod state;
 
+pub use apply::{ApplyCtx, Rejection, Response};
+pub use command::{Actor, Command, Envelope};
 pub use ids::{AccountName, IdError, JobId, NodeName, PartitionName, QosName, UserName};
+pub use invariants::InvariantViolation;
+pub use snapshot::SnapshotError;
+pub use state::State;

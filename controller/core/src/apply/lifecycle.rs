@@ -1,0 +1,332 @@
+//! Starting and ending jobs: the planner's decisions and the agents' reports.
+//!
+//! Apply re-validates every start decision against the state it meets (optimistic
+//! concurrency): the planner planned on an older state, and a job may have been cancelled or
+//! a node drained since. Decisions of one batch are checked in order, each seeing the ones
+//! accepted before it, so a batch can never overcommit a node or a limit.
+//!
+//! End reports carry the dispatch epoch the agent holds; a report from an older dispatch
+//! (the job was requeued and started elsewhere since) is ignored, so a job is never ended by
+//! a ghost of its previous run.
+
+use std::collections::BTreeSet;
+
+use crate::apply::{Rejection, Response};
+use crate::command::{EndCause, EndReport, StartDecision};
+use crate::ids::{JobId, NodeName};
+use crate::job::{Allocation, ArrayPart, JobState, MemoryRequest, NodeShare, Part, Reason};
+use crate::node::NodeUse;
+use crate::policy::{DepStatus, stop_eligible_clock};
+use crate::quantity::{Seconds, TimeMs};
+use crate::state::State;
+
+impl State {
+    pub(crate) fn start_jobs(&mut self, decisions: &[StartDecision], now: TimeMs) -> Response {
+        let mut running = self.running_summary(now);
+        let mut results = Vec::with_capacity(decisions.len());
+        for d in decisions {
+            let r = self.start_one(d, &running, now);
+            if let Ok(id) = &r
+                && let Some(job) = self.jobs.get(id)
+            {
+                running.add_job(job, now);
+            }
+            results.push(r);
+        }
+        if results.iter().any(Result::is_ok) {
+            self.refresh_all_pending(now);
+        }
+        Response::Started(results)
+    }
+
+    fn start_one(
+        &mut self,
+        d: &StartDecision,
+        running: &crate::policy::RunningSummary,
+        now: TimeMs,
+    ) -> Result<JobId, Rejection> {
+        let stale = |why: String| Rejection::Stale {
+            job: d.job.to_string(),
+            why,
+        };
+        let job = self
+            .jobs
+            .get(&d.job.job)
+            .ok_or_else(|| Rejection::unknown("job", d.job))?;
+        if job.state != JobState::Pending {
+            return Err(stale(format!("it is {}", job.state.name())));
+        }
+        if job.part != Part::Idle {
+            return Err(stale(format!("it is blocked ({})", job.reason)));
+        }
+        match (&job.array, d.job.task) {
+            (Some(ArrayPart::Master { pending, throttle }), Some(i)) => {
+                if !pending.contains(i) {
+                    return Err(stale(format!("task {i} is not pending")));
+                }
+                if let Some(t) = throttle
+                    && running.array_running(job.id) >= *t
+                {
+                    return Err(stale(format!("{} (%{t})", Reason::JobArrayTaskLimit)));
+                }
+                if self.dependency_status(job, Some(i), now) != DepStatus::Satisfied {
+                    return Err(stale(format!("task {i}'s dependency is not satisfied")));
+                }
+            }
+            (Some(ArrayPart::Master { .. }), None) => {
+                return Err(Rejection::invalid(
+                    "job",
+                    format!("{} is an array; a start decision names one task", job.id),
+                ));
+            }
+            (_, Some(i)) if !matches!(job.array, Some(ArrayPart::Task { index, .. }) if index == i) =>
+            {
+                return Err(Rejection::unknown("array task", d.job));
+            }
+            _ => {}
+        }
+        // Limits, with every start accepted so far in this batch counted. The planner may
+        // lift the soft MAXPS limit (when nothing else is eligible); nothing else.
+        match self.start_blocker(job, running) {
+            None | Some(Reason::MaxPsSoftLimit) => {}
+            Some(reason) => return Err(stale(format!("limit {reason}"))),
+        }
+        let shares = self.place_on_nodes(job.id, &d.nodes)?;
+        // Accepted: nothing below can fail.
+        let id = match d.job.task {
+            Some(i) => self.split_task(d.job.job, i),
+            None => d.job.job,
+        };
+        let epoch = self.next_epoch;
+        self.next_epoch += 1;
+        let exclusive = self.jobs.get(&id).is_some_and(|j| j.spec.exclusive);
+        for s in &shares {
+            if let Some(node) = self.nodes.get_mut(&s.node) {
+                node.jobs.insert(
+                    id,
+                    NodeUse {
+                        cpus: s.cpus,
+                        memory: s.memory,
+                        jobfs: s.jobfs,
+                        exclusive,
+                    },
+                );
+            }
+        }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            stop_eligible_clock(job, now);
+            job.state = JobState::Running;
+            job.reason = Reason::None;
+            job.start_time = Some(now);
+            job.alloc = Some(Allocation {
+                shares,
+                exclusive,
+                epoch,
+            });
+        }
+        self.holding.insert(id);
+        Ok(id)
+    }
+
+    /// Checks that `nodes` can take the job now and computes what each gives it.
+    fn place_on_nodes(&self, id: JobId, nodes: &[NodeName]) -> Result<Vec<NodeShare>, Rejection> {
+        let job = self
+            .jobs
+            .get(&id)
+            .ok_or_else(|| Rejection::unknown("job", id))?;
+        let stale = |why: String| Rejection::Stale {
+            job: id.to_string(),
+            why,
+        };
+        let spec = &job.spec;
+        if nodes.len() as u64 != u64::from(spec.nodes) {
+            return Err(Rejection::invalid(
+                "nodes",
+                format!(
+                    "decision names {} nodes; the job asks for {}",
+                    nodes.len(),
+                    spec.nodes
+                ),
+            ));
+        }
+        let distinct: BTreeSet<&NodeName> = nodes.iter().collect();
+        if distinct.len() != nodes.len() {
+            return Err(Rejection::invalid("nodes", "a node is named twice"));
+        }
+        if let Some(missing) = spec.nodelist.iter().find(|n| !distinct.contains(n)) {
+            return Err(stale(format!(
+                "required node {missing} is not in the decision"
+            )));
+        }
+        let partition = self
+            .partitions
+            .get(&job.resolved.partition)
+            .ok_or_else(|| Rejection::unknown("partition", &job.resolved.partition))?;
+        if !partition.up {
+            return Err(stale(format!("partition {} is down", partition.name)));
+        }
+        let n = u64::from(spec.nodes);
+        let (base, extra) = (u64::from(spec.ntasks) / n, u64::from(spec.ntasks) % n);
+        let mut shares = Vec::with_capacity(nodes.len());
+        for (k, name) in nodes.iter().enumerate() {
+            let node = self
+                .nodes
+                .get(name)
+                .ok_or_else(|| Rejection::unknown("node", name))?;
+            if !node.accepts_jobs() {
+                return Err(stale(format!("node {name} is {}", node.state())));
+            }
+            if !partition.nodes.contains(name) {
+                return Err(stale(format!(
+                    "node {name} is not in partition {}",
+                    partition.name
+                )));
+            }
+            if spec.exclude.contains(name) {
+                return Err(stale(format!("node {name} is excluded by the job")));
+            }
+            if !spec.features.is_subset(&node.spec.features) {
+                return Err(stale(format!("node {name} lacks a requested feature")));
+            }
+            let tasks = base + u64::from((k as u64) < extra);
+            let mut cpus = tasks * u64::from(spec.cpus_per_task);
+            if spec.exclusive {
+                cpus = u64::from(node.spec.cpus);
+            }
+            let cpus = u32::try_from(cpus).map_err(|_| stale("cpu count overflows".into()))?;
+            let memory = match job.resolved.memory {
+                MemoryRequest::PerNode(m) => m,
+                MemoryRequest::PerCpu(m) => m
+                    .checked_mul(u64::from(cpus))
+                    .ok_or_else(|| stale("memory overflows".into()))?,
+                MemoryRequest::WholeNode => node.spec.memory,
+            };
+            let want = NodeUse {
+                cpus,
+                memory,
+                jobfs: job.resolved.jobfs,
+                exclusive: spec.exclusive,
+            };
+            if !node.fits(&want) {
+                return Err(stale(format!(
+                    "node {name} has no room for {cpus} cpus, {memory} memory, {} jobfs",
+                    job.resolved.jobfs
+                )));
+            }
+            shares.push(NodeShare {
+                node: name.clone(),
+                cpus,
+                memory,
+                jobfs: job.resolved.jobfs,
+            });
+        }
+        Ok(shares)
+    }
+
+    pub(crate) fn end_jobs(&mut self, reports: &[EndReport], now: TimeMs) -> Response {
+        let (mut applied, mut stale) = (0, 0);
+        for r in reports {
+            let current = self.jobs.get(&r.job).is_some_and(|j| {
+                j.state.holds_resources() && j.alloc.as_ref().is_some_and(|a| a.epoch == r.epoch)
+            });
+            if current {
+                self.finish(r.job, r.cause, Some(r.exit), now);
+                applied += 1;
+            } else {
+                stale += 1;
+            }
+        }
+        if applied > 0 {
+            self.refresh_all_pending(now);
+        }
+        Response::Ended { applied, stale }
+    }
+
+    pub(crate) fn down_node(
+        &mut self,
+        name: &NodeName,
+        reason: &str,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        if reason.len() > crate::apply::admin::MAX_REASON_LEN {
+            return Err(Rejection::too_large(
+                "reason length",
+                reason.len() as u64,
+                crate::apply::admin::MAX_REASON_LEN as u64,
+            ));
+        }
+        let node = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Rejection::unknown("node", name))?;
+        node.down = Some(reason.to_owned());
+        let victims: Vec<JobId> = node.jobs.keys().copied().collect();
+        for id in victims {
+            self.finish(id, EndCause::NodeFail, None, now);
+        }
+        self.refresh_all_pending(now);
+        Ok(Response::Done)
+    }
+
+    /// Ends a job that holds resources: frees them and sets its final state, or requeues it.
+    fn finish(
+        &mut self,
+        id: JobId,
+        cause: EndCause,
+        exit: Option<crate::job::ExitStatus>,
+        now: TimeMs,
+    ) {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        let alloc = job.alloc.take();
+        let cancelled = job.end_cause == Some(EndCause::Cancelled);
+        let requeue = job.spec.requeue
+            && !cancelled
+            && matches!(cause, EndCause::NodeFail | EndCause::LaunchFailed);
+        if let Some(since) = job.suspended_since.take() {
+            job.suspended_total += now.since(since);
+        }
+        if requeue {
+            job.state = JobState::Pending;
+            job.part = Part::New;
+            job.reason = Reason::None;
+            job.requeue_count += 1;
+            job.start_time = None;
+            job.suspended_total = Seconds::ZERO;
+            job.end_cause = None;
+            job.exit = None;
+        } else {
+            let exited_ok = exit.is_some_and(|e| e.code == 0 && e.signal == 0);
+            job.state = match cause {
+                _ if cancelled => JobState::Cancelled,
+                EndCause::Exited if exited_ok => JobState::Completed,
+                EndCause::Exited | EndCause::JobfsExceeded | EndCause::LaunchFailed => {
+                    JobState::Failed
+                }
+                EndCause::Timeout => JobState::Timeout,
+                EndCause::OutOfMemory => JobState::OutOfMemory,
+                EndCause::NodeFail => JobState::NodeFail,
+                EndCause::Cancelled => JobState::Cancelled,
+            };
+            job.end_time = Some(now);
+            job.exit = exit;
+            if !cancelled {
+                job.end_cause = Some(cause);
+            }
+        }
+        let user = job.spec.user.clone();
+        let terminal = job.state.is_terminal();
+        if let Some(alloc) = alloc {
+            for share in alloc.shares {
+                if let Some(node) = self.nodes.get_mut(&share.node) {
+                    node.jobs.remove(&id);
+                }
+            }
+        }
+        self.holding.remove(&id);
+        if terminal {
+            self.unindex_live(&user, id);
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Applying commands: the only way replicated state changes.
+//!
+//! `apply` is deterministic: it reads nothing but the state, the command and the context
+//! (log index and the leader's time), so every replica ends in the same state. A rejected
+//! command or rejected item changes nothing: each handler validates before it mutates.
+
+mod admin;
+mod control;
+mod lifecycle;
+mod submit;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{COMMAND_VERSION, Command, Envelope};
+use crate::ids::JobId;
+use crate::quantity::TimeMs;
+use crate::state::State;
+
+/// What apply knows besides the state: where in the log this command sits, and the time the
+/// leader stamped on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyCtx {
+    pub index: u64,
+    pub time_ms: TimeMs,
+}
+
+/// What a successfully applied command answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    Done,
+    /// One result per submitted job, in order.
+    Submitted(Vec<Result<JobId, Rejection>>),
+    /// One result per job named (cancel, hold, release).
+    PerJob(Vec<Result<(), Rejection>>),
+    /// One result per start decision: the id of the job that started (a new id for an array
+    /// task split off its master).
+    Started(Vec<Result<JobId, Rejection>>),
+    /// How many end reports took effect (stale ones are ignored).
+    Ended {
+        applied: u32,
+        stale: u32,
+    },
+}
+
+/// Why a command, or one item of it, was refused. The message names the field and the limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum Rejection {
+    #[error(
+        "command version {found} is newer than version {supported} that this replica applies; \
+         upgrade every replica first"
+    )]
+    UnsupportedVersion { found: u16, supported: u16 },
+    #[error("log index {index} is not after the last applied index {last}")]
+    AlreadyApplied { index: u64, last: u64 },
+    #[error("{field}: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error("{field} = {value} exceeds the limit of {limit}")]
+    TooLarge {
+        field: String,
+        value: u64,
+        limit: u64,
+    },
+    #[error("unknown {kind} {name:?}")]
+    Unknown { kind: String, name: String },
+    #[error("{kind} {name} is in use: {why}")]
+    InUse {
+        kind: String,
+        name: String,
+        why: String,
+    },
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
+    #[error("job {job} is {state}; cannot {action}")]
+    WrongState {
+        job: String,
+        state: String,
+        action: String,
+    },
+    #[error("stale decision for job {job}: {why}")]
+    Stale { job: String, why: String },
+}
+
+impl Rejection {
+    pub(crate) fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Rejection {
+        Rejection::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+
+    pub(crate) fn too_large(field: impl Into<String>, value: u64, limit: u64) -> Rejection {
+        Rejection::TooLarge {
+            field: field.into(),
+            value,
+            limit,
+        }
+    }
+
+    pub(crate) fn unknown(kind: &str, name: impl ToString) -> Rejection {
+        Rejection::Unknown {
+            kind: kind.to_owned(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl State {
+    /// Applies one command. On `Err` nothing changed but the log position (and the time
+    /// seen); per-item rejections inside an `Ok` response changed nothing for those items.
+    pub fn apply(&mut self, envelope: &Envelope, ctx: ApplyCtx) -> Result<Response, Rejection> {
+        if ctx.index <= self.applied.index {
+            return Err(Rejection::AlreadyApplied {
+                index: ctx.index,
+                last: self.applied.index,
+            });
+        }
+        // Every entry advances the log position, even one whose command is rejected: the
+        // entry was committed and applied; its answer is the rejection.
+        self.applied.index = ctx.index;
+        self.applied.now = self.applied.now.max(ctx.time_ms);
+        let now = self.applied.now;
+        if envelope.version > COMMAND_VERSION {
+            return Err(Rejection::UnsupportedVersion {
+                found: envelope.version,
+                supported: COMMAND_VERSION,
+            });
+        }
+        match &envelope.command {
+            Command::SetConfig(c) => self.set_config(c),
+            Command::UpsertNode(spec) => self.upsert_node(spec),
+            Command::RemoveNode(name) => self.remove_node(name),
+            Command::DrainNode { node, reason } => self.drain_node(node, reason),
+            Command::ResumeNode(node) => self.resume_node(node, now),
+            Command::DownNode { node, reason } => self.down_node(node, reason, now),
+            Command::UpsertPartition(p) => self.upsert_partition(p, now),
+            Command::RemovePartition(name) => self.remove_partition(name),
+            Command::UpsertQos(q) => self.upsert_qos(q),
+            Command::RemoveQos(name) => self.remove_qos(name),
+            Command::UpsertAccount {
+                name,
+                parent,
+                shares,
+                limits,
+                grant,
+            } => self.upsert_account(name, parent, *shares, limits, grant),
+            Command::RemoveAccount(name) => self.remove_account(name),
+            Command::UpsertUser { user, assocs } => self.upsert_user(user, assocs),
+            Command::RemoveUser(name) => self.remove_user(name),
+            Command::SubmitJobs { actor, blobs, jobs } => self.submit_jobs(actor, blobs, jobs, now),
+            Command::CancelJobs { actor, jobs } => Ok(self.cancel_jobs(actor, jobs, now)),
+            Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
+            Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
+            Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
+            Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
+            Command::Tick => {
+                self.refresh_all_pending(now);
+                Ok(Response::Done)
+            }
+        }
+    }
+}

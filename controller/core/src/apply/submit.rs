@@ -1,0 +1,478 @@
+//! Submission: validate each job, resolve its defaults, give it an id, and place it in the
+//! queue with the reason that applies.
+//!
+//! One command carries a whole batch (group commit puts many clients' submissions in one log
+//! entry). Each job is accepted or rejected on its own, and a rejected job leaves no trace:
+//! its id is not consumed and blobs only it referenced are not kept.
+
+use std::collections::BTreeSet;
+
+use crate::apply::{Rejection, Response};
+use crate::command::Actor;
+use crate::ids::JobId;
+use crate::job::{
+    ArrayPart, BlobId, Job, JobSpec, JobState, MemoryRequest, Part, Reason, Resolved, TimeRequest,
+};
+use crate::quantity::{MiB, Seconds, TimeMs};
+use crate::state::{Blob, State};
+
+/// Longest job name, output path or working directory accepted.
+pub const MAX_NAME_BYTES: usize = 256;
+pub const MAX_PATH_BYTES: usize = 4096;
+/// The nice range Slurm accepts.
+pub const MAX_NICE: i32 = 2_147_483_645;
+
+impl State {
+    pub(crate) fn submit_jobs(
+        &mut self,
+        actor: &Actor,
+        blobs: &[Vec<u8>],
+        jobs: &[JobSpec],
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        if jobs.len() as u64 > u64::from(self.config.max_batch) {
+            return Err(Rejection::too_large(
+                "jobs per submission",
+                jobs.len() as u64,
+                u64::from(self.config.max_batch),
+            ));
+        }
+        let mut offered = BTreeSet::new();
+        for (i, data) in blobs.iter().enumerate() {
+            if data.len() as u64 > self.config.max_blob_bytes {
+                return Err(Rejection::too_large(
+                    format!("blob {i} size in bytes"),
+                    data.len() as u64,
+                    self.config.max_blob_bytes,
+                ));
+            }
+            let id = BlobId::of(data);
+            if let std::collections::btree_map::Entry::Vacant(slot) = self.blobs.entry(id) {
+                slot.insert(Blob {
+                    data: data.clone(),
+                    refs: 0,
+                });
+                offered.insert(id);
+            }
+        }
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut touched_users = BTreeSet::new();
+        for spec in jobs {
+            let result = self.submit_one(actor, spec, now);
+            if result.is_ok() {
+                touched_users.insert(spec.user.clone());
+            }
+            results.push(result);
+        }
+        // Blobs that came with this command but that no accepted job uses are not kept.
+        for id in offered {
+            if self.blobs.get(&id).is_some_and(|b| b.refs == 0) {
+                self.blobs.remove(&id);
+            }
+        }
+        if !touched_users.is_empty() {
+            let running = self.running_summary(now);
+            for user in touched_users {
+                self.place_user(&user, &running, now);
+            }
+        }
+        Ok(Response::Submitted(results))
+    }
+
+    fn submit_one(
+        &mut self,
+        actor: &Actor,
+        spec: &JobSpec,
+        now: TimeMs,
+    ) -> Result<JobId, Rejection> {
+        let admin = self.is_admin(actor);
+        if let Actor::User(u) = actor
+            && u != &spec.user
+            && !admin
+        {
+            return Err(Rejection::NotPermitted(format!(
+                "user {u} cannot submit jobs as {}",
+                spec.user
+            )));
+        }
+        let live = self.jobs.len() as u64;
+        if live >= self.config.max_job_count {
+            return Err(Rejection::too_large(
+                "jobs in the queue (MaxJobCount)",
+                live + 1,
+                self.config.max_job_count,
+            ));
+        }
+        let resolved = self.resolve(spec, admin)?;
+        self.check_dependency_targets(spec)?;
+        let blob_refs: Vec<BlobId> = std::iter::once(spec.script).chain(spec.env).collect();
+        for b in &blob_refs {
+            if !self.blobs.contains_key(b) {
+                return Err(Rejection::invalid(
+                    "script",
+                    format!("blob {b} was neither sent with the job nor stored"),
+                ));
+            }
+        }
+        // Accepted: nothing below can fail.
+        for b in &blob_refs {
+            if let Some(blob) = self.blobs.get_mut(b) {
+                blob.refs += 1;
+            }
+        }
+        let id = JobId(self.next_job_id);
+        self.next_job_id += 1;
+        let array = spec.array.as_ref().map(|a| ArrayPart::Master {
+            pending: a.indexes.clone(),
+            throttle: a.throttle,
+        });
+        let job = Job {
+            id,
+            spec: spec.clone(),
+            resolved,
+            state: JobState::Pending,
+            reason: Reason::None,
+            hold: spec.hold.then_some(crate::job::Hold::User),
+            part: Part::New,
+            array,
+            submit_time: now,
+            eligible_since: None,
+            eligible_accrued: Seconds::ZERO,
+            start_time: None,
+            end_time: None,
+            suspended_total: Seconds::ZERO,
+            suspended_since: None,
+            alloc: None,
+            requeue_count: 0,
+            exit: None,
+            end_cause: None,
+            bypass_count: 0,
+        };
+        self.index_live(&job);
+        self.jobs.insert(id, job);
+        Ok(id)
+    }
+
+    /// Checks a spec and fills in its defaults from partition, association and config.
+    fn resolve(&self, spec: &JobSpec, admin: bool) -> Result<Resolved, Rejection> {
+        if spec.name.len() > MAX_NAME_BYTES {
+            return Err(Rejection::too_large(
+                "name length",
+                spec.name.len() as u64,
+                MAX_NAME_BYTES as u64,
+            ));
+        }
+        if spec.name.chars().any(char::is_control) {
+            return Err(Rejection::invalid("name", "contains control characters"));
+        }
+        for (field, path) in [
+            ("work_dir", Some(&spec.work_dir)),
+            ("stdout", spec.stdout.as_ref()),
+            ("stderr", spec.stderr.as_ref()),
+        ] {
+            if let Some(path) = path {
+                if path.len() > MAX_PATH_BYTES {
+                    return Err(Rejection::too_large(
+                        format!("{field} length"),
+                        path.len() as u64,
+                        MAX_PATH_BYTES as u64,
+                    ));
+                }
+                if path.contains('\0') {
+                    return Err(Rejection::invalid(field, "contains a NUL byte"));
+                }
+            }
+        }
+        if !spec.work_dir.starts_with('/') {
+            return Err(Rejection::invalid(
+                "work_dir",
+                format!("{:?} is not an absolute path", spec.work_dir),
+            ));
+        }
+        if spec.nodes == 0 {
+            return Err(Rejection::invalid("nodes", "must be at least 1"));
+        }
+        if spec.ntasks == 0 {
+            return Err(Rejection::invalid("ntasks", "must be at least 1"));
+        }
+        if spec.cpus_per_task == 0 {
+            return Err(Rejection::invalid("cpus_per_task", "must be at least 1"));
+        }
+        if spec.ntasks < spec.nodes {
+            return Err(Rejection::invalid(
+                "ntasks",
+                format!("{} tasks cannot fill {} nodes", spec.ntasks, spec.nodes),
+            ));
+        }
+        if let Some(per_node) = spec.ntasks_per_node {
+            let room = u64::from(per_node) * u64::from(spec.nodes);
+            if per_node == 0 || room < u64::from(spec.ntasks) {
+                return Err(Rejection::invalid(
+                    "ntasks_per_node",
+                    format!(
+                        "{per_node} per node on {} nodes cannot hold {} tasks",
+                        spec.nodes, spec.ntasks
+                    ),
+                ));
+            }
+        }
+        if spec.nice.unsigned_abs() > MAX_NICE.unsigned_abs() {
+            return Err(Rejection::too_large(
+                "nice",
+                u64::from(spec.nice.unsigned_abs()),
+                MAX_NICE as u64,
+            ));
+        }
+        if spec.nice < 0 && !admin {
+            return Err(Rejection::NotPermitted(
+                "only an administrator may set a negative nice".into(),
+            ));
+        }
+        if spec.user_factor_pct > 100 {
+            return Err(Rejection::too_large(
+                "user_factor_pct",
+                u64::from(spec.user_factor_pct),
+                100,
+            ));
+        }
+        if let Some(a) = &spec.array {
+            if a.indexes.is_empty() {
+                return Err(Rejection::invalid("array", "has no indexes"));
+            }
+            let max = u64::from(self.config.max_array_size);
+            if a.indexes.len() > max {
+                return Err(Rejection::too_large("array size", a.indexes.len(), max));
+            }
+            if let Some(last) = a.indexes.last()
+                && u64::from(last) >= max
+            {
+                return Err(Rejection::too_large(
+                    "array index (MaxArraySize - 1)",
+                    u64::from(last),
+                    max - 1,
+                ));
+            }
+        }
+        let user = self
+            .users
+            .get(&spec.user)
+            .ok_or_else(|| Rejection::unknown("user", &spec.user))?;
+        let account = spec
+            .account
+            .clone()
+            .unwrap_or_else(|| user.default_account.clone());
+        let acct = self
+            .accounts
+            .get(&account)
+            .ok_or_else(|| Rejection::unknown("account", &account))?;
+        if !acct.users.contains_key(&spec.user) {
+            return Err(Rejection::NotPermitted(format!(
+                "user {} is not a member of account {account}",
+                spec.user
+            )));
+        }
+        let partition = match &spec.partition {
+            Some(p) => self
+                .partitions
+                .get(p)
+                .ok_or_else(|| Rejection::unknown("partition", p))?,
+            None => self.default_partition().ok_or_else(|| {
+                Rejection::invalid("partition", "none given and no default partition is set")
+            })?,
+        };
+        if !partition.allows_account(&account) {
+            return Err(Rejection::NotPermitted(format!(
+                "account {account} may not use partition {}",
+                partition.name
+            )));
+        }
+        let qos = spec
+            .qos
+            .clone()
+            .or_else(|| partition.default_qos.clone())
+            .unwrap_or_else(|| self.config.default_qos.clone());
+        let q = self
+            .qos
+            .get(&qos)
+            .ok_or_else(|| Rejection::unknown("qos", &qos))?;
+        if !partition.allows_qos(&qos) {
+            return Err(Rejection::NotPermitted(format!(
+                "qos {qos} is not allowed in partition {}",
+                partition.name
+            )));
+        }
+        // Time limit: the request, else the partition default, else its max; capped by the
+        // partition, the QOS and the site.
+        let time_limit = match spec.time {
+            TimeRequest::Limit(t) if t.0 == 0 => {
+                return Err(Rejection::invalid("time", "a limit of 0 s; use Unlimited"));
+            }
+            TimeRequest::Limit(t) => Some(t),
+            TimeRequest::Default => partition.default_time.or(partition.max_time),
+            TimeRequest::Unlimited => partition.max_time,
+        };
+        let caps = [
+            ("time (partition MaxTime)", partition.max_time),
+            ("time (QOS MaxWall)", q.limits.max_wall),
+            ("time (site maximum walltime)", self.config.max_walltime),
+        ];
+        let time_limit = match time_limit {
+            Some(t) => {
+                for (field, cap) in caps {
+                    if let Some(cap) = cap
+                        && t > cap
+                    {
+                        return Err(Rejection::too_large(field, t.0, cap.0));
+                    }
+                }
+                Some(t)
+            }
+            // Unlimited only where nothing caps it; otherwise the tightest cap.
+            None => caps.iter().filter_map(|(_, cap)| *cap).min(),
+        };
+        // Nodes: enough in the partition, and each node big enough for one node's share.
+        let members: Vec<_> = partition
+            .nodes
+            .iter()
+            .filter_map(|n| self.nodes.get(n))
+            .filter(|n| spec.features.is_subset(&n.spec.features))
+            .filter(|n| !spec.exclude.contains(&n.spec.name))
+            .collect();
+        if let Some(max) = partition.max_nodes
+            && spec.nodes > max
+        {
+            return Err(Rejection::too_large(
+                "nodes (partition MaxNodes)",
+                u64::from(spec.nodes),
+                u64::from(max),
+            ));
+        }
+        if (members.len() as u64) < u64::from(spec.nodes) {
+            return Err(Rejection::too_large(
+                format!(
+                    "nodes (usable nodes in partition {} with the requested features)",
+                    partition.name
+                ),
+                u64::from(spec.nodes),
+                members.len() as u64,
+            ));
+        }
+        for n in &spec.nodelist {
+            if !partition.nodes.contains(n) {
+                return Err(Rejection::invalid(
+                    "nodelist",
+                    format!("node {n} is not in partition {}", partition.name),
+                ));
+            }
+            if spec.exclude.contains(n) {
+                return Err(Rejection::invalid(
+                    "nodelist",
+                    format!("node {n} is both requested and excluded"),
+                ));
+            }
+        }
+        let tasks_per_node = u64::from(spec.ntasks).div_ceil(u64::from(spec.nodes));
+        let cpus_per_node = tasks_per_node * u64::from(spec.cpus_per_task);
+        let biggest_cpus = members.iter().map(|n| n.spec.cpus).max().unwrap_or(0);
+        if cpus_per_node > u64::from(biggest_cpus) {
+            return Err(Rejection::too_large(
+                format!("cpus per node (largest node in {})", partition.name),
+                cpus_per_node,
+                u64::from(biggest_cpus),
+            ));
+        }
+        let memory = match spec.memory {
+            Some(m) => m,
+            None => match partition.def_mem_per_cpu {
+                Some(per_cpu) => MemoryRequest::PerCpu(per_cpu),
+                None => MemoryRequest::WholeNode,
+            },
+        };
+        let mem_per_node = match memory {
+            MemoryRequest::PerNode(m) => Some(m),
+            // An overflowing product is larger than any node: refused just below.
+            MemoryRequest::PerCpu(m) => Some(m.checked_mul(cpus_per_node).unwrap_or(MiB(u64::MAX))),
+            MemoryRequest::WholeNode => None,
+        };
+        let biggest_mem = members
+            .iter()
+            .map(|n| n.spec.memory)
+            .max()
+            .unwrap_or_default();
+        if let Some(m) = mem_per_node
+            && m > biggest_mem
+        {
+            return Err(Rejection::too_large(
+                format!(
+                    "memory per node in MiB (largest node in {})",
+                    partition.name
+                ),
+                m.0,
+                biggest_mem.0,
+            ));
+        }
+        if let Some(v) = spec.vmem
+            && let Some(m) = mem_per_node
+            && v < m
+        {
+            return Err(Rejection::invalid(
+                "vmem",
+                format!("{v} is below the memory request {m}"),
+            ));
+        }
+        let jobfs = spec.jobfs.unwrap_or(self.config.default_jobfs);
+        let biggest_jobfs = members
+            .iter()
+            .map(|n| n.spec.jobfs)
+            .max()
+            .unwrap_or_default();
+        if jobfs > biggest_jobfs {
+            return Err(Rejection::too_large(
+                format!("jobfs per node in MiB (largest in {})", partition.name),
+                jobfs.0,
+                biggest_jobfs.0,
+            ));
+        }
+        // QOS submit limit (Slurm refuses the submission rather than queueing it).
+        if let Some(max) = q.limits.max_submit_jobs_per_user {
+            let queued = self
+                .live_jobs_of(&spec.user)
+                .filter(|j| j.resolved.qos == qos)
+                .count() as u64;
+            if queued >= u64::from(max) {
+                return Err(Rejection::too_large(
+                    format!(
+                        "jobs of user {} in qos {qos} (MaxSubmitJobsPerUser)",
+                        spec.user
+                    ),
+                    queued + 1,
+                    u64::from(max),
+                ));
+            }
+        }
+        Ok(Resolved {
+            account,
+            partition: partition.name.clone(),
+            qos,
+            time_limit,
+            memory,
+            jobfs,
+        })
+    }
+
+    /// Dependencies must name jobs that exist (or existed: ids below the next id).
+    fn check_dependency_targets(&self, spec: &JobSpec) -> Result<(), Rejection> {
+        let Some(dep) = &spec.dependency else {
+            return Ok(());
+        };
+        for target in dep.targets() {
+            if target.job.0 >= self.next_job_id || target.job.0 == 0 {
+                return Err(Rejection::invalid(
+                    "dependency",
+                    format!("job {target} does not exist"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

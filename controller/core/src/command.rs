@@ -1,0 +1,149 @@
+//! Commands: every change to replicated state.
+//!
+//! A command is what the leader proposes and every replica applies. It is serialized into the
+//! Raft log, so its encoding is versioned ([`Envelope::version`]): a replica refuses a
+//! command newer than it understands instead of misapplying it, which is what makes rolling
+//! upgrades safe (upgrade every replica before the leader proposes the new version).
+
+use serde::{Deserialize, Serialize};
+
+use crate::account::{AssocLimits, Grant, User, UserAssoc};
+use crate::config::SchedConfig;
+use crate::ids::{AccountName, JobId, NodeName, PartitionName, QosName, UserName};
+use crate::job::{ExitStatus, JobRef, JobSpec};
+use crate::node::NodeSpec;
+use crate::partition::Partition;
+use crate::qos::Qos;
+
+/// The command encoding this build writes and the newest it applies.
+pub const COMMAND_VERSION: u16 = 1;
+
+/// A command as it travels through the log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub version: u16,
+    pub command: Command,
+}
+
+impl Envelope {
+    pub fn new(command: Command) -> Envelope {
+        Envelope {
+            version: COMMAND_VERSION,
+            command,
+        }
+    }
+}
+
+/// Who asks. The controller authenticates the caller; the core decides what they may do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Actor {
+    /// A user, who may act on their own jobs (and on anyone's if an admin in state).
+    User(UserName),
+    /// The cluster operator or the controller itself (root, the admin API, the leader).
+    Operator,
+}
+
+/// How a job ended, as far as the scheduler cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndCause {
+    /// The script exited; the exit status says how.
+    Exited,
+    /// Killed at its time limit.
+    Timeout,
+    /// Killed by the out-of-memory killer.
+    OutOfMemory,
+    /// Filled its jobfs.
+    JobfsExceeded,
+    /// Its node failed.
+    NodeFail,
+    /// It could not be launched.
+    LaunchFailed,
+    /// Cancelled while running.
+    Cancelled,
+}
+
+/// One start decision made by the planner: re-validated by apply against current state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartDecision {
+    /// The job, or for an array master the task to split off.
+    pub job: JobRef,
+    /// The nodes, in order; cpus, memory and jobfs per node follow from the request.
+    pub nodes: Vec<NodeName>,
+}
+
+/// A job's end, reported by its agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndReport {
+    pub job: JobId,
+    /// The dispatch epoch the agent holds; a stale report is ignored.
+    pub epoch: u64,
+    pub cause: EndCause,
+    pub exit: ExitStatus,
+}
+
+/// Every change to replicated state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// Replace the scheduler configuration.
+    SetConfig(Box<SchedConfig>),
+    /// Add a node or change its capacity and features.
+    UpsertNode(NodeSpec),
+    /// Remove a node that holds no jobs.
+    RemoveNode(NodeName),
+    /// Let running jobs finish, start nothing new.
+    DrainNode {
+        node: NodeName,
+        reason: String,
+    },
+    /// Undo a drain or a down.
+    ResumeNode(NodeName),
+    /// Declare a node down: its jobs are requeued or failed (node failure).
+    DownNode {
+        node: NodeName,
+        reason: String,
+    },
+    UpsertPartition(Box<Partition>),
+    RemovePartition(PartitionName),
+    UpsertQos(Box<Qos>),
+    RemoveQos(QosName),
+    /// Add or change an account (its users are kept).
+    UpsertAccount {
+        name: AccountName,
+        parent: AccountName,
+        shares: u32,
+        limits: AssocLimits,
+        grant: Option<Grant>,
+    },
+    RemoveAccount(AccountName),
+    /// Add or change a user and their associations (replacing the previous set).
+    UpsertUser {
+        user: User,
+        assocs: Vec<(AccountName, UserAssoc)>,
+    },
+    RemoveUser(UserName),
+    /// Submit jobs. Each is accepted or rejected on its own; `blobs` carries the scripts and
+    /// environments they reference (content-addressed, stored once).
+    SubmitJobs {
+        actor: Actor,
+        blobs: Vec<Vec<u8>>,
+        jobs: Vec<JobSpec>,
+    },
+    CancelJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
+    HoldJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
+    ReleaseJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
+    /// The planner's start decisions.
+    StartJobs(Vec<StartDecision>),
+    /// Agents' end reports.
+    EndJobs(Vec<EndReport>),
+    /// Time passes: re-evaluate begin times, limits that depend on time, purge old jobs.
+    Tick,
+}

@@ -1,0 +1,96 @@
+//! The scheduler configuration that is part of replicated state.
+//!
+//! It lives in the Raft log (changed by [`Command::SetConfig`](crate::command::Command)), not
+//! in each replica's file, so every replica applies every command under the same rules.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::QosName;
+use crate::quantity::{MiB, Seconds};
+
+/// Maui's per-user queue policy (HPC2N, seed 000).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuePolicy {
+    /// Most jobs a user may have in the idle (eligible) part; the rest are blocked.
+    pub max_idle_jobs_per_user: Option<u32>,
+    /// Most jobs a user may have running plus idle.
+    pub max_jobs_per_user: Option<u32>,
+    /// Default MAXPS soft limit in processor-seconds (accounts may override).
+    pub maxps_soft: Option<u64>,
+    /// Default MAXPS hard limit in processor-seconds.
+    pub maxps_hard: Option<u64>,
+    /// Which blocked job moves up when an idle slot frees.
+    pub promotion: Promotion,
+}
+
+/// The order in which blocked jobs are promoted to idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Promotion {
+    /// The newest blocked job first, as HPC2N's policy page states.
+    Newest,
+    /// The oldest blocked job first.
+    Oldest,
+}
+
+impl Default for QueuePolicy {
+    fn default() -> Self {
+        QueuePolicy {
+            max_idle_jobs_per_user: None,
+            max_jobs_per_user: None,
+            maxps_soft: None,
+            maxps_hard: None,
+            promotion: Promotion::Newest,
+        }
+    }
+}
+
+impl QueuePolicy {
+    /// HPC2N's published policy: 8 idle, 72 total, MAXPS 72,000 / 1,080,000 s.
+    pub fn hpc2n() -> QueuePolicy {
+        QueuePolicy {
+            max_idle_jobs_per_user: Some(8),
+            max_jobs_per_user: Some(72),
+            maxps_soft: Some(72_000),
+            maxps_hard: Some(1_080_000),
+            promotion: Promotion::Newest,
+        }
+    }
+}
+
+/// Replicated scheduler configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedConfig {
+    /// Array indexes run from 0 to MaxArraySize - 1 (Slurm's default 1001).
+    pub max_array_size: u32,
+    /// Most jobs (records) the queue holds; submissions beyond are refused.
+    pub max_job_count: u64,
+    /// Most jobs one submission command may carry.
+    pub max_batch: u32,
+    /// Jobfs per node when a job does not ask (NCI: 100 MB).
+    pub default_jobfs: MiB,
+    /// A walltime no job may exceed, whatever its partition (HPC2N: 5 days).
+    pub max_walltime: Option<Seconds>,
+    /// The QOS of jobs that name none and whose partition has no default.
+    pub default_qos: QosName,
+    /// The largest script or environment blob accepted, in bytes.
+    pub max_blob_bytes: u64,
+    pub queue_policy: QueuePolicy,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            max_array_size: 1001,
+            max_job_count: 1_000_000,
+            max_batch: 100_000,
+            default_jobfs: MiB(100),
+            max_walltime: None,
+            default_qos: match "normal".parse() {
+                Ok(q) => q,
+                Err(_) => unreachable!("`normal` is a valid QOS name"),
+            },
+            max_blob_bytes: 4 << 20,
+            queue_policy: QueuePolicy::default(),
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The invariants of replicated state, written down and checked.
+//!
+//! `check_invariants` runs in tests after every applied command and after every snapshot
+//! restore; a violation is a bug in apply, never a user error. Each check names what broke.
+//!
+//! 1. The account tree is well-formed (see `account`); every user's default account exists
+//!    and has the user as a member.
+//! 2. Every partition's nodes exist; at most one partition is the default.
+//! 3. Job ids are keys, below `next_job_id`; live jobs name a user, account, partition and
+//!    QOS that exist.
+//! 4. A job holds an allocation exactly when its state holds resources, and every node lists
+//!    exactly the jobs whose allocations name it, with the same amounts; no node is
+//!    overcommitted, and an exclusive job is alone on its nodes.
+//! 5. Terminal jobs have an end time; pending jobs have no start time; an array master has
+//!    pending indexes in canonical form.
+//! 6. Pending jobs accrue eligible time exactly when idle with no reason; per-user idle and
+//!    running+idle counts respect the configured caps.
+//! 7. Blob reference counts equal the number of jobs referencing each blob, none is zero, and
+//!    every referenced blob exists.
+//! 8. The derived indexes equal their recomputation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::ids::UserName;
+use crate::job::{ArrayPart, BlobId, JobState, Part, Reason};
+use crate::state::State;
+
+/// A broken invariant: what and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invariant violated: {0}")]
+pub struct InvariantViolation(pub String);
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(InvariantViolation(format!($($msg)+)));
+        }
+    };
+}
+
+impl State {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.accounts
+            .check()
+            .map_err(|e| InvariantViolation(e.to_string()))?;
+        for (name, user) in &self.users {
+            ensure!(
+                &user.name == name,
+                "user key {name} holds user {}",
+                user.name
+            );
+            let member = self
+                .accounts
+                .get(&user.default_account)
+                .is_some_and(|a| a.users.contains_key(name));
+            ensure!(
+                member,
+                "user {name}'s default account {} lacks them",
+                user.default_account
+            );
+        }
+        for a in self.accounts.accounts.values() {
+            for u in a.users.keys() {
+                ensure!(
+                    self.users.contains_key(u),
+                    "account {} has unknown user {u}",
+                    a.name
+                );
+            }
+        }
+        for p in self.partitions.values() {
+            for n in &p.nodes {
+                ensure!(
+                    self.nodes.contains_key(n),
+                    "partition {} lists unknown node {n}",
+                    p.name
+                );
+            }
+        }
+        let defaults = self.partitions.values().filter(|p| p.is_default).count();
+        ensure!(defaults <= 1, "{defaults} default partitions");
+        self.check_jobs()?;
+        self.check_nodes()?;
+        self.check_queue_caps()?;
+        self.check_blobs()?;
+        ensure!(
+            self.live_by_user == self.compute_live_by_user(),
+            "live-jobs-per-user index differs from the jobs"
+        );
+        ensure!(
+            self.holding == self.compute_holding(),
+            "holding index differs from the jobs"
+        );
+        Ok(())
+    }
+
+    fn check_jobs(&self) -> Result<(), InvariantViolation> {
+        for (id, job) in &self.jobs {
+            ensure!(&job.id == id, "job key {id} holds job {}", job.id);
+            ensure!(
+                id.0 < self.next_job_id,
+                "job {id} is not below next_job_id {}",
+                self.next_job_id
+            );
+            ensure!(
+                job.state.holds_resources() == job.alloc.is_some(),
+                "job {id} is {} with allocation {:?}",
+                job.state,
+                job.alloc.is_some()
+            );
+            if job.state.is_terminal() {
+                ensure!(job.end_time.is_some(), "terminal job {id} has no end time");
+            } else {
+                let r = &job.resolved;
+                ensure!(
+                    self.users.contains_key(&job.spec.user),
+                    "job {id}: unknown user"
+                );
+                ensure!(
+                    self.accounts.get(&r.account).is_some(),
+                    "job {id}: unknown account"
+                );
+                ensure!(
+                    self.partitions.contains_key(&r.partition),
+                    "job {id}: unknown partition"
+                );
+                ensure!(self.qos.contains_key(&r.qos), "job {id}: unknown qos");
+            }
+            if job.state == JobState::Pending {
+                ensure!(
+                    job.start_time.is_none(),
+                    "pending job {id} has a start time"
+                );
+                let accruing = job.part == Part::Idle && job.reason == Reason::None;
+                ensure!(
+                    job.eligible_since.is_some() == accruing,
+                    "pending job {id} ({:?}, {}) eligible clock running = {}",
+                    job.part,
+                    job.reason,
+                    job.eligible_since.is_some()
+                );
+                ensure!(job.part != Part::New, "pending job {id} was never placed");
+            } else {
+                ensure!(
+                    job.eligible_since.is_none(),
+                    "job {id} is {} but accrues age",
+                    job.state
+                );
+            }
+            if let Some(ArrayPart::Master { pending, .. }) = &job.array {
+                ensure!(
+                    job.state == JobState::Pending || job.state.is_terminal(),
+                    "array master {id} is {}",
+                    job.state
+                );
+                ensure!(
+                    pending.is_canonical(),
+                    "array {id} pending set is not canonical"
+                );
+                ensure!(
+                    !pending.is_empty() || job.state.is_terminal(),
+                    "live array master {id} has no pending tasks"
+                );
+            }
+            if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
+                ensure!(
+                    array_job <= id,
+                    "task {id} names a later array job {array_job}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn check_nodes(&self) -> Result<(), InvariantViolation> {
+        let mut expected: BTreeMap<(&crate::ids::NodeName, crate::ids::JobId), (u32, u64, u64)> =
+            BTreeMap::new();
+        for job in self.jobs.values() {
+            if let Some(alloc) = &job.alloc {
+                ensure!(
+                    !alloc.shares.is_empty(),
+                    "job {} holds an empty allocation",
+                    job.id
+                );
+                for s in &alloc.shares {
+                    let dup = expected.insert((&s.node, job.id), (s.cpus, s.memory.0, s.jobfs.0));
+                    ensure!(dup.is_none(), "job {} names node {} twice", job.id, s.node);
+                }
+            }
+        }
+        let mut listed = 0usize;
+        for (name, node) in &self.nodes {
+            ensure!(
+                &node.spec.name == name,
+                "node key {name} holds node {}",
+                node.spec.name
+            );
+            for (job, u) in &node.jobs {
+                listed += 1;
+                let want = expected.get(&(name, *job));
+                ensure!(
+                    want == Some(&(u.cpus, u.memory.0, u.jobfs.0)),
+                    "node {name} lists job {job} with {u:?}, its allocation says {want:?}"
+                );
+                if u.exclusive {
+                    ensure!(
+                        node.jobs.len() == 1,
+                        "exclusive job {job} shares node {name}"
+                    );
+                }
+            }
+            ensure!(
+                node.used_cpus() <= node.spec.cpus,
+                "node {name} cpus overcommitted"
+            );
+            ensure!(
+                node.used_memory() <= node.spec.memory,
+                "node {name} memory overcommitted"
+            );
+            ensure!(
+                node.used_jobfs() <= node.spec.jobfs,
+                "node {name} jobfs overcommitted"
+            );
+        }
+        ensure!(
+            listed == expected.len(),
+            "allocations name {} node shares, nodes list {listed}",
+            expected.len()
+        );
+        Ok(())
+    }
+
+    fn check_queue_caps(&self) -> Result<(), InvariantViolation> {
+        let policy = &self.config.queue_policy;
+        let mut idle: BTreeMap<&UserName, u64> = BTreeMap::new();
+        let mut running: BTreeMap<&UserName, u64> = BTreeMap::new();
+        for job in self.jobs.values() {
+            if job.state == JobState::Pending && job.part == Part::Idle {
+                *idle.entry(&job.spec.user).or_default() += 1;
+            }
+            if job.state.holds_resources() {
+                *running.entry(&job.spec.user).or_default() += 1;
+            }
+        }
+        for (user, n) in &idle {
+            if let Some(cap) = policy.max_idle_jobs_per_user {
+                ensure!(
+                    *n <= u64::from(cap),
+                    "user {user} has {n} idle jobs, cap {cap}"
+                );
+            }
+            if let Some(cap) = policy.max_jobs_per_user {
+                let r = running.get(user).copied().unwrap_or(0);
+                // Running jobs may exceed the cap after it was lowered; idle ones may not add.
+                ensure!(
+                    *n == 0 || r + n <= u64::from(cap),
+                    "user {user} has {r} running + {n} idle jobs, cap {cap}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn check_blobs(&self) -> Result<(), InvariantViolation> {
+        let mut refs: BTreeMap<BlobId, u64> = BTreeMap::new();
+        for job in self.jobs.values() {
+            for b in std::iter::once(job.spec.script).chain(job.spec.env) {
+                *refs.entry(b).or_default() += 1;
+            }
+        }
+        let stored: BTreeSet<&BlobId> = self.blobs.keys().collect();
+        let referenced: BTreeSet<&BlobId> = refs.keys().collect();
+        ensure!(
+            stored == referenced,
+            "stored blobs differ from the referenced ones"
+        );
+        for (id, blob) in &self.blobs {
+            ensure!(
+                blob.refs == refs[id],
+                "blob {id} counts {} refs, {} jobs use it",
+                blob.refs,
+                refs[id]
+            );
+            ensure!(
+                BlobId::of(&blob.data) == *id,
+                "blob {id} content does not hash to its id"
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! A job: what was asked ([`JobSpec`]), what it resolved to, and where it is in its life.
+//!
+//! An array job is one record while its tasks are pending (its [`ArrayPart::Master`] keeps
+//! the pending indexes); each task splits off into a record of its own, with a new id, when
+//! it starts, as Slurm does. So 10,000 pending tasks cost one record.
+
+pub mod array;
+pub mod dependency;
+pub mod spec;
+pub mod state;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{AccountName, JobId, NodeName, PartitionName, QosName};
+use crate::quantity::{MiB, Seconds, TimeMs};
+
+pub use array::{ArraySpec, IndexSet};
+pub use dependency::{Combine, DepClause, DepKind, Dependency, JobRef};
+pub use spec::{BlobId, JobSpec, MemoryRequest, TimeRequest, WarnSignal};
+pub use state::{JobState, Reason};
+
+/// Who put a hold on a job; an admin hold can only be released by an admin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Hold {
+    User,
+    Admin,
+}
+
+/// A job's place in an array.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ArrayPart {
+    /// The array itself: the tasks that have not started yet.
+    Master {
+        pending: IndexSet,
+        throttle: Option<u32>,
+    },
+    /// One task that has started (or been split off): `array_job_index`.
+    Task { array_job: JobId, index: u32 },
+}
+
+/// The resources one node gives a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShare {
+    pub node: NodeName,
+    pub cpus: u32,
+    pub memory: MiB,
+    pub jobfs: MiB,
+}
+
+/// What a running job holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub shares: Vec<NodeShare>,
+    /// Whole nodes, shared with nobody.
+    pub exclusive: bool,
+    /// Agents refuse instructions older than this; bumped on every start and requeue.
+    pub epoch: u64,
+}
+
+impl Allocation {
+    pub fn cpus(&self) -> u64 {
+        self.shares.iter().map(|s| u64::from(s.cpus)).sum()
+    }
+}
+
+/// How a job ended, as its agent reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// The script's exit code (0-255).
+    pub code: i32,
+    /// The signal that killed it, 0 if none.
+    pub signal: i32,
+}
+
+/// The effective request after defaults: what limits and scheduling use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resolved {
+    pub account: AccountName,
+    pub partition: PartitionName,
+    pub qos: QosName,
+    /// `None` = no limit (UNLIMITED).
+    pub time_limit: Option<Seconds>,
+    pub memory: MemoryRequest,
+    pub jobfs: MiB,
+}
+
+/// Maui's parts of the queue, for a pending job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Part {
+    /// Submitted, not yet placed by the policy (placement happens in the same apply).
+    New,
+    /// Considered for scheduling; counts against the per-user idle cap.
+    Idle,
+    /// Held back by a rule, a hold, a dependency or its begin time; [`Job::reason`] says which.
+    Blocked,
+}
+
+/// One job in the replicated state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    pub resolved: Resolved,
+    pub state: JobState,
+    pub reason: Reason,
+    pub hold: Option<Hold>,
+    /// For a pending job: idle or blocked (Maui). Meaningless otherwise.
+    pub part: Part,
+    pub array: Option<ArrayPart>,
+    pub submit_time: TimeMs,
+    /// Since when the job has been eligible without interruption (age accrues from here;
+    /// Slurm's age does not grow while held, blocked by a limit or waiting on a dependency).
+    pub eligible_since: Option<TimeMs>,
+    /// Eligible time accrued before the current stretch (IT4I's eligible_time).
+    pub eligible_accrued: Seconds,
+    pub start_time: Option<TimeMs>,
+    pub end_time: Option<TimeMs>,
+    /// Time spent suspended so far; walltime does not run while suspended.
+    pub suspended_total: Seconds,
+    pub suspended_since: Option<TimeMs>,
+    pub alloc: Option<Allocation>,
+    pub requeue_count: u32,
+    pub exit: Option<ExitStatus>,
+    /// Why it ended, as its agent reported.
+    pub end_cause: Option<crate::command::EndCause>,
+    /// Times the backfill planner let a lower-priority job start ahead of it (Maui).
+    pub bypass_count: u32,
+}
+
+impl Job {
+    /// Total cpus asked for.
+    pub fn cpus(&self) -> u64 {
+        self.spec.cpus()
+    }
+
+    /// Pending tasks this record stands for: an array master counts its pending indexes.
+    pub fn pending_count(&self) -> u64 {
+        match (&self.state, &self.array) {
+            (JobState::Pending, Some(ArrayPart::Master { pending, .. })) => pending.len(),
+            (JobState::Pending, _) => 1,
+            _ => 0,
+        }
+    }
+
+    /// Eligible time accrued up to `now`.
+    pub fn eligible_time(&self, now: TimeMs) -> Seconds {
+        self.eligible_accrued
+            + self
+                .eligible_since
+                .map(|since| now.since(since))
+                .unwrap_or_default()
+    }
+
+    /// Wall-clock run time up to `now`, excluding time suspended.
+    pub fn run_time(&self, now: TimeMs) -> Seconds {
+        let Some(start) = self.start_time else {
+            return Seconds::ZERO;
+        };
+        let end = self.end_time.unwrap_or(now);
+        let suspended = self.suspended_total
+            + self
+                .suspended_since
+                .map(|s| end.since(s))
+                .unwrap_or_default();
+        end.since(start).saturating_sub(suspended)
+    }
+
+    /// Processor-seconds still to run (Maui's PS for a running job): remaining walltime x cpus.
+    pub fn remaining_ps(&self, now: TimeMs) -> Option<u64> {
+        let limit = self.resolved.time_limit?;
+        let left = limit.saturating_sub(self.run_time(now));
+        Some(left.0.saturating_mul(self.cpus()))
+    }
+
+    /// Processor-seconds the job asks for (Maui's PS for a job about to start):
+    /// WCLIMIT x procs. `None` for an unlimited job.
+    pub fn requested_ps(&self) -> Option<u64> {
+        Some(self.resolved.time_limit?.0.saturating_mul(self.cpus()))
+    }
+}

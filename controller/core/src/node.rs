@@ -1,0 +1,201 @@
+//! Compute nodes as the scheduler sees them: capacity, features, admin state, and what is
+//! allocated on them.
+//!
+//! The displayed state (idle, mix, alloc, drain, down) is derived, never stored, so it can
+//! never disagree with the allocations.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{JobId, NodeName};
+use crate::quantity::MiB;
+
+/// What a node offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSpec {
+    pub name: NodeName,
+    pub cpus: u32,
+    pub memory: MiB,
+    pub jobfs: MiB,
+    /// GPUs: counted, not yet scheduled on.
+    pub gpus: u32,
+    pub features: BTreeSet<String>,
+}
+
+/// What one job holds on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeUse {
+    pub cpus: u32,
+    pub memory: MiB,
+    pub jobfs: MiB,
+    pub exclusive: bool,
+}
+
+/// A node in the replicated state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub spec: NodeSpec,
+    /// An admin drained it: running jobs finish, nothing new starts. Holds the reason.
+    pub drain: Option<String>,
+    /// Declared down (by an admin or after its agent's fence timeout). Holds the reason.
+    pub down: Option<String>,
+    /// Jobs holding resources here (running, suspended or completing).
+    pub jobs: BTreeMap<JobId, NodeUse>,
+}
+
+/// The state `sinfo` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum NodeState {
+    Idle,
+    Mix,
+    Alloc,
+    /// Drained with jobs still on it (`drng` in sinfo).
+    Draining,
+    Drain,
+    Down,
+}
+
+impl NodeState {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Idle => "idle",
+            NodeState::Mix => "mix",
+            NodeState::Alloc => "alloc",
+            NodeState::Draining => "drng",
+            NodeState::Drain => "drain",
+            NodeState::Down => "down",
+        }
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Node {
+    pub fn new(spec: NodeSpec) -> Node {
+        Node {
+            spec,
+            drain: None,
+            down: None,
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    pub fn used_cpus(&self) -> u32 {
+        self.jobs.values().map(|u| u.cpus).sum()
+    }
+
+    pub fn used_memory(&self) -> MiB {
+        self.jobs.values().fold(MiB::ZERO, |acc, u| acc + u.memory)
+    }
+
+    pub fn used_jobfs(&self) -> MiB {
+        self.jobs.values().fold(MiB::ZERO, |acc, u| acc + u.jobfs)
+    }
+
+    pub fn is_exclusively_held(&self) -> bool {
+        self.jobs.values().any(|u| u.exclusive)
+    }
+
+    /// Can new work start here at all?
+    pub fn accepts_jobs(&self) -> bool {
+        self.down.is_none() && self.drain.is_none()
+    }
+
+    pub fn state(&self) -> NodeState {
+        if self.down.is_some() {
+            return NodeState::Down;
+        }
+        if self.drain.is_some() {
+            return if self.jobs.is_empty() {
+                NodeState::Drain
+            } else {
+                NodeState::Draining
+            };
+        }
+        let used = self.used_cpus();
+        if self.jobs.is_empty() {
+            NodeState::Idle
+        } else if used >= self.spec.cpus || self.is_exclusively_held() {
+            NodeState::Alloc
+        } else {
+            NodeState::Mix
+        }
+    }
+
+    /// Does the node have room for `want` now (ignoring admin state)?
+    pub fn fits(&self, want: &NodeUse) -> bool {
+        if self.is_exclusively_held() || (want.exclusive && !self.jobs.is_empty()) {
+            return false;
+        }
+        u64::from(self.used_cpus()) + u64::from(want.cpus) <= u64::from(self.spec.cpus)
+            && self.used_memory().0.saturating_add(want.memory.0) <= self.spec.memory.0
+            && self.used_jobfs().0.saturating_add(want.jobfs.0) <= self.spec.jobfs.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(cpus: u32) -> Node {
+        Node::new(NodeSpec {
+            name: "n1".parse().unwrap(),
+            cpus,
+            memory: MiB::gib(4),
+            jobfs: MiB::gib(10),
+            gpus: 0,
+            features: BTreeSet::new(),
+        })
+    }
+
+    fn take(cpus: u32, exclusive: bool) -> NodeUse {
+        NodeUse {
+            cpus,
+            memory: MiB(512),
+            jobfs: MiB(100),
+            exclusive,
+        }
+    }
+
+    #[test]
+    fn state_follows_allocations_and_admin_flags() {
+        let mut n = node(4);
+        assert_eq!(n.state(), NodeState::Idle);
+        n.jobs.insert(JobId(1), take(2, false));
+        assert_eq!(n.state(), NodeState::Mix);
+        n.jobs.insert(JobId(2), take(2, false));
+        assert_eq!(n.state(), NodeState::Alloc);
+        n.drain = Some("maintenance".into());
+        assert_eq!(n.state(), NodeState::Draining);
+        n.jobs.clear();
+        assert_eq!(n.state(), NodeState::Drain);
+        n.down = Some("not responding".into());
+        assert_eq!(n.state(), NodeState::Down);
+    }
+
+    #[test]
+    fn fit_respects_every_resource_and_exclusivity() {
+        let mut n = node(4);
+        assert!(n.fits(&take(4, false)));
+        assert!(!n.fits(&take(5, false)));
+        n.jobs.insert(JobId(1), take(1, false));
+        assert!(!n.fits(&take(1, true)), "exclusive needs an empty node");
+        assert!(!n.fits(&NodeUse {
+            memory: MiB::gib(4),
+            ..take(1, false)
+        }));
+        n.jobs.clear();
+        n.jobs.insert(JobId(2), take(1, true));
+        assert!(
+            !n.fits(&take(1, false)),
+            "an exclusive job shares with nobody"
+        );
+        assert_eq!(n.state(), NodeState::Alloc);
+    }
+}

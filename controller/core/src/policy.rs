@@ -1,0 +1,564 @@
+//! Queue policy: which part of the queue each pending job is in, and the reason it shows.
+//!
+//! Maui (seed 000) divides the queue into active, idle and blocked parts. A pending job is
+//! *blocked* by its own circumstances (hold, begin time, dependency, a partition that is down,
+//! an array throttle, a request no limit will ever allow) or by the per-user caps on idle and
+//! total jobs; otherwise it is *idle*: considered by the scheduler. An idle job may still be
+//! unable to start right now because of limits on what its owner already runs (MAXPS, running
+//! job and cpu limits); its reason says so, and it keeps its idle slot, as in HPC2N's `showq`.
+//!
+//! Placement is sticky: an idle job stays idle while the caps allow. A new job enters idle
+//! when there is room; when a slot frees, a blocked job is promoted in the configured order
+//! (HPC2N's page: the newest blocked job).
+//!
+//! Age (eligible time) accrues only while a job is idle with nothing stopping it, as in
+//! Slurm, where held, limit-blocked and dependent jobs accrue no age.
+
+use std::collections::BTreeMap;
+
+use crate::config::Promotion;
+use crate::ids::{AccountName, JobId, PartitionName, QosName, UserName};
+use crate::job::{ArrayPart, Combine, DepKind, Hold, Job, JobRef, JobState, Part, Reason};
+use crate::quantity::TimeMs;
+use crate::state::State;
+
+/// What is running, summed the ways limits need, computed once per command.
+#[derive(Debug, Default)]
+pub(crate) struct RunningSummary {
+    per_user: BTreeMap<UserName, Usage>,
+    per_account: BTreeMap<AccountName, Usage>,
+    per_user_qos: BTreeMap<(UserName, QosName), Usage>,
+    per_qos: BTreeMap<QosName, Usage>,
+    per_user_partition: BTreeMap<(UserName, PartitionName), Usage>,
+    per_assoc: BTreeMap<(AccountName, UserName), Usage>,
+    array_running: BTreeMap<JobId, u32>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    jobs: u64,
+    cpus: u64,
+    /// Processor-seconds still to run (Maui's PS of running jobs).
+    remaining_ps: u64,
+}
+
+impl Usage {
+    fn add(&mut self, job: &Job, now: TimeMs) {
+        self.jobs += 1;
+        self.cpus += job.cpus();
+        self.remaining_ps = self
+            .remaining_ps
+            .saturating_add(job.remaining_ps(now).unwrap_or(u64::MAX));
+    }
+
+    fn cpu_run_mins(&self) -> u64 {
+        self.remaining_ps / 60
+    }
+}
+
+/// Whether a dependency is met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DepStatus {
+    Satisfied,
+    Waiting,
+    Never,
+}
+
+impl State {
+    pub(crate) fn running_summary(&self, now: TimeMs) -> RunningSummary {
+        let mut s = RunningSummary::default();
+        for job in self.holding.iter().filter_map(|id| self.jobs.get(id)) {
+            s.add_job(job, now);
+        }
+        s
+    }
+
+    /// Re-places every pending job (after configuration changes and on every tick).
+    pub(crate) fn refresh_all_pending(&mut self, now: TimeMs) {
+        let running = self.running_summary(now);
+        let users: Vec<UserName> = self.live_by_user.keys().cloned().collect();
+        for user in users {
+            self.place_user(&user, &running, now);
+        }
+    }
+
+    /// Re-places one user's pending jobs.
+    pub(crate) fn refresh_user(&mut self, user: &UserName, now: TimeMs) {
+        let running = self.running_summary(now);
+        self.place_user(user, &running, now);
+    }
+
+    pub(crate) fn place_user(&mut self, user: &UserName, running: &RunningSummary, now: TimeMs) {
+        let pending: Vec<JobId> = self
+            .live_jobs_of(user)
+            .filter(|j| j.state == JobState::Pending)
+            .map(|j| j.id)
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let policy = self.config.queue_policy.clone();
+        let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
+        let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
+        let cap_total = policy.max_jobs_per_user.map_or(u64::MAX, u64::from);
+        let allowed_idle = cap_idle.min(cap_total.saturating_sub(running_jobs));
+
+        // Phase 1: each job's own circumstances.
+        let mut kept_idle = Vec::new();
+        let mut new = Vec::new();
+        let mut was_blocked = Vec::new();
+        let mut decided: Vec<(JobId, Part, Reason)> = Vec::new();
+        for id in pending {
+            let Some(job) = self.jobs.get(&id) else {
+                continue;
+            };
+            match self.intrinsic_reason(job, running, now) {
+                Some(reason) => decided.push((id, Part::Blocked, reason)),
+                None => match job.part {
+                    Part::Idle => kept_idle.push(id),
+                    Part::New => new.push(id),
+                    Part::Blocked => was_blocked.push(id),
+                },
+            }
+        }
+        // Phase 2: the caps. Idle jobs keep their slots (the oldest, if caps shrank), new
+        // jobs enter in submission order, then blocked jobs are promoted.
+        let cap_reason = if running_jobs.saturating_add(allowed_idle) >= cap_total {
+            Reason::MaxJobsPerUser
+        } else {
+            Reason::MaxIdleJobsPerUser
+        };
+        if policy.promotion == Promotion::Newest {
+            was_blocked.reverse();
+        }
+        let mut idle_count: u64 = 0;
+        let mut idle = Vec::new();
+        for id in kept_idle.into_iter().chain(new).chain(was_blocked) {
+            if idle_count < allowed_idle {
+                idle_count += 1;
+                idle.push(id);
+            } else {
+                decided.push((id, Part::Blocked, cap_reason));
+            }
+        }
+        // Phase 3: idle jobs that cannot start now because of what their owner runs.
+        for id in idle {
+            let reason = self
+                .jobs
+                .get(&id)
+                .and_then(|job| self.start_blocker(job, running))
+                .unwrap_or(Reason::None);
+            decided.push((id, Part::Idle, reason));
+        }
+        for (id, part, reason) in decided {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                set_pending(job, part, reason, now);
+            }
+        }
+    }
+
+    /// Reasons a job is blocked regardless of the caps, in Slurm's order of precedence.
+    fn intrinsic_reason(&self, job: &Job, running: &RunningSummary, now: TimeMs) -> Option<Reason> {
+        match job.hold {
+            Some(Hold::Admin) => return Some(Reason::JobHeldAdmin),
+            Some(Hold::User) => return Some(Reason::JobHeldUser),
+            None => {}
+        }
+        if job.spec.begin.is_some_and(|b| b > now) {
+            return Some(Reason::BeginTime);
+        }
+        match self.dependency_status(job, None, now) {
+            DepStatus::Satisfied => {}
+            DepStatus::Waiting => return Some(Reason::Dependency),
+            DepStatus::Never => return Some(Reason::DependencyNeverSatisfied),
+        }
+        let partition = self.partitions.get(&job.resolved.partition)?;
+        if !partition.up {
+            return Some(Reason::PartitionDown);
+        }
+        if let (Some(max), Some(t)) = (partition.max_time, job.resolved.time_limit)
+            && t > max
+        {
+            return Some(Reason::PartitionTimeLimit);
+        }
+        if let Some(q) = self.qos.get(&job.resolved.qos)
+            && let (Some(max), Some(t)) = (q.limits.max_wall, job.resolved.time_limit)
+            && t > max
+        {
+            return Some(Reason::QosMaxWallDurationPerJobLimit);
+        }
+        if let Some((_, hard)) = self.maxps_limits(job)
+            && job.requested_ps().is_none_or(|ps| ps > hard)
+        {
+            return Some(Reason::MaxPsHardLimitNever);
+        }
+        if let Some(ArrayPart::Master {
+            throttle: Some(t), ..
+        }) = &job.array
+            && running.array_running.get(&job.id).copied().unwrap_or(0) >= *t
+        {
+            return Some(Reason::JobArrayTaskLimit);
+        }
+        if job
+            .spec
+            .nodelist
+            .iter()
+            .any(|n| self.nodes.get(n).is_none_or(|node| !node.accepts_jobs()))
+        {
+            return Some(Reason::ReqNodeNotAvail);
+        }
+        None
+    }
+
+    /// The MAXPS (soft, hard) limits that apply to a job: its account's, else the default.
+    fn maxps_limits(&self, job: &Job) -> Option<(u64, u64)> {
+        let account = self.accounts.get(&job.resolved.account);
+        let policy = &self.config.queue_policy;
+        let soft = account
+            .and_then(|a| a.limits.maxps_soft)
+            .or(policy.maxps_soft);
+        let hard = account
+            .and_then(|a| a.limits.maxps_hard)
+            .or(policy.maxps_hard);
+        match (soft, hard) {
+            (None, None) => None,
+            (s, h) => Some((s.unwrap_or(u64::MAX), h.unwrap_or(u64::MAX))),
+        }
+    }
+
+    /// Why an idle job cannot start now, given what is running.
+    pub(crate) fn start_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
+        let user = &job.spec.user;
+        let r = &job.resolved;
+        let cpus = job.cpus();
+        // MAXPS: the PS of the running jobs (of the account if it has its own limit, else of
+        // the user) plus this job's WCLIMIT x procs.
+        if let Some((soft, hard)) = self.maxps_limits(job) {
+            let account_limited = self
+                .accounts
+                .get(&r.account)
+                .is_some_and(|a| a.limits.maxps_soft.is_some() || a.limits.maxps_hard.is_some());
+            let running_ps = if account_limited {
+                running.per_account.get(&r.account)
+            } else {
+                running.per_user.get(user)
+            }
+            .map_or(0, |u| u.remaining_ps);
+            let total = running_ps.saturating_add(job.requested_ps().unwrap_or(u64::MAX));
+            if total > hard {
+                return Some(Reason::MaxPsHardLimit);
+            }
+            if total > soft {
+                return Some(Reason::MaxPsSoftLimit);
+            }
+        }
+        if let Some(q) = self.qos.get(&r.qos) {
+            let mine = running
+                .per_user_qos
+                .get(&(user.clone(), r.qos.clone()))
+                .copied()
+                .unwrap_or_default();
+            if q.limits
+                .max_jobs_per_user
+                .is_some_and(|m| mine.jobs >= u64::from(m))
+            {
+                return Some(Reason::QosMaxJobsPerUserLimit);
+            }
+            if q.limits
+                .max_cpus_per_user
+                .is_some_and(|m| mine.cpus + cpus > m)
+            {
+                return Some(Reason::QosMaxCpuPerUserLimit);
+            }
+            if let Some(m) = q.limits.grp_cpu_run_mins {
+                let group = running.per_qos.get(&r.qos).map_or(0, |u| u.cpu_run_mins());
+                let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
+                if group.saturating_add(this) > m {
+                    return Some(Reason::QosGrpCpuRunMinutesLimit);
+                }
+            }
+        }
+        if let Some(p) = self.partitions.get(&r.partition) {
+            let mine = running
+                .per_user_partition
+                .get(&(user.clone(), r.partition.clone()))
+                .copied()
+                .unwrap_or_default();
+            if p.limits
+                .max_jobs_per_user
+                .is_some_and(|m| mine.jobs >= u64::from(m))
+            {
+                return Some(Reason::PartitionMaxJobsPerUserLimit);
+            }
+            if p.limits
+                .max_cpus_per_user
+                .is_some_and(|m| mine.cpus + cpus > m)
+            {
+                return Some(Reason::PartitionMaxCpuPerUserLimit);
+            }
+        }
+        // Association limits: the user's own association, then each account up the tree.
+        if let Some(account) = self.accounts.get(&r.account) {
+            let assoc_running = running
+                .per_assoc
+                .get(&(r.account.clone(), user.clone()))
+                .copied()
+                .unwrap_or_default();
+            if let Some(ua) = account.users.get(user)
+                && ua
+                    .limits
+                    .max_jobs
+                    .is_some_and(|m| assoc_running.jobs >= u64::from(m))
+            {
+                return Some(Reason::AssocMaxJobsLimit);
+            }
+            for a in self.accounts.ancestry(&r.account) {
+                let acc = running.per_account_tree(self, &a.name);
+                if a.limits.max_jobs.is_some_and(|m| acc.jobs >= u64::from(m)) {
+                    return Some(Reason::AssocMaxJobsLimit);
+                }
+                if let Some(m) = a.limits.grp_cpu_run_mins {
+                    let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
+                    if acc.cpu_run_mins().saturating_add(this) > m {
+                        return Some(Reason::AssocGrpCpuRunMinutesLimit);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether `job`'s dependency is met. For an array master, `task` asks about one of its
+    /// pending indexes (needed by `aftercorr`); `None` asks whether any task could go.
+    pub(crate) fn dependency_status(&self, job: &Job, task: Option<u32>, now: TimeMs) -> DepStatus {
+        let Some(dep) = &job.spec.dependency else {
+            return DepStatus::Satisfied;
+        };
+        let statuses = dep.clauses.iter().map(|clause| match clause.kind {
+            DepKind::Singleton => self.singleton_status(job),
+            kind => match clause.target {
+                Some(target) => self.clause_status(kind, target, job, task, now),
+                None => DepStatus::Never,
+            },
+        });
+        combine(dep.combine, statuses)
+    }
+
+    fn singleton_status(&self, job: &Job) -> DepStatus {
+        let blocked = self.live_jobs_of(&job.spec.user).any(|other| {
+            other.id != job.id
+                && other.spec.name == job.spec.name
+                && (other.state.holds_resources() || other.id < job.id)
+        });
+        if blocked {
+            DepStatus::Waiting
+        } else {
+            DepStatus::Satisfied
+        }
+    }
+
+    fn clause_status(
+        &self,
+        kind: DepKind,
+        target: JobRef,
+        dependent: &Job,
+        task: Option<u32>,
+        now: TimeMs,
+    ) -> DepStatus {
+        if kind == DepKind::AfterCorr {
+            // Task i waits on the target array's task i; a whole master on any of its tasks.
+            let indexes: Vec<u32> = match (task, &dependent.array) {
+                (Some(i), _) => vec![i],
+                (None, Some(ArrayPart::Task { index, .. })) => vec![*index],
+                (None, Some(ArrayPart::Master { pending, .. })) => pending.iter().collect(),
+                (None, None) => {
+                    return self.records_status(DepKind::AfterOk, target, now);
+                }
+            };
+            let each = indexes.into_iter().map(|i| {
+                self.records_status(
+                    DepKind::AfterOk,
+                    JobRef {
+                        job: target.job,
+                        task: Some(i),
+                    },
+                    now,
+                )
+            });
+            return combine(Combine::Any, each);
+        }
+        self.records_status(kind, target, now)
+    }
+
+    /// Status of one clause against every record the target names (all tasks of an array).
+    fn records_status(&self, kind: DepKind, target: JobRef, now: TimeMs) -> DepStatus {
+        let Some(head) = self.jobs.get(&target.job) else {
+            return DepStatus::Never;
+        };
+        let mut records: Vec<&Job> = Vec::new();
+        let mut still_pending = false;
+        match (target.task, &head.array) {
+            (None, Some(ArrayPart::Master { pending, .. })) => {
+                still_pending = !pending.is_empty();
+                records.extend(self.tasks_of(target.job));
+            }
+            (Some(i), Some(ArrayPart::Master { pending, .. })) => {
+                if pending.contains(i) {
+                    still_pending = true;
+                } else {
+                    records.extend(self.tasks_of(target.job).filter(
+                        |t| matches!(t.array, Some(ArrayPart::Task { index, .. }) if index == i),
+                    ));
+                }
+            }
+            (Some(i), Some(ArrayPart::Task { index, .. })) if *index == i => records.push(head),
+            (Some(i), Some(ArrayPart::Task { .. })) => {
+                records.extend(self.tasks_of(target.job).filter(
+                    |t| matches!(t.array, Some(ArrayPart::Task { index, .. }) if index == i),
+                ));
+            }
+            (Some(_), None) => return DepStatus::Never,
+            (None, _) => records.push(head),
+        }
+        if records.is_empty() && !still_pending {
+            return DepStatus::Never;
+        }
+        let each = records.into_iter().map(|r| record_status(kind, r, now));
+        let combined = combine(Combine::All, each);
+        if still_pending && combined != DepStatus::Never {
+            DepStatus::Waiting
+        } else {
+            combined
+        }
+    }
+
+    /// The records of an array's tasks that have split off (including the master itself once
+    /// it became the last task).
+    fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = &Job> {
+        self.jobs.values().filter(move |j| {
+            matches!(j.array, Some(ArrayPart::Task { array_job: a, .. }) if a == array_job)
+        })
+    }
+}
+
+impl RunningSummary {
+    /// Counts a job that just started.
+    pub(crate) fn add_job(&mut self, job: &Job, now: TimeMs) {
+        let user = &job.spec.user;
+        let r = &job.resolved;
+        self.per_user.entry(user.clone()).or_default().add(job, now);
+        self.per_account
+            .entry(r.account.clone())
+            .or_default()
+            .add(job, now);
+        self.per_user_qos
+            .entry((user.clone(), r.qos.clone()))
+            .or_default()
+            .add(job, now);
+        self.per_qos.entry(r.qos.clone()).or_default().add(job, now);
+        self.per_user_partition
+            .entry((user.clone(), r.partition.clone()))
+            .or_default()
+            .add(job, now);
+        self.per_assoc
+            .entry((r.account.clone(), user.clone()))
+            .or_default()
+            .add(job, now);
+        if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
+            *self.array_running.entry(*array_job).or_default() += 1;
+        }
+    }
+
+    pub(crate) fn array_running(&self, array_job: JobId) -> u32 {
+        self.array_running.get(&array_job).copied().unwrap_or(0)
+    }
+
+    /// Running usage of an account and every account below it.
+    fn per_account_tree(&self, state: &State, account: &AccountName) -> Usage {
+        let mut total = Usage::default();
+        for (name, u) in &self.per_account {
+            if state.accounts.is_within(name, account) {
+                total.jobs += u.jobs;
+                total.cpus += u.cpus;
+                total.remaining_ps = total.remaining_ps.saturating_add(u.remaining_ps);
+            }
+        }
+        total
+    }
+}
+
+fn record_status(kind: DepKind, target: &Job, now: TimeMs) -> DepStatus {
+    let terminal = target.state.is_terminal();
+    let ok = target.state == JobState::Completed;
+    match kind {
+        DepKind::After { delay } => match target.start_time {
+            Some(start) if now >= start.plus(delay) => DepStatus::Satisfied,
+            None if terminal => DepStatus::Satisfied,
+            _ => DepStatus::Waiting,
+        },
+        DepKind::AfterAny => {
+            if terminal {
+                DepStatus::Satisfied
+            } else {
+                DepStatus::Waiting
+            }
+        }
+        DepKind::AfterOk | DepKind::AfterCorr => match (terminal, ok) {
+            (true, true) => DepStatus::Satisfied,
+            (true, false) => DepStatus::Never,
+            _ => DepStatus::Waiting,
+        },
+        DepKind::AfterNotOk => match (terminal, ok) {
+            (true, false) => DepStatus::Satisfied,
+            (true, true) => DepStatus::Never,
+            _ => DepStatus::Waiting,
+        },
+        DepKind::Singleton => DepStatus::Satisfied,
+    }
+}
+
+fn combine(how: Combine, statuses: impl Iterator<Item = DepStatus>) -> DepStatus {
+    let (mut any_sat, mut any_wait, mut any_never, mut n) = (false, false, false, 0);
+    for s in statuses {
+        n += 1;
+        match s {
+            DepStatus::Satisfied => any_sat = true,
+            DepStatus::Waiting => any_wait = true,
+            DepStatus::Never => any_never = true,
+        }
+    }
+    if n == 0 {
+        return DepStatus::Satisfied;
+    }
+    match how {
+        Combine::All if any_never => DepStatus::Never,
+        Combine::All if any_wait => DepStatus::Waiting,
+        Combine::All => DepStatus::Satisfied,
+        Combine::Any if any_sat => DepStatus::Satisfied,
+        Combine::Any if any_wait => DepStatus::Waiting,
+        Combine::Any => DepStatus::Never,
+    }
+}
+
+/// Records a pending job's part and reason, and keeps its eligible-time clock: it runs only
+/// while the job is idle with nothing stopping it.
+pub(crate) fn set_pending(job: &mut Job, part: Part, reason: Reason, now: TimeMs) {
+    let accruing = part == Part::Idle && reason == Reason::None;
+    match (job.eligible_since, accruing) {
+        (None, true) => job.eligible_since = Some(now),
+        (Some(since), false) => {
+            job.eligible_accrued += now.since(since);
+            job.eligible_since = None;
+        }
+        _ => {}
+    }
+    job.part = part;
+    job.reason = reason;
+}
+
+/// Stops a job's eligible-time clock (it starts, is cancelled, or leaves the queue).
+pub(crate) fn stop_eligible_clock(job: &mut Job, now: TimeMs) {
+    if let Some(since) = job.eligible_since.take() {
+        job.eligible_accrued += now.since(since);
+    }
+}
