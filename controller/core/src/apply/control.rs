@@ -7,7 +7,7 @@
 use crate::apply::{Rejection, Response};
 use crate::command::{Actor, EndCause};
 use crate::ids::JobId;
-use crate::job::{ArrayPart, Hold, JobRef, JobState, Part};
+use crate::job::{ArrayPart, Hold, Job, JobRef, JobState, Part};
 use crate::policy::stop_eligible_clock;
 use crate::quantity::TimeMs;
 use crate::state::State;
@@ -26,6 +26,40 @@ impl Action {
             Action::Hold => "hold",
             Action::Release => "release",
         }
+    }
+}
+
+/// What a job reference names.
+#[derive(Clone, Copy)]
+enum Place {
+    /// A record of its own.
+    Record(JobId),
+    /// A task still pending inside its array's record: (array, index).
+    PendingTask(JobId, u32),
+}
+
+/// Whether `action` may be applied to `job` (the record, or the array holding the task).
+fn check_action(job: &Job, target: JobRef, action: Action, admin: bool) -> Result<(), Rejection> {
+    let wrong_state = |state: &str| Rejection::WrongState {
+        job: target.to_string(),
+        state: state.to_owned(),
+        action: action.verb().to_owned(),
+    };
+    match action {
+        Action::Cancel => match job.state {
+            JobState::Pending | JobState::Running | JobState::Suspended => Ok(()),
+            other => Err(wrong_state(other.name())),
+        },
+        Action::Hold if job.state != JobState::Pending => Err(wrong_state(job.state.name())),
+        Action::Hold => Ok(()),
+        Action::Release if job.state != JobState::Pending => Err(wrong_state(job.state.name())),
+        Action::Release => match job.hold {
+            None => Err(wrong_state("not held")),
+            Some(Hold::Admin) if !admin => Err(Rejection::NotPermitted(format!(
+                "job {target} is held by an administrator"
+            ))),
+            Some(_) => Ok(()),
+        },
     }
 }
 
@@ -81,72 +115,55 @@ impl State {
         now: TimeMs,
     ) -> Result<(), Rejection> {
         let admin = self.is_admin(actor);
-        let job = self
+        let head = self
             .jobs
             .get(&target.job)
             .ok_or_else(|| Rejection::unknown("job", target))?;
         if let Actor::User(u) = actor
             && !admin
-            && u != &job.spec.user
+            && u != &head.spec.user
         {
             return Err(Rejection::NotPermitted(format!(
                 "user {u} cannot {} job {target} of user {}",
                 action.verb(),
-                job.spec.user
+                head.spec.user
             )));
         }
-        let id = self.resolve_target(target, action)?;
-        let job = self
-            .jobs
-            .get_mut(&id)
-            .ok_or_else(|| Rejection::unknown("job", target))?;
-        let wrong_state = |state: JobState| Rejection::WrongState {
-            job: target.to_string(),
-            state: state.name().to_owned(),
-            action: action.verb().to_owned(),
+        // Validate against the record the action would change (for a pending task still in
+        // its array, the array record), and only then split the task off.
+        let place = self.locate(target, action)?;
+        let probe = match place {
+            Place::Record(id) | Place::PendingTask(id, _) => self
+                .jobs
+                .get(&id)
+                .ok_or_else(|| Rejection::unknown("job", target))?,
+        };
+        check_action(probe, target, action, admin)?;
+        let id = match place {
+            Place::Record(id) => id,
+            Place::PendingTask(master, index) => self.split_task(master, index),
+        };
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return Err(Rejection::unknown("job", target));
         };
         match action {
-            Action::Cancel => match job.state {
-                JobState::Pending => {
+            Action::Cancel => {
+                if job.state == JobState::Pending {
                     stop_eligible_clock(job, now);
                     job.state = JobState::Cancelled;
                     job.end_time = Some(now);
                     job.end_cause = Some(EndCause::Cancelled);
                     let user = job.spec.user.clone();
                     self.unindex_live(&user, id);
-                }
-                JobState::Running | JobState::Suspended => {
+                } else {
                     // The agent kills it and reports; resources stay held until then.
                     job.state = JobState::Completing;
                     job.end_cause = Some(EndCause::Cancelled);
                 }
-                other => return Err(wrong_state(other)),
-            },
-            Action::Hold => {
-                if job.state != JobState::Pending {
-                    return Err(wrong_state(job.state));
-                }
-                job.hold = Some(if admin { Hold::Admin } else { Hold::User });
             }
+            Action::Hold => job.hold = Some(if admin { Hold::Admin } else { Hold::User }),
             Action::Release => {
-                if job.state != JobState::Pending {
-                    return Err(wrong_state(job.state));
-                }
-                match job.hold {
-                    None => {
-                        return Err(Rejection::WrongState {
-                            job: target.to_string(),
-                            state: "not held".into(),
-                            action: "release".into(),
-                        });
-                    }
-                    Some(Hold::Admin) if !admin => {
-                        return Err(Rejection::NotPermitted(format!(
-                            "job {target} is held by an administrator"
-                        )));
-                    }
-                    Some(_) => job.hold = None,
-                }
+                job.hold = None;
                 // Released jobs are placed afresh (they compete for an idle slot).
                 job.part = Part::Blocked;
             }
@@ -168,11 +185,10 @@ impl State {
             .collect()
     }
 
-    /// The record an action applies to. A single pending task of an array is split off
-    /// first (except for cancel, which just drops the index).
-    fn resolve_target(&mut self, target: JobRef, action: Action) -> Result<JobId, Rejection> {
+    /// Where a job reference points, without changing anything.
+    fn locate(&self, target: JobRef, action: Action) -> Result<Place, Rejection> {
         let Some(index) = target.task else {
-            return Ok(target.job);
+            return Ok(Place::Record(target.job));
         };
         let head = self
             .jobs
@@ -180,9 +196,9 @@ impl State {
             .ok_or_else(|| Rejection::unknown("job", target))?;
         match &head.array {
             Some(ArrayPart::Master { pending, .. }) if pending.contains(index) => {
-                Ok(self.split_task(target.job, index))
+                Ok(Place::PendingTask(target.job, index))
             }
-            Some(ArrayPart::Task { index: i, .. }) if *i == index => Ok(target.job),
+            Some(ArrayPart::Task { index: i, .. }) if *i == index => Ok(Place::Record(target.job)),
             Some(_) => self
                 .jobs
                 .values()
@@ -190,7 +206,7 @@ impl State {
                     matches!(j.array, Some(ArrayPart::Task { array_job, index: i })
                         if array_job == target.job && i == index)
                 })
-                .map(|j| j.id)
+                .map(|j| Place::Record(j.id))
                 .ok_or_else(|| Rejection::unknown("array task", target)),
             None => Err(Rejection::invalid(
                 "job",

@@ -1,0 +1,359 @@
+//! Jobs through their lives: start, end, cancel, hold, requeue on node failure, arrays with
+//! throttles, and dependencies.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Cluster, jr, name};
+use docket_core::command::{EndCause, EndReport};
+use docket_core::config::SchedConfig;
+use docket_core::job::{
+    ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, Part, Reason,
+};
+use docket_core::{Actor, Command, Rejection, Response};
+
+fn cluster() -> Cluster {
+    Cluster::new(SchedConfig::default(), 2)
+}
+
+#[test]
+fn start_and_end_free_the_node_and_set_final_states() {
+    let mut c = cluster();
+    let ids = c.submit(vec![c.spec("alice"), c.spec("alice"), c.spec("alice")]);
+    for id in &ids {
+        c.start(jr(*id), &["n001"]).unwrap();
+    }
+    assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 3);
+    c.end(ids[0], EndCause::Exited, 0);
+    c.end(ids[1], EndCause::Exited, 3);
+    c.end(ids[2], EndCause::OutOfMemory, 137);
+    assert_eq!(c.job(ids[0]).state, JobState::Completed);
+    assert_eq!(c.job(ids[1]).state, JobState::Failed);
+    assert_eq!(c.job(ids[2]).state, JobState::OutOfMemory);
+    assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 0);
+}
+
+#[test]
+fn stale_epochs_are_ignored_and_requeue_takes_a_new_epoch() {
+    let mut c = cluster();
+    let mut spec = c.spec("alice");
+    spec.requeue = true;
+    let id = c.submit(vec![spec])[0];
+    c.start(jr(id), &["n001"]).unwrap();
+    let first_epoch = c.job(id).alloc.as_ref().unwrap().epoch;
+    c.ok(Command::DownNode {
+        node: name("n001"),
+        reason: "agent fenced".into(),
+    });
+    let job = c.job(id);
+    assert_eq!((job.state, job.requeue_count), (JobState::Pending, 1));
+    c.start(jr(id), &["n002"]).unwrap();
+    assert!(c.job(id).alloc.as_ref().unwrap().epoch > first_epoch);
+    // The old dispatch reports its end late: ignored, the new run goes on.
+    let r = c.ok(Command::EndJobs(vec![EndReport {
+        job: id,
+        epoch: first_epoch,
+        cause: EndCause::Exited,
+        exit: ExitStatus { code: 0, signal: 0 },
+    }]));
+    assert_eq!(
+        r,
+        Response::Ended {
+            applied: 0,
+            stale: 1
+        }
+    );
+    assert_eq!(c.job(id).state, JobState::Running);
+    // Without --requeue a node failure is final.
+    let other = c.submit(vec![c.spec("bob")])[0];
+    c.start(jr(other), &["n002"]).unwrap();
+    c.ok(Command::DownNode {
+        node: name("n002"),
+        reason: "power".into(),
+    });
+    assert_eq!(c.job(other).state, JobState::NodeFail);
+}
+
+#[test]
+fn start_decisions_are_revalidated() {
+    let mut c = cluster();
+    let mut big = c.spec("alice");
+    big.ntasks = 16;
+    let ids = c.submit(vec![big.clone(), big]);
+    c.start(jr(ids[0]), &["n001"]).unwrap();
+    // The planner planned on an older state: the node is now full.
+    let err = c.start(jr(ids[1]), &["n001"]).unwrap_err();
+    assert!(err.to_string().contains("no room for 16 cpus"), "{err}");
+    // A drained node takes nothing new.
+    c.ok(Command::DrainNode {
+        node: name("n002"),
+        reason: "maintenance".into(),
+    });
+    let err = c.start(jr(ids[1]), &["n002"]).unwrap_err();
+    assert!(err.to_string().contains("drain"), "{err}");
+    // Wrong node count, unknown node, a started job.
+    c.ok(Command::ResumeNode(name("n002")));
+    assert!(c.start(jr(ids[1]), &["n002", "n001"]).is_err());
+    assert!(c.start(jr(ids[1]), &["nope"]).is_err());
+    assert!(c.start(jr(ids[0]), &["n002"]).is_err());
+    c.start(jr(ids[1]), &["n002"]).unwrap();
+}
+
+#[test]
+fn cancel_hold_release_and_permissions() {
+    let mut c = cluster();
+    let ids = c.submit(vec![c.spec("alice"), c.spec("alice")]);
+    let bob = Actor::User(name("bob"));
+    let alice = Actor::User(name("alice"));
+    let r = c.ok(Command::CancelJobs {
+        actor: bob.clone(),
+        jobs: vec![jr(ids[0])],
+    });
+    let Response::PerJob(r) = r else { panic!() };
+    assert!(matches!(r[0], Err(Rejection::NotPermitted(_))));
+    assert_eq!(c.job(ids[0]).state, JobState::Pending);
+
+    c.ok(Command::HoldJobs {
+        actor: alice.clone(),
+        jobs: vec![jr(ids[0])],
+    });
+    assert_eq!(c.job(ids[0]).reason, Reason::JobHeldUser);
+    c.ok(Command::HoldJobs {
+        actor: Actor::Operator,
+        jobs: vec![jr(ids[1])],
+    });
+    assert_eq!(c.job(ids[1]).reason, Reason::JobHeldAdmin);
+    let Response::PerJob(r) = c.ok(Command::ReleaseJobs {
+        actor: alice.clone(),
+        jobs: vec![jr(ids[0]), jr(ids[1])],
+    }) else {
+        panic!()
+    };
+    assert!(r[0].is_ok());
+    assert!(
+        matches!(r[1], Err(Rejection::NotPermitted(_))),
+        "admin hold"
+    );
+    assert_eq!(c.job(ids[0]).reason, Reason::None);
+
+    c.start(jr(ids[0]), &["n001"]).unwrap();
+    c.ok(Command::CancelJobs {
+        actor: alice,
+        jobs: vec![jr(ids[0])],
+    });
+    // Running: the agent must confirm; resources stay held until it does.
+    assert_eq!(c.job(ids[0]).state, JobState::Completing);
+    assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 1);
+    c.end(ids[0], EndCause::Exited, 0);
+    assert_eq!(c.job(ids[0]).state, JobState::Cancelled);
+}
+
+#[test]
+fn arrays_split_tasks_and_honour_the_throttle() {
+    let mut c = cluster();
+    let mut spec = c.spec("alice");
+    spec.array = Some(ArraySpec::parse("0-9%2", 1000).unwrap());
+    let a = c.submit(vec![spec])[0];
+    assert_eq!(c.job(a).pending_count(), 10);
+    let t0 = c
+        .start(
+            JobRef {
+                job: a,
+                task: Some(0),
+            },
+            &["n001"],
+        )
+        .unwrap();
+    let t1 = c
+        .start(
+            JobRef {
+                job: a,
+                task: Some(1),
+            },
+            &["n001"],
+        )
+        .unwrap();
+    assert_ne!(t0, a);
+    assert_eq!(
+        c.job(t1).array,
+        Some(ArrayPart::Task {
+            array_job: a,
+            index: 1
+        })
+    );
+    assert_eq!(c.job(a).pending_count(), 8);
+    assert_eq!(c.job(a).reason, Reason::JobArrayTaskLimit);
+    assert!(
+        c.start(
+            JobRef {
+                job: a,
+                task: Some(2)
+            },
+            &["n001"]
+        )
+        .is_err()
+    );
+    c.end(t0, EndCause::Exited, 0);
+    assert_eq!(c.job(a).reason, Reason::None);
+    c.start(
+        JobRef {
+            job: a,
+            task: Some(2),
+        },
+        &["n001"],
+    )
+    .unwrap();
+    // Cancelling one pending task splits it off and cancels only it.
+    c.ok(Command::CancelJobs {
+        actor: Actor::User(name("alice")),
+        jobs: vec![JobRef {
+            job: a,
+            task: Some(9),
+        }],
+    });
+    assert_eq!(c.job(a).pending_count(), 6);
+    // Cancelling the array cancels the rest, running tasks included.
+    c.ok(Command::CancelJobs {
+        actor: Actor::User(name("alice")),
+        jobs: vec![jr(a)],
+    });
+    assert_eq!(c.job(a).state, JobState::Cancelled);
+    assert_eq!(c.job(t1).state, JobState::Completing);
+}
+
+#[test]
+fn the_last_pending_task_takes_over_the_array_record() {
+    let mut c = cluster();
+    let mut spec = c.spec("alice");
+    spec.array = Some(ArraySpec::parse("3,5", 1000).unwrap());
+    let a = c.submit(vec![spec])[0];
+    let t3 = c
+        .start(
+            JobRef {
+                job: a,
+                task: Some(3),
+            },
+            &["n001"],
+        )
+        .unwrap();
+    let t5 = c
+        .start(
+            JobRef {
+                job: a,
+                task: Some(5),
+            },
+            &["n001"],
+        )
+        .unwrap();
+    assert_ne!(t3, a);
+    assert_eq!(t5, a);
+    assert_eq!(
+        c.job(a).array,
+        Some(ArrayPart::Task {
+            array_job: a,
+            index: 5
+        })
+    );
+}
+
+fn dep(c: &mut Cluster, expr: &str) -> docket_core::JobId {
+    let mut s = c.spec("alice");
+    s.dependency = Some(Dependency::parse(expr).unwrap());
+    c.submit(vec![s])[0]
+}
+
+#[test]
+fn dependencies_wait_release_and_never() {
+    let mut c = cluster();
+    let base = c.submit(vec![c.spec("alice"), c.spec("alice")]);
+    let (a, b) = (base[0], base[1]);
+    let ok = dep(&mut c, &format!("afterok:{a}"));
+    let notok = dep(&mut c, &format!("afternotok:{a}"));
+    let any = dep(&mut c, &format!("afterany:{a}"));
+    let after = dep(&mut c, &format!("after:{b}+10"));
+    let either = dep(&mut c, &format!("afterok:{a}?afterok:{b}"));
+    for id in [ok, notok, any, after, either] {
+        assert_eq!(c.job(id).reason, Reason::Dependency, "job {id}");
+        assert_eq!(c.job(id).part, Part::Blocked);
+    }
+    c.start(jr(a), &["n001"]).unwrap();
+    c.start(jr(b), &["n001"]).unwrap();
+    c.end(a, EndCause::Exited, 1);
+    assert_eq!(c.job(ok).reason, Reason::DependencyNeverSatisfied);
+    assert_eq!(c.job(notok).reason, Reason::None);
+    assert_eq!(c.job(any).reason, Reason::None);
+    assert_eq!(
+        c.job(either).reason,
+        Reason::Dependency,
+        "b may still succeed"
+    );
+    // `after:b+10`: ten minutes after b started.
+    c.apply_after(599, Command::Tick).unwrap();
+    assert_eq!(c.job(after).reason, Reason::Dependency);
+    c.apply_after(1, Command::Tick).unwrap();
+    assert_eq!(c.job(after).reason, Reason::None);
+    c.end(b, EndCause::Exited, 0);
+    assert_eq!(c.job(either).reason, Reason::None);
+}
+
+#[test]
+fn singleton_runs_one_at_a_time_per_name_and_user() {
+    let mut c = cluster();
+    let ids: Vec<_> = (0..3).map(|_| dep(&mut c, "singleton")).collect();
+    assert_eq!(c.job(ids[0]).reason, Reason::None);
+    assert_eq!(c.job(ids[1]).reason, Reason::Dependency);
+    c.start(jr(ids[0]), &["n001"]).unwrap();
+    assert_eq!(c.job(ids[1]).reason, Reason::Dependency);
+    c.end(ids[0], EndCause::Exited, 0);
+    assert_eq!(c.job(ids[1]).reason, Reason::None);
+    assert_eq!(c.job(ids[2]).reason, Reason::Dependency);
+    // Bob's job of the same name is independent.
+    let mut s = c.spec("bob");
+    s.dependency = Some(Dependency::parse("singleton").unwrap());
+    let bob = c.submit(vec![s])[0];
+    assert_eq!(c.job(bob).reason, Reason::None);
+}
+
+#[test]
+fn aftercorr_releases_matching_tasks() {
+    let mut c = cluster();
+    let mut first = c.spec("alice");
+    first.array = Some(ArraySpec::parse("0-1", 1000).unwrap());
+    let a = c.submit(vec![first])[0];
+    let mut second = c.spec("alice");
+    second.array = Some(ArraySpec::parse("0-1", 1000).unwrap());
+    second.dependency = Some(Dependency::parse(&format!("aftercorr:{a}")).unwrap());
+    let b = c.submit(vec![second])[0];
+    assert_eq!(c.job(b).reason, Reason::Dependency);
+    let a0 = c
+        .start(
+            JobRef {
+                job: a,
+                task: Some(0),
+            },
+            &["n001"],
+        )
+        .unwrap();
+    c.end(a0, EndCause::Exited, 0);
+    // Task 0 of b may go; task 1 may not yet.
+    assert_eq!(c.job(b).reason, Reason::None);
+    assert!(
+        c.start(
+            JobRef {
+                job: b,
+                task: Some(1)
+            },
+            &["n001"]
+        )
+        .is_err()
+    );
+    c.start(
+        JobRef {
+            job: b,
+            task: Some(0),
+        },
+        &["n001"],
+    )
+    .unwrap();
+}
