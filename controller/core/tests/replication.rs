@@ -1,0 +1,453 @@
+//! Properties of apply, over random command streams:
+//!
+//! - two replicas applying the same stream end with byte-identical snapshots, even when one
+//!   of them is restored from a snapshot halfway;
+//! - every invariant holds after every command (the fixture checks);
+//! - a command refused whole, or whose every item is refused, changes nothing but the log
+//!   position.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Cluster, SCRIPT, name};
+use docket_core::command::{EndCause, EndReport, StartDecision};
+use docket_core::config::{QueuePolicy, SchedConfig};
+use docket_core::job::{
+    ArrayPart, ArraySpec, BlobId, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
+};
+use docket_core::quantity::Seconds;
+use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response, State};
+use proptest::prelude::*;
+
+const USERS: [&str; 3] = ["alice", "bob", "mallory"]; // mallory is unknown
+const NODES: [&str; 4] = ["n001", "n002", "n003", "n404"]; // n404 does not exist
+const DEPS: [&str; 5] = ["afterok", "afterany", "afternotok", "after", "aftercorr"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Submit {
+        user: usize,
+        count: usize,
+        ntasks: u32,
+        secs: u64,
+        array: Option<(u32, Option<u32>)>,
+        dep: Option<(usize, usize)>,
+        singleton: bool,
+        hold: bool,
+        requeue: bool,
+    },
+    Cancel {
+        pick: usize,
+        user: usize,
+    },
+    Hold {
+        pick: usize,
+        admin: bool,
+    },
+    Release {
+        pick: usize,
+        admin: bool,
+    },
+    Start {
+        pick: usize,
+        task: Option<u32>,
+        node: usize,
+    },
+    End {
+        pick: usize,
+        cause: usize,
+        code: i32,
+        stale: bool,
+    },
+    Down {
+        node: usize,
+    },
+    Drain {
+        node: usize,
+    },
+    Resume {
+        node: usize,
+    },
+    Tick {
+        secs: u64,
+    },
+    Caps {
+        idle: Option<u32>,
+        total: Option<u32>,
+        soft: Option<u64>,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..3usize, 1..4usize, prop_oneof![8 => 1..5u32, 1 => 1..20u32], 0..20_000u64,
+              proptest::option::of((1..6u32, proptest::option::of(1..3u32))),
+              proptest::option::of((0..5usize, 0..64usize)), any::<bool>(),
+              proptest::bool::weighted(0.15), any::<bool>())
+            .prop_map(|(user, count, ntasks, secs, array, dep, singleton, hold, requeue)| Op::Submit {
+                user, count, ntasks, secs, array, dep, singleton: singleton && dep.is_none(), hold, requeue,
+            }),
+        1 => (0..64usize, 0..3usize).prop_map(|(pick, user)| Op::Cancel { pick, user }),
+        1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::Hold { pick, admin }),
+        1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::Release { pick, admin }),
+        6 => (0..64usize, proptest::option::of(0..7u32), prop_oneof![6 => 0..3usize, 1 => Just(3usize)])
+            .prop_map(|(pick, task, node)| Op::Start { pick, task, node }),
+        4 => (0..64usize, 0..7usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1))
+            .prop_map(|(pick, cause, code, stale)| Op::End { pick, cause, code, stale }),
+        1 => (0..4usize).prop_map(|node| Op::Down { node }),
+        1 => (0..4usize).prop_map(|node| Op::Drain { node }),
+        3 => (0..4usize).prop_map(|node| Op::Resume { node }),
+        2 => (0..4000u64).prop_map(|secs| Op::Tick { secs }),
+        1 => (proptest::option::of(1..5u32), proptest::option::of(2..8u32),
+              proptest::option::of(1_000..200_000u64))
+            .prop_map(|(idle, total, soft)| Op::Caps { idle, total, soft }),
+    ]
+}
+
+fn pick_job(state: &State, pick: usize) -> Option<JobId> {
+    let n = state.jobs.len();
+    (n > 0).then(|| *state.jobs.keys().nth(pick % n).unwrap())
+}
+
+/// Picks among jobs matching `want` most of the time, among all jobs otherwise (so stale
+/// decisions and reports are exercised too).
+fn pick_where(
+    state: &State,
+    pick: usize,
+    want: impl Fn(&docket_core::job::Job) -> bool,
+) -> Option<JobId> {
+    let matching: Vec<JobId> = state
+        .jobs
+        .values()
+        .filter(|j| want(j))
+        .map(|j| j.id)
+        .collect();
+    if matching.is_empty() || pick % 8 == 0 {
+        pick_job(state, pick)
+    } else {
+        Some(matching[pick % matching.len()])
+    }
+}
+
+/// Turns an abstract op into a concrete command against the current state.
+fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Command, u64) {
+    let job = |pick| JobRef {
+        job: pick_job(state, pick).unwrap_or(JobId(999_999)),
+        task: None,
+    };
+    match op {
+        Op::Submit {
+            user,
+            count,
+            ntasks,
+            secs,
+            array,
+            dep,
+            singleton,
+            hold,
+            requeue,
+        } => {
+            let mut s = spec_base.clone();
+            s.user = name(USERS[*user]);
+            s.ntasks = *ntasks;
+            s.time = if *secs == 0 {
+                TimeRequest::Limit(Seconds(0))
+            } else {
+                TimeRequest::Limit(Seconds(*secs))
+            };
+            s.array = array.map(|(n, t)| {
+                let mut a = ArraySpec::parse(&format!("0-{}", n - 1), 1000).unwrap();
+                a.throttle = t;
+                a
+            });
+            s.dependency = match (dep, singleton) {
+                (Some((kind, pick)), _) => pick_job(state, *pick)
+                    .map(|t| Dependency::parse(&format!("{}:{}", DEPS[*kind], t.0)).unwrap()),
+                (None, true) => Some(Dependency::parse("singleton").unwrap()),
+                _ => None,
+            };
+            s.hold = *hold;
+            s.requeue = *requeue;
+            let actor = Actor::User(s.user.clone());
+            (
+                Command::SubmitJobs {
+                    actor,
+                    blobs: vec![SCRIPT.to_vec()],
+                    jobs: vec![s; *count],
+                },
+                1,
+            )
+        }
+        Op::Cancel { pick, user } => (
+            Command::CancelJobs {
+                actor: Actor::User(name(USERS[*user])),
+                jobs: vec![job(*pick)],
+            },
+            0,
+        ),
+        Op::Hold { pick, admin } => {
+            let actor = if *admin {
+                Actor::Operator
+            } else {
+                owner(state, *pick)
+            };
+            (
+                Command::HoldJobs {
+                    actor,
+                    jobs: vec![job(*pick)],
+                },
+                0,
+            )
+        }
+        Op::Release { pick, admin } => {
+            let actor = if *admin {
+                Actor::Operator
+            } else {
+                owner(state, *pick)
+            };
+            (
+                Command::ReleaseJobs {
+                    actor,
+                    jobs: vec![job(*pick)],
+                },
+                0,
+            )
+        }
+        Op::Start { pick, task, node } => {
+            let mut r = JobRef {
+                job: pick_where(state, *pick, |j| {
+                    j.state == JobState::Pending && j.part == docket_core::job::Part::Idle
+                })
+                .unwrap_or(JobId(999_999)),
+                task: None,
+            };
+            // Name a pending task of an array master, when there is one.
+            if let Some(j) = state.jobs.get(&r.job)
+                && let Some(ArrayPart::Master { pending, .. }) = &j.array
+            {
+                r.task = task.map(|t| {
+                    pending
+                        .iter()
+                        .nth(t as usize % pending.len() as usize)
+                        .unwrap_or(t)
+                });
+            }
+            let nodes = vec![name(NODES[*node])];
+            (Command::StartJobs(vec![StartDecision { job: r, nodes }]), 1)
+        }
+        Op::End {
+            pick,
+            cause,
+            code,
+            stale,
+        } => {
+            let id =
+                pick_where(state, *pick, |j| j.state.holds_resources()).unwrap_or(JobId(999_999));
+            let epoch = state
+                .jobs
+                .get(&id)
+                .and_then(|j| j.alloc.as_ref())
+                .map_or(0, |a| a.epoch);
+            let cause = [
+                EndCause::Exited,
+                EndCause::Exited,
+                EndCause::Timeout,
+                EndCause::OutOfMemory,
+                EndCause::JobfsExceeded,
+                EndCause::NodeFail,
+                EndCause::LaunchFailed,
+            ][*cause];
+            let report = EndReport {
+                job: id,
+                epoch: if *stale { epoch.wrapping_sub(1) } else { epoch },
+                cause,
+                exit: ExitStatus {
+                    code: *code,
+                    signal: 0,
+                },
+            };
+            (Command::EndJobs(vec![report]), 30)
+        }
+        Op::Down { node } => (
+            Command::DownNode {
+                node: name(NODES[*node]),
+                reason: "test".into(),
+            },
+            0,
+        ),
+        Op::Drain { node } => (
+            Command::DrainNode {
+                node: name(NODES[*node]),
+                reason: "test".into(),
+            },
+            0,
+        ),
+        Op::Resume { node } => (Command::ResumeNode(name(NODES[*node])), 0),
+        Op::Tick { secs } => (Command::Tick, *secs),
+        Op::Caps { idle, total, soft } => {
+            let mut config = state.config.clone();
+            config.queue_policy = QueuePolicy {
+                max_idle_jobs_per_user: *idle,
+                max_jobs_per_user: *total,
+                maxps_soft: *soft,
+                maxps_hard: soft.map(|s| s * 3),
+                ..QueuePolicy::default()
+            };
+            (Command::SetConfig(Box::new(config)), 0)
+        }
+    }
+}
+
+fn owner(state: &State, pick: usize) -> Actor {
+    pick_job(state, pick)
+        .map(|id| Actor::User(state.jobs[&id].spec.user.clone()))
+        .unwrap_or(Actor::Operator)
+}
+
+/// Everything but the log position and time.
+fn content(state: &State) -> Vec<u8> {
+    let mut s = state.clone();
+    s.applied = Default::default();
+    s.to_snapshot().unwrap()
+}
+
+fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
+    match r {
+        Err(_) => true,
+        Ok(Response::Submitted(v)) => v.iter().all(Result::is_err),
+        Ok(Response::PerJob(v)) => v.iter().all(Result::is_err),
+        Ok(Response::Started(v)) => v.iter().all(Result::is_err),
+        Ok(Response::Ended { applied, .. }) => *applied == 0,
+        Ok(Response::Done) => false,
+    }
+}
+
+fn cluster() -> Cluster {
+    Cluster::new(SchedConfig::default(), 3)
+}
+
+/// What one stream exercised.
+#[derive(Debug, Default)]
+struct Stats {
+    accepted_jobs: u64,
+    refused: u64,
+    started: u64,
+    completed: u64,
+    requeued: u64,
+    blocked_by_caps: u64,
+}
+
+/// Applies a stream to one replica (checking invariants and refusals), replays it on a second
+/// one restored from a snapshot halfway, and compares.
+fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
+    let mut stats = Stats::default();
+    let mut a = cluster();
+    let spec_base = a.spec("alice");
+    let mut log: Vec<(Envelope, ApplyCtx)> = Vec::new();
+    for op in ops {
+        let (cmd, advance) = command(&a.state, op, &spec_base);
+        let before = content(&a.state);
+        let r = a.apply_after(advance, cmd.clone());
+        if refused_entirely(&r) {
+            stats.refused += 1;
+            prop_assert_eq!(
+                content(&a.state),
+                before,
+                "refused {:?} changed state: {:?}",
+                op,
+                r
+            );
+        }
+        match &r {
+            Ok(Response::Submitted(v)) => {
+                stats.accepted_jobs += v.iter().filter(|x| x.is_ok()).count() as u64
+            }
+            Ok(Response::Started(v)) => {
+                stats.started += v.iter().filter(|x| x.is_ok()).count() as u64
+            }
+            _ => {}
+        }
+        log.push((
+            Envelope::new(cmd),
+            ApplyCtx {
+                index: a.index,
+                time_ms: a.now,
+            },
+        ));
+    }
+    for j in a.state.jobs.values() {
+        stats.completed += u64::from(j.state == JobState::Completed);
+        stats.requeued += u64::from(j.requeue_count > 0);
+        stats.blocked_by_caps += u64::from(matches!(
+            j.reason,
+            docket_core::job::Reason::MaxIdleJobsPerUser | docket_core::job::Reason::MaxJobsPerUser
+        ));
+    }
+    let mut b = cluster().state;
+    let half = log.len() / 2;
+    for (k, (env, ctx)) in log.iter().enumerate() {
+        if k == half {
+            b = State::from_snapshot(&b.to_snapshot().unwrap()).unwrap();
+        }
+        let _ = b.apply(env, *ctx);
+    }
+    prop_assert_eq!(a.state.to_snapshot().unwrap(), b.to_snapshot().unwrap());
+    let restored = State::from_snapshot(&a.state.to_snapshot().unwrap()).unwrap();
+    prop_assert!(restored == a.state);
+    Ok(stats)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn replicas_agree_and_refusals_change_nothing(ops in proptest::collection::vec(op(), 1..80)) {
+        run_stream(&ops)?;
+    }
+}
+
+/// The random streams are not vacuous: over a fixed set of them, every interesting path runs.
+#[test]
+fn random_streams_exercise_the_interesting_paths() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let mut total = Stats::default();
+    for _ in 0..40 {
+        let ops = proptest::collection::vec(op(), 60..80)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let s = run_stream(&ops).unwrap();
+        total.accepted_jobs += s.accepted_jobs;
+        total.refused += s.refused;
+        total.started += s.started;
+        total.completed += s.completed;
+        total.requeued += s.requeued;
+        total.blocked_by_caps += s.blocked_by_caps;
+    }
+    eprintln!("{total:?}");
+    assert!(total.accepted_jobs > 100, "{total:?}");
+    assert!(total.refused > 50, "{total:?}");
+    assert!(total.started > 20, "{total:?}");
+    assert!(total.completed > 5, "{total:?}");
+    assert!(total.requeued > 0, "{total:?}");
+    assert!(total.blocked_by_caps > 0, "{total:?}");
+}
+
+#[test]
+fn corrupt_and_future_snapshots_are_refused() {
+    let c = cluster();
+    let bytes = c.state.to_snapshot().unwrap();
+    assert!(State::from_snapshot(b"nope").is_err());
+    let mut future = bytes.clone();
+    future[4..6].copy_from_slice(&(docket_core::snapshot::SNAPSHOT_FORMAT + 1).to_be_bytes());
+    let err = State::from_snapshot(&future).unwrap_err();
+    assert!(err.to_string().contains("newer than format"), "{err}");
+    let truncated = &bytes[..bytes.len() / 2];
+    assert!(State::from_snapshot(truncated).is_err());
+}
