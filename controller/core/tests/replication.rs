@@ -14,7 +14,7 @@ use common::{Cluster, SCRIPT, name};
 use docket_core::command::{EndCause, EndReport, StartDecision};
 use docket_core::config::{QueuePolicy, SchedConfig};
 use docket_core::job::{
-    ArrayPart, ArraySpec, BlobId, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
+    ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
 };
 use docket_core::quantity::Seconds;
 use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response, State};
@@ -123,7 +123,7 @@ fn pick_where(
         .filter(|j| want(j))
         .map(|j| j.id)
         .collect();
-    if matching.is_empty() || pick % 8 == 0 {
+    if matching.is_empty() || pick.is_multiple_of(8) {
         pick_job(state, pick)
     } else {
         Some(matching[pick % matching.len()])
