@@ -14,12 +14,14 @@
 //!   [`config`], held together in [`state`];
 //! - change: [`command`] (what), [`apply`] (how), [`policy`] (which part of the queue and
 //!   which reason each pending job gets);
+//! - fair-share: [`usage`] (decayed usage ledger), [`fairshare`] (Fair Tree, classic, IT4I);
 //! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
 pub mod account;
 pub mod apply;
 pub mod command;
 pub mod config;
+pub mod fairshare;
 pub mod ids;
 pub mod invariants;
 pub mod job;
@@ -30,6 +32,7 @@ pub mod qos;
 pub mod quantity;
 pub mod snapshot;
 pub mod state;
+pub mod usage;
 
 pub use apply::{ApplyCtx, Rejection, Response};
 pub use command::{Actor, Command, Envelope};
