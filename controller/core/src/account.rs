@@ -31,6 +31,8 @@ pub struct AssocLimits {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserAssoc {
     pub shares: u32,
+    /// The association factor of multifactor priority (normalized by the largest).
+    pub priority: u32,
     pub limits: AssocLimits,
 }
 

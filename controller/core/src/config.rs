@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::fairshare::FairshareAlgorithm;
 use crate::ids::QosName;
 use crate::quantity::{MiB, Seconds};
 
@@ -57,6 +58,24 @@ impl QueuePolicy {
     }
 }
 
+/// How usage is turned into fair-share factors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FairshareConfig {
+    pub algorithm: FairshareAlgorithm,
+    /// Usage halves every this long (Slurm's PriorityDecayHalfLife; Flux and IT4I: a week).
+    /// Zero: no decay.
+    pub half_life: Seconds,
+}
+
+impl Default for FairshareConfig {
+    fn default() -> Self {
+        FairshareConfig {
+            algorithm: FairshareAlgorithm::FairTree,
+            half_life: Seconds::days(7),
+        }
+    }
+}
+
 /// Replicated scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchedConfig {
@@ -75,6 +94,11 @@ pub struct SchedConfig {
     /// The largest script or environment blob accepted, in bytes.
     pub max_blob_bytes: u64,
     pub queue_policy: QueuePolicy,
+    pub fairshare: FairshareConfig,
+    pub priority: crate::priority::PriorityConfig,
+    /// Jobs of a project whose grant is spent run in this QOS, uncharged (NCI's bonus). With
+    /// none set, they wait (AccountGrantExhausted).
+    pub bonus_qos: Option<QosName>,
 }
 
 impl Default for SchedConfig {
@@ -91,6 +115,9 @@ impl Default for SchedConfig {
             },
             max_blob_bytes: 4 << 20,
             queue_policy: QueuePolicy::default(),
+            fairshare: FairshareConfig::default(),
+            priority: crate::priority::PriorityConfig::default(),
+            bonus_qos: None,
         }
     }
 }

@@ -346,6 +346,7 @@ mod tests {
                                 n(u),
                                 UserAssoc {
                                     shares: *s,
+                                    priority: 0,
                                     limits: AssocLimits::default(),
                                 },
                             )

@@ -15,6 +15,7 @@
 //! - change: [`command`] (what), [`apply`] (how), [`policy`] (which part of the queue and
 //!   which reason each pending job gets);
 //! - fair-share: [`usage`] (decayed usage ledger), [`fairshare`] (Fair Tree, classic, IT4I);
+//! - ordering: [`priority`] (five formulas, `explain`, the order of consideration);
 //! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
 pub mod account;
@@ -28,6 +29,7 @@ pub mod job;
 pub mod node;
 pub mod partition;
 mod policy;
+pub mod priority;
 pub mod qos;
 pub mod quantity;
 pub mod snapshot;

@@ -97,6 +97,22 @@ impl State {
         if pending.is_empty() {
             return;
         }
+        // A project past its grant runs only as bonus (NCI): its jobs move to the bonus QOS.
+        if let Some(bonus) = self
+            .config
+            .bonus_qos
+            .clone()
+            .filter(|q| self.qos.contains_key(q))
+        {
+            for id in &pending {
+                let exhausted = self.jobs.get(id).is_some_and(|j| self.grant_exhausted(j));
+                if let Some(job) = self.jobs.get_mut(id)
+                    && exhausted
+                {
+                    job.resolved.qos = bonus.clone();
+                }
+            }
+        }
         let policy = self.config.queue_policy.clone();
         let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
         let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
@@ -172,6 +188,9 @@ impl State {
             DepStatus::Waiting => return Some(Reason::Dependency),
             DepStatus::Never => return Some(Reason::DependencyNeverSatisfied),
         }
+        if self.grant_exhausted(job) && self.config.bonus_qos.as_ref() != Some(&job.resolved.qos) {
+            return Some(Reason::AccountGrantExhausted);
+        }
         let partition = self.partitions.get(&job.resolved.partition)?;
         if !partition.up {
             return Some(Reason::PartitionDown);
@@ -208,6 +227,14 @@ impl State {
             return Some(Reason::ReqNodeNotAvail);
         }
         None
+    }
+
+    /// Has the job's project spent its grant?
+    fn grant_exhausted(&self, job: &Job) -> bool {
+        self.accounts
+            .get(&job.resolved.account)
+            .and_then(|a| a.grant)
+            .is_some_and(|g| g.is_exhausted())
     }
 
     /// The MAXPS (soft, hard) limits that apply to a job: its account's, else the default.

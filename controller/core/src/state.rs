@@ -46,6 +46,8 @@ pub struct State {
     pub users: BTreeMap<UserName, User>,
     pub jobs: BTreeMap<JobId, Job>,
     pub blobs: BTreeMap<BlobId, Blob>,
+    /// Fair-share usage per association.
+    pub usage: crate::usage::UsageLedger,
     /// The next job id to hand out; ids are never reused.
     pub next_job_id: u64,
     /// The next dispatch epoch; every start and requeue takes a fresh one.
@@ -76,6 +78,7 @@ impl State {
             users: BTreeMap::new(),
             jobs: BTreeMap::new(),
             blobs: BTreeMap::new(),
+            usage: crate::usage::UsageLedger::default(),
             next_job_id: 1,
             next_epoch: 1,
             live_by_user: BTreeMap::new(),

@@ -47,6 +47,11 @@ impl State {
                 format!("{soft} is above maxps_hard {hard}"),
             ));
         }
+        if let Some(b) = &config.bonus_qos
+            && !self.qos.contains_key(b)
+        {
+            return Err(Rejection::unknown("qos", b));
+        }
         self.config = config.clone();
         let now = self.applied.now;
         self.refresh_all_pending(now);
@@ -223,6 +228,8 @@ impl State {
             Some(format!("qos {} may preempt it", other.name))
         } else if &self.config.default_qos == name {
             Some("it is the configured default_qos".to_owned())
+        } else if self.config.bonus_qos.as_ref() == Some(name) {
+            Some("it is the configured bonus_qos".to_owned())
         } else {
             None
         };

@@ -118,6 +118,7 @@ impl State {
             job.state = JobState::Running;
             job.reason = Reason::None;
             job.start_time = Some(now);
+            job.usage_until = Some(now);
             job.alloc = Some(Allocation {
                 shares,
                 exclusive,
@@ -276,6 +277,8 @@ impl State {
         exit: Option<crate::job::ExitStatus>,
         now: TimeMs,
     ) {
+        self.accrue_usage(id, now);
+        self.charge(id, now);
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
@@ -293,6 +296,7 @@ impl State {
             job.reason = Reason::None;
             job.requeue_count += 1;
             job.start_time = None;
+            job.usage_until = None;
             job.suspended_total = Seconds::ZERO;
             job.end_cause = None;
             job.exit = None;

@@ -5,6 +5,7 @@
 //! command or rejected item changes nothing: each handler validates before it mutates.
 
 mod admin;
+pub mod charging;
 mod control;
 mod lifecycle;
 mod submit;
@@ -153,6 +154,7 @@ impl State {
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
             Command::Tick => {
+                self.accrue_all_usage(now);
                 self.refresh_all_pending(now);
                 Ok(Response::Done)
             }

@@ -142,10 +142,12 @@ impl State {
             end_time: None,
             suspended_total: Seconds::ZERO,
             suspended_since: None,
+            usage_until: None,
             alloc: None,
             requeue_count: 0,
             exit: None,
             end_cause: None,
+            site_priority: 0,
             bypass_count: 0,
         };
         self.index_live(&job);

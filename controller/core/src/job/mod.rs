@@ -118,11 +118,15 @@ pub struct Job {
     /// Time spent suspended so far; walltime does not run while suspended.
     pub suspended_total: Seconds,
     pub suspended_since: Option<TimeMs>,
+    /// Fair-share usage has been accrued up to here (running jobs accrue on every tick).
+    pub usage_until: Option<TimeMs>,
     pub alloc: Option<Allocation>,
     pub requeue_count: u32,
     pub exit: Option<ExitStatus>,
     /// Why it ended, as its agent reported.
     pub end_cause: Option<crate::command::EndCause>,
+    /// Slurm's site factor: added to priority as is; set by an administrator.
+    pub site_priority: i64,
     /// Times the backfill planner let a lower-priority job start ahead of it (Maui).
     pub bypass_count: u32,
 }

@@ -80,6 +80,7 @@ impl Cluster {
                 name(account),
                 UserAssoc {
                     shares: 1,
+                    priority: 0,
                     limits: AssocLimits::default(),
                 },
             )],

@@ -1,0 +1,487 @@
+//! Job priority: one engine, several formulas, each factor normalized to [0, 1] and shown.
+//!
+//! Formulas (chosen by [`PriorityConfig`]):
+//! - **Multifactor** (Slurm; GWDG's weights in [`Multifactor::gwdg`]): age (capped at
+//!   PriorityMaxAge), association, fair-share, job size, partition, QOS, TRES (cpu, memory),
+//!   each normalized and weighted, plus the raw site factor, minus nice.
+//! - **Flux** (seed 002): wait time, fair-share, QOS, queue, job size and the user factor,
+//!   which defaults to its maximum so a user can only lower their job's priority.
+//! - **IT4I** (seed 004): 1000 x queue_priority + fairshare / 1000 + eligible_time / 864000,
+//!   with fairshare = MAX_FAIRSHARE x (1 - usage_project / usage_total).
+//! - **Maui** (seed 000): queued time, expansion factor, resources, bypass count, QOS, target
+//!   queue time (growing exponentially as a job nears its QOS's target) and fair-share.
+//! - **FCFS** (Slurm's priority/basic): every job 0; the order of consideration's tie-breaks
+//!   (submit time, then id) make it first come, first served.
+//!
+//! Each formula is written once, as a function that reports each factor to a sink:
+//! [`priority`] sums them without allocating (it runs for every pending job every pass) and
+//! [`explain`] keeps them for `sprio`. Math that is not plain arithmetic uses `libm`, so the
+//! same job gets the same priority on every replica and platform.
+
+use std::cmp::Ordering;
+
+use serde::{Deserialize, Serialize};
+
+use crate::fairshare::{self, FairShare};
+use crate::ids::JobId;
+use crate::job::{Job, JobState, Part};
+use crate::quantity::{Seconds, TimeMs};
+use crate::state::State;
+
+/// Slurm multifactor weights (`PriorityWeight*`) and normalization.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Multifactor {
+    /// Age stops growing after this long (PriorityMaxAge).
+    pub max_age: Seconds,
+    pub weight_age: u32,
+    pub weight_assoc: u32,
+    pub weight_fairshare: u32,
+    pub weight_job_size: u32,
+    pub weight_partition: u32,
+    pub weight_qos: u32,
+    pub weight_tres_cpu: u32,
+    pub weight_tres_mem: u32,
+    /// PriorityFavorSmall: the job size factor favours small jobs instead of large ones.
+    pub favor_small: bool,
+}
+
+impl Multifactor {
+    /// GWDG's weights (seed 003): age 10,000 (max age 5 days), fair-share 100,000, job size
+    /// 1,000, partition 1,000,000, QOS 10,000; association, site and TRES disabled.
+    pub fn gwdg() -> Multifactor {
+        Multifactor {
+            max_age: Seconds::days(5),
+            weight_age: 10_000,
+            weight_assoc: 0,
+            weight_fairshare: 100_000,
+            weight_job_size: 1_000,
+            weight_partition: 1_000_000,
+            weight_qos: 10_000,
+            weight_tres_cpu: 0,
+            weight_tres_mem: 0,
+            favor_small: false,
+        }
+    }
+}
+
+/// Flux's six weights.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flux {
+    /// Wait time stops adding after this long.
+    pub max_wait: Seconds,
+    pub weight_wait: u32,
+    pub weight_fairshare: u32,
+    pub weight_qos: u32,
+    pub weight_queue: u32,
+    pub weight_job_size: u32,
+    pub weight_user: u32,
+}
+
+/// IT4I's sort formula parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct It4i {
+    /// MAX_FAIRSHARE (1E6).
+    pub max_fairshare: u64,
+    /// Eligible time is normalized against this span; the formula is exact below it.
+    pub eligible_time_span: Seconds,
+}
+
+impl Default for It4i {
+    fn default() -> Self {
+        It4i {
+            max_fairshare: 1_000_000,
+            eligible_time_span: Seconds::days(100),
+        }
+    }
+}
+
+/// Maui's weights and normalization spans.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Maui {
+    pub weight_queue_time: u32,
+    pub weight_xfactor: u32,
+    pub weight_resources: u32,
+    pub weight_bypass: u32,
+    pub weight_qos: u32,
+    pub weight_target_queue_time: u32,
+    pub weight_fairshare: u32,
+    /// Queue time counts fully after this long.
+    pub max_queue_time: Seconds,
+    /// An expansion factor of this much counts fully.
+    pub max_xfactor: u32,
+    /// This many bypasses count fully.
+    pub max_bypass: u32,
+}
+
+impl Maui {
+    /// HPC2N: "weights currently biased towards fairshare target, the expansion factor and
+    /// queuetime".
+    pub fn hpc2n() -> Maui {
+        Maui {
+            weight_queue_time: 1_000,
+            weight_xfactor: 1_000,
+            weight_resources: 100,
+            weight_bypass: 100,
+            weight_qos: 100,
+            weight_target_queue_time: 500,
+            weight_fairshare: 2_000,
+            max_queue_time: Seconds::days(5),
+            max_xfactor: 10,
+            max_bypass: 50,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PriorityFormula {
+    Fcfs,
+    Multifactor(Multifactor),
+    Flux(Flux),
+    It4i(It4i),
+    Maui(Maui),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorityConfig {
+    pub formula: PriorityFormula,
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        PriorityConfig {
+            formula: PriorityFormula::Multifactor(Multifactor::gwdg()),
+        }
+    }
+}
+
+/// What every priority in one pass shares: computed once, then read per job.
+#[derive(Debug)]
+pub struct PriorityInputs<'a> {
+    pub state: &'a State,
+    pub now: TimeMs,
+    pub fairshare: FairShare,
+    max_partition_factor: u32,
+    max_qos_priority: u32,
+    max_assoc_priority: u32,
+    total_nodes: u64,
+    total_cpus: u64,
+    total_memory: u64,
+    total_jobfs: u64,
+}
+
+impl State {
+    /// Everything a priority pass needs, as of `now`.
+    pub fn priority_inputs(&self, now: TimeMs) -> PriorityInputs<'_> {
+        let usage = self.usage.snapshot(now, self.config.fairshare.half_life);
+        let fairshare = fairshare::compute(self.config.fairshare.algorithm, &self.accounts, &usage);
+        PriorityInputs {
+            state: self,
+            now,
+            fairshare,
+            max_partition_factor: self
+                .partitions
+                .values()
+                .map(|p| p.priority_job_factor)
+                .max()
+                .unwrap_or(0),
+            max_qos_priority: self.qos.values().map(|q| q.priority).max().unwrap_or(0),
+            max_assoc_priority: self
+                .accounts
+                .accounts
+                .values()
+                .flat_map(|a| a.users.values().map(|u| u.priority))
+                .max()
+                .unwrap_or(0),
+            total_nodes: self.nodes.len() as u64,
+            total_cpus: self.nodes.values().map(|n| u64::from(n.spec.cpus)).sum(),
+            total_memory: self.nodes.values().map(|n| n.spec.memory.0).sum(),
+            total_jobfs: self.nodes.values().map(|n| n.spec.jobfs.0).sum(),
+        }
+    }
+}
+
+/// One line of `sprio`: a factor's normalized value, its weight and what it adds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FactorLine {
+    pub name: &'static str,
+    pub value: f64,
+    pub weight: f64,
+    pub contribution: f64,
+}
+
+/// A job's priority and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub job: JobId,
+    pub priority: f64,
+    pub factors: Vec<FactorLine>,
+}
+
+fn ratio(x: f64, max: f64) -> f64 {
+    if max <= 0.0 {
+        0.0
+    } else {
+        (x / max).clamp(0.0, 1.0)
+    }
+}
+
+/// Maui's target queue time factor: grows exponentially from 0 at submission to 1 at the
+/// target, (e^(q/T) - 1) / (e - 1), and stays at 1 past it.
+pub fn target_queue_factor(queued: Seconds, target: Seconds) -> f64 {
+    if target.0 == 0 {
+        return 0.0;
+    }
+    let x = (queued.0 as f64 / target.0 as f64).min(1.0);
+    ((libm::exp(x) - 1.0) / (libm::exp(1.0) - 1.0)).clamp(0.0, 1.0)
+}
+
+/// Feeds every factor of `job` under the configured formula to `sink(name, value, weight)`.
+fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'static str, f64, f64)) {
+    let state = inputs.state;
+    let r = &job.resolved;
+    let partition = state.partitions.get(&r.partition);
+    let qos = state.qos.get(&r.qos);
+    let fs = || inputs.fairshare.factor(&r.account, &job.spec.user);
+    let partition_factor = || {
+        ratio(
+            f64::from(partition.map_or(0, |p| p.priority_job_factor)),
+            f64::from(inputs.max_partition_factor),
+        )
+    };
+    let qos_factor = || {
+        ratio(
+            f64::from(qos.map_or(0, |q| q.priority)),
+            f64::from(inputs.max_qos_priority),
+        )
+    };
+    let eligible = job.eligible_time(inputs.now);
+    match &state.config.priority.formula {
+        PriorityFormula::Fcfs => {}
+        PriorityFormula::Multifactor(m) => {
+            sink(
+                "age",
+                ratio(eligible.0 as f64, m.max_age.0 as f64),
+                f64::from(m.weight_age),
+            );
+            let assoc = state
+                .accounts
+                .get(&r.account)
+                .and_then(|a| a.users.get(&job.spec.user))
+                .map_or(0, |u| u.priority);
+            sink(
+                "assoc",
+                ratio(f64::from(assoc), f64::from(inputs.max_assoc_priority)),
+                f64::from(m.weight_assoc),
+            );
+            sink("fairshare", fs(), f64::from(m.weight_fairshare));
+            let size = ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64);
+            let size = if m.favor_small { 1.0 - size } else { size };
+            sink("jobsize", size, f64::from(m.weight_job_size));
+            sink(
+                "partition",
+                partition_factor(),
+                f64::from(m.weight_partition),
+            );
+            sink("qos", qos_factor(), f64::from(m.weight_qos));
+            sink(
+                "tres_cpu",
+                ratio(job.cpus() as f64, inputs.total_cpus as f64),
+                f64::from(m.weight_tres_cpu),
+            );
+            let mem = job
+                .alloc
+                .as_ref()
+                .map(|a| a.shares.iter().map(|s| s.memory.0).sum::<u64>())
+                .unwrap_or(0);
+            sink(
+                "tres_mem",
+                ratio(mem as f64, inputs.total_memory as f64),
+                f64::from(m.weight_tres_mem),
+            );
+            sink("site", job.site_priority as f64, 1.0);
+            sink("nice", f64::from(job.spec.nice), -1.0);
+        }
+        PriorityFormula::Flux(f) => {
+            sink(
+                "wait",
+                ratio(eligible.0 as f64, f.max_wait.0 as f64),
+                f64::from(f.weight_wait),
+            );
+            sink("fairshare", fs(), f64::from(f.weight_fairshare));
+            sink("qos", qos_factor(), f64::from(f.weight_qos));
+            sink("queue", partition_factor(), f64::from(f.weight_queue));
+            sink(
+                "jobsize",
+                ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64),
+                f64::from(f.weight_job_size),
+            );
+            sink(
+                "user",
+                f64::from(job.spec.user_factor_pct.min(100)) / 100.0,
+                f64::from(f.weight_user),
+            );
+        }
+        PriorityFormula::It4i(p) => {
+            let max_queue = f64::from(inputs.max_partition_factor);
+            sink("queue", partition_factor(), 1000.0 * max_queue);
+            sink("fairshare", fs(), p.max_fairshare as f64 / 1000.0);
+            let span = p.eligible_time_span.0 as f64;
+            sink(
+                "eligible_time",
+                ratio(eligible.0 as f64, span),
+                span / 864_000.0,
+            );
+        }
+        PriorityFormula::Maui(m) => {
+            sink(
+                "queuetime",
+                ratio(eligible.0 as f64, m.max_queue_time.0 as f64),
+                f64::from(m.weight_queue_time),
+            );
+            let xfactor = match r.time_limit {
+                Some(limit) if limit.0 > 0 => (eligible.0 + limit.0) as f64 / limit.0 as f64,
+                _ => 1.0,
+            };
+            sink(
+                "xfactor",
+                ratio(xfactor - 1.0, f64::from(m.max_xfactor.saturating_sub(1))),
+                f64::from(m.weight_xfactor),
+            );
+            let mem_per_node = match r.memory {
+                crate::job::MemoryRequest::PerNode(m) => m.0,
+                crate::job::MemoryRequest::PerCpu(m) => {
+                    m.0.saturating_mul(job.cpus() / u64::from(job.spec.nodes.max(1)))
+                }
+                crate::job::MemoryRequest::WholeNode => {
+                    inputs.total_memory / inputs.total_nodes.max(1)
+                }
+            };
+            let nodes = u64::from(job.spec.nodes);
+            let resources = (ratio(job.cpus() as f64, inputs.total_cpus as f64)
+                + ratio(
+                    (mem_per_node.saturating_mul(nodes)) as f64,
+                    inputs.total_memory as f64,
+                )
+                + ratio(
+                    (r.jobfs.0.saturating_mul(nodes)) as f64,
+                    inputs.total_jobfs as f64,
+                ))
+                / 3.0;
+            sink("resources", resources, f64::from(m.weight_resources));
+            sink(
+                "bypass",
+                ratio(f64::from(job.bypass_count), f64::from(m.max_bypass)),
+                f64::from(m.weight_bypass),
+            );
+            sink("qos", qos_factor(), f64::from(m.weight_qos));
+            let target = qos.and_then(|q| q.target_queue_time).unwrap_or_default();
+            sink(
+                "target_queuetime",
+                target_queue_factor(eligible, target),
+                f64::from(m.weight_target_queue_time),
+            );
+            sink("fairshare", fs(), f64::from(m.weight_fairshare));
+        }
+    }
+}
+
+/// A job's priority under the configured formula.
+pub fn priority(inputs: &PriorityInputs<'_>, job: &Job) -> f64 {
+    let mut total = 0.0;
+    evaluate(inputs, job, &mut |_, value, weight| total += value * weight);
+    total
+}
+
+/// A job's priority, factor by factor (what `sprio` prints).
+pub fn explain(inputs: &PriorityInputs<'_>, job: &Job) -> Explanation {
+    let mut factors = Vec::with_capacity(10);
+    evaluate(inputs, job, &mut |name, value, weight| {
+        factors.push(FactorLine {
+            name,
+            value,
+            weight,
+            contribution: value * weight,
+        })
+    });
+    Explanation {
+        job: job.id,
+        priority: factors.iter().map(|f| f.contribution).sum(),
+        factors,
+    }
+}
+
+/// Where a job stands in the order of consideration (seed 003): jobs that can preempt, jobs
+/// in a reservation, higher partition priority tier, higher priority, earlier submission,
+/// lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OrderKey {
+    pub preemptor: bool,
+    pub in_reservation: bool,
+    pub tier: u32,
+    pub priority: f64,
+    pub submit: TimeMs,
+    pub id: JobId,
+}
+
+impl OrderKey {
+    pub fn new(inputs: &PriorityInputs<'_>, job: &Job, in_reservation: bool) -> OrderKey {
+        let state = inputs.state;
+        OrderKey {
+            preemptor: state
+                .qos
+                .get(&job.resolved.qos)
+                .is_some_and(|q| !q.preempt.is_empty()),
+            in_reservation,
+            tier: state
+                .partitions
+                .get(&job.resolved.partition)
+                .map_or(0, |p| p.priority_tier),
+            priority: priority(inputs, job),
+            submit: job.submit_time,
+            id: job.id,
+        }
+    }
+
+    pub fn consider_before(&self, other: &OrderKey) -> Ordering {
+        other
+            .preemptor
+            .cmp(&self.preemptor)
+            .then(other.in_reservation.cmp(&self.in_reservation))
+            .then(other.tier.cmp(&self.tier))
+            .then(other.priority.total_cmp(&self.priority))
+            .then(self.submit.cmp(&other.submit))
+            .then(self.id.cmp(&other.id))
+    }
+}
+
+impl State {
+    /// Idle pending jobs in the order the scheduler considers them (no reservations yet).
+    pub fn consideration_order(&self, now: TimeMs) -> Vec<JobId> {
+        let inputs = self.priority_inputs(now);
+        let mut keys: Vec<OrderKey> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
+            .map(|j| OrderKey::new(&inputs, j, false))
+            .collect();
+        keys.sort_by(OrderKey::consider_before);
+        keys.into_iter().map(|k| k.id).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_queue_factor_grows_exponentially_to_one() {
+        let t = Seconds::hours(10);
+        assert_eq!(target_queue_factor(Seconds(0), t), 0.0);
+        let half = target_queue_factor(Seconds::hours(5), t);
+        assert!((half - 0.377_540_668_798_145_4).abs() < 1e-12, "{half}");
+        assert!(half < 0.5, "convex: slower than linear at first");
+        assert_eq!(target_queue_factor(t, t), 1.0);
+        assert_eq!(target_queue_factor(Seconds::hours(20), t), 1.0);
+        assert_eq!(target_queue_factor(Seconds::hours(5), Seconds(0)), 0.0);
+    }
+}
