@@ -132,6 +132,16 @@ pub enum Command {
         actor: Actor,
         jobs: Vec<JobRef>,
     },
+    /// Freeze running jobs (admin): they keep memory and jobfs; walltime stops.
+    SuspendJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
+    /// Thaw suspended jobs (admin).
+    ResumeJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
     HoldJobs {
         actor: Actor,
         jobs: Vec<JobRef>,

@@ -94,6 +94,9 @@ pub struct SchedConfig {
     /// The largest script or environment blob accepted, in bytes.
     pub max_blob_bytes: u64,
     pub queue_policy: QueuePolicy,
+    /// Finished jobs leave the queue this long after they end (Slurm's MinJobAge), unless a
+    /// live job's dependency still names them.
+    pub min_job_age: Seconds,
     pub fairshare: FairshareConfig,
     pub priority: crate::priority::PriorityConfig,
     /// Jobs of a project whose grant is spent run in this QOS, uncharged (NCI's bonus). With
@@ -115,6 +118,7 @@ impl Default for SchedConfig {
             },
             max_blob_bytes: 4 << 20,
             queue_policy: QueuePolicy::default(),
+            min_job_age: Seconds(300),
             fairshare: FairshareConfig::default(),
             priority: crate::priority::PriorityConfig::default(),
             bonus_qos: None,

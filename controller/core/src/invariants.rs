@@ -11,7 +11,7 @@
 //! 4. A job holds an allocation exactly when its state holds resources, and every node lists
 //!    exactly the jobs whose allocations name it, with the same amounts; no node is
 //!    overcommitted, and an exclusive job is alone on its nodes.
-//! 5. Terminal jobs have an end time; pending jobs have no start time; an array master has
+//! 5. A job is suspended exactly when its suspension clock runs. Terminal jobs have an end time; pending jobs have no start time; an array master has
 //!    pending indexes in canonical form.
 //! 6. Pending jobs accrue eligible time exactly when idle with no reason; per-user idle and
 //!    running+idle counts respect the configured caps.
@@ -107,6 +107,12 @@ impl State {
                 "job {id} is {} with allocation {:?}",
                 job.state,
                 job.alloc.is_some()
+            );
+            ensure!(
+                job.suspended_since.is_some() == (job.state == JobState::Suspended),
+                "job {id} is {} with suspended_since {:?}",
+                job.state,
+                job.suspended_since
             );
             if job.state.is_terminal() {
                 ensure!(job.end_time.is_some(), "terminal job {id} has no end time");

@@ -357,3 +357,92 @@ fn aftercorr_releases_matching_tasks() {
     )
     .unwrap();
 }
+
+#[test]
+fn suspend_stops_walltime_and_keeps_resources() {
+    let mut c = cluster();
+    let id = c.submit(vec![c.spec("alice")])[0];
+    c.start(jr(id), &["n001"]).unwrap();
+    c.apply_after(600, Command::Tick).unwrap();
+    let Response::PerJob(r) = c.ok(Command::SuspendJobs {
+        actor: Actor::User(name("alice")),
+        jobs: vec![jr(id)],
+    }) else {
+        panic!()
+    };
+    assert!(
+        matches!(r[0], Err(Rejection::NotPermitted(_))),
+        "users may not suspend"
+    );
+    c.ok(Command::SuspendJobs {
+        actor: Actor::Operator,
+        jobs: vec![jr(id)],
+    });
+    assert_eq!(c.job(id).state, JobState::Suspended);
+    c.apply_after(3000, Command::Tick).unwrap();
+    assert_eq!(
+        c.job(id).run_time(c.now),
+        docket_core::quantity::Seconds(600)
+    );
+    assert_eq!(
+        c.state.nodes[&name("n001")].used_cpus(),
+        1,
+        "memory and cpus stay held"
+    );
+    c.ok(Command::ResumeJobs {
+        actor: Actor::Operator,
+        jobs: vec![jr(id)],
+    });
+    c.apply_after(60, Command::Tick).unwrap();
+    assert_eq!(
+        c.job(id).run_time(c.now),
+        docket_core::quantity::Seconds(660)
+    );
+    // 1 cpu x 660 s of usage: the suspended hour is not charged to fair-share.
+    let used: f64 = c.state.usage.entries.values().map(|d| d.value).sum();
+    // (decayed a little: the default half-life is a week)
+    assert!((used - 660.0).abs() < 5.0, "{used}");
+}
+
+#[test]
+fn finished_jobs_are_purged_after_min_job_age_unless_still_needed() {
+    let mut c = cluster();
+    let ids = c.submit(vec![c.spec("alice"), c.spec("alice")]);
+    let waiter = {
+        let mut s = c.spec("alice");
+        s.dependency = Some(Dependency::parse(&format!("afterok:{}", ids[1])).unwrap());
+        s.hold = true;
+        c.submit(vec![s])[0]
+    };
+    for id in &ids {
+        c.start(jr(*id), &["n001"]).unwrap();
+        c.end(*id, EndCause::Exited, 0);
+    }
+    c.apply_after(299, Command::Tick).unwrap();
+    assert!(c.state.jobs.contains_key(&ids[0]));
+    c.apply_after(1, Command::Tick).unwrap();
+    assert!(!c.state.jobs.contains_key(&ids[0]), "purged at MinJobAge");
+    assert!(
+        c.state.jobs.contains_key(&ids[1]),
+        "a live dependency still names it"
+    );
+    c.ok(Command::ReleaseJobs {
+        actor: Actor::User(name("alice")),
+        jobs: vec![jr(waiter)],
+    });
+    assert_eq!(
+        c.job(waiter).reason,
+        Reason::None,
+        "the outcome is still known"
+    );
+    c.ok(Command::CancelJobs {
+        actor: Actor::User(name("alice")),
+        jobs: vec![jr(waiter)],
+    });
+    c.apply_after(300, Command::Tick).unwrap();
+    assert!(c.state.jobs.is_empty());
+    assert!(
+        c.state.blobs.is_empty(),
+        "scripts go with the last job using them"
+    );
+}

@@ -17,6 +17,8 @@ enum Action {
     Cancel,
     Hold,
     Release,
+    Suspend,
+    Resume,
 }
 
 impl Action {
@@ -25,6 +27,8 @@ impl Action {
             Action::Cancel => "cancel",
             Action::Hold => "hold",
             Action::Release => "release",
+            Action::Suspend => "suspend",
+            Action::Resume => "resume",
         }
     }
 }
@@ -53,6 +57,13 @@ fn check_action(job: &Job, target: JobRef, action: Action, admin: bool) -> Resul
         Action::Hold if job.state != JobState::Pending => Err(wrong_state(job.state.name())),
         Action::Hold => Ok(()),
         Action::Release if job.state != JobState::Pending => Err(wrong_state(job.state.name())),
+        Action::Suspend | Action::Resume if !admin => Err(Rejection::NotPermitted(format!(
+            "only an administrator may {} jobs",
+            action.verb()
+        ))),
+        Action::Suspend if job.state != JobState::Running => Err(wrong_state(job.state.name())),
+        Action::Resume if job.state != JobState::Suspended => Err(wrong_state(job.state.name())),
+        Action::Suspend | Action::Resume => Ok(()),
         Action::Release => match job.hold {
             None => Err(wrong_state("not held")),
             Some(Hold::Admin) if !admin => Err(Rejection::NotPermitted(format!(
@@ -66,6 +77,14 @@ fn check_action(job: &Job, target: JobRef, action: Action, admin: bool) -> Resul
 impl State {
     pub(crate) fn cancel_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
         self.act(actor, jobs, Action::Cancel, now)
+    }
+
+    pub(crate) fn suspend_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
+        self.act(actor, jobs, Action::Suspend, now)
+    }
+
+    pub(crate) fn resume_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
+        self.act(actor, jobs, Action::Resume, now)
     }
 
     pub(crate) fn hold_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
@@ -129,6 +148,12 @@ impl State {
                 head.spec.user
             )));
         }
+        if matches!(action, Action::Suspend) {
+            // Usage accrues up to the moment the job is frozen.
+            if let Ok(Place::Record(id)) = self.locate(target, action) {
+                self.accrue_usage(id, now);
+            }
+        }
         // Validate against the record the action would change (for a pending task still in
         // its array, the array record), and only then split the task off.
         let place = self.locate(target, action)?;
@@ -162,6 +187,17 @@ impl State {
                 }
             }
             Action::Hold => job.hold = Some(if admin { Hold::Admin } else { Hold::User }),
+            Action::Suspend => {
+                job.state = JobState::Suspended;
+                job.suspended_since = Some(now);
+            }
+            Action::Resume => {
+                job.state = JobState::Running;
+                if let Some(since) = job.suspended_since.take() {
+                    job.suspended_total += now.since(since);
+                }
+                job.usage_until = Some(now);
+            }
             Action::Release => {
                 job.hold = None;
                 // Released jobs are placed afresh (they compete for an idle slot).

@@ -8,6 +8,7 @@ mod admin;
 pub mod charging;
 mod control;
 mod lifecycle;
+mod purge;
 mod submit;
 
 use serde::{Deserialize, Serialize};
@@ -149,12 +150,15 @@ impl State {
             Command::RemoveUser(name) => self.remove_user(name),
             Command::SubmitJobs { actor, blobs, jobs } => self.submit_jobs(actor, blobs, jobs, now),
             Command::CancelJobs { actor, jobs } => Ok(self.cancel_jobs(actor, jobs, now)),
+            Command::SuspendJobs { actor, jobs } => Ok(self.suspend_jobs(actor, jobs, now)),
+            Command::ResumeJobs { actor, jobs } => Ok(self.resume_jobs(actor, jobs, now)),
             Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
             Command::Tick => {
                 self.accrue_all_usage(now);
+                self.purge_finished(now);
                 self.refresh_all_pending(now);
                 Ok(Response::Done)
             }
