@@ -41,6 +41,8 @@ impl Milli {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionLimits {
     pub max_jobs_per_user: Option<u32>,
+    /// Jobs a user may have queued or running in the partition; more are refused.
+    pub max_submit_jobs_per_user: Option<u32>,
     pub max_cpus_per_user: Option<u64>,
 }
 

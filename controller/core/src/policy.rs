@@ -297,6 +297,16 @@ impl State {
             {
                 return Some(Reason::QosMaxCpuPerUserLimit);
             }
+            let group = running.per_qos.get(&r.qos).copied().unwrap_or_default();
+            if q.limits
+                .grp_jobs
+                .is_some_and(|m| group.jobs >= u64::from(m))
+            {
+                return Some(Reason::QosGrpJobsLimit);
+            }
+            if q.limits.grp_cpus.is_some_and(|m| group.cpus + cpus > m) {
+                return Some(Reason::QosGrpCpuLimit);
+            }
             if let Some(m) = q.limits.grp_cpu_run_mins {
                 let group = running.per_qos.get(&r.qos).map_or(0, |u| u.cpu_run_mins());
                 let this = job.requested_ps().unwrap_or(u64::MAX) / 60;

@@ -17,6 +17,10 @@ pub struct QosLimits {
     pub max_cpus_per_user: Option<u64>,
     /// GrpTRESRunMins=cpu: cpu-minutes still to run, summed over the QOS's running jobs.
     pub grp_cpu_run_mins: Option<u64>,
+    /// GrpJobs: running jobs of the whole QOS.
+    pub grp_jobs: Option<u32>,
+    /// GrpTRES=cpu: running cpus of the whole QOS.
+    pub grp_cpus: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

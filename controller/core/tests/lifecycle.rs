@@ -446,3 +446,153 @@ fn finished_jobs_are_purged_after_min_job_age_unless_still_needed() {
         "scripts go with the last job using them"
     );
 }
+
+/// Every Slurm-style running limit blocks with its own reason, and lifts when a job ends.
+#[test]
+fn running_limits_block_with_their_reason() {
+    use docket_core::account::AssocLimits;
+    use docket_core::partition::PartitionLimits;
+    use docket_core::qos::{Qos, QosLimits};
+    type Setup = Box<dyn Fn(&mut Cluster)>;
+    let qos = |limits: QosLimits| -> Setup {
+        Box::new(move |c: &mut Cluster| {
+            let mut q = Qos::new(name("normal"));
+            q.limits = limits.clone();
+            c.ok(Command::UpsertQos(Box::new(q)));
+        })
+    };
+    let cases: Vec<(Setup, u32, Reason)> = vec![
+        (
+            qos(QosLimits {
+                max_jobs_per_user: Some(1),
+                ..Default::default()
+            }),
+            1,
+            Reason::QosMaxJobsPerUserLimit,
+        ),
+        (
+            qos(QosLimits {
+                max_cpus_per_user: Some(5),
+                ..Default::default()
+            }),
+            4,
+            Reason::QosMaxCpuPerUserLimit,
+        ),
+        (
+            qos(QosLimits {
+                grp_jobs: Some(1),
+                ..Default::default()
+            }),
+            1,
+            Reason::QosGrpJobsLimit,
+        ),
+        (
+            qos(QosLimits {
+                grp_cpus: Some(6),
+                ..Default::default()
+            }),
+            4,
+            Reason::QosGrpCpuLimit,
+        ),
+        // 4 cpus x 1 h = 240 cpu-minutes each; the group may have 400 running.
+        (
+            qos(QosLimits {
+                grp_cpu_run_mins: Some(400),
+                ..Default::default()
+            }),
+            4,
+            Reason::QosGrpCpuRunMinutesLimit,
+        ),
+        (
+            Box::new(|c: &mut Cluster| {
+                let mut p = c.state.partitions[&name("work")].clone();
+                p.limits = PartitionLimits {
+                    max_jobs_per_user: Some(1),
+                    ..Default::default()
+                };
+                c.ok(Command::UpsertPartition(Box::new(p)));
+            }),
+            1,
+            Reason::PartitionMaxJobsPerUserLimit,
+        ),
+        (
+            Box::new(|c: &mut Cluster| {
+                let mut p = c.state.partitions[&name("work")].clone();
+                p.limits = PartitionLimits {
+                    max_cpus_per_user: Some(7),
+                    ..Default::default()
+                };
+                c.ok(Command::UpsertPartition(Box::new(p)));
+            }),
+            4,
+            Reason::PartitionMaxCpuPerUserLimit,
+        ),
+        (
+            Box::new(|c: &mut Cluster| {
+                c.ok(Command::UpsertAccount {
+                    name: name("proj"),
+                    parent: name("root"),
+                    shares: 1,
+                    limits: AssocLimits {
+                        max_jobs: Some(1),
+                        ..Default::default()
+                    },
+                    grant: None,
+                });
+            }),
+            1,
+            Reason::AssocMaxJobsLimit,
+        ),
+        (
+            Box::new(|c: &mut Cluster| {
+                c.ok(Command::UpsertAccount {
+                    name: name("proj"),
+                    parent: name("root"),
+                    shares: 1,
+                    limits: AssocLimits {
+                        grp_cpu_run_mins: Some(300),
+                        ..Default::default()
+                    },
+                    grant: None,
+                });
+            }),
+            4,
+            Reason::AssocGrpCpuRunMinutesLimit,
+        ),
+    ];
+    for (setup, ntasks, reason) in cases {
+        let mut c = cluster();
+        setup(&mut c);
+        let mut s = c.spec("alice");
+        s.ntasks = ntasks;
+        let ids = c.submit(vec![s.clone(), s]);
+        assert_eq!(
+            c.job(ids[1]).reason,
+            Reason::None,
+            "{reason}: nothing runs yet"
+        );
+        c.start(jr(ids[0]), &["n001"]).unwrap();
+        assert_eq!(c.job(ids[1]).reason, reason);
+        assert!(
+            c.start(jr(ids[1]), &["n002"]).is_err(),
+            "{reason}: apply re-checks"
+        );
+        c.end(ids[0], EndCause::Exited, 0);
+        assert_eq!(c.job(ids[1]).reason, Reason::None, "{reason} lifts");
+    }
+}
+
+#[test]
+fn partition_submit_limit_refuses_more_jobs() {
+    let mut c = cluster();
+    let mut p = c.state.partitions[&name("work")].clone();
+    p.limits.max_submit_jobs_per_user = Some(2);
+    c.ok(Command::UpsertPartition(Box::new(p)));
+    let r = c.submit_as(Actor::User(name("alice")), vec![c.spec("alice"); 3]);
+    assert!(r[0].is_ok() && r[1].is_ok());
+    let err = r[2].clone().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "jobs of user alice in partition work (MaxSubmitJobsPerUser) = 3 exceeds the limit of 2"
+    );
+}

@@ -77,6 +77,13 @@ enum Op {
         total: Option<u32>,
         soft: Option<u64>,
     },
+    SuspendJob {
+        pick: usize,
+        admin: bool,
+    },
+    ResumeJob {
+        pick: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -95,6 +102,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, task, node)| Op::Start { pick, task, node }),
         4 => (0..64usize, 0..7usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1))
             .prop_map(|(pick, cause, code, stale)| Op::End { pick, cause, code, stale }),
+        1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::SuspendJob { pick, admin }),
+        1 => (0..64usize).prop_map(|pick| Op::ResumeJob { pick }),
         1 => (0..4usize).prop_map(|node| Op::Down { node }),
         1 => (0..4usize).prop_map(|node| Op::Drain { node }),
         3 => (0..4usize).prop_map(|node| Op::Resume { node }),
@@ -269,6 +278,33 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             };
             (Command::EndJobs(vec![report]), 30)
         }
+        Op::SuspendJob { pick, admin } => {
+            let id = pick_where(state, *pick, |j| j.state == JobState::Running);
+            let actor = if *admin {
+                Actor::Operator
+            } else {
+                owner(state, *pick)
+            };
+            let jobs = vec![JobRef {
+                job: id.unwrap_or(JobId(999_999)),
+                task: None,
+            }];
+            (Command::SuspendJobs { actor, jobs }, 0)
+        }
+        Op::ResumeJob { pick } => {
+            let id = pick_where(state, *pick, |j| j.state == JobState::Suspended);
+            let jobs = vec![JobRef {
+                job: id.unwrap_or(JobId(999_999)),
+                task: None,
+            }];
+            (
+                Command::ResumeJobs {
+                    actor: Actor::Operator,
+                    jobs,
+                },
+                0,
+            )
+        }
         Op::Down { node } => (
             Command::DownNode {
                 node: name(NODES[*node]),
@@ -359,6 +395,10 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
                 r
             );
         }
+        if let (Ok(Response::Ended { applied: 1, .. }), Command::EndJobs(reports)) = (&r, &cmd) {
+            let done = a.state.jobs.get(&reports[0].job).map(|j| j.state);
+            stats.completed += u64::from(done == Some(JobState::Completed));
+        }
         match &r {
             Ok(Response::Submitted(v)) => {
                 stats.accepted_jobs += v.iter().filter(|x| x.is_ok()).count() as u64
@@ -377,7 +417,6 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
         ));
     }
     for j in a.state.jobs.values() {
-        stats.completed += u64::from(j.state == JobState::Completed);
         stats.requeued += u64::from(j.requeue_count > 0);
         stats.blocked_by_caps += u64::from(matches!(
             j.reason,

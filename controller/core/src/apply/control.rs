@@ -148,12 +148,6 @@ impl State {
                 head.spec.user
             )));
         }
-        if matches!(action, Action::Suspend) {
-            // Usage accrues up to the moment the job is frozen.
-            if let Ok(Place::Record(id)) = self.locate(target, action) {
-                self.accrue_usage(id, now);
-            }
-        }
         // Validate against the record the action would change (for a pending task still in
         // its array, the array record), and only then split the task off.
         let place = self.locate(target, action)?;
@@ -164,6 +158,10 @@ impl State {
                 .ok_or_else(|| Rejection::unknown("job", target))?,
         };
         check_action(probe, target, action, admin)?;
+        if let (Action::Suspend, Place::Record(id)) = (action, place) {
+            // Usage accrues up to the moment the job is frozen.
+            self.accrue_usage(id, now);
+        }
         let id = match place {
             Place::Record(id) => id,
             Place::PendingTask(master, index) => self.split_task(master, index),

@@ -452,6 +452,22 @@ impl State {
                 ));
             }
         }
+        if let Some(max) = partition.limits.max_submit_jobs_per_user {
+            let queued = self
+                .live_jobs_of(&spec.user)
+                .filter(|j| j.resolved.partition == partition.name)
+                .count() as u64;
+            if queued >= u64::from(max) {
+                return Err(Rejection::too_large(
+                    format!(
+                        "jobs of user {} in partition {} (MaxSubmitJobsPerUser)",
+                        spec.user, partition.name
+                    ),
+                    queued + 1,
+                    u64::from(max),
+                ));
+            }
+        }
         Ok(Resolved {
             account,
             partition: partition.name.clone(),

@@ -164,6 +164,10 @@ pub enum Reason {
     QosMaxCpuPerUserLimit,
     /// Running cpu-minutes of the QOS group would exceed GrpTRESRunMins=cpu.
     QosGrpCpuRunMinutesLimit,
+    /// The QOS already runs its GrpJobs.
+    QosGrpJobsLimit,
+    /// Running cpus of the QOS would exceed GrpTRES=cpu.
+    QosGrpCpuLimit,
     /// The user already runs the partition's MaxJobsPerUser.
     PartitionMaxJobsPerUserLimit,
     /// Running cpus of the user in this partition would exceed its per-user cpu limit.
@@ -204,6 +208,8 @@ impl Reason {
             Reason::QosMaxSubmitJobPerUserLimit => "QOSMaxSubmitJobPerUserLimit",
             Reason::QosMaxCpuPerUserLimit => "QOSMaxCpuPerUserLimit",
             Reason::QosGrpCpuRunMinutesLimit => "QOSGrpCPURunMinutesLimit",
+            Reason::QosGrpJobsLimit => "QOSGrpJobsLimit",
+            Reason::QosGrpCpuLimit => "QOSGrpCpuLimit",
             Reason::PartitionMaxJobsPerUserLimit => "PartitionMaxJobsPerUserLimit",
             Reason::PartitionMaxCpuPerUserLimit => "PartitionMaxCpuPerUserLimit",
             Reason::AssocMaxJobsLimit => "AssocMaxJobsLimit",
