@@ -76,6 +76,22 @@ impl Default for FairshareConfig {
     }
 }
 
+/// How jobs within one partition are ordered for consideration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueueOrdering {
+    /// By priority (the formula), then submit time, then id.
+    Priority,
+    /// NCI's shuffle for equal access: by the cpus of everything the same owner has ahead.
+    Shuffle(ShuffleBy),
+}
+
+/// Whose jobs count as "the same owner" when shuffling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShuffleBy {
+    User,
+    Project,
+}
+
 /// Replicated scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchedConfig {
@@ -99,6 +115,7 @@ pub struct SchedConfig {
     pub min_job_age: Seconds,
     pub fairshare: FairshareConfig,
     pub priority: crate::priority::PriorityConfig,
+    pub queue_ordering: QueueOrdering,
     /// Jobs of a project whose grant is spent run in this QOS, uncharged (NCI's bonus). With
     /// none set, they wait (AccountGrantExhausted).
     pub bonus_qos: Option<QosName>,
@@ -121,6 +138,7 @@ impl Default for SchedConfig {
             min_job_age: Seconds(300),
             fairshare: FairshareConfig::default(),
             priority: crate::priority::PriorityConfig::default(),
+            queue_ordering: QueueOrdering::Priority,
             bonus_qos: None,
         }
     }

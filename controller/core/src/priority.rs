@@ -22,8 +22,12 @@ use std::cmp::Ordering;
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
+use crate::config::{QueueOrdering, ShuffleBy};
 use crate::fairshare::{self, FairShare};
 use crate::ids::JobId;
+use crate::ids::PartitionName;
 use crate::job::{Job, JobState, Part};
 use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
@@ -456,16 +460,61 @@ impl OrderKey {
 
 impl State {
     /// Idle pending jobs in the order the scheduler considers them (no reservations yet).
+    /// Under NCI shuffling, a job's place within its tier comes from its shuffle score
+    /// instead of its priority.
     pub fn consideration_order(&self, now: TimeMs) -> Vec<JobId> {
         let inputs = self.priority_inputs(now);
+        let shuffle = match self.config.queue_ordering {
+            QueueOrdering::Priority => None,
+            QueueOrdering::Shuffle(by) => Some(self.shuffle_scores(by)),
+        };
         let mut keys: Vec<OrderKey> = self
             .jobs
             .values()
             .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
-            .map(|j| OrderKey::new(&inputs, j, false))
+            .map(|j| {
+                let mut key = OrderKey::new(&inputs, j, false);
+                if let Some(scores) = &shuffle {
+                    // Lower score first: negate into the "higher priority first" slot.
+                    key.priority = -(scores.get(&j.id).copied().unwrap_or(0) as f64);
+                }
+                key
+            })
             .collect();
         keys.sort_by(OrderKey::consider_before);
         keys.into_iter().map(|k| k.id).collect()
+    }
+
+    /// NCI's queue shuffle (seed 001): each queued job scores the cpus of every job, in any
+    /// state, ahead of it in the same queue and belonging to the same user (or project);
+    /// running jobs are ahead of every queued one, queued ones in submission order. Sorting
+    /// on the score promotes those with nothing running and demotes those with much.
+    pub fn shuffle_scores(&self, by: ShuffleBy) -> BTreeMap<JobId, u64> {
+        type Owner = (PartitionName, String);
+        let owner = |j: &Job| -> Owner {
+            let who = match by {
+                ShuffleBy::User => j.spec.user.to_string(),
+                ShuffleBy::Project => j.resolved.account.to_string(),
+            };
+            (j.resolved.partition.clone(), who)
+        };
+        let mut ahead: BTreeMap<Owner, u64> = BTreeMap::new();
+        for job in self.holding.iter().filter_map(|id| self.jobs.get(id)) {
+            *ahead.entry(owner(job)).or_default() += job.cpus();
+        }
+        let mut queued: Vec<&Job> = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Pending)
+            .collect();
+        queued.sort_by_key(|j| (j.submit_time, j.id));
+        let mut scores = BTreeMap::new();
+        for job in queued {
+            let sum = ahead.entry(owner(job)).or_default();
+            scores.insert(job.id, *sum);
+            *sum += job.cpus();
+        }
+        scores
     }
 }
 

@@ -314,3 +314,41 @@ fn a_spent_grant_runs_as_bonus_or_waits() {
     let grant = c.state.accounts.get(&name("proj")).unwrap().grant.unwrap();
     assert_eq!(grant.used_milli_su, 1_000, "bonus runs are not charged");
 }
+
+/// NCI: "the effect is to promote the queued jobs of users/projects with no running jobs and
+/// demote those of a user/project with many (or large) running jobs".
+#[test]
+fn nci_shuffle_promotes_users_with_nothing_running() {
+    use docket_core::config::{QueueOrdering, ShuffleBy};
+    let mut c = with_formula(PriorityFormula::Fcfs, FairshareAlgorithm::FairTree);
+    let mut config = c.state.config.clone();
+    config.queue_ordering = QueueOrdering::Shuffle(ShuffleBy::User);
+    c.ok(Command::SetConfig(Box::new(config)));
+    let mut big = c.spec("alice");
+    big.ntasks = 8;
+    let running = c.submit(vec![big])[0];
+    c.start(jr(running), &["n001"]).unwrap();
+    let mut four = c.spec("alice");
+    four.ntasks = 4;
+    let a = c.submit(vec![four.clone(), four.clone(), four])[..].to_vec();
+    let mut b4 = c.spec("bob");
+    b4.ntasks = 4;
+    let b = c.submit(vec![b4])[0];
+    let scores = c.state.shuffle_scores(ShuffleBy::User);
+    assert_eq!(
+        [scores[&a[0]], scores[&a[1]], scores[&a[2]], scores[&b]],
+        [8, 12, 16, 0]
+    );
+    assert_eq!(
+        c.state.consideration_order(c.now),
+        vec![b, a[0], a[1], a[2]]
+    );
+    // Plain FCFS would have taken alice's first.
+    let mut config = c.state.config.clone();
+    config.queue_ordering = QueueOrdering::Priority;
+    c.ok(Command::SetConfig(Box::new(config)));
+    assert_eq!(
+        c.state.consideration_order(c.now),
+        vec![a[0], a[1], a[2], b]
+    );
+}

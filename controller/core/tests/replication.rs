@@ -438,7 +438,11 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 96,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn replicas_agree_and_refusals_change_nothing(ops in proptest::collection::vec(op(), 1..80)) {

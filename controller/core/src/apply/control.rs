@@ -179,7 +179,11 @@ impl State {
                     let user = job.spec.user.clone();
                     self.unindex_live(&user, id);
                 } else {
-                    // The agent kills it and reports; resources stay held until then.
+                    // The agent thaws and kills it and reports; resources stay held until
+                    // then. A suspended job's suspension ends here.
+                    if let Some(since) = job.suspended_since.take() {
+                        job.suspended_total += now.since(since);
+                    }
                     job.state = JobState::Completing;
                     job.end_cause = Some(EndCause::Cancelled);
                 }
