@@ -50,7 +50,8 @@ pub struct ShareRow {
 /// The factors of one computation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FairShare {
-    pub factors: BTreeMap<(AccountName, UserName), f64>,
+    /// account -> user -> factor (nested so a lookup borrows, never clones, the names).
+    pub factors: BTreeMap<AccountName, BTreeMap<UserName, f64>>,
     pub rows: Vec<ShareRow>,
 }
 
@@ -58,9 +59,17 @@ impl FairShare {
     /// The factor of an association; an unknown one is treated as unused (1.0).
     pub fn factor(&self, account: &AccountName, user: &UserName) -> f64 {
         self.factors
-            .get(&(account.clone(), user.clone()))
+            .get(account)
+            .and_then(|users| users.get(user))
             .copied()
             .unwrap_or(1.0)
+    }
+
+    fn set(&mut self, account: &AccountName, user: &UserName, factor: f64) {
+        self.factors
+            .entry(account.clone())
+            .or_default()
+            .insert(user.clone(), factor);
     }
 }
 
@@ -170,15 +179,16 @@ fn fair_tree(tree: &Tree<'_>) -> FairShare {
     for group in groups {
         let factor = if n == 0 { 0.0 } else { rank as f64 / n as f64 };
         rank -= group.len();
-        for key in group {
-            out.factors.insert(key, factor);
+        for (account, user) in group {
+            out.set(&account, &user, factor);
         }
     }
-    for row in &mut out.rows {
+    let FairShare { factors, rows } = &mut out;
+    for row in rows.iter_mut() {
         if let Some(user) = &row.user {
-            row.fairshare = out
-                .factors
-                .get(&(row.account.clone(), user.clone()))
+            row.fairshare = factors
+                .get(&row.account)
+                .and_then(|users| users.get(user))
                 .copied();
         }
     }
@@ -261,7 +271,7 @@ fn classic(tree: &Tree<'_>) -> FairShare {
                 Child::User(user) => {
                     let u = if total > 0.0 { usage / total } else { 0.0 };
                     let f = if s > 0.0 { libm::exp2(-u / s) } else { 0.0 };
-                    out.factors.insert((account.clone(), user.clone()), f);
+                    out.set(&account, user, f);
                     out.rows.push(ShareRow {
                         account: account.clone(),
                         user: Some(user.clone()),
@@ -299,7 +309,7 @@ fn it4i(tree: &Tree<'_>) -> FairShare {
             .unwrap_or(0.0);
         let f = if total > 0.0 { 1.0 - used / total } else { 1.0 };
         for (user, assoc) in &account.users {
-            out.factors.insert((account.name.clone(), user.clone()), f);
+            out.set(&account.name, user, f);
             out.rows.push(ShareRow {
                 account: account.name.clone(),
                 user: Some(user.clone()),

@@ -16,21 +16,26 @@
 
 use std::collections::BTreeMap;
 
+use crate::account::AccountTree;
 use crate::config::Promotion;
 use crate::ids::{AccountName, JobId, PartitionName, QosName, UserName};
 use crate::job::{ArrayPart, Combine, DepKind, Hold, Job, JobRef, JobState, Part, Reason};
 use crate::quantity::TimeMs;
 use crate::state::State;
 
-/// What is running, summed the ways limits need, computed once per command.
+/// What is running, summed the ways limits need, computed once per command. Nested maps,
+/// so every lookup borrows the names it is given.
 #[derive(Debug, Default)]
 pub(crate) struct RunningSummary {
     per_user: BTreeMap<UserName, Usage>,
+    /// Each account's own running jobs (MAXPS of an account).
     per_account: BTreeMap<AccountName, Usage>,
-    per_user_qos: BTreeMap<(UserName, QosName), Usage>,
+    /// Each account's running jobs including every account below it (group limits).
+    per_account_tree: BTreeMap<AccountName, Usage>,
+    per_user_qos: BTreeMap<UserName, BTreeMap<QosName, Usage>>,
     per_qos: BTreeMap<QosName, Usage>,
-    per_user_partition: BTreeMap<(UserName, PartitionName), Usage>,
-    per_assoc: BTreeMap<(AccountName, UserName), Usage>,
+    per_user_partition: BTreeMap<UserName, BTreeMap<PartitionName, Usage>>,
+    per_assoc: BTreeMap<AccountName, BTreeMap<UserName, Usage>>,
     array_running: BTreeMap<JobId, u32>,
 }
 
@@ -56,6 +61,13 @@ impl Usage {
     }
 }
 
+fn nested<A: Ord, B: Ord>(map: &BTreeMap<A, BTreeMap<B, Usage>>, a: &A, b: &B) -> Usage {
+    map.get(a)
+        .and_then(|inner| inner.get(b))
+        .copied()
+        .unwrap_or_default()
+}
+
 /// Whether a dependency is met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DepStatus {
@@ -68,7 +80,7 @@ impl State {
     pub(crate) fn running_summary(&self, now: TimeMs) -> RunningSummary {
         let mut s = RunningSummary::default();
         for job in self.holding.iter().filter_map(|id| self.jobs.get(id)) {
-            s.add_job(job, now);
+            s.add_job(job, &self.accounts, now);
         }
         s
     }
@@ -167,6 +179,67 @@ impl State {
             decided.push((id, Part::Idle, reason));
         }
         for (id, part, reason) in decided {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                set_pending(job, part, reason, now);
+            }
+        }
+    }
+
+    /// Places a user's newly submitted jobs, leaving the rest alone. Submission cannot
+    /// change where the user's other jobs stand: idle slots are sticky, nothing starts or
+    /// ends, and no dependency can name a job that did not exist. So only the new jobs are
+    /// evaluated, against the idle slots left.
+    pub(crate) fn place_new(
+        &mut self,
+        user: &UserName,
+        new: &[JobId],
+        running: &RunningSummary,
+        now: TimeMs,
+    ) {
+        let policy = &self.config.queue_policy;
+        let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
+        let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
+        let cap_total = policy.max_jobs_per_user.map_or(u64::MAX, u64::from);
+        let allowed_idle = cap_idle.min(cap_total.saturating_sub(running_jobs));
+        let cap_reason = if running_jobs.saturating_add(allowed_idle) >= cap_total {
+            Reason::MaxJobsPerUser
+        } else {
+            Reason::MaxIdleJobsPerUser
+        };
+        let mut idle_count = self
+            .live_jobs_of(user)
+            .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
+            .count() as u64;
+        let bonus = self
+            .config
+            .bonus_qos
+            .clone()
+            .filter(|q| self.qos.contains_key(q));
+        let mut decided = Vec::with_capacity(new.len());
+        for id in new {
+            let Some(job) = self.jobs.get(id) else {
+                continue;
+            };
+            let to_bonus = bonus.is_some() && self.grant_exhausted(job);
+            if to_bonus {
+                // Rare: re-place this user fully, which also moves the job to bonus.
+                self.place_user(user, running, now);
+                return;
+            }
+            let placed = match self.intrinsic_reason(job, running, now) {
+                Some(reason) => (Part::Blocked, reason),
+                None if idle_count < allowed_idle => {
+                    idle_count += 1;
+                    (
+                        Part::Idle,
+                        self.start_blocker(job, running).unwrap_or(Reason::None),
+                    )
+                }
+                None => (Part::Blocked, cap_reason),
+            };
+            decided.push((*id, placed));
+        }
+        for (id, (part, reason)) in decided {
             if let Some(job) = self.jobs.get_mut(&id) {
                 set_pending(job, part, reason, now);
             }
@@ -280,77 +353,67 @@ impl State {
             }
         }
         if let Some(q) = self.qos.get(&r.qos) {
-            let mine = running
-                .per_user_qos
-                .get(&(user.clone(), r.qos.clone()))
-                .copied()
-                .unwrap_or_default();
-            if q.limits
-                .max_jobs_per_user
-                .is_some_and(|m| mine.jobs >= u64::from(m))
-            {
-                return Some(Reason::QosMaxJobsPerUserLimit);
+            let l = &q.limits;
+            if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
+                let mine = nested(&running.per_user_qos, user, &r.qos);
+                if l.max_jobs_per_user
+                    .is_some_and(|m| mine.jobs >= u64::from(m))
+                {
+                    return Some(Reason::QosMaxJobsPerUserLimit);
+                }
+                if l.max_cpus_per_user.is_some_and(|m| mine.cpus + cpus > m) {
+                    return Some(Reason::QosMaxCpuPerUserLimit);
+                }
             }
-            if q.limits
-                .max_cpus_per_user
-                .is_some_and(|m| mine.cpus + cpus > m)
-            {
-                return Some(Reason::QosMaxCpuPerUserLimit);
-            }
-            let group = running.per_qos.get(&r.qos).copied().unwrap_or_default();
-            if q.limits
-                .grp_jobs
-                .is_some_and(|m| group.jobs >= u64::from(m))
-            {
-                return Some(Reason::QosGrpJobsLimit);
-            }
-            if q.limits.grp_cpus.is_some_and(|m| group.cpus + cpus > m) {
-                return Some(Reason::QosGrpCpuLimit);
-            }
-            if let Some(m) = q.limits.grp_cpu_run_mins {
-                let group = running.per_qos.get(&r.qos).map_or(0, |u| u.cpu_run_mins());
-                let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
-                if group.saturating_add(this) > m {
-                    return Some(Reason::QosGrpCpuRunMinutesLimit);
+            if l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some() {
+                let group = running.per_qos.get(&r.qos).copied().unwrap_or_default();
+                if l.grp_jobs.is_some_and(|m| group.jobs >= u64::from(m)) {
+                    return Some(Reason::QosGrpJobsLimit);
+                }
+                if l.grp_cpus.is_some_and(|m| group.cpus + cpus > m) {
+                    return Some(Reason::QosGrpCpuLimit);
+                }
+                if let Some(m) = l.grp_cpu_run_mins {
+                    let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
+                    if group.cpu_run_mins().saturating_add(this) > m {
+                        return Some(Reason::QosGrpCpuRunMinutesLimit);
+                    }
                 }
             }
         }
         if let Some(p) = self.partitions.get(&r.partition) {
-            let mine = running
-                .per_user_partition
-                .get(&(user.clone(), r.partition.clone()))
-                .copied()
-                .unwrap_or_default();
-            if p.limits
-                .max_jobs_per_user
-                .is_some_and(|m| mine.jobs >= u64::from(m))
-            {
-                return Some(Reason::PartitionMaxJobsPerUserLimit);
-            }
-            if p.limits
-                .max_cpus_per_user
-                .is_some_and(|m| mine.cpus + cpus > m)
-            {
-                return Some(Reason::PartitionMaxCpuPerUserLimit);
+            let l = &p.limits;
+            if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
+                let mine = nested(&running.per_user_partition, user, &r.partition);
+                if l.max_jobs_per_user
+                    .is_some_and(|m| mine.jobs >= u64::from(m))
+                {
+                    return Some(Reason::PartitionMaxJobsPerUserLimit);
+                }
+                if l.max_cpus_per_user.is_some_and(|m| mine.cpus + cpus > m) {
+                    return Some(Reason::PartitionMaxCpuPerUserLimit);
+                }
             }
         }
-        // Association limits: the user's own association, then each account up the tree.
-        if let Some(account) = self.accounts.get(&r.account) {
-            let assoc_running = running
-                .per_assoc
-                .get(&(r.account.clone(), user.clone()))
-                .copied()
-                .unwrap_or_default();
-            if let Some(ua) = account.users.get(user)
-                && ua
-                    .limits
-                    .max_jobs
-                    .is_some_and(|m| assoc_running.jobs >= u64::from(m))
-            {
-                return Some(Reason::AssocMaxJobsLimit);
-            }
-            for a in self.accounts.ancestry(&r.account) {
-                let acc = running.per_account_tree(self, &a.name);
+        // Association limits: the user's own association, then each account up the tree
+        // (walked without allocating; the tree has no cycles, and the walk is bounded anyway).
+        let account = self.accounts.get(&r.account)?;
+        if let Some(max) = account.users.get(user).and_then(|ua| ua.limits.max_jobs)
+            && nested(&running.per_assoc, &r.account, user).jobs >= u64::from(max)
+        {
+            return Some(Reason::AssocMaxJobsLimit);
+        }
+        let mut cur = Some(account);
+        for _ in 0..=self.accounts.accounts.len() {
+            let Some(a) = cur else {
+                break;
+            };
+            if a.limits.max_jobs.is_some() || a.limits.grp_cpu_run_mins.is_some() {
+                let acc = running
+                    .per_account_tree
+                    .get(&a.name)
+                    .copied()
+                    .unwrap_or_default();
                 if a.limits.max_jobs.is_some_and(|m| acc.jobs >= u64::from(m)) {
                     return Some(Reason::AssocMaxJobsLimit);
                 }
@@ -361,6 +424,7 @@ impl State {
                     }
                 }
             }
+            cur = a.parent.as_ref().and_then(|p| self.accounts.get(p));
         }
         None
     }
@@ -472,7 +536,7 @@ impl State {
     /// The records of an array's tasks that have split off (including the master itself once
     /// it became the last task).
     fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = &Job> {
-        self.jobs.values().filter(move |j| {
+        self.jobs.values().map(|j| &**j).filter(move |j| {
             matches!(j.array, Some(ArrayPart::Task { array_job: a, .. }) if a == array_job)
         })
     }
@@ -480,7 +544,7 @@ impl State {
 
 impl RunningSummary {
     /// Counts a job that just started.
-    pub(crate) fn add_job(&mut self, job: &Job, now: TimeMs) {
+    pub(crate) fn add_job(&mut self, job: &Job, accounts: &AccountTree, now: TimeMs) {
         let user = &job.spec.user;
         let r = &job.resolved;
         self.per_user.entry(user.clone()).or_default().add(job, now);
@@ -488,17 +552,29 @@ impl RunningSummary {
             .entry(r.account.clone())
             .or_default()
             .add(job, now);
+        for a in accounts.ancestry(&r.account) {
+            self.per_account_tree
+                .entry(a.name.clone())
+                .or_default()
+                .add(job, now);
+        }
         self.per_user_qos
-            .entry((user.clone(), r.qos.clone()))
+            .entry(user.clone())
+            .or_default()
+            .entry(r.qos.clone())
             .or_default()
             .add(job, now);
         self.per_qos.entry(r.qos.clone()).or_default().add(job, now);
         self.per_user_partition
-            .entry((user.clone(), r.partition.clone()))
+            .entry(user.clone())
+            .or_default()
+            .entry(r.partition.clone())
             .or_default()
             .add(job, now);
         self.per_assoc
-            .entry((r.account.clone(), user.clone()))
+            .entry(r.account.clone())
+            .or_default()
+            .entry(user.clone())
             .or_default()
             .add(job, now);
         if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
@@ -508,19 +584,6 @@ impl RunningSummary {
 
     pub(crate) fn array_running(&self, array_job: JobId) -> u32 {
         self.array_running.get(&array_job).copied().unwrap_or(0)
-    }
-
-    /// Running usage of an account and every account below it.
-    fn per_account_tree(&self, state: &State, account: &AccountName) -> Usage {
-        let mut total = Usage::default();
-        for (name, u) in &self.per_account {
-            if state.accounts.is_within(name, account) {
-                total.jobs += u.jobs;
-                total.cpus += u.cpus;
-                total.remaining_ps = total.remaining_ps.saturating_add(u.remaining_ps);
-            }
-        }
-        total
     }
 }
 

@@ -240,7 +240,18 @@ pub fn target_queue_factor(queued: Seconds, target: Seconds) -> f64 {
 }
 
 /// Feeds every factor of `job` under the configured formula to `sink(name, value, weight)`.
-fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'static str, f64, f64)) {
+/// Unless `full`, factors whose weight is zero are skipped without computing their value.
+fn evaluate(
+    inputs: &PriorityInputs<'_>,
+    job: &Job,
+    full: bool,
+    out: &mut impl FnMut(&'static str, f64, f64),
+) {
+    let mut sink = |name: &'static str, value: &dyn Fn() -> f64, weight: f64| {
+        if full || weight != 0.0 {
+            out(name, value(), weight);
+        }
+    };
     let state = inputs.state;
     let r = &job.resolved;
     let partition = state.partitions.get(&r.partition);
@@ -264,7 +275,7 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
         PriorityFormula::Multifactor(m) => {
             sink(
                 "age",
-                ratio(eligible.0 as f64, m.max_age.0 as f64),
+                &|| ratio(eligible.0 as f64, m.max_age.0 as f64),
                 f64::from(m.weight_age),
             );
             let assoc = state
@@ -274,22 +285,22 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
                 .map_or(0, |u| u.priority);
             sink(
                 "assoc",
-                ratio(f64::from(assoc), f64::from(inputs.max_assoc_priority)),
+                &|| ratio(f64::from(assoc), f64::from(inputs.max_assoc_priority)),
                 f64::from(m.weight_assoc),
             );
-            sink("fairshare", fs(), f64::from(m.weight_fairshare));
+            sink("fairshare", &|| fs(), f64::from(m.weight_fairshare));
             let size = ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64);
             let size = if m.favor_small { 1.0 - size } else { size };
-            sink("jobsize", size, f64::from(m.weight_job_size));
+            sink("jobsize", &|| size, f64::from(m.weight_job_size));
             sink(
                 "partition",
-                partition_factor(),
+                &|| partition_factor(),
                 f64::from(m.weight_partition),
             );
-            sink("qos", qos_factor(), f64::from(m.weight_qos));
+            sink("qos", &|| qos_factor(), f64::from(m.weight_qos));
             sink(
                 "tres_cpu",
-                ratio(job.cpus() as f64, inputs.total_cpus as f64),
+                &|| ratio(job.cpus() as f64, inputs.total_cpus as f64),
                 f64::from(m.weight_tres_cpu),
             );
             let mem = job
@@ -299,47 +310,47 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
                 .unwrap_or(0);
             sink(
                 "tres_mem",
-                ratio(mem as f64, inputs.total_memory as f64),
+                &|| ratio(mem as f64, inputs.total_memory as f64),
                 f64::from(m.weight_tres_mem),
             );
-            sink("site", job.site_priority as f64, 1.0);
-            sink("nice", f64::from(job.spec.nice), -1.0);
+            sink("site", &|| job.site_priority as f64, 1.0);
+            sink("nice", &|| f64::from(job.spec.nice), -1.0);
         }
         PriorityFormula::Flux(f) => {
             sink(
                 "wait",
-                ratio(eligible.0 as f64, f.max_wait.0 as f64),
+                &|| ratio(eligible.0 as f64, f.max_wait.0 as f64),
                 f64::from(f.weight_wait),
             );
-            sink("fairshare", fs(), f64::from(f.weight_fairshare));
-            sink("qos", qos_factor(), f64::from(f.weight_qos));
-            sink("queue", partition_factor(), f64::from(f.weight_queue));
+            sink("fairshare", &|| fs(), f64::from(f.weight_fairshare));
+            sink("qos", &|| qos_factor(), f64::from(f.weight_qos));
+            sink("queue", &|| partition_factor(), f64::from(f.weight_queue));
             sink(
                 "jobsize",
-                ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64),
+                &|| ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64),
                 f64::from(f.weight_job_size),
             );
             sink(
                 "user",
-                f64::from(job.spec.user_factor_pct.min(100)) / 100.0,
+                &|| f64::from(job.spec.user_factor_pct.min(100)) / 100.0,
                 f64::from(f.weight_user),
             );
         }
         PriorityFormula::It4i(p) => {
             let max_queue = f64::from(inputs.max_partition_factor);
-            sink("queue", partition_factor(), 1000.0 * max_queue);
-            sink("fairshare", fs(), p.max_fairshare as f64 / 1000.0);
+            sink("queue", &|| partition_factor(), 1000.0 * max_queue);
+            sink("fairshare", &|| fs(), p.max_fairshare as f64 / 1000.0);
             let span = p.eligible_time_span.0 as f64;
             sink(
                 "eligible_time",
-                ratio(eligible.0 as f64, span),
+                &|| ratio(eligible.0 as f64, span),
                 span / 864_000.0,
             );
         }
         PriorityFormula::Maui(m) => {
             sink(
                 "queuetime",
-                ratio(eligible.0 as f64, m.max_queue_time.0 as f64),
+                &|| ratio(eligible.0 as f64, m.max_queue_time.0 as f64),
                 f64::from(m.weight_queue_time),
             );
             let xfactor = match r.time_limit {
@@ -348,7 +359,7 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
             };
             sink(
                 "xfactor",
-                ratio(xfactor - 1.0, f64::from(m.max_xfactor.saturating_sub(1))),
+                &|| ratio(xfactor - 1.0, f64::from(m.max_xfactor.saturating_sub(1))),
                 f64::from(m.weight_xfactor),
             );
             let mem_per_node = match r.memory {
@@ -371,20 +382,20 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
                     inputs.total_jobfs as f64,
                 ))
                 / 3.0;
-            sink("resources", resources, f64::from(m.weight_resources));
+            sink("resources", &|| resources, f64::from(m.weight_resources));
             sink(
                 "bypass",
-                ratio(f64::from(job.bypass_count), f64::from(m.max_bypass)),
+                &|| ratio(f64::from(job.bypass_count), f64::from(m.max_bypass)),
                 f64::from(m.weight_bypass),
             );
-            sink("qos", qos_factor(), f64::from(m.weight_qos));
+            sink("qos", &|| qos_factor(), f64::from(m.weight_qos));
             let target = qos.and_then(|q| q.target_queue_time).unwrap_or_default();
             sink(
                 "target_queuetime",
-                target_queue_factor(eligible, target),
+                &|| target_queue_factor(eligible, target),
                 f64::from(m.weight_target_queue_time),
             );
-            sink("fairshare", fs(), f64::from(m.weight_fairshare));
+            sink("fairshare", &|| fs(), f64::from(m.weight_fairshare));
         }
     }
 }
@@ -392,14 +403,16 @@ fn evaluate(inputs: &PriorityInputs<'_>, job: &Job, sink: &mut impl FnMut(&'stat
 /// A job's priority under the configured formula.
 pub fn priority(inputs: &PriorityInputs<'_>, job: &Job) -> f64 {
     let mut total = 0.0;
-    evaluate(inputs, job, &mut |_, value, weight| total += value * weight);
+    evaluate(inputs, job, false, &mut |_, value, weight| {
+        total += value * weight
+    });
     total
 }
 
 /// A job's priority, factor by factor (what `sprio` prints).
 pub fn explain(inputs: &PriorityInputs<'_>, job: &Job) -> Explanation {
     let mut factors = Vec::with_capacity(10);
-    evaluate(inputs, job, &mut |name, value, weight| {
+    evaluate(inputs, job, true, &mut |name, value, weight| {
         factors.push(FactorLine {
             name,
             value,
@@ -505,6 +518,7 @@ impl State {
         let mut queued: Vec<&Job> = self
             .jobs
             .values()
+            .map(|j| &**j)
             .filter(|j| j.state == JobState::Pending)
             .collect();
         queued.sort_by_key(|j| (j.submit_time, j.id));

@@ -29,7 +29,7 @@ impl State {
             if let Ok(id) = &r
                 && let Some(job) = self.jobs.get(id)
             {
-                running.add_job(job, now);
+                running.add_job(job, &self.accounts, now);
             }
             results.push(r);
         }

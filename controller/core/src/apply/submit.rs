@@ -5,14 +5,15 @@
 //! entry). Each job is accepted or rejected on its own, and a rejected job leaves no trace:
 //! its id is not consumed and blobs only it referenced are not kept.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::apply::{Rejection, Response};
 use crate::command::Actor;
-use crate::ids::JobId;
+use crate::ids::{JobId, PartitionName, UserName};
 use crate::job::{
     ArrayPart, BlobId, Job, JobSpec, JobState, MemoryRequest, Part, Reason, Resolved, TimeRequest,
 };
+use crate::partition::Partition;
 use crate::quantity::{MiB, Seconds, TimeMs};
 use crate::state::{Blob, State};
 
@@ -21,6 +22,16 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_PATH_BYTES: usize = 4096;
 /// The nice range Slurm accepts.
 pub const MAX_NICE: i32 = 2_147_483_645;
+
+/// What the usable nodes of a partition offer one job: how many, and the largest of each
+/// resource. Computed once per partition per submission batch.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NodeCaps {
+    count: u64,
+    cpus: u32,
+    memory: MiB,
+    jobfs: MiB,
+}
 
 impl State {
     pub(crate) fn submit_jobs(
@@ -56,11 +67,12 @@ impl State {
             }
         }
         let mut results = Vec::with_capacity(jobs.len());
-        let mut touched_users = BTreeSet::new();
+        let mut new_by_user: BTreeMap<UserName, Vec<JobId>> = BTreeMap::new();
+        let mut caps_cache = BTreeMap::new();
         for spec in jobs {
-            let result = self.submit_one(actor, spec, now);
-            if result.is_ok() {
-                touched_users.insert(spec.user.clone());
+            let result = self.submit_one(actor, spec, now, &mut caps_cache);
+            if let Ok(id) = result {
+                new_by_user.entry(spec.user.clone()).or_default().push(id);
             }
             results.push(result);
         }
@@ -70,10 +82,10 @@ impl State {
                 self.blobs.remove(&id);
             }
         }
-        if !touched_users.is_empty() {
+        if !new_by_user.is_empty() {
             let running = self.running_summary(now);
-            for user in touched_users {
-                self.place_user(&user, &running, now);
+            for (user, ids) in new_by_user {
+                self.place_new(&user, &ids, &running, now);
             }
         }
         Ok(Response::Submitted(results))
@@ -84,6 +96,7 @@ impl State {
         actor: &Actor,
         spec: &JobSpec,
         now: TimeMs,
+        caps_cache: &mut BTreeMap<PartitionName, NodeCaps>,
     ) -> Result<JobId, Rejection> {
         let admin = self.is_admin(actor);
         if let Actor::User(u) = actor
@@ -103,7 +116,7 @@ impl State {
                 self.config.max_job_count,
             ));
         }
-        let resolved = self.resolve(spec, admin)?;
+        let resolved = self.resolve(spec, admin, caps_cache)?;
         self.check_dependency_targets(spec)?;
         let blob_refs: Vec<BlobId> = std::iter::once(spec.script).chain(spec.env).collect();
         for b in &blob_refs {
@@ -151,12 +164,17 @@ impl State {
             bypass_count: 0,
         };
         self.index_live(&job);
-        self.jobs.insert(id, job);
+        self.jobs.insert(id, Box::new(job));
         Ok(id)
     }
 
     /// Checks a spec and fills in its defaults from partition, association and config.
-    fn resolve(&self, spec: &JobSpec, admin: bool) -> Result<Resolved, Rejection> {
+    fn resolve(
+        &self,
+        spec: &JobSpec,
+        admin: bool,
+        caps_cache: &mut BTreeMap<PartitionName, NodeCaps>,
+    ) -> Result<Resolved, Rejection> {
         if spec.name.len() > MAX_NAME_BYTES {
             return Err(Rejection::too_large(
                 "name length",
@@ -333,13 +351,16 @@ impl State {
             None => caps.iter().filter_map(|(_, cap)| *cap).min(),
         };
         // Nodes: enough in the partition, and each node big enough for one node's share.
-        let members: Vec<_> = partition
-            .nodes
-            .iter()
-            .filter_map(|n| self.nodes.get(n))
-            .filter(|n| spec.features.is_subset(&n.spec.features))
-            .filter(|n| !spec.exclude.contains(&n.spec.name))
-            .collect();
+        let caps = match caps_cache.get(&partition.name) {
+            Some(c) if spec.features.is_empty() && spec.exclude.is_empty() => *c,
+            _ => {
+                let c = self.node_caps(partition, spec);
+                if spec.features.is_empty() && spec.exclude.is_empty() {
+                    caps_cache.insert(partition.name.clone(), c);
+                }
+                c
+            }
+        };
         if let Some(max) = partition.max_nodes
             && spec.nodes > max
         {
@@ -349,14 +370,14 @@ impl State {
                 u64::from(max),
             ));
         }
-        if (members.len() as u64) < u64::from(spec.nodes) {
+        if caps.count < u64::from(spec.nodes) {
             return Err(Rejection::too_large(
                 format!(
                     "nodes (usable nodes in partition {} with the requested features)",
                     partition.name
                 ),
                 u64::from(spec.nodes),
-                members.len() as u64,
+                caps.count,
             ));
         }
         for n in &spec.nodelist {
@@ -375,7 +396,7 @@ impl State {
         }
         let tasks_per_node = u64::from(spec.ntasks).div_ceil(u64::from(spec.nodes));
         let cpus_per_node = tasks_per_node * u64::from(spec.cpus_per_task);
-        let biggest_cpus = members.iter().map(|n| n.spec.cpus).max().unwrap_or(0);
+        let biggest_cpus = caps.cpus;
         if cpus_per_node > u64::from(biggest_cpus) {
             return Err(Rejection::too_large(
                 format!("cpus per node (largest node in {})", partition.name),
@@ -396,11 +417,7 @@ impl State {
             MemoryRequest::PerCpu(m) => Some(m.checked_mul(cpus_per_node).unwrap_or(MiB(u64::MAX))),
             MemoryRequest::WholeNode => None,
         };
-        let biggest_mem = members
-            .iter()
-            .map(|n| n.spec.memory)
-            .max()
-            .unwrap_or_default();
+        let biggest_mem = caps.memory;
         if let Some(m) = mem_per_node
             && m > biggest_mem
         {
@@ -423,11 +440,7 @@ impl State {
             ));
         }
         let jobfs = spec.jobfs.unwrap_or(self.config.default_jobfs);
-        let biggest_jobfs = members
-            .iter()
-            .map(|n| n.spec.jobfs)
-            .max()
-            .unwrap_or_default();
+        let biggest_jobfs = caps.jobfs;
         if jobfs > biggest_jobfs {
             return Err(Rejection::too_large(
                 format!("jobfs per node in MiB (largest in {})", partition.name),
@@ -476,6 +489,24 @@ impl State {
             memory,
             jobfs,
         })
+    }
+
+    /// What the nodes of `partition` usable by `spec` (features, exclusions) offer.
+    fn node_caps(&self, partition: &Partition, spec: &JobSpec) -> NodeCaps {
+        let mut caps = NodeCaps::default();
+        for node in partition
+            .nodes
+            .iter()
+            .filter(|n| !spec.exclude.contains(*n))
+            .filter_map(|n| self.nodes.get(n))
+            .filter(|n| spec.features.is_subset(&n.spec.features))
+        {
+            caps.count += 1;
+            caps.cpus = caps.cpus.max(node.spec.cpus);
+            caps.memory = caps.memory.max(node.spec.memory);
+            caps.jobfs = caps.jobfs.max(node.spec.jobfs);
+        }
+        caps
     }
 
     /// Dependencies must name jobs that exist (or existed: ids below the next id).

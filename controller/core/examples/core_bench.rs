@@ -1,0 +1,270 @@
+//! Benchmarks of the scheduler core, printing figures (never asserting them):
+//!
+//!   cargo run --release -p docket-core --example core_bench [-- USERS JOBS]
+//!
+//! Builds a cluster of 1,000 nodes and USERS users (default 10,000) in 100 accounts with
+//! varied fair-share usage, then measures:
+//! - applying submission batches of 10,000 jobs (one command each) until JOBS (default
+//!   100,000) are pending;
+//! - the state each pending job costs: heap bytes (a counting allocator) and snapshot bytes;
+//! - recomputing every pending job's priority (GWDG multifactor with Fair Tree, and IT4I),
+//!   including the fair-share computation, and the full order of consideration.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::Instant;
+
+use docket_core::account::{AssocLimits, User, UserAssoc};
+use docket_core::config::SchedConfig;
+use docket_core::fairshare::FairshareAlgorithm;
+use docket_core::job::{BlobId, JobSpec, TimeRequest};
+use docket_core::node::NodeSpec;
+use docket_core::partition::Partition;
+use docket_core::priority::{self, It4i, Multifactor, PriorityFormula};
+use docket_core::qos::Qos;
+use docket_core::quantity::{MiB, Seconds, TimeMs};
+use docket_core::{
+    AccountName, Actor, ApplyCtx, Command, Envelope, NodeName, Response, State, UserName,
+};
+
+/// Counts live heap bytes, so the state's size is measured, not estimated.
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; only a counter is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: forwarded with the caller's pointer and layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        // SAFETY: forwarded with the caller's arguments.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const SCRIPT: &[u8] = b"#!/bin/bash\n#SBATCH -t 1:00:00\nsrun ./simulate --steps 1000\n";
+
+struct Bench {
+    state: State,
+    index: u64,
+    now: TimeMs,
+}
+
+impl Bench {
+    fn apply(&mut self, cmd: Command) -> Response {
+        self.index += 1;
+        self.now = self.now.plus(Seconds(1));
+        let ctx = ApplyCtx {
+            index: self.index,
+            time_ms: self.now,
+        };
+        match self.state.apply(&Envelope::new(cmd), ctx) {
+            Ok(r) => r,
+            Err(e) => panic!("setup command refused: {e}"),
+        }
+    }
+}
+
+fn name<T: std::str::FromStr>(s: &str) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    s.parse().expect("valid name")
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let users = args.first().copied().unwrap_or(10_000) as usize;
+    let jobs = args.get(1).copied().unwrap_or(100_000) as usize;
+    let batch = 10_000usize;
+    let mut config = SchedConfig::default();
+    config.priority.formula = PriorityFormula::Multifactor(Multifactor::gwdg());
+    config.fairshare.algorithm = FairshareAlgorithm::FairTree;
+    let mut b = Bench {
+        state: State::new(config),
+        index: 0,
+        now: TimeMs(1_700_000_000_000),
+    };
+
+    let mut nodes = BTreeSet::new();
+    for i in 0..1000 {
+        let n: NodeName = name(&format!("c{i:04}"));
+        nodes.insert(n.clone());
+        b.apply(Command::UpsertNode(NodeSpec {
+            name: n,
+            cpus: 64,
+            memory: MiB::gib(256),
+            jobfs: MiB::gib(400),
+            gpus: 0,
+            features: BTreeSet::new(),
+        }));
+    }
+    b.apply(Command::UpsertQos(Box::new(Qos::new(name("normal")))));
+    let mut high = Qos::new(name("high"));
+    high.priority = 100;
+    b.apply(Command::UpsertQos(Box::new(high)));
+    let mut work = Partition::new(name("work"), nodes.clone());
+    work.is_default = true;
+    work.def_mem_per_cpu = Some(MiB::gib(2));
+    b.apply(Command::UpsertPartition(Box::new(work)));
+    let mut express = Partition::new(name("express"), nodes);
+    express.priority_tier = 10;
+    express.priority_job_factor = 10;
+    b.apply(Command::UpsertPartition(Box::new(express)));
+    let accounts: Vec<AccountName> = (0..100).map(|i| name(&format!("proj{i:03}"))).collect();
+    for (i, a) in accounts.iter().enumerate() {
+        b.apply(Command::UpsertAccount {
+            name: a.clone(),
+            parent: name("root"),
+            shares: 1 + (i as u32 % 7),
+            limits: AssocLimits::default(),
+            grant: None,
+        });
+    }
+    let user_names: Vec<UserName> = (0..users).map(|i| name(&format!("u{i:05}"))).collect();
+    for (i, u) in user_names.iter().enumerate() {
+        let account = accounts[i % accounts.len()].clone();
+        b.apply(Command::UpsertUser {
+            user: User {
+                name: u.clone(),
+                default_account: account.clone(),
+                admin: false,
+            },
+            assocs: vec![(
+                account.clone(),
+                UserAssoc {
+                    shares: 1 + (i as u32 % 3),
+                    priority: 0,
+                    limits: AssocLimits::default(),
+                },
+            )],
+        });
+        // Varied past usage, so fair-share has something to rank.
+        let half_life = b.state.config.fairshare.half_life;
+        let used = ((i * 7919) % 10_007) as f64 * 3600.0;
+        b.state.usage.add(&account, u, used, b.now, half_life);
+    }
+
+    let base = JobSpec::simple(name("u00000"), BlobId::of(SCRIPT));
+    let heap_before = LIVE.load(Ordering::Relaxed);
+    let mut batch_ms = Vec::new();
+    let mut submitted = 0usize;
+    while submitted < jobs {
+        let n = batch.min(jobs - submitted);
+        let specs: Vec<JobSpec> = (0..n)
+            .map(|k| {
+                let i = submitted + k;
+                let mut s = base.clone();
+                s.user = user_names[i % users].clone();
+                s.name = format!("sim-{}", i % 97);
+                s.ntasks = 1 + (i % 32) as u32;
+                s.time = TimeRequest::Limit(Seconds(600 + (i % 48) as u64 * 1800));
+                if i.is_multiple_of(10) {
+                    s.partition = Some(name("express"));
+                    s.qos = Some(name("high"));
+                }
+                s.work_dir = format!("/home/{}/run{}", s.user, i % 13);
+                s
+            })
+            .collect();
+        let cmd = Command::SubmitJobs {
+            actor: Actor::Operator,
+            blobs: vec![SCRIPT.to_vec()],
+            jobs: specs,
+        };
+        let t = Instant::now();
+        let r = b.apply(cmd);
+        batch_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if let Response::Submitted(results) = r
+            && let Some(Err(e)) = results.iter().find(|r| r.is_err())
+        {
+            panic!("a benchmark job was refused: {e}");
+        }
+        submitted += n;
+    }
+    let heap_bytes = (LIVE.load(Ordering::Relaxed) - heap_before) as f64;
+    let pending = b.state.jobs.len();
+    let t = Instant::now();
+    let snapshot = b.state.to_snapshot().expect("snapshot");
+    let snapshot_ms = t.elapsed().as_secs_f64() * 1e3;
+    let t = Instant::now();
+    let restored = State::from_snapshot(&snapshot).expect("restore");
+    let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(restored);
+
+    // Priority recompute, as the leader does every pass: fair-share plus every job.
+    let recompute = |state: &State, now: TimeMs| -> (f64, f64) {
+        let t = Instant::now();
+        let inputs = state.priority_inputs(now);
+        let mut sum = 0.0;
+        for job in state.jobs.values() {
+            sum += priority::priority(&inputs, job);
+        }
+        (t.elapsed().as_secs_f64() * 1e3, sum)
+    };
+    let mut runs = Vec::new();
+    for _ in 0..7 {
+        let (ms, sum) = recompute(&b.state, b.now.plus(Seconds(3600)));
+        assert!(sum.is_finite());
+        runs.push(ms);
+    }
+    runs.sort_by(f64::total_cmp);
+    let t = Instant::now();
+    let order = b.state.consideration_order(b.now.plus(Seconds(3600)));
+    let order_ms = t.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(order.len(), pending);
+
+    let t = Instant::now();
+    let inputs = b.state.priority_inputs(b.now);
+    let inputs_ms = t.elapsed().as_secs_f64() * 1e3;
+    drop(inputs);
+    let mut it4i_state = b.state.clone();
+    it4i_state.config.priority.formula = PriorityFormula::It4i(It4i::default());
+    it4i_state.config.fairshare.algorithm = FairshareAlgorithm::It4i;
+    let mut it4i_runs: Vec<f64> = (0..7)
+        .map(|_| recompute(&it4i_state, b.now.plus(Seconds(3600))).0)
+        .collect();
+    it4i_runs.sort_by(f64::total_cmp);
+
+    batch_ms.sort_by(f64::total_cmp);
+    println!(
+        "{{\"users\":{users},\"pending_jobs\":{pending},\"submit_batch\":{batch},\
+         \"submit_batch_ms_p50\":{:.2},\"submit_batch_ms_max\":{:.2},\
+         \"heap_bytes_per_pending_job\":{:.0},\"snapshot_bytes_per_pending_job\":{:.0},\
+         \"snapshot_ms\":{snapshot_ms:.1},\"restore_ms\":{restore_ms:.1},\
+         \"priority_recompute_ms_p50\":{:.2},\"priority_recompute_ms_max\":{:.2},\
+         \"fairshare_inputs_ms\":{inputs_ms:.2},\"it4i_recompute_ms_p50\":{:.2},\
+         \"consideration_order_ms\":{order_ms:.2},\"job_record_bytes\":{}}}",
+        percentile(&batch_ms, 0.5),
+        percentile(&batch_ms, 1.0),
+        heap_bytes / pending as f64,
+        snapshot.len() as f64 / pending as f64,
+        percentile(&runs, 0.5),
+        percentile(&runs, 1.0),
+        percentile(&it4i_runs, 0.5),
+        std::mem::size_of::<docket_core::job::Job>(),
+    );
+}
