@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::account::{AccountTree, ROOT};
 use crate::ids::{AccountName, UserName};
+use crate::quantity::{Seconds, TimeMs};
+use crate::usage::UsageLedger;
 
 /// Which fair-share algorithm to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,15 +49,15 @@ pub struct ShareRow {
     pub fairshare: Option<f64>,
 }
 
-/// The factors of one computation.
+/// The factors of one computation, borrowing the names from the account tree.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct FairShare {
-    /// account -> user -> factor (nested so a lookup borrows, never clones, the names).
-    pub factors: BTreeMap<AccountName, BTreeMap<UserName, f64>>,
+pub struct FairShare<'a> {
+    /// account -> user -> factor.
+    pub factors: BTreeMap<&'a AccountName, BTreeMap<&'a UserName, f64>>,
     pub rows: Vec<ShareRow>,
 }
 
-impl FairShare {
+impl<'a> FairShare<'a> {
     /// The factor of an association; an unknown one is treated as unused (1.0).
     pub fn factor(&self, account: &AccountName, user: &UserName) -> f64 {
         self.factors
@@ -65,11 +67,11 @@ impl FairShare {
             .unwrap_or(1.0)
     }
 
-    fn set(&mut self, account: &AccountName, user: &UserName, factor: f64) {
+    fn set(&mut self, account: &'a AccountName, user: &'a UserName, factor: f64) {
         self.factors
-            .entry(account.clone())
+            .entry(account)
             .or_default()
-            .insert(user.clone(), factor);
+            .insert(user, factor);
     }
 }
 
@@ -81,17 +83,27 @@ enum Child<'a> {
 
 struct Tree<'a> {
     accounts: &'a AccountTree,
-    usage: &'a BTreeMap<(AccountName, UserName), f64>,
+    usage: Usage<'a>,
     /// Usage of each account including everything below it.
     account_usage: BTreeMap<&'a AccountName, f64>,
 }
 
+/// Where usage comes from: the decayed ledger as of a moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage<'a> {
+    pub ledger: &'a UsageLedger,
+    pub now: TimeMs,
+    pub half_life: Seconds,
+}
+
 impl<'a> Tree<'a> {
-    fn new(accounts: &'a AccountTree, usage: &'a BTreeMap<(AccountName, UserName), f64>) -> Self {
+    fn new(accounts: &'a AccountTree, usage: Usage<'a>) -> Self {
         let mut account_usage: BTreeMap<&AccountName, f64> = BTreeMap::new();
-        for ((account, _), u) in usage {
+        // Each account's own usage, then added to every account above it: one walk per
+        // account, not one per association.
+        for (account, own) in usage.ledger.per_account(usage.now, usage.half_life) {
             for a in accounts.ancestry(account) {
-                *account_usage.entry(&a.name).or_default() += *u;
+                *account_usage.entry(&a.name).or_default() += own;
             }
         }
         Tree {
@@ -103,9 +115,8 @@ impl<'a> Tree<'a> {
 
     fn user_usage(&self, account: &AccountName, user: &UserName) -> f64 {
         self.usage
-            .get(&(account.clone(), user.clone()))
-            .copied()
-            .unwrap_or(0.0)
+            .ledger
+            .usage(account, user, self.usage.now, self.usage.half_life)
     }
 
     /// Children of `account` with (shares, usage), accounts first, each in name order.
@@ -153,34 +164,40 @@ fn root_name() -> AccountName {
     }
 }
 
-/// Computes every association's factor with the chosen algorithm. `usage` is the decayed
-/// usage per association as of the moment of computation.
-pub fn compute(
+/// Computes every association's factor with the chosen algorithm, from usage decayed to the
+/// moment of computation. `with_rows` also builds the `sshare` rows (not needed for
+/// priority, and a tenth of the cost).
+pub fn compute<'a>(
     algorithm: FairshareAlgorithm,
-    accounts: &AccountTree,
-    usage: &BTreeMap<(AccountName, UserName), f64>,
-) -> FairShare {
+    accounts: &'a AccountTree,
+    usage: Usage<'a>,
+    with_rows: bool,
+) -> FairShare<'a> {
     let tree = Tree::new(accounts, usage);
-    match algorithm {
+    let mut out = match algorithm {
         FairshareAlgorithm::FairTree => fair_tree(&tree),
         FairshareAlgorithm::Classic => classic(&tree),
         FairshareAlgorithm::It4i => it4i(&tree),
+    };
+    if !with_rows {
+        out.rows = Vec::new();
     }
+    out
 }
 
-fn fair_tree(tree: &Tree<'_>) -> FairShare {
-    let root = root_name();
+fn fair_tree<'a>(tree: &Tree<'a>) -> FairShare<'a> {
+    let root = tree_name(tree, &root_name());
     let mut out = FairShare::default();
     // Tie groups of users, in rank order.
-    let mut groups: Vec<Vec<(AccountName, UserName)>> = Vec::new();
-    visit(tree, &root, &mut groups, &mut out.rows);
+    let mut groups: Vec<Vec<(&'a AccountName, &'a UserName)>> = Vec::new();
+    visit(tree, root, &mut groups, &mut out.rows);
     let n: usize = groups.iter().map(Vec::len).sum();
     let mut rank = n;
     for group in groups {
         let factor = if n == 0 { 0.0 } else { rank as f64 / n as f64 };
         rank -= group.len();
         for (account, user) in group {
-            out.set(&account, &user, factor);
+            out.set(account, user, factor);
         }
     }
     let FairShare { factors, rows } = &mut out;
@@ -195,16 +212,16 @@ fn fair_tree(tree: &Tree<'_>) -> FairShare {
     out
 }
 
-fn visit(
-    tree: &Tree<'_>,
-    account: &AccountName,
-    groups: &mut Vec<Vec<(AccountName, UserName)>>,
+fn visit<'a>(
+    tree: &Tree<'a>,
+    account: &'a AccountName,
+    groups: &mut Vec<Vec<(&'a AccountName, &'a UserName)>>,
     rows: &mut Vec<ShareRow>,
 ) {
     let children = tree.children(account);
     let share_sum: u64 = children.iter().map(|c| u64::from(c.1)).sum();
     let usage_sum: f64 = children.iter().map(|c| c.2).sum();
-    let mut scored: Vec<(f64, f64, f64, &Child<'_>, u32, f64)> = children
+    let mut scored: Vec<(f64, f64, f64, &Child<'a>, u32, f64)> = children
         .iter()
         .map(|(child, shares, usage)| {
             let (s, u, lf) = level_fs(*shares, share_sum, *usage, usage_sum);
@@ -227,7 +244,7 @@ fn visit(
                     level_fs: lf,
                     fairshare: None,
                 });
-                let key = (account.clone(), (*user).clone());
+                let key = (account, *user);
                 match (last_user_lf, groups.last_mut()) {
                     (Some(prev), Some(group)) if prev == lf => group.push(key),
                     _ => groups.push(vec![key]),
@@ -252,13 +269,13 @@ fn visit(
     }
 }
 
-fn classic(tree: &Tree<'_>) -> FairShare {
-    let root = root_name();
-    let total: f64 = tree.account_usage.get(&root).copied().unwrap_or(0.0);
+fn classic<'a>(tree: &Tree<'a>) -> FairShare<'a> {
+    let root = tree_name(tree, &root_name());
+    let total: f64 = tree.account_usage.get(root).copied().unwrap_or(0.0);
     let mut out = FairShare::default();
-    let mut stack: Vec<(AccountName, f64)> = vec![(root, 1.0)];
+    let mut stack: Vec<(&'a AccountName, f64)> = vec![(root, 1.0)];
     while let Some((account, norm)) = stack.pop() {
-        let children = tree.children(tree_name(tree, &account));
+        let children = tree.children(account);
         let share_sum: u64 = children.iter().map(|c| u64::from(c.1)).sum();
         for (child, shares, usage) in children {
             let s = if share_sum == 0 {
@@ -267,11 +284,11 @@ fn classic(tree: &Tree<'_>) -> FairShare {
                 norm * f64::from(shares) / share_sum as f64
             };
             match child {
-                Child::Account(name) => stack.push((name.clone(), s)),
+                Child::Account(name) => stack.push((name, s)),
                 Child::User(user) => {
                     let u = if total > 0.0 { usage / total } else { 0.0 };
                     let f = if s > 0.0 { libm::exp2(-u / s) } else { 0.0 };
-                    out.set(&account, user, f);
+                    out.set(account, user, f);
                     out.rows.push(ShareRow {
                         account: account.clone(),
                         user: Some(user.clone()),
@@ -297,7 +314,7 @@ fn tree_name<'a>(tree: &Tree<'a>, name: &AccountName) -> &'a AccountName {
     }
 }
 
-fn it4i(tree: &Tree<'_>) -> FairShare {
+fn it4i<'a>(tree: &Tree<'a>) -> FairShare<'a> {
     let root = root_name();
     let total: f64 = tree.account_usage.get(&root).copied().unwrap_or(0.0);
     let mut out = FairShare::default();
@@ -370,8 +387,25 @@ mod tests {
         t
     }
 
-    fn usage(u: &[(&str, &str, f64)]) -> BTreeMap<(AccountName, UserName), f64> {
-        u.iter().map(|(a, u, x)| ((n(a), n(u)), *x)).collect()
+    fn usage(u: &[(&str, &str, f64)]) -> UsageLedger {
+        let mut ledger = UsageLedger::default();
+        for (a, user, x) in u {
+            ledger.add(&n(a), &n(user), *x, TimeMs(0), Seconds(0));
+        }
+        ledger
+    }
+
+    fn compute<'a>(
+        alg: FairshareAlgorithm,
+        t: &'a AccountTree,
+        ledger: &'a UsageLedger,
+    ) -> FairShare<'a> {
+        let usage = Usage {
+            ledger,
+            now: TimeMs(0),
+            half_life: Seconds(0),
+        };
+        super::compute(alg, t, usage, true)
     }
 
     /// root: nhr (60 shares; alice 100, bob 300 used) and scc (40 shares; carol 100, dave 0).
@@ -434,7 +468,8 @@ mod tests {
         assert_eq!(fs.factor(&n("p"), &n("a")), 0.5);
         assert_eq!(fs.factor(&n("p"), &n("b")), 0.25);
         assert!(fs.factor(&n("q"), &n("c")) > 0.5, "under-served");
-        let idle = compute(FairshareAlgorithm::Classic, &t, &BTreeMap::new());
+        let empty = UsageLedger::default();
+        let idle = compute(FairshareAlgorithm::Classic, &t, &empty);
         assert_eq!(idle.factor(&n("p"), &n("a")), 1.0);
     }
 

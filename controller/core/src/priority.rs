@@ -163,7 +163,7 @@ impl Default for PriorityConfig {
 pub struct PriorityInputs<'a> {
     pub state: &'a State,
     pub now: TimeMs,
-    pub fairshare: FairShare,
+    pub fairshare: FairShare<'a>,
     max_partition_factor: u32,
     max_qos_priority: u32,
     max_assoc_priority: u32,
@@ -176,8 +176,17 @@ pub struct PriorityInputs<'a> {
 impl State {
     /// Everything a priority pass needs, as of `now`.
     pub fn priority_inputs(&self, now: TimeMs) -> PriorityInputs<'_> {
-        let usage = self.usage.snapshot(now, self.config.fairshare.half_life);
-        let fairshare = fairshare::compute(self.config.fairshare.algorithm, &self.accounts, &usage);
+        let usage = fairshare::Usage {
+            ledger: &self.usage,
+            now,
+            half_life: self.config.fairshare.half_life,
+        };
+        let fairshare = fairshare::compute(
+            self.config.fairshare.algorithm,
+            &self.accounts,
+            usage,
+            false,
+        );
         PriorityInputs {
             state: self,
             now,

@@ -37,10 +37,11 @@ impl Decayed {
     }
 }
 
-/// Usage (processor-seconds, weighted by partition and QOS usage factors) per association.
+/// Usage (processor-seconds, weighted by partition and QOS usage factors) per association,
+/// account first, so lookups borrow the names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageLedger {
-    pub entries: BTreeMap<(AccountName, UserName), Decayed>,
+    pub entries: BTreeMap<AccountName, BTreeMap<UserName, Decayed>>,
 }
 
 impl UsageLedger {
@@ -56,20 +57,33 @@ impl UsageLedger {
             return;
         }
         self.entries
-            .entry((account.clone(), user.clone()))
+            .entry(account.clone())
+            .or_default()
+            .entry(user.clone())
             .or_default()
             .add(amount, now, half_life);
     }
 
-    /// Every association's decayed usage as of `now`.
-    pub fn snapshot(
+    /// One association's decayed usage as of `now` (0 if it never used anything).
+    pub fn usage(
         &self,
+        account: &AccountName,
+        user: &UserName,
         now: TimeMs,
         half_life: Seconds,
-    ) -> BTreeMap<(AccountName, UserName), f64> {
+    ) -> f64 {
+        self.entries
+            .get(account)
+            .and_then(|users| users.get(user))
+            .map_or(0.0, |d| d.at(now, half_life))
+    }
+
+    /// Every association's decayed usage as of `now`, summed per account (not including
+    /// sub-accounts).
+    pub fn per_account(&self, now: TimeMs, half_life: Seconds) -> BTreeMap<&AccountName, f64> {
         self.entries
             .iter()
-            .map(|(k, d)| (k.clone(), d.at(now, half_life)))
+            .map(|(a, users)| (a, users.values().map(|d| d.at(now, half_life)).sum()))
             .collect()
     }
 }

@@ -399,7 +399,14 @@ fn suspend_stops_walltime_and_keeps_resources() {
         docket_core::quantity::Seconds(660)
     );
     // 1 cpu x 660 s of usage: the suspended hour is not charged to fair-share.
-    let used: f64 = c.state.usage.entries.values().map(|d| d.value).sum();
+    let used: f64 = c
+        .state
+        .usage
+        .entries
+        .values()
+        .flat_map(|u| u.values())
+        .map(|d| d.value)
+        .sum();
     // (decayed a little: the default half-life is a week)
     assert!((used - 660.0).abs() < 5.0, "{used}");
 }

@@ -267,9 +267,12 @@ fn usage_accrual_decay_and_charging() {
     c.start(jr(ids[0]), &["n001"]).unwrap();
     c.start(jr(ids[1]), &["n002"]).unwrap();
     c.apply_after(1800, Command::Tick).unwrap();
-    let key = (name("proj"), name("alice"));
     let half_life = c.state.config.fairshare.half_life;
-    let at = |c: &Cluster| c.state.usage.entries[&key].at(c.now, half_life);
+    let at = |c: &Cluster| {
+        c.state
+            .usage
+            .usage(&name("proj"), &name("alice"), c.now, half_life)
+    };
     // 4 cpus x 1800 s, decayed a little over 1800 s; qexp adds nothing.
     let after_tick = at(&c);
     assert!(after_tick > 7190.0 && after_tick <= 7200.0, "{after_tick}");
