@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::account::{AccountTree, ROOT};
+use crate::assoc::{AssocId, AssocTable};
 use crate::ids::{AccountName, UserName};
 use crate::quantity::{Seconds, TimeMs};
 use crate::usage::UsageLedger;
@@ -49,29 +50,43 @@ pub struct ShareRow {
     pub fairshare: Option<f64>,
 }
 
-/// The factors of one computation, borrowing the names from the account tree.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The factors of one computation, indexed by association id.
+#[derive(Debug, Clone, PartialEq)]
 pub struct FairShare<'a> {
-    /// account -> user -> factor.
-    pub factors: BTreeMap<&'a AccountName, BTreeMap<&'a UserName, f64>>,
+    assocs: &'a AssocTable,
+    by_id: Vec<f64>,
     pub rows: Vec<ShareRow>,
 }
 
 impl<'a> FairShare<'a> {
-    /// The factor of an association; an unknown one is treated as unused (1.0).
-    pub fn factor(&self, account: &AccountName, user: &UserName) -> f64 {
-        self.factors
-            .get(account)
-            .and_then(|users| users.get(user))
-            .copied()
-            .unwrap_or(1.0)
+    fn new(assocs: &'a AssocTable) -> Self {
+        FairShare {
+            assocs,
+            by_id: vec![1.0; assocs.capacity()],
+            rows: Vec::new(),
+        }
     }
 
-    fn set(&mut self, account: &'a AccountName, user: &'a UserName, factor: f64) {
-        self.factors
-            .entry(account)
-            .or_default()
-            .insert(user, factor);
+    /// The factor of an association; an unknown one is treated as unused (1.0).
+    pub fn factor(&self, account: &AccountName, user: &UserName) -> f64 {
+        self.assocs
+            .id(account, user)
+            .map_or(1.0, |id| self.factor_of(id))
+    }
+
+    /// The factor of an association by id: what the priority of every job reads.
+    pub fn factor_of(&self, id: AssocId) -> f64 {
+        self.by_id.get(id.index()).copied().unwrap_or(1.0)
+    }
+
+    fn set(&mut self, account: &AccountName, user: &UserName, factor: f64) {
+        if let Some(slot) = self
+            .assocs
+            .id(account, user)
+            .and_then(|id| self.by_id.get_mut(id.index()))
+        {
+            *slot = factor;
+        }
     }
 }
 
@@ -119,7 +134,9 @@ impl<'a> Tree<'a> {
             .usage(account, user, self.usage.now, self.usage.half_life)
     }
 
-    /// Children of `account` with (shares, usage), accounts first, each in name order.
+    /// Children of `account` with (shares, usage), accounts first, each in name order. The
+    /// account's users and its usage entries are both sorted by user name: merged, not
+    /// looked up.
     fn children(&self, account: &'a AccountName) -> Vec<(Child<'a>, u32, f64)> {
         let mut out: Vec<(Child<'a>, u32, f64)> = self
             .accounts
@@ -130,12 +147,20 @@ impl<'a> Tree<'a> {
             })
             .collect();
         if let Some(a) = self.accounts.get(account) {
+            let mut used = self
+                .usage
+                .ledger
+                .entries
+                .get(account)
+                .into_iter()
+                .flatten()
+                .peekable();
             for (user, assoc) in &a.users {
-                out.push((
-                    Child::User(user),
-                    assoc.shares,
-                    self.user_usage(account, user),
-                ));
+                while used.next_if(|(name, _)| *name < user).is_some() {}
+                let usage = used
+                    .next_if(|(name, _)| *name == user)
+                    .map_or(0.0, |(_, d)| d.at(self.usage.now, self.usage.half_life));
+                out.push((Child::User(user), assoc.shares, usage));
             }
         }
         out
@@ -170,14 +195,16 @@ fn root_name() -> AccountName {
 pub fn compute<'a>(
     algorithm: FairshareAlgorithm,
     accounts: &'a AccountTree,
+    assocs: &'a AssocTable,
     usage: Usage<'a>,
     with_rows: bool,
 ) -> FairShare<'a> {
     let tree = Tree::new(accounts, usage);
+    let out = FairShare::new(assocs);
     let mut out = match algorithm {
-        FairshareAlgorithm::FairTree => fair_tree(&tree),
-        FairshareAlgorithm::Classic => classic(&tree),
-        FairshareAlgorithm::It4i => it4i(&tree),
+        FairshareAlgorithm::FairTree => fair_tree(&tree, out, with_rows),
+        FairshareAlgorithm::Classic => classic(&tree, out),
+        FairshareAlgorithm::It4i => it4i(&tree, out),
     };
     if !with_rows {
         out.rows = Vec::new();
@@ -185,38 +212,45 @@ pub fn compute<'a>(
     out
 }
 
-fn fair_tree<'a>(tree: &Tree<'a>) -> FairShare<'a> {
+fn fair_tree<'a>(tree: &Tree<'a>, mut out: FairShare<'a>, with_rows: bool) -> FairShare<'a> {
     let root = tree_name(tree, &root_name());
-    let mut out = FairShare::default();
-    // Tie groups of users, in rank order.
-    let mut groups: Vec<Vec<(&'a AccountName, &'a UserName)>> = Vec::new();
-    visit(tree, root, &mut groups, &mut out.rows);
-    let n: usize = groups.iter().map(Vec::len).sum();
+    // Users in rank order; `true` marks a user tied with the one before.
+    let mut ranked: Vec<(Option<AssocId>, bool)> = Vec::new();
+    let mut rows = Vec::new();
+    visit(
+        tree,
+        out.assocs,
+        root,
+        &mut ranked,
+        with_rows.then_some(&mut rows),
+    );
+    let n = ranked.len();
     let mut rank = n;
-    for group in groups {
-        let factor = if n == 0 { 0.0 } else { rank as f64 / n as f64 };
-        rank -= group.len();
-        for (account, user) in group {
-            out.set(account, user, factor);
+    let mut group_rank = n;
+    for (k, (id, tied)) in ranked.iter().enumerate() {
+        if !tied {
+            group_rank = rank;
+        }
+        rank = n - k - 1;
+        if let Some(slot) = id.and_then(|id| out.by_id.get_mut(id.index())) {
+            *slot = group_rank as f64 / n as f64;
         }
     }
-    let FairShare { factors, rows } = &mut out;
-    for row in rows.iter_mut() {
+    for row in &mut rows {
         if let Some(user) = &row.user {
-            row.fairshare = factors
-                .get(&row.account)
-                .and_then(|users| users.get(user))
-                .copied();
+            row.fairshare = Some(out.factor(&row.account, user));
         }
     }
+    out.rows = rows;
     out
 }
 
 fn visit<'a>(
     tree: &Tree<'a>,
+    assocs: &AssocTable,
     account: &'a AccountName,
-    groups: &mut Vec<Vec<(&'a AccountName, &'a UserName)>>,
-    rows: &mut Vec<ShareRow>,
+    ranked: &mut Vec<(Option<AssocId>, bool)>,
+    mut rows: Option<&mut Vec<ShareRow>>,
 ) {
     let children = tree.children(account);
     let share_sum: u64 = children.iter().map(|c| u64::from(c.1)).sum();
@@ -230,49 +264,42 @@ fn visit<'a>(
         .collect();
     // Descending LF; the stable sort keeps accounts-then-users, name order among equals.
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let ids = assocs.users_of(account);
     let mut last_user_lf: Option<f64> = None;
     for (lf, s, u, child, shares, usage) in scored {
-        match child {
+        let (row_account, row_user) = match child {
             Child::User(user) => {
-                rows.push(ShareRow {
-                    account: account.clone(),
-                    user: Some((*user).clone()),
-                    raw_shares: shares,
-                    norm_shares: s,
-                    raw_usage: usage,
-                    effective_usage: u,
-                    level_fs: lf,
-                    fairshare: None,
-                });
-                let key = (account, *user);
-                match (last_user_lf, groups.last_mut()) {
-                    (Some(prev), Some(group)) if prev == lf => group.push(key),
-                    _ => groups.push(vec![key]),
-                }
+                let id = ids.and_then(|m| m.get(*user)).copied();
+                ranked.push((id, last_user_lf == Some(lf)));
                 last_user_lf = Some(lf);
+                (account, Some(*user))
             }
             Child::Account(name) => {
                 last_user_lf = None;
-                rows.push(ShareRow {
-                    account: (*name).clone(),
-                    user: None,
-                    raw_shares: shares,
-                    norm_shares: s,
-                    raw_usage: usage,
-                    effective_usage: u,
-                    level_fs: lf,
-                    fairshare: None,
-                });
-                visit(tree, name, groups, rows);
+                (*name, None)
             }
+        };
+        if let Some(rows) = rows.as_deref_mut() {
+            rows.push(ShareRow {
+                account: row_account.clone(),
+                user: row_user.cloned(),
+                raw_shares: shares,
+                norm_shares: s,
+                raw_usage: usage,
+                effective_usage: u,
+                level_fs: lf,
+                fairshare: None,
+            });
+        }
+        if let Child::Account(name) = child {
+            visit(tree, assocs, name, ranked, rows.as_deref_mut());
         }
     }
 }
 
-fn classic<'a>(tree: &Tree<'a>) -> FairShare<'a> {
+fn classic<'a>(tree: &Tree<'a>, mut out: FairShare<'a>) -> FairShare<'a> {
     let root = tree_name(tree, &root_name());
     let total: f64 = tree.account_usage.get(root).copied().unwrap_or(0.0);
-    let mut out = FairShare::default();
     let mut stack: Vec<(&'a AccountName, f64)> = vec![(root, 1.0)];
     while let Some((account, norm)) = stack.pop() {
         let children = tree.children(account);
@@ -314,10 +341,9 @@ fn tree_name<'a>(tree: &Tree<'a>, name: &AccountName) -> &'a AccountName {
     }
 }
 
-fn it4i<'a>(tree: &Tree<'a>) -> FairShare<'a> {
+fn it4i<'a>(tree: &Tree<'a>, mut out: FairShare<'a>) -> FairShare<'a> {
     let root = root_name();
     let total: f64 = tree.account_usage.get(&root).copied().unwrap_or(0.0);
-    let mut out = FairShare::default();
     for account in tree.accounts.accounts.values() {
         let used = tree
             .account_usage
@@ -395,9 +421,20 @@ mod tests {
         ledger
     }
 
+    fn assocs(t: &AccountTree) -> AssocTable {
+        let mut table = AssocTable::default();
+        for a in t.accounts.values() {
+            for u in a.users.keys() {
+                table.ensure(&a.name, u);
+            }
+        }
+        table
+    }
+
     fn compute<'a>(
         alg: FairshareAlgorithm,
         t: &'a AccountTree,
+        table: &'a AssocTable,
         ledger: &'a UsageLedger,
     ) -> FairShare<'a> {
         let usage = Usage {
@@ -405,7 +442,7 @@ mod tests {
             now: TimeMs(0),
             half_life: Seconds(0),
         };
-        super::compute(alg, t, usage, true)
+        super::compute(alg, t, table, usage, true)
     }
 
     /// root: nhr (60 shares; alice 100, bob 300 used) and scc (40 shares; carol 100, dave 0).
@@ -424,7 +461,8 @@ mod tests {
             ("nhr", "bob", 300.0),
             ("scc", "carol", 100.0),
         ]);
-        let fs = compute(FairshareAlgorithm::FairTree, &t, &u);
+        let table = assocs(&t);
+        let fs = compute(FairshareAlgorithm::FairTree, &t, &table, &u);
         assert_eq!(fs.factor(&n("scc"), &n("dave")), 1.0);
         assert_eq!(fs.factor(&n("scc"), &n("carol")), 0.75);
         assert_eq!(fs.factor(&n("nhr"), &n("alice")), 0.5);
@@ -453,7 +491,8 @@ mod tests {
     fn fair_tree_gives_tied_users_one_rank() {
         let t = tree(&[("p", 1, &[("a", 1), ("b", 1), ("c", 1)])]);
         let u = usage(&[("p", "a", 10.0), ("p", "b", 10.0), ("p", "c", 40.0)]);
-        let fs = compute(FairshareAlgorithm::FairTree, &t, &u);
+        let table = assocs(&t);
+        let fs = compute(FairshareAlgorithm::FairTree, &t, &table, &u);
         assert_eq!(fs.factor(&n("p"), &n("a")), 1.0);
         assert_eq!(fs.factor(&n("p"), &n("b")), 1.0);
         assert_eq!(fs.factor(&n("p"), &n("c")), 1.0 / 3.0);
@@ -464,12 +503,13 @@ mod tests {
         let t = tree(&[("p", 1, &[("a", 1), ("b", 1)]), ("q", 1, &[("c", 1)])]);
         // a and b each have 1/4 of the shares; a uses exactly 1/4, b twice that, c a quarter.
         let u = usage(&[("p", "a", 25.0), ("p", "b", 50.0), ("q", "c", 25.0)]);
-        let fs = compute(FairshareAlgorithm::Classic, &t, &u);
+        let table = assocs(&t);
+        let fs = compute(FairshareAlgorithm::Classic, &t, &table, &u);
         assert_eq!(fs.factor(&n("p"), &n("a")), 0.5);
         assert_eq!(fs.factor(&n("p"), &n("b")), 0.25);
         assert!(fs.factor(&n("q"), &n("c")) > 0.5, "under-served");
         let empty = UsageLedger::default();
-        let idle = compute(FairshareAlgorithm::Classic, &t, &empty);
+        let idle = compute(FairshareAlgorithm::Classic, &t, &table, &empty);
         assert_eq!(idle.factor(&n("p"), &n("a")), 1.0);
     }
 
@@ -479,7 +519,8 @@ mod tests {
     fn it4i_factor_is_one_minus_the_project_share_of_usage() {
         let t = tree(&[("p1", 1, &[("a", 1), ("b", 1)]), ("p2", 1, &[("c", 1)])]);
         let u = usage(&[("p1", "a", 200.0), ("p1", "b", 100.0), ("p2", "c", 100.0)]);
-        let fs = compute(FairshareAlgorithm::It4i, &t, &u);
+        let table = assocs(&t);
+        let fs = compute(FairshareAlgorithm::It4i, &t, &table, &u);
         assert_eq!(fs.factor(&n("p1"), &n("a")), 0.25);
         assert_eq!(fs.factor(&n("p1"), &n("b")), 0.25);
         assert_eq!(fs.factor(&n("p2"), &n("c")), 0.75);

@@ -17,7 +17,8 @@
 //!    running+idle counts respect the configured caps.
 //! 7. Blob reference counts equal the number of jobs referencing each blob, none is zero, and
 //!    every referenced blob exists.
-//! 8. The derived indexes equal their recomputation.
+//! 8. The derived indexes equal their recomputation; association ids name exactly the
+//!    associations that exist, and every live job's id names its own association.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -131,6 +132,13 @@ impl State {
                     "job {id}: unknown partition"
                 );
                 ensure!(self.qos.contains_key(&r.qos), "job {id}: unknown qos");
+                ensure!(
+                    self.assocs.key(r.assoc) == Some(&(r.account.clone(), job.spec.user.clone())),
+                    "job {id}: association id {:?} does not name {}/{}",
+                    r.assoc,
+                    r.account,
+                    job.spec.user
+                );
             }
             if job.state == JobState::Pending {
                 ensure!(

@@ -20,6 +20,7 @@
 
 pub mod account;
 pub mod apply;
+pub mod assoc;
 pub mod command;
 pub mod config;
 pub mod fairshare;

@@ -184,6 +184,7 @@ impl State {
         let fairshare = fairshare::compute(
             self.config.fairshare.algorithm,
             &self.accounts,
+            &self.assocs,
             usage,
             false,
         );
@@ -265,7 +266,7 @@ fn evaluate(
     let r = &job.resolved;
     let partition = state.partitions.get(&r.partition);
     let qos = state.qos.get(&r.qos);
-    let fs = || inputs.fairshare.factor(&r.account, &job.spec.user);
+    let fs = || inputs.fairshare.factor_of(r.assoc);
     let partition_factor = || {
         ratio(
             f64::from(partition.map_or(0, |p| p.priority_job_factor)),

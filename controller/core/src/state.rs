@@ -43,6 +43,8 @@ pub struct State {
     pub partitions: BTreeMap<PartitionName, Partition>,
     pub qos: BTreeMap<QosName, Qos>,
     pub accounts: AccountTree,
+    /// Ids of the (account, user) associations.
+    pub assocs: crate::assoc::AssocTable,
     pub users: BTreeMap<UserName, User>,
     /// Boxed: a job is ~850 bytes, and B-tree nodes filled in id order are about half
     /// empty; boxing keeps that slack to a pointer per slot.
@@ -77,6 +79,7 @@ impl State {
             partitions: BTreeMap::new(),
             qos: BTreeMap::new(),
             accounts: AccountTree::new(),
+            assocs: crate::assoc::AssocTable::default(),
             users: BTreeMap::new(),
             jobs: BTreeMap::new(),
             blobs: BTreeMap::new(),

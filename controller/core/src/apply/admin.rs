@@ -379,12 +379,16 @@ impl State {
                 why: format!("job {} is charged to it", j.id),
             });
         }
+        // Associations the user leaves lose their ids; the ones kept keep theirs.
         for account in self.accounts.accounts.values_mut() {
-            account.users.remove(&user.name);
+            if account.users.remove(&user.name).is_some() && !seen.contains(&account.name) {
+                self.assocs.remove(&account.name, &user.name);
+            }
         }
         for (account, assoc) in assocs {
             if let Some(a) = self.accounts.accounts.get_mut(account) {
                 a.users.insert(user.name.clone(), assoc.clone());
+                self.assocs.ensure(account, &user.name);
             }
         }
         self.users.insert(user.name.clone(), user.clone());
@@ -405,7 +409,9 @@ impl State {
             });
         }
         for account in self.accounts.accounts.values_mut() {
-            account.users.remove(name);
+            if account.users.remove(name).is_some() {
+                self.assocs.remove(&account.name, name);
+            }
         }
         self.users.remove(name);
         Ok(Response::Done)

@@ -481,7 +481,12 @@ impl State {
                 ));
             }
         }
+        let assoc = self
+            .assocs
+            .id(&account, &spec.user)
+            .ok_or_else(|| Rejection::unknown("association", format!("{account}/{}", spec.user)))?;
         Ok(Resolved {
+            assoc,
             account,
             partition: partition.name.clone(),
             qos,

@@ -76,6 +76,8 @@ pub struct ExitStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resolved {
     pub account: AccountName,
+    /// The (account, user) association's id.
+    pub assoc: crate::assoc::AssocId,
     pub partition: PartitionName,
     pub qos: QosName,
     /// `None` = no limit (UNLIMITED).
