@@ -206,10 +206,14 @@ impl State {
         } else {
             Reason::MaxIdleJobsPerUser
         };
-        let mut idle_count = self
-            .live_jobs_of(user)
-            .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
-            .count() as u64;
+        // Counting the user's idle jobs only matters when a cap applies.
+        let mut idle_count = if allowed_idle == u64::MAX {
+            0
+        } else {
+            self.live_jobs_of(user)
+                .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
+                .count() as u64
+        };
         let bonus = self
             .config
             .bonus_qos

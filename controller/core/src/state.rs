@@ -139,10 +139,17 @@ impl State {
     }
 
     pub(crate) fn index_live(&mut self, job: &Job) {
-        self.live_by_user
-            .entry(job.spec.user.clone())
-            .or_default()
-            .insert(job.id);
+        // Look up before inserting: the user is usually there, and cloning the name for
+        // `entry` on every submission is measurable.
+        match self.live_by_user.get_mut(&job.spec.user) {
+            Some(set) => {
+                set.insert(job.id);
+            }
+            None => {
+                self.live_by_user
+                    .insert(job.spec.user.clone(), BTreeSet::from([job.id]));
+            }
+        }
     }
 
     pub(crate) fn unindex_live(&mut self, user: &UserName, id: JobId) {

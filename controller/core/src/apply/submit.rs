@@ -67,12 +67,13 @@ impl State {
             }
         }
         let mut results = Vec::with_capacity(jobs.len());
-        let mut new_by_user: BTreeMap<UserName, Vec<JobId>> = BTreeMap::new();
+        // Borrowed from the command: no name is cloned to group the new jobs.
+        let mut new_by_user: BTreeMap<&UserName, Vec<JobId>> = BTreeMap::new();
         let mut caps_cache = BTreeMap::new();
         for spec in jobs {
             let result = self.submit_one(actor, spec, now, &mut caps_cache);
             if let Ok(id) = result {
-                new_by_user.entry(spec.user.clone()).or_default().push(id);
+                new_by_user.entry(&spec.user).or_default().push(id);
             }
             results.push(result);
         }
@@ -85,7 +86,7 @@ impl State {
         if !new_by_user.is_empty() {
             let running = self.running_summary(now);
             for (user, ids) in new_by_user {
-                self.place_new(&user, &ids, &running, now);
+                self.place_new(user, &ids, &running, now);
             }
         }
         Ok(Response::Submitted(results))
@@ -281,16 +282,16 @@ impl State {
             .account
             .clone()
             .unwrap_or_else(|| user.default_account.clone());
-        let acct = self
-            .accounts
-            .get(&account)
-            .ok_or_else(|| Rejection::unknown("account", &account))?;
-        if !acct.users.contains_key(&spec.user) {
-            return Err(Rejection::NotPermitted(format!(
+        if self.accounts.get(&account).is_none() {
+            return Err(Rejection::unknown("account", &account));
+        }
+        // Membership is the association, which has an id exactly when it exists.
+        let assoc = self.assocs.id(&account, &spec.user).ok_or_else(|| {
+            Rejection::NotPermitted(format!(
                 "user {} is not a member of account {account}",
                 spec.user
-            )));
-        }
+            ))
+        })?;
         let partition = match &spec.partition {
             Some(p) => self
                 .partitions
@@ -481,10 +482,6 @@ impl State {
                 ));
             }
         }
-        let assoc = self
-            .assocs
-            .id(&account, &spec.user)
-            .ok_or_else(|| Rejection::unknown("association", format!("{account}/{}", spec.user)))?;
         Ok(Resolved {
             assoc,
             account,
