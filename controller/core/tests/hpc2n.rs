@@ -168,3 +168,26 @@ fn five_day_walltime_cap() {
     ok.ntasks = 1;
     assert!(c.submit(vec![ok]).len() == 1);
 }
+
+/// "If there are NO other jobs eligible for scheduling then and only then are jobs with
+/// resource requests between SOFT and HARD limit considered for scheduling."
+#[test]
+fn soft_maxps_is_lifted_only_when_nothing_else_is_eligible() {
+    let mut c = hpc2n();
+    let mut big = c.spec("alice");
+    big.ntasks = 16;
+    big.time = TimeRequest::Limit(Seconds(40_000)); // 640,000 PS: above soft, below hard
+    let soft = c.submit(vec![big])[0];
+    let other = c.submit(vec![c.spec("bob")])[0];
+    assert_eq!(c.job(soft).reason, Reason::MaxPsSoftLimit);
+    assert_eq!(c.job(other).reason, Reason::None);
+    let err = c.start(jr(soft), &["n001"]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("only when nothing else is eligible"),
+        "{err}"
+    );
+    // Once bob's job has started nothing else is eligible: the soft limit may be lifted.
+    c.start(jr(other), &["n002"]).unwrap();
+    c.start(jr(soft), &["n001"]).unwrap();
+}

@@ -468,6 +468,16 @@ fn running_limits_block_with_their_reason() {
             c.ok(Command::UpsertQos(Box::new(q)));
         })
     };
+    let partition = |limits: PartitionLimits| -> Setup {
+        Box::new(move |c: &mut Cluster| {
+            let mut p = c.state.partitions[&name("work")].clone();
+            p.limits = limits.clone();
+            c.ok(Command::UpsertPartition(Box::new(p)));
+        })
+    };
+    let account = |limits: AssocLimits| -> Setup {
+        Box::new(move |c: &mut Cluster| c.set_account("proj", limits.clone(), None))
+    };
     let cases: Vec<(Setup, u32, Reason)> = vec![
         (
             qos(QosLimits {
@@ -511,57 +521,33 @@ fn running_limits_block_with_their_reason() {
             Reason::QosGrpCpuRunMinutesLimit,
         ),
         (
-            Box::new(|c: &mut Cluster| {
-                let mut p = c.state.partitions[&name("work")].clone();
-                p.limits = PartitionLimits {
-                    max_jobs_per_user: Some(1),
-                    ..Default::default()
-                };
-                c.ok(Command::UpsertPartition(Box::new(p)));
+            partition(PartitionLimits {
+                max_jobs_per_user: Some(1),
+                ..Default::default()
             }),
             1,
             Reason::PartitionMaxJobsPerUserLimit,
         ),
         (
-            Box::new(|c: &mut Cluster| {
-                let mut p = c.state.partitions[&name("work")].clone();
-                p.limits = PartitionLimits {
-                    max_cpus_per_user: Some(7),
-                    ..Default::default()
-                };
-                c.ok(Command::UpsertPartition(Box::new(p)));
+            partition(PartitionLimits {
+                max_cpus_per_user: Some(7),
+                ..Default::default()
             }),
             4,
             Reason::PartitionMaxCpuPerUserLimit,
         ),
         (
-            Box::new(|c: &mut Cluster| {
-                c.ok(Command::UpsertAccount {
-                    name: name("proj"),
-                    parent: name("root"),
-                    shares: 1,
-                    limits: AssocLimits {
-                        max_jobs: Some(1),
-                        ..Default::default()
-                    },
-                    grant: None,
-                });
+            account(AssocLimits {
+                max_jobs: Some(1),
+                ..Default::default()
             }),
             1,
             Reason::AssocMaxJobsLimit,
         ),
         (
-            Box::new(|c: &mut Cluster| {
-                c.ok(Command::UpsertAccount {
-                    name: name("proj"),
-                    parent: name("root"),
-                    shares: 1,
-                    limits: AssocLimits {
-                        grp_cpu_run_mins: Some(300),
-                        ..Default::default()
-                    },
-                    grant: None,
-                });
+            account(AssocLimits {
+                grp_cpu_run_mins: Some(300),
+                ..Default::default()
             }),
             4,
             Reason::AssocGrpCpuRunMinutesLimit,

@@ -61,13 +61,7 @@ fn it4i_formula_with_its_numbers() {
     // Queue priorities 1 (qprod) and 2 (qlong-ish); the fixture's `work` has factor 1.
     partition(&mut c, "qprod", 1, 1);
     partition(&mut c, "qfast", 2, 1);
-    c.ok(Command::UpsertAccount {
-        name: name("p2"),
-        parent: name("root"),
-        shares: 1,
-        limits: AssocLimits::default(),
-        grant: None,
-    });
+    c.set_account("p2", AssocLimits::default(), None);
     c.add_user("carol", "p2");
     // Usage: proj (alice) 3 cpu-hours, p2 (carol) 1 cpu-hour: proj 0.75 of the total.
     let mut a = c.spec("alice");
@@ -248,16 +242,11 @@ fn usage_accrual_decay_and_charging() {
     qexp.charge_rate = Milli(3000);
     qexp.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
     c.ok(Command::UpsertPartition(Box::new(qexp)));
-    c.ok(Command::UpsertAccount {
-        name: name("proj"),
-        parent: name("root"),
-        shares: 1,
-        limits: AssocLimits::default(),
-        grant: Some(Grant {
-            granted_milli_su: 100_000,
-            used_milli_su: 0,
-        }),
-    });
+    let grant = Grant {
+        granted_milli_su: 100_000,
+        used_milli_su: 0,
+    };
+    c.set_account("proj", AssocLimits::default(), Some(grant));
     let mut s = c.spec("alice");
     s.ntasks = 4;
     s.time = TimeRequest::Limit(Seconds::hours(3));
@@ -293,16 +282,11 @@ fn usage_accrual_decay_and_charging() {
 #[test]
 fn a_spent_grant_runs_as_bonus_or_waits() {
     let mut c = with_formula(PriorityFormula::Fcfs, FairshareAlgorithm::FairTree);
-    c.ok(Command::UpsertAccount {
-        name: name("proj"),
-        parent: name("root"),
-        shares: 1,
-        limits: AssocLimits::default(),
-        grant: Some(Grant {
-            granted_milli_su: 1_000,
-            used_milli_su: 1_000,
-        }),
-    });
+    let grant = Grant {
+        granted_milli_su: 1_000,
+        used_milli_su: 1_000,
+    };
+    c.set_account("proj", AssocLimits::default(), Some(grant));
     let id = c.submit(vec![c.spec("alice")])[0];
     assert_eq!(c.job(id).reason, Reason::AccountGrantExhausted);
     qos(&mut c, "bonus", 0);

@@ -88,7 +88,24 @@ impl State {
         // Limits, with every start accepted so far in this batch counted. The planner may
         // lift the soft MAXPS limit (when nothing else is eligible); nothing else.
         match self.start_blocker(job, running) {
-            None | Some(Reason::MaxPsSoftLimit) => {}
+            None => {}
+            // HPC2N: "If there are NO other jobs eligible for scheduling then and only then are
+            // jobs with resource requests between SOFT and HARD limit considered".
+            Some(Reason::MaxPsSoftLimit) => {
+                if let Some(other) = self.jobs.values().find(|j| {
+                    j.id != job.id
+                        && j.state == JobState::Pending
+                        && j.part == Part::Idle
+                        && j.reason == Reason::None
+                }) {
+                    return Err(stale(format!(
+                        "{}: the soft limit is lifted only when nothing else is eligible, \
+                         and job {} is",
+                        Reason::MaxPsSoftLimit,
+                        other.id
+                    )));
+                }
+            }
             Some(reason) => return Err(stale(format!("limit {reason}"))),
         }
         let shares = self.place_on_nodes(job.id, &d.nodes)?;

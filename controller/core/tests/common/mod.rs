@@ -56,17 +56,27 @@ impl Cluster {
         p.is_default = true;
         p.def_mem_per_cpu = Some(MiB::gib(1));
         c.ok(Command::UpsertPartition(Box::new(p)));
-        c.ok(Command::UpsertAccount {
-            name: name("proj"),
-            parent: name("root"),
-            shares: 1,
-            limits: AssocLimits::default(),
-            grant: None,
-        });
+        c.set_account("proj", AssocLimits::default(), None);
         for u in ["alice", "bob"] {
             c.add_user(u, "proj");
         }
         c
+    }
+
+    /// Adds or changes an account under root (shares 1).
+    pub fn set_account(
+        &mut self,
+        account: &str,
+        limits: AssocLimits,
+        grant: Option<docket_core::account::Grant>,
+    ) {
+        self.ok(Command::UpsertAccount {
+            name: name(account),
+            parent: name("root"),
+            shares: 1,
+            limits,
+            grant,
+        });
     }
 
     pub fn add_user(&mut self, user: &str, account: &str) {
