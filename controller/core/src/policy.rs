@@ -125,11 +125,7 @@ impl State {
                 }
             }
         }
-        let policy = self.config.queue_policy.clone();
-        let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
-        let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
-        let cap_total = policy.max_jobs_per_user.map_or(u64::MAX, u64::from);
-        let allowed_idle = cap_idle.min(cap_total.saturating_sub(running_jobs));
+        let (allowed_idle, cap_reason) = self.idle_room(user, running);
 
         // Phase 1: each job's own circumstances.
         let mut kept_idle = Vec::new();
@@ -151,12 +147,7 @@ impl State {
         }
         // Phase 2: the caps. Idle jobs keep their slots (the oldest, if caps shrank), new
         // jobs enter in submission order, then blocked jobs are promoted.
-        let cap_reason = if running_jobs.saturating_add(allowed_idle) >= cap_total {
-            Reason::MaxJobsPerUser
-        } else {
-            Reason::MaxIdleJobsPerUser
-        };
-        if policy.promotion == Promotion::Newest {
+        if self.config.queue_policy.promotion == Promotion::Newest {
             was_blocked.reverse();
         }
         let mut idle_count: u64 = 0;
@@ -185,6 +176,22 @@ impl State {
         }
     }
 
+    /// Maui's caps for one user: how many of their pending jobs may be idle given what
+    /// they run, and the reason the rest are blocked (the total cap if that is what binds).
+    fn idle_room(&self, user: &UserName, running: &RunningSummary) -> (u64, Reason) {
+        let policy = &self.config.queue_policy;
+        let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
+        let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
+        let cap_total = policy.max_jobs_per_user.map_or(u64::MAX, u64::from);
+        let allowed_idle = cap_idle.min(cap_total.saturating_sub(running_jobs));
+        let reason = if running_jobs.saturating_add(allowed_idle) >= cap_total {
+            Reason::MaxJobsPerUser
+        } else {
+            Reason::MaxIdleJobsPerUser
+        };
+        (allowed_idle, reason)
+    }
+
     /// Places a user's newly submitted jobs, leaving the rest alone. Submission cannot
     /// change where the user's other jobs stand: idle slots are sticky, nothing starts or
     /// ends, and no dependency can name a job that did not exist. So only the new jobs are
@@ -196,16 +203,7 @@ impl State {
         running: &RunningSummary,
         now: TimeMs,
     ) {
-        let policy = &self.config.queue_policy;
-        let running_jobs = running.per_user.get(user).map_or(0, |u| u.jobs);
-        let cap_idle = policy.max_idle_jobs_per_user.map_or(u64::MAX, u64::from);
-        let cap_total = policy.max_jobs_per_user.map_or(u64::MAX, u64::from);
-        let allowed_idle = cap_idle.min(cap_total.saturating_sub(running_jobs));
-        let cap_reason = if running_jobs.saturating_add(allowed_idle) >= cap_total {
-            Reason::MaxJobsPerUser
-        } else {
-            Reason::MaxIdleJobsPerUser
-        };
+        let (allowed_idle, cap_reason) = self.idle_room(user, running);
         // Counting the user's idle jobs only matters when a cap applies.
         let mut idle_count = if allowed_idle == u64::MAX {
             0

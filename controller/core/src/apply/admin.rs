@@ -18,7 +18,7 @@ use crate::state::State;
 /// Longest free-text reason (drain, down) kept in state.
 pub const MAX_REASON_LEN: usize = 256;
 
-fn check_reason(reason: &str) -> Result<(), Rejection> {
+pub(crate) fn check_reason(reason: &str) -> Result<(), Rejection> {
     if reason.len() > MAX_REASON_LEN {
         return Err(Rejection::too_large(
             "reason length",

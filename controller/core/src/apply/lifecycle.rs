@@ -266,13 +266,7 @@ impl State {
         reason: &str,
         now: TimeMs,
     ) -> Result<Response, Rejection> {
-        if reason.len() > crate::apply::admin::MAX_REASON_LEN {
-            return Err(Rejection::too_large(
-                "reason length",
-                reason.len() as u64,
-                crate::apply::admin::MAX_REASON_LEN as u64,
-            ));
-        }
+        crate::apply::admin::check_reason(reason)?;
         let node = self
             .nodes
             .get_mut(name)
