@@ -65,6 +65,13 @@ pub struct Account {
     pub grant: Option<Grant>,
 }
 
+impl Account {
+    /// Has this project spent its grant? (Never, without one.)
+    pub fn grant_exhausted(&self) -> bool {
+        self.grant.is_some_and(|g| g.is_exhausted())
+    }
+}
+
 /// A user known to the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct User {

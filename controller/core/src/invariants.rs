@@ -44,7 +44,8 @@ impl State {
         self.accounts
             .check()
             .map_err(|e| InvariantViolation(e.to_string()))?;
-        for (name, user) in &self.users {
+        for (name, entry) in &self.users {
+            let user = &entry.user;
             ensure!(
                 &user.name == name,
                 "user key {name} holds user {}",
@@ -84,10 +85,17 @@ impl State {
         self.check_nodes()?;
         self.check_queue_caps()?;
         self.check_blobs()?;
-        ensure!(
-            self.live_by_user == self.compute_live_by_user(),
-            "live-jobs-per-user index differs from the jobs"
-        );
+        let (live, assocs) = self.compute_user_index();
+        for (name, entry) in &self.users {
+            ensure!(
+                live.get(name).unwrap_or(&BTreeSet::new()) == &entry.live,
+                "user {name}'s live-jobs index differs from the jobs"
+            );
+            ensure!(
+                assocs.get(name).map_or(&[][..], Vec::as_slice) == entry.assocs.as_slice(),
+                "user {name}'s association index differs from the association table"
+            );
+        }
         ensure!(
             self.holding == self.compute_holding(),
             "holding index differs from the jobs"

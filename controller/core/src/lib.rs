@@ -27,6 +27,7 @@ pub mod fairshare;
 pub mod ids;
 pub mod invariants;
 pub mod job;
+pub mod lookup;
 pub mod node;
 pub mod partition;
 mod policy;

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::account::AccountTree;
+use crate::account::{Account, AccountTree};
 use crate::config::Promotion;
 use crate::ids::{AccountName, JobId, PartitionName, QosName, UserName};
 use crate::job::{ArrayPart, Combine, DepKind, Hold, Job, JobRef, JobState, Part, Reason};
@@ -88,8 +88,7 @@ impl State {
     /// Re-places every pending job (after configuration changes and on every tick).
     pub(crate) fn refresh_all_pending(&mut self, now: TimeMs) {
         let running = self.running_summary(now);
-        let users: Vec<UserName> = self.live_by_user.keys().cloned().collect();
-        for user in users {
+        for user in self.users_with_live_jobs() {
             self.place_user(&user, &running, now);
         }
     }
@@ -263,7 +262,10 @@ impl State {
             DepStatus::Waiting => return Some(Reason::Dependency),
             DepStatus::Never => return Some(Reason::DependencyNeverSatisfied),
         }
-        if self.grant_exhausted(job) && self.config.bonus_qos.as_ref() != Some(&job.resolved.qos) {
+        let account = self.accounts.get(&job.resolved.account);
+        if account.is_some_and(Account::grant_exhausted)
+            && self.config.bonus_qos.as_ref() != Some(&job.resolved.qos)
+        {
             return Some(Reason::AccountGrantExhausted);
         }
         let partition = self.partitions.get(&job.resolved.partition)?;
@@ -281,7 +283,7 @@ impl State {
         {
             return Some(Reason::QosMaxWallDurationPerJobLimit);
         }
-        if let Some((_, hard)) = self.maxps_limits(job)
+        if let Some((_, hard)) = self.maxps_limits(account)
             && job.requested_ps().is_none_or(|ps| ps > hard)
         {
             return Some(Reason::MaxPsHardLimitNever);
@@ -308,13 +310,12 @@ impl State {
     fn grant_exhausted(&self, job: &Job) -> bool {
         self.accounts
             .get(&job.resolved.account)
-            .and_then(|a| a.grant)
-            .is_some_and(|g| g.is_exhausted())
+            .is_some_and(Account::grant_exhausted)
     }
 
-    /// The MAXPS (soft, hard) limits that apply to a job: its account's, else the default.
-    fn maxps_limits(&self, job: &Job) -> Option<(u64, u64)> {
-        let account = self.accounts.get(&job.resolved.account);
+    /// The MAXPS (soft, hard) limits that apply to a job of `account`: the account's own,
+    /// else the configured default.
+    fn maxps_limits(&self, account: Option<&Account>) -> Option<(u64, u64)> {
         let policy = &self.config.queue_policy;
         let soft = account
             .and_then(|a| a.limits.maxps_soft)
@@ -333,13 +334,13 @@ impl State {
         let user = &job.spec.user;
         let r = &job.resolved;
         let cpus = job.cpus();
+        // Looked up once: every account-level rule below starts here.
+        let account = self.accounts.get(&r.account)?;
         // MAXPS: the PS of the running jobs (of the account if it has its own limit, else of
         // the user) plus this job's WCLIMIT x procs.
-        if let Some((soft, hard)) = self.maxps_limits(job) {
-            let account_limited = self
-                .accounts
-                .get(&r.account)
-                .is_some_and(|a| a.limits.maxps_soft.is_some() || a.limits.maxps_hard.is_some());
+        if let Some((soft, hard)) = self.maxps_limits(Some(account)) {
+            let account_limited =
+                account.limits.maxps_soft.is_some() || account.limits.maxps_hard.is_some();
             let running_ps = if account_limited {
                 running.per_account.get(&r.account)
             } else {
@@ -399,7 +400,6 @@ impl State {
         }
         // Association limits: the user's own association, then each account up the tree
         // (walked without allocating; the tree has no cycles, and the walk is bounded anyway).
-        let account = self.accounts.get(&r.account)?;
         if let Some(max) = account.users.get(user).and_then(|ua| ua.limits.max_jobs)
             && nested(&running.per_assoc, &r.account, user).jobs >= u64::from(max)
         {

@@ -1,18 +1,21 @@
 //! The replicated state: everything every controller replica holds.
 //!
-//! Only ordered collections (BTreeMap/BTreeSet) so iteration, serialization and therefore
-//! snapshots are identical on every replica. Indexes derived from the jobs (jobs per user) are
-//! not serialized: [`State::rebuild_indexes`] recomputes them after a restore, and
-//! `check_invariants` verifies they match.
+//! Ordered collections (BTreeMap/BTreeSet), or hash maps written in key order
+//! ([`crate::lookup`]), so iteration that matters, serialization and therefore snapshots are
+//! identical on every replica. Indexes derived from the jobs (live jobs per user, jobs holding
+//! resources, each user's associations) are not serialized: [`State::rebuild_indexes`]
+//! recomputes them after a restore, and `check_invariants` verifies they match.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use crate::account::{AccountTree, User};
+use crate::assoc::AssocId;
 use crate::config::SchedConfig;
-use crate::ids::{JobId, NodeName, PartitionName, QosName, UserName};
+use crate::ids::{AccountName, JobId, NodeName, PartitionName, QosName, UserName};
 use crate::job::{BlobId, Job};
+use crate::lookup::NameMap;
 use crate::node::Node;
 use crate::partition::Partition;
 use crate::qos::Qos;
@@ -24,6 +27,37 @@ pub struct Blob {
     pub data: Vec<u8>,
     /// Jobs referencing it; the blob is dropped when this reaches zero.
     pub refs: u64,
+}
+
+/// A user, and what submission needs to know about them without searching: their live
+/// jobs and their associations. One hash lookup per job finds all of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserEntry {
+    pub user: User,
+    /// Their jobs that are not terminal (derived from the jobs).
+    #[serde(skip)]
+    pub(crate) live: BTreeSet<JobId>,
+    /// Their associations in account order (derived from the association table).
+    #[serde(skip)]
+    pub(crate) assocs: Vec<(AccountName, AssocId)>,
+}
+
+impl UserEntry {
+    pub fn new(user: User) -> UserEntry {
+        UserEntry {
+            user,
+            live: BTreeSet::new(),
+            assocs: Vec::new(),
+        }
+    }
+
+    /// The id of this user's association with `account`, if they are a member.
+    pub fn assoc(&self, account: &AccountName) -> Option<AssocId> {
+        self.assocs
+            .iter()
+            .find(|(a, _)| a == account)
+            .map(|(_, id)| *id)
+    }
 }
 
 /// Where the log stands.
@@ -45,7 +79,9 @@ pub struct State {
     pub accounts: AccountTree,
     /// Ids of the (account, user) associations.
     pub assocs: crate::assoc::AssocTable,
-    pub users: BTreeMap<UserName, User>,
+    /// Looked up on every submission: hashed (see [`crate::lookup`]).
+    #[serde(with = "crate::lookup::sorted")]
+    pub users: NameMap<UserName, UserEntry>,
     /// Boxed: a job is ~850 bytes, and B-tree nodes filled in id order are about half
     /// empty; boxing keeps that slack to a pointer per slot.
     pub jobs: BTreeMap<JobId, Box<Job>>,
@@ -56,9 +92,6 @@ pub struct State {
     pub next_job_id: u64,
     /// The next dispatch epoch; every start and requeue takes a fresh one.
     pub next_epoch: u64,
-    /// Jobs not yet terminal, per owner (derived).
-    #[serde(skip)]
-    pub(crate) live_by_user: BTreeMap<UserName, BTreeSet<JobId>>,
     /// Jobs holding node resources (derived).
     #[serde(skip)]
     pub(crate) holding: BTreeSet<JobId>,
@@ -80,20 +113,23 @@ impl State {
             qos: BTreeMap::new(),
             accounts: AccountTree::new(),
             assocs: crate::assoc::AssocTable::default(),
-            users: BTreeMap::new(),
+            users: NameMap::default(),
             jobs: BTreeMap::new(),
             blobs: BTreeMap::new(),
             usage: crate::usage::UsageLedger::default(),
             next_job_id: 1,
             next_epoch: 1,
-            live_by_user: BTreeMap::new(),
             holding: BTreeSet::new(),
         }
     }
 
-    /// Recomputes every derived index from the jobs.
+    /// Recomputes every derived index from the jobs and the association table.
     pub fn rebuild_indexes(&mut self) {
-        self.live_by_user = self.compute_live_by_user();
+        let (live, assocs) = self.compute_user_index();
+        for (name, entry) in self.users.iter_mut() {
+            entry.live = live.get(name).cloned().unwrap_or_default();
+            entry.assocs = assocs.get(name).cloned().unwrap_or_default();
+        }
         self.holding = self.compute_holding();
     }
 
@@ -105,24 +141,68 @@ impl State {
             .collect()
     }
 
-    pub(crate) fn compute_live_by_user(&self) -> BTreeMap<UserName, BTreeSet<JobId>> {
-        let mut by_user: BTreeMap<UserName, BTreeSet<JobId>> = BTreeMap::new();
+    /// Each user's live jobs and associations, as the derived fields of [`UserEntry`]
+    /// should hold them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn compute_user_index(
+        &self,
+    ) -> (
+        NameMap<UserName, BTreeSet<JobId>>,
+        NameMap<UserName, Vec<(AccountName, AssocId)>>,
+    ) {
+        let mut live: NameMap<UserName, BTreeSet<JobId>> = NameMap::default();
         for job in self.jobs.values().filter(|j| !j.state.is_terminal()) {
-            by_user
-                .entry(job.spec.user.clone())
+            live.entry(job.spec.user.clone())
                 .or_default()
                 .insert(job.id);
         }
-        by_user
+        let mut assocs: NameMap<UserName, Vec<(AccountName, AssocId)>> = NameMap::default();
+        // The table iterates by account, so each user's list comes out in account order.
+        for (account, user, id) in self.assocs.iter() {
+            assocs
+                .entry(user.clone())
+                .or_default()
+                .push((account.clone(), id));
+        }
+        (live, assocs)
     }
 
     /// The user's jobs that are not terminal, in id order.
     pub fn live_jobs_of<'a>(&'a self, user: &UserName) -> impl Iterator<Item = &'a Job> + 'a {
-        self.live_by_user
+        self.users
             .get(user)
             .into_iter()
-            .flatten()
+            .flat_map(|entry| entry.live.iter())
             .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+    }
+
+    /// Users that have live jobs, in name order.
+    pub(crate) fn users_with_live_jobs(&self) -> Vec<UserName> {
+        let mut users: Vec<UserName> = self
+            .users
+            .iter()
+            .filter(|(_, entry)| !entry.live.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect();
+        // Hash order must not reach state.
+        users.sort_unstable();
+        users
+    }
+
+    /// Sets a user's associations in the derived index from the association table, given
+    /// the accounts the user belongs to.
+    pub(crate) fn reindex_assocs_of<'a>(
+        &mut self,
+        user: &UserName,
+        accounts: impl Iterator<Item = &'a AccountName>,
+    ) {
+        let mut mine: Vec<(AccountName, AssocId)> = accounts
+            .filter_map(|a| self.assocs.id(a, user).map(|id| (a.clone(), id)))
+            .collect();
+        mine.sort_unstable();
+        if let Some(entry) = self.users.get_mut(user) {
+            entry.assocs = mine;
+        }
     }
 
     /// The default partition, if one is marked.
@@ -134,30 +214,20 @@ impl State {
     pub fn is_admin(&self, actor: &crate::command::Actor) -> bool {
         match actor {
             crate::command::Actor::Operator => true,
-            crate::command::Actor::User(u) => self.users.get(u).is_some_and(|u| u.admin),
+            crate::command::Actor::User(u) => self.users.get(u).is_some_and(|e| e.user.admin),
         }
     }
 
+    /// Records a job as live for its owner (who exists: submission checked).
     pub(crate) fn index_live(&mut self, job: &Job) {
-        // Look up before inserting: the user is usually there, and cloning the name for
-        // `entry` on every submission is measurable.
-        match self.live_by_user.get_mut(&job.spec.user) {
-            Some(set) => {
-                set.insert(job.id);
-            }
-            None => {
-                self.live_by_user
-                    .insert(job.spec.user.clone(), BTreeSet::from([job.id]));
-            }
+        if let Some(entry) = self.users.get_mut(&job.spec.user) {
+            entry.live.insert(job.id);
         }
     }
 
     pub(crate) fn unindex_live(&mut self, user: &UserName, id: JobId) {
-        if let Some(set) = self.live_by_user.get_mut(user) {
-            set.remove(&id);
-            if set.is_empty() {
-                self.live_by_user.remove(user);
-            }
+        if let Some(entry) = self.users.get_mut(user) {
+            entry.live.remove(&id);
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::node::{Node, NodeSpec};
 use crate::partition::Partition;
 use crate::qos::Qos;
 use crate::quantity::TimeMs;
-use crate::state::State;
+use crate::state::{State, UserEntry};
 
 /// Longest free-text reason (drain, down) kept in state.
 pub const MAX_REASON_LEN: usize = 256;
@@ -391,7 +391,14 @@ impl State {
                 self.assocs.ensure(account, &user.name);
             }
         }
-        self.users.insert(user.name.clone(), user.clone());
+        match self.users.get_mut(&user.name) {
+            Some(entry) => entry.user = user.clone(),
+            None => {
+                self.users
+                    .insert(user.name.clone(), UserEntry::new(user.clone()));
+            }
+        }
+        self.reindex_assocs_of(&user.name, assocs.iter().map(|(a, _)| a));
         let now = self.applied.now;
         self.refresh_user(&user.name.clone(), now);
         Ok(Response::Done)

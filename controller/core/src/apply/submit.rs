@@ -13,6 +13,7 @@ use crate::ids::{JobId, PartitionName, UserName};
 use crate::job::{
     ArrayPart, BlobId, Job, JobSpec, JobState, MemoryRequest, Part, Reason, Resolved, TimeRequest,
 };
+use crate::lookup::NameMap;
 use crate::partition::Partition;
 use crate::quantity::{MiB, Seconds, TimeMs};
 use crate::state::{Blob, State};
@@ -31,6 +32,67 @@ pub(crate) struct NodeCaps {
     cpus: u32,
     memory: MiB,
     jobfs: MiB,
+}
+
+/// A batch's accepted jobs grouped by owner, without an allocation per owner: each user's
+/// jobs are chained through `next`, then laid out group after group in one vector.
+struct NewJobsByUser<'a> {
+    /// Per user: (first, last) position in `ids`. Names are borrowed from the command.
+    ends: NameMap<&'a UserName, (usize, usize)>,
+    ids: Vec<JobId>,
+    next: Vec<usize>,
+}
+
+impl<'a> NewJobsByUser<'a> {
+    fn with_capacity(jobs: usize) -> Self {
+        NewJobsByUser {
+            ends: NameMap::with_capacity_and_hasher(jobs, Default::default()),
+            ids: Vec::with_capacity(jobs),
+            next: Vec::with_capacity(jobs),
+        }
+    }
+
+    fn push(&mut self, user: &'a UserName, id: JobId) {
+        let at = self.ids.len();
+        self.ids.push(id);
+        self.next.push(usize::MAX);
+        match self.ends.get_mut(user) {
+            Some((_, last)) => {
+                self.next[*last] = at;
+                *last = at;
+            }
+            None => {
+                self.ends.insert(user, (at, at));
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Each user with the range of `ids` holding their jobs in submission order; users in
+    /// the order of their first job (never hash order).
+    fn into_groups(self) -> (Vec<(&'a UserName, std::ops::Range<usize>)>, Vec<JobId>) {
+        let mut firsts: Vec<(usize, &'a UserName)> = self
+            .ends
+            .iter()
+            .map(|(u, (first, _))| (*first, *u))
+            .collect();
+        firsts.sort_unstable_by_key(|(first, _)| *first);
+        let mut ids = Vec::with_capacity(self.ids.len());
+        let mut groups = Vec::with_capacity(firsts.len());
+        for (first, user) in firsts {
+            let start = ids.len();
+            let mut at = first;
+            while at != usize::MAX {
+                ids.push(self.ids[at]);
+                at = self.next[at];
+            }
+            groups.push((user, start..ids.len()));
+        }
+        (groups, ids)
+    }
 }
 
 impl State {
@@ -66,14 +128,14 @@ impl State {
                 offered.insert(id);
             }
         }
+        let admin = self.is_admin(actor);
         let mut results = Vec::with_capacity(jobs.len());
-        // Borrowed from the command: no name is cloned to group the new jobs.
-        let mut new_by_user: BTreeMap<&UserName, Vec<JobId>> = BTreeMap::new();
+        let mut grouped = NewJobsByUser::with_capacity(jobs.len());
         let mut caps_cache = BTreeMap::new();
         for spec in jobs {
-            let result = self.submit_one(actor, spec, now, &mut caps_cache);
+            let result = self.submit_one(actor, admin, spec, now, &mut caps_cache);
             if let Ok(id) = result {
-                new_by_user.entry(&spec.user).or_default().push(id);
+                grouped.push(&spec.user, id);
             }
             results.push(result);
         }
@@ -83,10 +145,11 @@ impl State {
                 self.blobs.remove(&id);
             }
         }
-        if !new_by_user.is_empty() {
+        if !grouped.is_empty() {
             let running = self.running_summary(now);
-            for (user, ids) in new_by_user {
-                self.place_new(user, &ids, &running, now);
+            let (users, ids) = grouped.into_groups();
+            for (user, range) in users {
+                self.place_new(user, &ids[range], &running, now);
             }
         }
         Ok(Response::Submitted(results))
@@ -95,11 +158,11 @@ impl State {
     fn submit_one(
         &mut self,
         actor: &Actor,
+        admin: bool,
         spec: &JobSpec,
         now: TimeMs,
         caps_cache: &mut BTreeMap<PartitionName, NodeCaps>,
     ) -> Result<JobId, Rejection> {
-        let admin = self.is_admin(actor);
         if let Actor::User(u) = actor
             && u != &spec.user
             && !admin
@@ -119,18 +182,19 @@ impl State {
         }
         let resolved = self.resolve(spec, admin, caps_cache)?;
         self.check_dependency_targets(spec)?;
-        let blob_refs: Vec<BlobId> = std::iter::once(spec.script).chain(spec.env).collect();
-        for b in &blob_refs {
-            if !self.blobs.contains_key(b) {
+        let blob_refs =
+            std::iter::once(("script", spec.script)).chain(spec.env.map(|env| ("env", env)));
+        for (field, b) in blob_refs.clone() {
+            if !self.blobs.contains_key(&b) {
                 return Err(Rejection::invalid(
-                    "script",
+                    field,
                     format!("blob {b} was neither sent with the job nor stored"),
                 ));
             }
         }
         // Accepted: nothing below can fail.
-        for b in &blob_refs {
-            if let Some(blob) = self.blobs.get_mut(b) {
+        for (_, b) in blob_refs {
+            if let Some(blob) = self.blobs.get_mut(&b) {
                 blob.refs += 1;
             }
         }
@@ -281,17 +345,18 @@ impl State {
         let account = spec
             .account
             .clone()
-            .unwrap_or_else(|| user.default_account.clone());
-        if self.accounts.get(&account).is_none() {
-            return Err(Rejection::unknown("account", &account));
-        }
-        // Membership is the association, which has an id exactly when it exists.
-        let assoc = self.assocs.id(&account, &spec.user).ok_or_else(|| {
-            Rejection::NotPermitted(format!(
+            .unwrap_or_else(|| user.user.default_account.clone());
+        // Membership is the association, which has an id exactly when it exists (and
+        // then so does its account).
+        let Some(assoc) = user.assoc(&account) else {
+            if self.accounts.get(&account).is_none() {
+                return Err(Rejection::unknown("account", &account));
+            }
+            return Err(Rejection::NotPermitted(format!(
                 "user {} is not a member of account {account}",
                 spec.user
-            ))
-        })?;
+            )));
+        };
         let partition = match &spec.partition {
             Some(p) => self
                 .partitions
