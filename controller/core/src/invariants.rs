@@ -19,6 +19,12 @@
 //!    every referenced blob exists.
 //! 8. The derived indexes equal their recomputation; association ids name exactly the
 //!    associations that exist, and every live job's id names its own association.
+//! 9. Placement is current: re-placing the whole queue now would change no pending job's
+//!    part or reason. After a change apply re-places only the users it can affect
+//!    (`State::note_changed`); this is what proves it missed nobody. Users whose placement
+//!    depends on the clock (begin times, `after:+delay`, MAXPS and cpu-run-minute limits,
+//!    which running jobs' remaining time changes) are re-placed by every `Tick` instead, so
+//!    their placement may lag until the next one and is not compared.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,6 +88,7 @@ impl State {
         let defaults = self.partitions.values().filter(|p| p.is_default).count();
         ensure!(defaults <= 1, "{defaults} default partitions");
         self.check_jobs()?;
+        self.check_placement_current()?;
         self.check_nodes()?;
         self.check_queue_caps()?;
         self.check_blobs()?;
@@ -99,6 +106,11 @@ impl State {
         ensure!(
             self.holding == self.compute_holding(),
             "holding index differs from the jobs"
+        );
+        ensure!(
+            self.relations
+                == crate::relations::Relations::compute(self.jobs.values().map(|j| &**j)),
+            "dependents/array-tasks index differs from the jobs"
         );
         Ok(())
     }
@@ -249,6 +261,45 @@ impl State {
             "allocations name {} node shares, nodes list {listed}",
             expected.len()
         );
+        Ok(())
+    }
+
+    fn check_placement_current(&self) -> Result<(), InvariantViolation> {
+        let mut fresh = self.clone();
+        fresh.refresh_all_pending(self.applied.now);
+        let clocked = |job: &crate::job::Job| {
+            job.spec.begin.is_some()
+                || job.reason.depends_on_time()
+                || job.spec.dependency.as_ref().is_some_and(|d| {
+                    d.clauses.iter().any(
+                        |c| matches!(c.kind, crate::job::DepKind::After { delay } if delay.0 > 0),
+                    )
+                })
+        };
+        let skip: BTreeSet<&UserName> = self
+            .jobs
+            .values()
+            .chain(fresh.jobs.values())
+            .filter(|j| j.state == JobState::Pending && clocked(j))
+            .map(|j| &j.spec.user)
+            .collect();
+        for (id, job) in &self.jobs {
+            if job.state != JobState::Pending || skip.contains(&job.spec.user) {
+                continue;
+            }
+            let Some(f) = fresh.jobs.get(id) else {
+                continue;
+            };
+            ensure!(
+                (job.part, job.reason, &job.resolved.qos) == (f.part, f.reason, &f.resolved.qos),
+                "job {id} of {} is {:?}/{:?} but re-placing the queue makes it {:?}/{:?}",
+                job.spec.user,
+                job.part,
+                job.reason,
+                f.part,
+                f.reason
+            );
+        }
         Ok(())
     }
 

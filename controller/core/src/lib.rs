@@ -34,8 +34,10 @@ mod policy;
 pub mod priority;
 pub mod qos;
 pub mod quantity;
+pub mod relations;
 pub mod snapshot;
 pub mod state;
+pub mod tres;
 pub mod usage;
 
 pub use apply::{ApplyCtx, Rejection, Response};

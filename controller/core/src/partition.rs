@@ -68,6 +68,8 @@ pub struct Partition {
     pub charge_rate: Milli,
     /// Multiplier on fair-share usage; 0 = not charged to fair-share (IT4I's qexp).
     pub usage_factor: Milli,
+    /// How held resources are weighed into fair-share billing (`TRESBillingWeights`).
+    pub billing: crate::tres::BillingWeights,
     pub allowed_qos: Option<BTreeSet<QosName>>,
     pub allowed_accounts: Option<BTreeSet<AccountName>>,
     pub default_qos: Option<QosName>,
@@ -91,6 +93,7 @@ impl Partition {
             preempt_mode: PreemptMode::Off,
             charge_rate: Milli::ONE,
             usage_factor: Milli::ONE,
+            billing: crate::tres::BillingWeights::default(),
             allowed_qos: None,
             allowed_accounts: None,
             default_qos: None,

@@ -14,7 +14,7 @@
 //! Age (eligible time) accrues only while a job is idle with nothing stopping it, as in
 //! Slurm, where held, limit-blocked and dependent jobs accrue no age.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::account::{Account, AccountTree};
 use crate::config::Promotion;
@@ -68,6 +68,13 @@ fn nested<A: Ord, B: Ord>(map: &BTreeMap<A, BTreeMap<B, Usage>>, a: &A, b: &B) -
         .unwrap_or_default()
 }
 
+/// Whose pending jobs must be re-placed after a change (see [`State::note_changed`]).
+#[derive(Debug, Default)]
+pub(crate) struct Affected {
+    users: BTreeSet<UserName>,
+    everyone: bool,
+}
+
 /// Whether a dependency is met.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DepStatus {
@@ -90,6 +97,69 @@ impl State {
         let running = self.running_summary(now);
         for user in self.users_with_live_jobs() {
             self.place_user(&user, &running, now);
+        }
+    }
+
+    /// Notes whose pending jobs a change to job `id` (started, ended, cancelled, held,
+    /// released, suspended, resumed) can re-place.
+    pub(crate) fn note_changed(&self, id: JobId, affected: &mut Affected) {
+        if affected.everyone {
+            return;
+        }
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        // The owner: idle and total caps, MAXPS, per-user QOS and partition limits, the
+        // array throttle, singleton.
+        affected.users.insert(job.spec.user.clone());
+        // Jobs whose dependency names this job, or the array it is a task of.
+        let array = match job.array {
+            Some(ArrayPart::Task { array_job, .. }) if array_job != id => Some(array_job),
+            _ => None,
+        };
+        for target in std::iter::once(id).chain(array) {
+            for dependent in self.relations.dependents_of(target) {
+                if let Some(d) = self.jobs.get(&dependent)
+                    && d.state == JobState::Pending
+                {
+                    affected.users.insert(d.spec.user.clone());
+                }
+            }
+        }
+        // Limits that tie users together: a QOS's group limits, an account-level MAXPS or
+        // limit anywhere up the tree, a project grant. Rare enough to re-place everyone.
+        let qos_grouped = self.qos.get(&job.resolved.qos).is_some_and(|q| {
+            let l = &q.limits;
+            l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some()
+        });
+        let account_tied = self
+            .accounts
+            .ancestry(&job.resolved.account)
+            .iter()
+            .any(|a| {
+                let l = &a.limits;
+                l.max_jobs.is_some()
+                    || l.grp_cpu_run_mins.is_some()
+                    || l.maxps_soft.is_some()
+                    || l.maxps_hard.is_some()
+                    || a.grant.is_some()
+            });
+        if qos_grouped || account_tied {
+            affected.everyone = true;
+        }
+    }
+
+    /// Re-places the pending jobs of the users `affected` names (everyone's, if it says so).
+    pub(crate) fn refresh_affected(&mut self, affected: Affected, now: TimeMs) {
+        if affected.everyone {
+            return self.refresh_all_pending(now);
+        }
+        if affected.users.is_empty() {
+            return;
+        }
+        let running = self.running_summary(now);
+        for user in &affected.users {
+            self.place_user(user, &running, now);
         }
     }
 
@@ -538,9 +608,9 @@ impl State {
     /// The records of an array's tasks that have split off (including the master itself once
     /// it became the last task).
     fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = &Job> {
-        self.jobs.values().map(|j| &**j).filter(move |j| {
-            matches!(j.array, Some(ArrayPart::Task { array_job: a, .. }) if a == array_job)
-        })
+        self.relations
+            .tasks_of(array_job)
+            .filter_map(|id| self.jobs.get(&id).map(|j| &**j))
     }
 }
 

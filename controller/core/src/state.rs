@@ -20,6 +20,7 @@ use crate::node::Node;
 use crate::partition::Partition;
 use crate::qos::Qos;
 use crate::quantity::TimeMs;
+use crate::relations::Relations;
 
 /// A script or environment, stored once however many jobs use it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +96,9 @@ pub struct State {
     /// Jobs holding node resources (derived).
     #[serde(skip)]
     pub(crate) holding: BTreeSet<JobId>,
+    /// Dependents and array tasks of each job (derived).
+    #[serde(skip)]
+    pub(crate) relations: Relations,
 }
 
 impl Default for State {
@@ -120,17 +124,19 @@ impl State {
             next_job_id: 1,
             next_epoch: 1,
             holding: BTreeSet::new(),
+            relations: Relations::default(),
         }
     }
 
     /// Recomputes every derived index from the jobs and the association table.
     pub fn rebuild_indexes(&mut self) {
-        let (live, assocs) = self.compute_user_index();
+        let (mut live, mut assocs) = self.compute_user_index();
         for (name, entry) in self.users.iter_mut() {
-            entry.live = live.get(name).cloned().unwrap_or_default();
-            entry.assocs = assocs.get(name).cloned().unwrap_or_default();
+            entry.live = live.remove(name).unwrap_or_default();
+            entry.assocs = assocs.remove(name).unwrap_or_default();
         }
         self.holding = self.compute_holding();
+        self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {

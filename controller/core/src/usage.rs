@@ -1,4 +1,6 @@
-//! Fair-share usage: processor-seconds per association, decayed with a half-life.
+//! Fair-share usage per association, decayed with a half-life: billing-seconds (what
+//! fair-share compares; cpu-seconds under default weights, see [`crate::tres`]) and each
+//! resource's own seconds.
 //!
 //! Usage is replicated state, so its decay must come out the same on every replica: it is
 //! computed from the leader-stamped times in the log (never a clock) with `libm`'s exp2,
@@ -37,14 +39,41 @@ impl Decayed {
     }
 }
 
-/// Usage (processor-seconds, weighted by partition and QOS usage factors) per association,
-/// account first, so lookups borrow the names.
+/// One association's decayed usage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct AssocUsage {
+    /// Billing-seconds x the partition's and QOS's usage factors: what fair-share uses.
+    pub billing: Decayed,
+    /// Cpu-seconds, MiB-seconds and GPU-seconds held (unweighted), for reports.
+    pub cpu_seconds: Decayed,
+    pub mem_mib_seconds: Decayed,
+    pub gpu_seconds: Decayed,
+}
+
+impl AssocUsage {
+    /// Decayed billing usage as of `now`.
+    pub fn at(&self, now: TimeMs, half_life: Seconds) -> f64 {
+        self.billing.at(now, half_life)
+    }
+}
+
+/// What one job used over one stretch of time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Accrual {
+    /// Billing-seconds, already weighted by usage factors.
+    pub billing: f64,
+    pub seconds: f64,
+    pub tres: crate::tres::Tres,
+}
+
+/// Usage per association, account first, so lookups borrow the names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageLedger {
-    pub entries: BTreeMap<AccountName, BTreeMap<UserName, Decayed>>,
+    pub entries: BTreeMap<AccountName, BTreeMap<UserName, AssocUsage>>,
 }
 
 impl UsageLedger {
+    /// Adds billing usage only (past usage loaded by an administrator, tests).
     pub fn add(
         &mut self,
         account: &AccountName,
@@ -53,18 +82,53 @@ impl UsageLedger {
         now: TimeMs,
         half_life: Seconds,
     ) {
-        if amount <= 0.0 || !amount.is_finite() {
+        self.accrue(
+            account,
+            user,
+            Accrual {
+                billing: amount,
+                seconds: 0.0,
+                tres: crate::tres::Tres::default(),
+            },
+            now,
+            half_life,
+        );
+    }
+
+    /// Adds what a job used over `accrual.seconds`.
+    pub fn accrue(
+        &mut self,
+        account: &AccountName,
+        user: &UserName,
+        accrual: Accrual,
+        now: TimeMs,
+        half_life: Seconds,
+    ) {
+        let valid = |x: f64| x.is_finite() && x >= 0.0;
+        if !valid(accrual.billing) || !valid(accrual.seconds) {
             return;
         }
-        self.entries
+        if accrual.billing == 0.0 && accrual.seconds == 0.0 {
+            return;
+        }
+        let entry = self
+            .entries
             .entry(account.clone())
             .or_default()
             .entry(user.clone())
-            .or_default()
-            .add(amount, now, half_life);
+            .or_default();
+        entry.billing.add(accrual.billing, now, half_life);
+        let t = accrual.tres;
+        for (d, amount) in [
+            (&mut entry.cpu_seconds, t.cpus as f64),
+            (&mut entry.mem_mib_seconds, t.memory.0 as f64),
+            (&mut entry.gpu_seconds, t.gpus as f64),
+        ] {
+            d.add(amount * accrual.seconds, now, half_life);
+        }
     }
 
-    /// One association's decayed usage as of `now` (0 if it never used anything).
+    /// One association's decayed billing usage as of `now` (0 if it never used anything).
     pub fn usage(
         &self,
         account: &AccountName,

@@ -405,10 +405,39 @@ fn suspend_stops_walltime_and_keeps_resources() {
         .entries
         .values()
         .flat_map(|u| u.values())
-        .map(|d| d.value)
+        .map(|d| d.billing.value)
         .sum();
     // (decayed a little: the default half-life is a week)
     assert!((used - 660.0).abs() < 5.0, "{used}");
+}
+
+/// Fair-share usage bills what a job holds, memory and cpus, by the partition's
+/// TRESBillingWeights; each resource's own seconds are kept as well.
+#[test]
+fn usage_bills_memory_by_the_partition_weights() {
+    use docket_core::job::MemoryRequest;
+    use docket_core::partition::Milli;
+    use docket_core::quantity::{MiB, Seconds};
+    let mut c = Cluster::new(SchedConfig::default(), 1);
+    let mut p = c.state.partitions[&name::<docket_core::PartitionName>("work")].clone();
+    p.billing.mem_per_gib = Milli(500); // 0.5 per GiB
+    c.ok(Command::UpsertPartition(Box::new(p)));
+    let mut s = c.spec("alice");
+    s.ntasks = 2;
+    s.memory = Some(MemoryRequest::PerNode(MiB::gib(8)));
+    s.time = docket_core::job::TimeRequest::Limit(Seconds::hours(2));
+    let id = c.submit(vec![s])[0];
+    c.start(jr(id), &["n001"]).unwrap();
+    c.apply_after(1000, Command::Tick).unwrap();
+    let entry = c.state.usage.entries[&name::<docket_core::AccountName>("proj")]
+        [&name::<docket_core::UserName>("alice")];
+    let t = entry.billing.at;
+    // 1000 s x (2 cpus + 8 GiB x 0.5) = 6000 billing-seconds.
+    assert!((entry.billing.value - 6000.0).abs() < 1e-6, "{entry:?}");
+    assert_eq!(entry.cpu_seconds.value, 2000.0);
+    assert_eq!(entry.mem_mib_seconds.value, 8192.0 * 1000.0);
+    assert_eq!(entry.gpu_seconds.value, 0.0);
+    assert_eq!(t, c.now);
 }
 
 #[test]

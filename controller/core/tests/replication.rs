@@ -11,11 +11,13 @@
 mod common;
 
 use common::{Cluster, SCRIPT, name};
+use docket_core::account::AssocLimits;
 use docket_core::command::{EndCause, EndReport, StartDecision};
 use docket_core::config::{QueuePolicy, SchedConfig};
 use docket_core::job::{
     ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
 };
+use docket_core::qos::Qos;
 use docket_core::quantity::Seconds;
 use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response, State};
 use proptest::prelude::*;
@@ -84,6 +86,12 @@ enum Op {
     ResumeJob {
         pick: usize,
     },
+    /// Limits that tie users together (QOS group, account) or bind one (QOS per user).
+    Limits {
+        qos_grp_jobs: Option<u32>,
+        qos_user_jobs: Option<u32>,
+        account_max_jobs: Option<u32>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -111,6 +119,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (proptest::option::of(1..5u32), proptest::option::of(2..8u32),
               proptest::option::of(1_000..200_000u64))
             .prop_map(|(idle, total, soft)| Op::Caps { idle, total, soft }),
+        1 => (proptest::option::of(1..4u32), proptest::option::of(1..3u32), proptest::option::of(1..4u32))
+            .prop_map(|(qos_grp_jobs, qos_user_jobs, account_max_jobs)| Op::Limits {
+                qos_grp_jobs, qos_user_jobs, account_max_jobs,
+            }),
     ]
 }
 
@@ -332,6 +344,33 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             };
             (Command::SetConfig(Box::new(config)), 0)
         }
+        Op::Limits {
+            qos_grp_jobs,
+            qos_user_jobs,
+            account_max_jobs,
+        } => {
+            // Alternates between the QOS and the account, so both kinds are in force at once.
+            if qos_grp_jobs.is_some() || account_max_jobs.is_none() {
+                let mut q = Qos::new(name("normal"));
+                q.limits.grp_jobs = *qos_grp_jobs;
+                q.limits.max_jobs_per_user = *qos_user_jobs;
+                (Command::UpsertQos(Box::new(q)), 0)
+            } else {
+                (
+                    Command::UpsertAccount {
+                        name: name("proj"),
+                        parent: name("root"),
+                        shares: 1,
+                        limits: AssocLimits {
+                            max_jobs: *account_max_jobs,
+                            ..AssocLimits::default()
+                        },
+                        grant: None,
+                    },
+                    0,
+                )
+            }
+        }
     }
 }
 
@@ -372,6 +411,7 @@ struct Stats {
     completed: u64,
     requeued: u64,
     blocked_by_caps: u64,
+    blocked_by_group_limits: u64,
 }
 
 /// Applies a stream to one replica (checking invariants and refusals), replays it on a second
@@ -421,6 +461,10 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
         stats.blocked_by_caps += u64::from(matches!(
             j.reason,
             docket_core::job::Reason::MaxIdleJobsPerUser | docket_core::job::Reason::MaxJobsPerUser
+        ));
+        stats.blocked_by_group_limits += u64::from(matches!(
+            j.reason,
+            docket_core::job::Reason::QosGrpJobsLimit | docket_core::job::Reason::AssocMaxJobsLimit
         ));
     }
     let mut b = cluster().state;
@@ -472,6 +516,7 @@ fn random_streams_exercise_the_interesting_paths() {
         total.completed += s.completed;
         total.requeued += s.requeued;
         total.blocked_by_caps += s.blocked_by_caps;
+        total.blocked_by_group_limits += s.blocked_by_group_limits;
     }
     eprintln!("{total:?}");
     assert!(total.accepted_jobs > 100, "{total:?}");
@@ -480,6 +525,7 @@ fn random_streams_exercise_the_interesting_paths() {
     assert!(total.completed > 5, "{total:?}");
     assert!(total.requeued > 0, "{total:?}");
     assert!(total.blocked_by_caps > 0, "{total:?}");
+    assert!(total.blocked_by_group_limits > 0, "{total:?}");
 }
 
 #[test]

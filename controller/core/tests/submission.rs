@@ -94,7 +94,7 @@ fn bad_requests_name_the_field_and_limit() {
             "jobfs per node in MiB (largest in work) = 103424 exceeds the limit of 102400",
         ),
         (
-            Box::new(|s| s.name = "x".repeat(300)),
+            Box::new(|s| s.name = "x".repeat(300).into()),
             "name length = 300 exceeds the limit of 256",
         ),
         (

@@ -1,8 +1,9 @@
 //! Usage and charging: what running jobs cost their owners.
 //!
 //! Two ledgers, fed by the same run time:
-//! - fair-share usage (processor-seconds x the partition's and the QOS's usage factors),
-//!   accrued while a job runs (on every tick and at its end), decayed with the half-life;
+//! - fair-share usage (billing-seconds of the resources held, weighed by the partition's
+//!   `TRESBillingWeights`, x the partition's and the QOS's usage factors), accrued while a
+//!   job runs (on every tick and at its end), decayed with the half-life;
 //! - service units (NCI, seed 001): walltime in the running state x cpus requested x the
 //!   queue's charge rate, charged to the project's grant when the job ends. A project whose
 //!   grant is spent runs only as bonus: its jobs move to the bonus QOS and are not charged.
@@ -10,6 +11,7 @@
 use crate::ids::JobId;
 use crate::quantity::TimeMs;
 use crate::state::State;
+use crate::usage::Accrual;
 
 impl State {
     /// Accrues fair-share usage of every running job up to `now`.
@@ -32,19 +34,23 @@ impl State {
         if job.suspended_since.is_some() {
             return; // a frozen job uses no cpu
         }
-        let secs = now.ms_since(since) as f64 / 1000.0;
-        let partition = self
-            .partitions
-            .get(&job.resolved.partition)
-            .map_or(1.0, |p| p.usage_factor.as_f64());
-        let qos = self
+        let seconds = now.ms_since(since) as f64 / 1000.0;
+        let tres = job.tres_held();
+        let partition = self.partitions.get(&job.resolved.partition);
+        let weights = partition.map(|p| p.billing).unwrap_or_default();
+        let partition_factor = partition.map_or(1.0, |p| p.usage_factor.as_f64());
+        let qos_factor = self
             .qos
             .get(&job.resolved.qos)
             .map_or(1.0, |q| q.usage_factor.as_f64());
-        let amount = secs * job.cpus() as f64 * partition * qos;
+        let accrual = Accrual {
+            billing: seconds * weights.billing(&tres) * partition_factor * qos_factor,
+            seconds,
+            tres,
+        };
         let (account, user) = (job.resolved.account.clone(), job.spec.user.clone());
         let half_life = self.config.fairshare.half_life;
-        self.usage.add(&account, &user, amount, now, half_life);
+        self.usage.accrue(&account, &user, accrual, now, half_life);
     }
 
     /// Charges a job's service units to its project's grant (at its end).

@@ -8,6 +8,7 @@ use crate::apply::{Rejection, Response};
 use crate::command::{Actor, EndCause};
 use crate::ids::JobId;
 use crate::job::{ArrayPart, Hold, Job, JobRef, JobState, Part};
+use crate::policy::Affected;
 use crate::policy::stop_eligible_clock;
 use crate::quantity::TimeMs;
 use crate::state::State;
@@ -97,7 +98,7 @@ impl State {
 
     fn act(&mut self, actor: &Actor, jobs: &[JobRef], action: Action, now: TimeMs) -> Response {
         let mut results = Vec::with_capacity(jobs.len());
-        let mut touched = std::collections::BTreeSet::new();
+        let mut affected = Affected::default();
         for &target in jobs {
             let mut r = self.act_one(actor, target, action, now);
             // `scancel 123` on an array cancels its started tasks too.
@@ -107,22 +108,21 @@ impl State {
                         job: task,
                         task: None,
                     };
-                    if let Err(e) = self.act_one(actor, t, action, now) {
-                        r = Err(e);
+                    match self.act_one(actor, t, action, now) {
+                        Ok(()) => self.note_changed(task, &mut affected),
+                        Err(e) => r = Err(e),
                     }
                 }
             }
-            if r.is_ok()
-                && let Some(job) = self.jobs.get(&target.job)
-            {
-                touched.insert(job.spec.user.clone());
+            if r.is_ok() {
+                // A task acted on alone may have split off with an id of its own; its
+                // owner and dependents are those of the array.
+                self.note_changed(target.job, &mut affected);
             }
             results.push(r);
         }
-        if !touched.is_empty() {
-            // Cancels free idle slots and may satisfy dependencies of anyone's jobs.
-            self.refresh_all_pending(now);
-        }
+        // Frees idle slots and running limits, and can satisfy or break dependencies.
+        self.refresh_affected(affected, now);
         Response::PerJob(results)
     }
 
@@ -211,15 +211,14 @@ impl State {
 
     /// Live records of an array's split-off tasks (not the master record itself).
     fn live_tasks_of(&self, array_job: JobId) -> Vec<JobId> {
-        self.jobs
-            .values()
-            .filter(|j| {
-                j.id != array_job
-                    && !j.state.is_terminal()
-                    && j.state != JobState::Completing
-                    && matches!(j.array, Some(ArrayPart::Task { array_job: a, .. }) if a == array_job)
+        self.relations
+            .tasks_of(array_job)
+            .filter(|id| *id != array_job)
+            .filter(|id| {
+                self.jobs
+                    .get(id)
+                    .is_some_and(|j| !j.state.is_terminal() && j.state != JobState::Completing)
             })
-            .map(|j| j.id)
             .collect()
     }
 
@@ -273,6 +272,7 @@ impl State {
                 array_job: master,
                 index,
             });
+            self.relations.add(head);
             return master;
         }
         let mut task = head.clone();
@@ -289,6 +289,7 @@ impl State {
             }
         }
         self.index_live(&task);
+        self.relations.add(&task);
         self.jobs.insert(id, task);
         id
     }

@@ -16,6 +16,7 @@ use crate::command::{EndCause, EndReport, StartDecision};
 use crate::ids::{JobId, NodeName};
 use crate::job::{Allocation, ArrayPart, JobState, MemoryRequest, NodeShare, Part, Reason};
 use crate::node::NodeUse;
+use crate::policy::Affected;
 use crate::policy::{DepStatus, stop_eligible_clock};
 use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
@@ -24,18 +25,18 @@ impl State {
     pub(crate) fn start_jobs(&mut self, decisions: &[StartDecision], now: TimeMs) -> Response {
         let mut running = self.running_summary(now);
         let mut results = Vec::with_capacity(decisions.len());
+        let mut affected = Affected::default();
         for d in decisions {
             let r = self.start_one(d, &running, now);
             if let Ok(id) = &r
                 && let Some(job) = self.jobs.get(id)
             {
                 running.add_job(job, &self.accounts, now);
+                self.note_changed(*id, &mut affected);
             }
             results.push(r);
         }
-        if results.iter().any(Result::is_ok) {
-            self.refresh_all_pending(now);
-        }
+        self.refresh_affected(affected, now);
         Response::Started(results)
     }
 
@@ -243,20 +244,20 @@ impl State {
 
     pub(crate) fn end_jobs(&mut self, reports: &[EndReport], now: TimeMs) -> Response {
         let (mut applied, mut stale) = (0, 0);
+        let mut affected = Affected::default();
         for r in reports {
             let current = self.jobs.get(&r.job).is_some_and(|j| {
                 j.state.holds_resources() && j.alloc.as_ref().is_some_and(|a| a.epoch == r.epoch)
             });
             if current {
                 self.finish(r.job, r.cause, Some(r.exit), now);
+                self.note_changed(r.job, &mut affected);
                 applied += 1;
             } else {
                 stale += 1;
             }
         }
-        if applied > 0 {
-            self.refresh_all_pending(now);
-        }
+        self.refresh_affected(affected, now);
         Response::Ended { applied, stale }
     }
 

@@ -42,6 +42,7 @@ impl State {
             let Some(job) = self.jobs.remove(&id) else {
                 continue;
             };
+            self.relations.remove(&job);
             for blob in std::iter::once(job.spec.script).chain(job.spec.env) {
                 if let Some(b) = self.blobs.get_mut(&blob) {
                     b.refs -= 1;

@@ -229,6 +229,7 @@ impl State {
             bypass_count: 0,
         };
         self.index_live(&job);
+        self.relations.add(&job);
         self.jobs.insert(id, Box::new(job));
         Ok(id)
     }

@@ -148,6 +148,26 @@ impl Job {
         }
     }
 
+    /// The resources the job holds: its allocation's, or what it asks for while it holds
+    /// none (GPUs are not allocated yet, so count 0).
+    pub fn tres_held(&self) -> crate::tres::Tres {
+        match &self.alloc {
+            Some(a) => crate::tres::Tres {
+                cpus: a.cpus(),
+                memory: MiB(a
+                    .shares
+                    .iter()
+                    .fold(0u64, |m, s| m.saturating_add(s.memory.0))),
+                gpus: 0,
+            },
+            None => crate::tres::Tres {
+                cpus: self.cpus(),
+                memory: MiB(0),
+                gpus: 0,
+            },
+        }
+    }
+
     /// Eligible time accrued up to `now`.
     pub fn eligible_time(&self, now: TimeMs) -> Seconds {
         self.eligible_accrued

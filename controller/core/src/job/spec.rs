@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 
 use crate::ids::{AccountName, NodeName, PartitionName, QosName, UserName};
 use crate::job::array::ArraySpec;
@@ -71,8 +72,8 @@ pub struct WarnSignal {
 /// A submission, as parsed from the command line and directives.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
-    /// `-J`.
-    pub name: String,
+    /// `-J`. Text fields are [`SmolStr`]s: short ones (most) need no allocation of their own.
+    pub name: SmolStr,
     /// Who runs it (authenticated by the controller, not claimed by the client).
     pub user: UserName,
     /// `-A`; `None` = the user's default account.
@@ -122,11 +123,11 @@ pub struct JobSpec {
     /// `-x`: never these nodes.
     pub exclude: BTreeSet<NodeName>,
     /// `-D`.
-    pub work_dir: String,
+    pub work_dir: SmolStr,
     /// `-o`; `None` = `slurm-%j.out` (`slurm-%A_%a.out` for arrays).
-    pub stdout: Option<String>,
+    pub stdout: Option<SmolStr>,
     /// `-e`; `None` = same as stdout.
-    pub stderr: Option<String>,
+    pub stderr: Option<SmolStr>,
     /// The batch script.
     pub script: BlobId,
     /// The environment to export (`--export`), if any.
@@ -139,7 +140,7 @@ impl JobSpec {
     /// A minimal one-task job, as tests and benchmarks need by the thousand.
     pub fn simple(user: UserName, script: BlobId) -> JobSpec {
         JobSpec {
-            name: "job".to_owned(),
+            name: SmolStr::new_static("job"),
             user,
             account: None,
             partition: None,
@@ -164,7 +165,7 @@ impl JobSpec {
             features: BTreeSet::new(),
             nodelist: BTreeSet::new(),
             exclude: BTreeSet::new(),
-            work_dir: "/".to_owned(),
+            work_dir: SmolStr::new_static("/"),
             stdout: None,
             stderr: None,
             script,

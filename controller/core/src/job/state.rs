@@ -183,6 +183,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Whether the reason can change with nothing but time passing: a begin time, or a
+    /// limit on the processor-seconds or cpu-minutes that running jobs still have to run.
+    pub fn depends_on_time(self) -> bool {
+        matches!(
+            self,
+            Reason::BeginTime
+                | Reason::MaxPsSoftLimit
+                | Reason::MaxPsHardLimit
+                | Reason::QosGrpCpuRunMinutesLimit
+                | Reason::AssocGrpCpuRunMinutesLimit
+        )
+    }
+
     /// The name squeue prints in parentheses.
     pub fn name(self) -> &'static str {
         match self {
