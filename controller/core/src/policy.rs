@@ -509,9 +509,7 @@ impl State {
         }
         // Association limits: the user's own association, then each account up the tree
         // (walked without allocating; the tree has no cycles, and the walk is bounded anyway).
-        let Some(account) = account else {
-            return None;
-        };
+        let account = account?;
         if rules.assoc
             && let Some(max) = account.users.get(user).and_then(|ua| ua.limits.max_jobs)
             && nested(&running.per_assoc, &r.account, user).jobs >= u64::from(max)
