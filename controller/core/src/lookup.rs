@@ -8,7 +8,7 @@
 //! built the same map by different histories still write identical snapshots.
 //!
 //! Rule: code that iterates a `NameMap` must not let the iteration order reach replicated
-//! state or a response. Sort first (see `State::refresh_all_pending`) or only aggregate.
+//! state or a response. Sort first (see `State::users_with_live_jobs`) or only aggregate.
 
 use std::collections::HashMap;
 
