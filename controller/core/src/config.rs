@@ -92,6 +92,90 @@ pub enum ShuffleBy {
     Project,
 }
 
+/// How backfill protects the jobs ahead of a backfilled one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackfillMode {
+    /// No backfill: the main pass only (strict priority order, FCFS under basic priority).
+    Off,
+    /// EASY: only the first job that cannot start (per partition) gets a reservation.
+    Easy,
+    /// Conservative: every job considered, up to `reservation_depth`, gets a reservation.
+    Conservative,
+}
+
+/// The limits of the scheduling passes, in Slurm's `SchedulerParameters` vocabulary. Zero
+/// means unlimited wherever Slurm says so.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedParams {
+    /// Jobs the direct pass (on submission) considers (Slurm's default 100; GWDG 500).
+    pub default_queue_depth: u32,
+    /// Jobs per partition the main pass considers (0 = unlimited; GWDG 100).
+    pub partition_job_depth: u32,
+    pub backfill: BackfillMode,
+    /// Conservative backfill: how many jobs get reservations (0 = unlimited).
+    pub reservation_depth: u32,
+    /// How far ahead backfill plans (Slurm's bf_window, default 1 day; GWDG 2 days).
+    pub bf_window: Seconds,
+    /// The granularity of backfill's time slots (bf_resolution, default 60 s).
+    pub bf_resolution: Seconds,
+    /// Jobs backfill considers per pass (bf_max_job_test, default 500; GWDG 2000).
+    pub bf_max_job_test: u32,
+    /// Jobs backfill considers per user (bf_max_job_user; 0 = unlimited; GWDG 15).
+    pub bf_max_job_user: u32,
+    /// Jobs backfill considers per partition (bf_max_job_part; 0 = unlimited; GWDG 200).
+    pub bf_max_job_part: u32,
+    /// After yielding, resume with the next job of the same pass rather than starting over.
+    pub bf_continue: bool,
+}
+
+impl Default for SchedParams {
+    fn default() -> Self {
+        SchedParams {
+            default_queue_depth: 100,
+            partition_job_depth: 0,
+            backfill: BackfillMode::Easy,
+            reservation_depth: 0,
+            bf_window: Seconds::days(1),
+            bf_resolution: Seconds(60),
+            bf_max_job_test: 500,
+            bf_max_job_user: 0,
+            bf_max_job_part: 0,
+            bf_continue: false,
+        }
+    }
+}
+
+impl SchedParams {
+    /// GWDG's settings (seed 003).
+    pub fn gwdg() -> SchedParams {
+        SchedParams {
+            default_queue_depth: 500,
+            partition_job_depth: 100,
+            bf_window: Seconds::minutes(2880),
+            bf_max_job_test: 2000,
+            bf_max_job_user: 15,
+            bf_max_job_part: 200,
+            ..SchedParams::default()
+        }
+    }
+
+    /// No depth limit and one-second slots: the textbook algorithms, as `docket sim` tests.
+    pub fn unlimited(backfill: BackfillMode) -> SchedParams {
+        SchedParams {
+            default_queue_depth: 0,
+            partition_job_depth: 0,
+            backfill,
+            reservation_depth: 0,
+            bf_window: Seconds(u64::MAX / 4),
+            bf_resolution: Seconds(1),
+            bf_max_job_test: 0,
+            bf_max_job_user: 0,
+            bf_max_job_part: 0,
+            bf_continue: true,
+        }
+    }
+}
+
 /// Replicated scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SchedConfig {
@@ -119,6 +203,8 @@ pub struct SchedConfig {
     /// Jobs of a project whose grant is spent run in this QOS, uncharged (NCI's bonus). With
     /// none set, they wait (AccountGrantExhausted).
     pub bonus_qos: Option<QosName>,
+    /// The passes' limits.
+    pub sched: SchedParams,
 }
 
 impl Default for SchedConfig {
@@ -140,6 +226,7 @@ impl Default for SchedConfig {
             priority: crate::priority::PriorityConfig::default(),
             queue_ordering: QueueOrdering::Priority,
             bonus_qos: None,
+            sched: SchedParams::default(),
         }
     }
 }

@@ -695,6 +695,11 @@ impl RunningSummary {
         }
     }
 
+    /// Counts one more running task of `array_job` (a planned start of a pending task).
+    pub(crate) fn note_task_start(&mut self, array_job: JobId) {
+        *self.array_running.entry(array_job).or_default() += 1;
+    }
+
     pub(crate) fn array_running(&self, array_job: JobId) -> u32 {
         self.array_running.get(&array_job).copied().unwrap_or(0)
     }

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use crate::apply::{Rejection, Response};
 use crate::command::{EndCause, EndReport, StartDecision};
 use crate::ids::{JobId, NodeName};
-use crate::job::{Allocation, ArrayPart, JobState, MemoryRequest, NodeShare, Part, Reason};
+use crate::job::{Allocation, ArrayPart, JobState, NodeShare, Part, Reason};
 use crate::node::NodeUse;
 use crate::policy::Affected;
 use crate::policy::{DepStatus, stop_eligible_clock};
@@ -184,8 +184,6 @@ impl State {
         if !partition.up {
             return Err(stale(format!("partition {} is down", partition.name)));
         }
-        let n = u64::from(spec.nodes);
-        let (base, extra) = (u64::from(spec.ntasks) / n, u64::from(spec.ntasks) % n);
         let mut shares = Vec::with_capacity(nodes.len());
         for (k, name) in nodes.iter().enumerate() {
             let node = self
@@ -207,25 +205,9 @@ impl State {
             if !spec.features.is_subset(&node.spec.features) {
                 return Err(stale(format!("node {name} lacks a requested feature")));
             }
-            let tasks = base + u64::from((k as u64) < extra);
-            let mut cpus = tasks * u64::from(spec.cpus_per_task);
-            if spec.exclusive {
-                cpus = u64::from(node.spec.cpus);
-            }
-            let cpus = u32::try_from(cpus).map_err(|_| stale("cpu count overflows".into()))?;
-            let memory = match job.resolved.memory {
-                MemoryRequest::PerNode(m) => m,
-                MemoryRequest::PerCpu(m) => m
-                    .checked_mul(u64::from(cpus))
-                    .ok_or_else(|| stale("memory overflows".into()))?,
-                MemoryRequest::WholeNode => node.spec.memory,
-            };
-            let want = NodeUse {
-                cpus,
-                memory,
-                jobfs: job.resolved.jobfs,
-                exclusive: spec.exclusive,
-            };
+            let want = crate::request::node_use(job, k, &node.spec)
+                .ok_or_else(|| stale("cpu or memory count overflows".into()))?;
+            let (cpus, memory) = (want.cpus, want.memory);
             if !node.fits(&want) {
                 return Err(stale(format!(
                     "node {name} has no room for {cpus} cpus, {memory} memory, {} jobfs",

@@ -1,0 +1,58 @@
+//! The planners the leader runs: read the state, decide which jobs start where, and return
+//! the decisions as commands for apply to re-validate (a plan made on a state that has since
+//! changed is refused, never half-applied).
+//!
+//! Passes (seed 003, Slurm's `sched_config`):
+//! - the *direct* pass, on submission: the main pass bounded by `default_queue_depth`;
+//! - the *main* pass, every `sched_interval`: jobs in order of consideration, at most
+//!   `partition_job_depth` per partition, and a partition stops at its first job that cannot
+//!   start, so nothing overtakes it there;
+//! - the *backfill* pass (EASY or conservative reservations within `bf_window`).
+//!
+//! Every pass polls a [`Budget`] before each job. Told to stop, it returns its decisions and
+//! a [`Continuation`]: the rest of the order it computed when it began, and its counters.
+//! Handed back, the pass resumes there (Slurm's `bf_continue`), skipping jobs that started,
+//! ended or were blocked meanwhile.
+
+pub mod budget;
+pub mod main_pass;
+pub mod pool;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::command::StartDecision;
+use crate::ids::{JobId, PartitionName};
+
+pub use budget::{Budget, JobCount, Unlimited};
+pub use pool::Pool;
+
+/// What a pass decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Start these, in this order (one `StartJobs` command).
+    pub starts: Vec<StartDecision>,
+    /// `Some` when the budget stopped the pass before the end of its order.
+    pub continuation: Option<Continuation>,
+    /// Jobs (array tasks counting one each) the pass looked at.
+    pub considered: u64,
+}
+
+/// Where a stopped pass resumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Continuation {
+    /// The jobs not yet considered, first next.
+    pub(crate) rest: Vec<JobId>,
+    /// Partitions whose first job that could not start has been met.
+    pub(crate) blocked: BTreeSet<PartitionName>,
+    /// Jobs considered so far per partition (for `partition_job_depth`).
+    pub(crate) depth: BTreeMap<PartitionName, u32>,
+    /// Jobs considered so far in all.
+    pub(crate) considered: u64,
+}
+
+impl Continuation {
+    /// Jobs still to consider.
+    pub fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+}

@@ -1,0 +1,230 @@
+//! The main and direct passes: placement, the order they follow, the limits they keep, and
+//! that apply accepts what they plan (and refuses it once stale).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Cluster, jr, name};
+use docket_core::config::SchedConfig;
+use docket_core::job::{ArraySpec, JobRef, JobState};
+use docket_core::partition::Partition;
+use docket_core::plan::{JobCount, Plan, Unlimited};
+use docket_core::qos::Qos;
+use docket_core::{Command, JobId, Response};
+
+fn cluster(nodes: u32) -> Cluster {
+    Cluster::new(SchedConfig::default(), nodes)
+}
+
+/// Applies a plan's starts and returns what apply answered.
+fn apply_plan(c: &mut Cluster, plan: &Plan) -> Vec<Result<JobId, docket_core::Rejection>> {
+    match c.ok(Command::StartJobs(plan.starts.clone())) {
+        Response::Started(r) => r,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn started(plan: &Plan) -> Vec<(JobRef, Vec<String>)> {
+    plan.starts
+        .iter()
+        .map(|d| (d.job, d.nodes.iter().map(|n| n.to_string()).collect()))
+        .collect()
+}
+
+fn spec_cpus(c: &Cluster, user: &str, ntasks: u32) -> docket_core::job::JobSpec {
+    let mut s = c.spec(user);
+    s.ntasks = ntasks;
+    s
+}
+
+#[test]
+fn best_fit_fills_the_fullest_node_that_fits() {
+    let mut c = cluster(3);
+    let busy = c.submit(vec![spec_cpus(&c, "alice", 12)])[0];
+    c.start(jr(busy), &["n002"]).unwrap();
+    let j = c.submit(vec![spec_cpus(&c, "bob", 4)])[0];
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert_eq!(started(&plan), vec![(jr(j), vec!["n002".to_string()])]);
+    // A 5-cpu job no longer fits there: it takes the first empty node.
+    let k = c.submit(vec![spec_cpus(&c, "bob", 5)])[0];
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert_eq!(
+        started(&plan),
+        vec![
+            (jr(j), vec!["n002".to_string()]),
+            (jr(k), vec!["n001".to_string()])
+        ]
+    );
+    assert!(apply_plan(&mut c, &plan).iter().all(Result::is_ok));
+    assert_eq!(c.job(k).state, JobState::Running);
+}
+
+#[test]
+fn multi_node_and_exclusive_jobs_get_whole_shares() {
+    let mut c = cluster(3);
+    let small = c.submit(vec![spec_cpus(&c, "alice", 1)])[0];
+    c.start(jr(small), &["n001"]).unwrap();
+    let mut wide = spec_cpus(&c, "bob", 20);
+    wide.nodes = 2;
+    let mut excl = spec_cpus(&c, "bob", 1);
+    excl.exclusive = true;
+    let ids = c.submit(vec![wide, excl]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    // 20 tasks on 2 nodes: 10 + 10; best fit puts the first share on the busy n001.
+    assert_eq!(
+        started(&plan)[0],
+        (jr(ids[0]), vec!["n001".to_string(), "n002".to_string()])
+    );
+    // The exclusive job needs an empty node: only n003 is.
+    assert_eq!(started(&plan)[1], (jr(ids[1]), vec!["n003".to_string()]));
+    let r = apply_plan(&mut c, &plan);
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    assert_eq!(c.state.nodes[&name("n003")].used_cpus(), 16);
+}
+
+#[test]
+fn a_partition_stops_at_its_first_job_that_cannot_start() {
+    let mut c = cluster(2);
+    // A second partition on the same nodes, so overlapping partitions are exercised.
+    let mut other = Partition::new(
+        name("other"),
+        c.state.partitions[&name("work")].nodes.clone(),
+    );
+    other.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
+    c.ok(Command::UpsertPartition(Box::new(other)));
+    let busy = c.submit(vec![spec_cpus(&c, "alice", 8)])[0];
+    c.start(jr(busy), &["n001"]).unwrap();
+    let mut big = spec_cpus(&c, "alice", 32);
+    big.nodes = 2; // needs both nodes whole: cannot start
+    let small = spec_cpus(&c, "bob", 1);
+    let mut elsewhere = spec_cpus(&c, "bob", 1);
+    elsewhere.partition = Some(name("other"));
+    let ids = c.submit(vec![big]);
+    let more = c.submit(vec![small, elsewhere]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    // The small job in `work` may not overtake the big one; the one in `other` starts.
+    assert_eq!(started(&plan).len(), 1, "{plan:?}");
+    assert_eq!(plan.starts[0].job, jr(more[1]));
+    assert_eq!(c.job(ids[0]).state, JobState::Pending);
+}
+
+#[test]
+fn partition_job_depth_bounds_the_jobs_considered_per_partition() {
+    let mut config = SchedConfig::default();
+    config.sched.partition_job_depth = 2;
+    let mut c = Cluster::new(config, 2);
+    c.submit(vec![spec_cpus(&c, "alice", 1); 5]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.starts.len(), 2);
+    assert_eq!(plan.considered, 2);
+}
+
+#[test]
+fn the_direct_pass_considers_default_queue_depth_jobs() {
+    let mut config = SchedConfig::default();
+    config.sched.default_queue_depth = 3;
+    let mut c = Cluster::new(config, 2);
+    c.submit(vec![spec_cpus(&c, "alice", 1); 5]);
+    let plan = c.state.direct_pass(c.now, &mut Unlimited);
+    assert_eq!(plan.starts.len(), 3);
+    assert!(plan.continuation.is_none());
+}
+
+#[test]
+fn a_stopped_pass_resumes_where_it_stopped() {
+    let mut c = cluster(2);
+    let ids = c.submit(vec![spec_cpus(&c, "alice", 1); 4]);
+    let first = c.state.main_pass(c.now, &mut JobCount::new(1), None);
+    assert_eq!(
+        started(&first),
+        vec![(jr(ids[0]), vec!["n001".to_string()])]
+    );
+    let cont = first.continuation.clone().expect("stopped early");
+    assert_eq!(cont.remaining(), 3);
+    // The first decision is committed meanwhile; the pass resumes with the next job.
+    assert!(apply_plan(&mut c, &first).iter().all(Result::is_ok));
+    let rest = c.state.main_pass(c.now, &mut Unlimited, Some(cont));
+    let jobs: Vec<JobRef> = rest.starts.iter().map(|d| d.job).collect();
+    assert_eq!(jobs, vec![jr(ids[1]), jr(ids[2]), jr(ids[3])]);
+    assert!(rest.continuation.is_none());
+    // Every job landed on n001 (best fit) until it filled.
+    assert!(apply_plan(&mut c, &rest).iter().all(Result::is_ok));
+    assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 4);
+}
+
+#[test]
+fn limits_count_the_starts_of_the_same_pass() {
+    let mut c = cluster(2);
+    let mut q = Qos::new(name("normal"));
+    q.limits.max_jobs_per_user = Some(1);
+    c.ok(Command::UpsertQos(Box::new(q)));
+    let alice = c.submit(vec![spec_cpus(&c, "alice", 1); 2]);
+    let bob = c.submit(vec![spec_cpus(&c, "bob", 1)]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    let jobs: Vec<JobRef> = plan.starts.iter().map(|d| d.job).collect();
+    // Alice's second job is held by the QOS limit, which does not stop the partition.
+    assert_eq!(jobs, vec![jr(alice[0]), jr(bob[0])]);
+    assert!(apply_plan(&mut c, &plan).iter().all(Result::is_ok));
+}
+
+#[test]
+fn array_tasks_start_up_to_the_throttle() {
+    let mut c = cluster(2);
+    let mut s = spec_cpus(&c, "alice", 1);
+    let mut a = ArraySpec::parse("0-9", 1001).unwrap();
+    a.throttle = Some(3);
+    s.array = Some(a);
+    let id = c.submit(vec![s])[0];
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    let tasks: Vec<Option<u32>> = plan.starts.iter().map(|d| d.job.task).collect();
+    assert_eq!(tasks, vec![Some(0), Some(1), Some(2)]);
+    assert!(plan.starts.iter().all(|d| d.job.job == id));
+    let r = apply_plan(&mut c, &plan);
+    assert!(r.iter().all(Result::is_ok), "{r:?}");
+    // Nothing more until a task ends.
+    assert!(
+        c.state
+            .main_pass(c.now, &mut Unlimited, None)
+            .starts
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_higher_tier_partition_gets_the_last_free_cpus() {
+    let mut c = cluster(1);
+    let mut test = Partition::new(
+        name("test"),
+        c.state.partitions[&name("work")].nodes.clone(),
+    );
+    test.priority_tier = 100;
+    test.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
+    c.ok(Command::UpsertPartition(Box::new(test)));
+    let normal = c.submit(vec![spec_cpus(&c, "alice", 16)])[0];
+    let mut urgent = spec_cpus(&c, "bob", 16);
+    urgent.partition = Some(name("test"));
+    let urgent = c.submit(vec![urgent])[0];
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.starts.len(), 1);
+    assert_eq!(plan.starts[0].job, jr(urgent));
+    assert_eq!(c.job(normal).state, JobState::Pending);
+}
+
+#[test]
+fn a_stale_plan_is_refused_whole_job_by_job() {
+    let mut c = cluster(1);
+    let ids = c.submit(vec![spec_cpus(&c, "alice", 16), spec_cpus(&c, "alice", 16)]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.starts.len(), 1);
+    // Meanwhile another decision gave the node to the second job.
+    c.start(jr(ids[1]), &["n001"]).unwrap();
+    let before = c.snapshot();
+    let r = apply_plan(&mut c, &plan);
+    assert!(r[0].is_err(), "{r:?}");
+    let mut after = c.state.clone();
+    after.applied = Default::default();
+    let mut b = docket_core::State::from_snapshot(&before).unwrap();
+    b.applied = Default::default();
+    assert_eq!(after.to_snapshot().unwrap(), b.to_snapshot().unwrap());
+}
