@@ -6,12 +6,9 @@
 //! limit on what their owner runs do not stop their partition, as in Slurm. The limits count
 //! the starts this pass has already decided, so a plan never exceeds them.
 
-use std::collections::BTreeSet;
-
-use crate::command::StartDecision;
-use crate::job::{ArrayPart, Job, JobRef, JobState, Part, Reason};
-use crate::plan::{Budget, Continuation, Plan, Pool};
-use crate::policy::{DepStatus, RunningSummary};
+use crate::job::{JobState, Part, Reason};
+use crate::plan::pass::{Outcome, Pass};
+use crate::plan::{Budget, Continuation, Plan};
 use crate::quantity::TimeMs;
 use crate::state::State;
 
@@ -46,14 +43,7 @@ impl State {
             ..Continuation::default()
         });
         let rest = std::mem::take(&mut cont.rest);
-        let mut pass = Pass {
-            state: self,
-            now,
-            pool: Pool::new(self),
-            running: self.running_summary(now),
-            soft_lifted: self.nothing_else_eligible(),
-            plan: Plan::default(),
-        };
+        let mut pass = Pass::new(self, now);
         let per_partition = self.config.sched.partition_job_depth;
         for (k, &id) in rest.iter().enumerate() {
             if total.is_some_and(|t| cont.considered >= t) {
@@ -88,100 +78,9 @@ impl State {
     }
 
     /// HPC2N's rule for the soft MAXPS limit: lifted only when no job is eligible otherwise.
-    fn nothing_else_eligible(&self) -> bool {
+    pub(crate) fn nothing_else_eligible(&self) -> bool {
         !self.jobs.values().any(|j| {
             j.state == JobState::Pending && j.part == Part::Idle && j.reason == Reason::None
         })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// Started (for an array, at least one task; the rest stopped by a limit).
-    Started,
-    /// A limit on what the owner runs holds it back; its partition goes on.
-    Limited,
-    /// No nodes for it now: its partition stops.
-    NoResources,
-}
-
-/// One pass's working state: what is free and what runs, with its own decisions counted.
-struct Pass<'a> {
-    state: &'a State,
-    now: TimeMs,
-    pool: Pool<'a>,
-    running: RunningSummary,
-    soft_lifted: bool,
-    plan: Plan,
-}
-
-impl Pass<'_> {
-    fn limited(&self, job: &Job) -> bool {
-        match self.state.start_blocker(job, &self.running) {
-            None => false,
-            Some(Reason::MaxPsSoftLimit) => !self.soft_lifted,
-            Some(_) => true,
-        }
-    }
-
-    fn record(&mut self, job: &Job, target: JobRef, nodes: Vec<crate::ids::NodeName>) {
-        self.plan.starts.push(StartDecision { job: target, nodes });
-        self.running.add_job(job, &self.state.accounts, self.now);
-        if target.task.is_some() {
-            self.running.note_task_start(job.id);
-        }
-    }
-
-    fn try_start(&mut self, job: &Job) -> Outcome {
-        self.plan.considered += 1;
-        if self.limited(job) {
-            return Outcome::Limited;
-        }
-        let Some(ArrayPart::Master { pending, throttle }) = &job.array else {
-            return match self.pool.place(job) {
-                Some(nodes) => {
-                    let target = JobRef {
-                        job: job.id,
-                        task: None,
-                    };
-                    self.record(job, target, nodes);
-                    Outcome::Started
-                }
-                None => Outcome::NoResources,
-            };
-        };
-        // An array: its pending tasks one by one, while the throttle, limits and nodes allow.
-        let mut started: BTreeSet<u32> = BTreeSet::new();
-        for index in pending.iter() {
-            if let Some(t) = throttle
-                && self.running.array_running(job.id) >= *t
-            {
-                break;
-            }
-            if !started.is_empty() && self.limited(job) {
-                break;
-            }
-            if self.state.dependency_status(job, Some(index), self.now) != DepStatus::Satisfied {
-                continue; // aftercorr: this task's partner has not finished well
-            }
-            let Some(nodes) = self.pool.place(job) else {
-                return if started.is_empty() {
-                    Outcome::NoResources
-                } else {
-                    Outcome::Started
-                };
-            };
-            started.insert(index);
-            let target = JobRef {
-                job: job.id,
-                task: Some(index),
-            };
-            self.record(job, target, nodes);
-        }
-        if started.is_empty() {
-            Outcome::Limited
-        } else {
-            Outcome::Started
-        }
     }
 }

@@ -14,17 +14,20 @@
 //! Handed back, the pass resumes there (Slurm's `bf_continue`), skipping jobs that started,
 //! ended or were blocked meanwhile.
 
+pub mod backfill;
 pub mod budget;
 pub mod main_pass;
+mod pass;
 pub mod pool;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::command::StartDecision;
-use crate::ids::{JobId, PartitionName};
+use crate::ids::{JobId, PartitionName, UserName};
+use crate::job::JobRef;
 
 pub use budget::{Budget, JobCount, Unlimited};
-pub use pool::Pool;
+pub use pool::{Placement, Pool};
 
 /// What a pass decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,6 +38,9 @@ pub struct Plan {
     pub continuation: Option<Continuation>,
     /// Jobs (array tasks counting one each) the pass looked at.
     pub considered: u64,
+    /// Backfill: the jobs that cannot start now and when and where they are expected to
+    /// (what no backfilled job may delay; `squeue --start` shows them).
+    pub reservations: Vec<(JobRef, Placement)>,
 }
 
 /// Where a stopped pass resumes.
@@ -48,6 +54,11 @@ pub struct Continuation {
     pub(crate) depth: BTreeMap<PartitionName, u32>,
     /// Jobs considered so far in all.
     pub(crate) considered: u64,
+    /// Backfill: jobs considered so far per user (for `bf_max_job_user`).
+    pub(crate) per_user: BTreeMap<UserName, u32>,
+    /// Backfill: reservations made so far, kept across a yield so that jobs planned after
+    /// it still cannot delay them.
+    pub(crate) reservations: Vec<(JobRef, Placement)>,
 }
 
 impl Continuation {

@@ -1,61 +1,144 @@
-//! The resources free right now, node by node, and best-fit placement on them.
+//! What each node has free now and, as running jobs end and planned jobs start, later:
+//! the availability profile the planners place jobs on.
 //!
-//! Built once per pass from the state; every start the pass decides takes its share out, so
-//! later jobs in the same pass see what is left. Placement mirrors what apply checks
+//! Built once per pass from the state. Each node keeps what it has free now and a short
+//! list of changes ahead of it: resources coming back when a running job reaches its time
+//! limit, and taken and given back by each start or reservation the pass plans. A job fits
+//! on a node over `[start, end)` when what is free at `start`, and after every change inside
+//! the interval, covers its share. Placement mirrors what apply checks
 //! ([`crate::request::node_use`], partition membership, admin state, features, exclusions,
 //! required nodes), so a plan made on an unchanged state is always accepted.
 //!
 //! Best fit: each of the job's node shares, largest first, goes to the usable node that
-//! would have the fewest cpus left (then the least memory, then name order). Whole nodes
-//! stay whole for the jobs that need them.
+//! would have the fewest cpus left at the start (then the least memory, then name order).
+//! Whole nodes stay whole for the jobs that need them.
+//!
+//! Conservative assumptions: a suspended job holds its node until further notice, a job
+//! without a time limit holds it for ever, and a job past its limit gives it back no sooner
+//! than a moment from now (never *now*, which would plan on resources still held).
 
 use std::collections::BTreeMap;
 
 use crate::ids::{NodeName, PartitionName};
-use crate::job::Job;
+use crate::job::{Job, JobState};
 use crate::node::{Node, NodeUse};
-use crate::quantity::MiB;
+use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
 
-/// One node's free resources.
-#[derive(Debug, Clone, Copy)]
+/// A node's free resources at one instant.
+#[derive(Debug, Clone, Copy, Default)]
 struct Free {
-    cpus: u32,
-    memory: MiB,
-    jobfs: MiB,
-    /// Nothing runs here: an exclusive job may take it.
-    empty: bool,
-    /// An exclusive job holds it, or it is drained or down: nothing may start here.
-    closed: bool,
+    cpus: i64,
+    memory: i64,
+    jobfs: i64,
+    /// Jobs holding resources here.
+    holders: i32,
+    /// Exclusive jobs holding the node.
+    exclusive: i32,
 }
 
-/// Free resources of every node, with each partition's members.
+impl Free {
+    fn apply(&mut self, c: &Change) {
+        self.cpus += c.cpus;
+        self.memory += c.memory;
+        self.jobfs += c.jobfs;
+        self.holders += c.holders;
+        self.exclusive += c.exclusive;
+    }
+
+    fn fits(&self, want: &NodeUse) -> bool {
+        self.exclusive == 0
+            && (!want.exclusive || self.holders == 0)
+            && i64::from(want.cpus) <= self.cpus
+            && i64::try_from(want.memory.0).is_ok_and(|m| m <= self.memory)
+            && i64::try_from(want.jobfs.0).is_ok_and(|j| j <= self.jobfs)
+    }
+}
+
+/// Resources returned (positive) or taken (negative) at `at`.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    at: TimeMs,
+    cpus: i64,
+    memory: i64,
+    jobfs: i64,
+    holders: i32,
+    exclusive: i32,
+}
+
+impl Change {
+    fn of(at: TimeMs, u: &NodeUse, sign: i64) -> Change {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Change {
+            at,
+            cpus: sign * i64::from(u.cpus),
+            memory: sign * clamp(u.memory.0),
+            jobfs: sign * clamp(u.jobfs.0),
+            holders: -(sign as i32),
+            exclusive: if u.exclusive { -(sign as i32) } else { 0 },
+        }
+    }
+
+    fn takes(&self) -> bool {
+        self.holders > 0
+    }
+}
+
+/// One planned use of nodes: a start now or a reservation later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub nodes: Vec<NodeName>,
+    pub start: TimeMs,
+    pub end: TimeMs,
+}
+
+/// The availability profile of every node, with each partition's members.
 #[derive(Debug)]
 pub struct Pool<'a> {
+    now: TimeMs,
     nodes: Vec<&'a Node>,
+    /// Free now (everything planned to start now already taken out).
     free: Vec<Free>,
+    /// Drained or down: nothing starts here.
+    closed: Vec<bool>,
+    /// Changes after now, per node, in time order (returns before takes at one instant).
+    changes: Vec<Vec<Change>>,
     index: BTreeMap<&'a NodeName, usize>,
     members: BTreeMap<&'a PartitionName, Vec<usize>>,
 }
 
 impl<'a> Pool<'a> {
-    pub fn new(state: &'a State) -> Pool<'a> {
+    pub fn new(state: &'a State, now: TimeMs) -> Pool<'a> {
         let nodes: Vec<&Node> = state.nodes.values().collect();
-        let free = nodes
-            .iter()
-            .map(|n| Free {
-                cpus: n.spec.cpus.saturating_sub(n.used_cpus()),
-                memory: n.spec.memory.saturating_sub(n.used_memory()),
-                jobfs: n.spec.jobfs.saturating_sub(n.used_jobfs()),
-                empty: n.jobs.is_empty(),
-                closed: !n.accepts_jobs() || n.is_exclusively_held(),
-            })
-            .collect();
         let index: BTreeMap<&NodeName, usize> = nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (&n.spec.name, i))
             .collect();
+        let mut free: Vec<Free> = nodes
+            .iter()
+            .map(|n| Free {
+                cpus: i64::from(n.spec.cpus),
+                memory: i64::try_from(n.spec.memory.0).unwrap_or(i64::MAX),
+                jobfs: i64::try_from(n.spec.jobfs.0).unwrap_or(i64::MAX),
+                holders: 0,
+                exclusive: 0,
+            })
+            .collect();
+        let mut changes: Vec<Vec<Change>> = vec![Vec::new(); nodes.len()];
+        // Never plan on something still held: returns happen no sooner than just after now.
+        let soonest = TimeMs(now.0.saturating_add(1));
+        for (i, node) in nodes.iter().enumerate() {
+            for (id, u) in &node.jobs {
+                free[i].apply(&Change::of(now, u, -1));
+                let end = state.jobs.get(id).and_then(|j| expected_end(j, now));
+                if let Some(end) = end {
+                    changes[i].push(Change::of(end.max(soonest), u, 1));
+                }
+            }
+            changes[i].sort_by_key(|c| (c.at, c.takes()));
+        }
+        let closed = nodes.iter().map(|n| !n.accepts_jobs()).collect();
         let members = state
             .partitions
             .values()
@@ -69,47 +152,163 @@ impl<'a> Pool<'a> {
             })
             .collect();
         Pool {
+            now,
             nodes,
             free,
+            closed,
+            changes,
             index,
             members,
         }
     }
 
-    /// Free cpus on the partition's usable nodes (for reports and quick checks).
+    pub fn now(&self) -> TimeMs {
+        self.now
+    }
+
+    /// Free cpus now on the partition's usable nodes.
     pub fn free_cpus(&self, partition: &PartitionName) -> u64 {
         self.members.get(partition).map_or(0, |m| {
             m.iter()
-                .filter(|&&i| !self.free[i].closed)
-                .map(|&i| u64::from(self.free[i].cpus))
+                .filter(|&&i| !self.closed[i] && self.free[i].exclusive == 0)
+                .map(|&i| u64::try_from(self.free[i].cpus).unwrap_or(0))
                 .sum()
         })
     }
 
-    /// Finds nodes for `job` now and takes its shares out of the pool. `None` (and the pool
-    /// unchanged) when it does not fit.
-    pub fn place(&mut self, job: &Job) -> Option<Vec<NodeName>> {
-        let chosen = self.fit(job)?;
-        for (position, &i) in chosen.iter().enumerate() {
-            if let Some(want) = crate::request::node_use(job, position, &self.nodes[i].spec) {
-                let f = &mut self.free[i];
-                f.cpus = f.cpus.saturating_sub(want.cpus);
-                f.memory = f.memory.saturating_sub(want.memory);
-                f.jobfs = f.jobfs.saturating_sub(want.jobfs);
-                f.empty = false;
-                f.closed |= want.exclusive;
-            }
-        }
-        Some(
-            chosen
-                .into_iter()
-                .map(|i| self.nodes[i].spec.name.clone())
-                .collect(),
-        )
+    /// Finds nodes for `job` from now for `duration` (`None` = for ever) and takes them.
+    /// `None`, and the pool unchanged, when it does not fit now.
+    pub fn place(&mut self, job: &Job, duration: Option<Seconds>) -> Option<Vec<NodeName>> {
+        let end = duration.map(|d| self.now.plus(d));
+        let chosen = self.fit(job, self.now, end)?;
+        self.take(job, &chosen, self.now, end);
+        Some(self.names(&chosen))
     }
 
-    /// The nodes `job` would get now, in share order, without taking anything.
-    fn fit(&self, job: &Job) -> Option<Vec<usize>> {
+    /// The earliest start at or after now, among the instants nodes come free (rounded up to
+    /// `resolution`, no later than `horizon`), at which `job` fits for `duration`; takes
+    /// those nodes from then on. `None` when it fits nowhere before the horizon.
+    pub fn reserve(
+        &mut self,
+        job: &Job,
+        duration: Option<Seconds>,
+        resolution: Seconds,
+        horizon: TimeMs,
+    ) -> Option<Placement> {
+        let members = self.members.get(&job.resolved.partition)?;
+        let step = resolution.0.max(1) * 1000;
+        let round_up = |t: TimeMs| {
+            let after = t.0.saturating_sub(self.now.0);
+            TimeMs(
+                self.now
+                    .0
+                    .saturating_add(after.div_ceil(step).saturating_mul(step)),
+            )
+        };
+        let mut candidates: Vec<TimeMs> = std::iter::once(self.now)
+            .chain(
+                members
+                    .iter()
+                    .flat_map(|&i| self.changes[i].iter())
+                    .filter(|c| !c.takes())
+                    .map(|c| round_up(c.at)),
+            )
+            .filter(|t| *t <= horizon)
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        for start in candidates {
+            let end = duration.map(|d| start.plus(d));
+            if let Some(chosen) = self.fit(job, start, end) {
+                self.take(job, &chosen, start, end);
+                return Some(Placement {
+                    nodes: self.names(&chosen),
+                    start,
+                    end: end.unwrap_or(TimeMs(u64::MAX)),
+                });
+            }
+        }
+        None
+    }
+
+    /// Takes a placement made earlier (a reservation from before a yield) again, if its
+    /// nodes still exist and still fit it; `false` (and nothing taken) otherwise.
+    pub fn hold(&mut self, job: &Job, placement: &Placement) -> bool {
+        let Some(chosen) = placement
+            .nodes
+            .iter()
+            .map(|n| self.index.get(n).copied())
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return false;
+        };
+        let end = (placement.end != TimeMs(u64::MAX)).then_some(placement.end);
+        let start = placement.start.max(self.now);
+        let fits = chosen.iter().enumerate().all(|(position, &i)| {
+            crate::request::node_use(job, position, &self.nodes[i].spec)
+                .is_some_and(|want| self.fits_over(i, &want, start, end).is_some())
+        });
+        if fits {
+            self.take(job, &chosen, start, end);
+        }
+        fits
+    }
+
+    fn names(&self, chosen: &[usize]) -> Vec<NodeName> {
+        chosen
+            .iter()
+            .map(|&i| self.nodes[i].spec.name.clone())
+            .collect()
+    }
+
+    /// Takes `job`'s shares on `chosen` over `[start, end)`.
+    fn take(&mut self, job: &Job, chosen: &[usize], start: TimeMs, end: Option<TimeMs>) {
+        for (position, &i) in chosen.iter().enumerate() {
+            let Some(want) = crate::request::node_use(job, position, &self.nodes[i].spec) else {
+                continue;
+            };
+            if start <= self.now {
+                self.free[i].apply(&Change::of(start, &want, -1));
+            } else {
+                insert(&mut self.changes[i], Change::of(start, &want, -1));
+            }
+            if let Some(end) = end {
+                insert(&mut self.changes[i], Change::of(end, &want, 1));
+            }
+        }
+    }
+
+    /// Does `want` fit on node `i` over `[start, end)`? If so, what is free there at `start`.
+    fn fits_over(
+        &self,
+        i: usize,
+        want: &NodeUse,
+        start: TimeMs,
+        end: Option<TimeMs>,
+    ) -> Option<Free> {
+        let mut f = self.free[i];
+        let changes = &self.changes[i];
+        let mut k = 0;
+        while k < changes.len() && changes[k].at <= start {
+            f.apply(&changes[k]);
+            k += 1;
+        }
+        if !f.fits(want) {
+            return None;
+        }
+        let at_start = f;
+        while k < changes.len() && end.is_none_or(|e| changes[k].at < e) {
+            f.apply(&changes[k]);
+            if changes[k].takes() && !f.fits(want) {
+                return None;
+            }
+            k += 1;
+        }
+        Some(at_start)
+    }
+
+    /// The nodes `job` would get over `[start, end)`, in share order, without taking them.
+    fn fit(&self, job: &Job, start: TimeMs, end: Option<TimeMs>) -> Option<Vec<usize>> {
         let spec = &job.spec;
         let members = self.members.get(&job.resolved.partition)?;
         let wanted = spec.nodes as usize;
@@ -118,16 +317,9 @@ impl<'a> Pool<'a> {
         }
         let usable = |i: usize| {
             let n = self.nodes[i];
-            !self.free[i].closed
+            !self.closed[i]
                 && !spec.exclude.contains(&n.spec.name)
                 && spec.features.is_subset(&n.spec.features)
-        };
-        let fits = |i: usize, want: &NodeUse| {
-            let f = &self.free[i];
-            (!want.exclusive || f.empty)
-                && want.cpus <= f.cpus
-                && want.memory <= f.memory
-                && want.jobfs <= f.jobfs
         };
         let mut chosen: Vec<usize> = Vec::with_capacity(wanted);
         // Required nodes (`-w`) take the first shares, in name order.
@@ -137,16 +329,14 @@ impl<'a> Pool<'a> {
                 return None;
             }
             let want = crate::request::node_use(job, chosen.len(), &self.nodes[i].spec)?;
-            if !fits(i, &want) {
-                return None;
-            }
+            self.fits_over(i, &want, start, end)?;
             chosen.push(i);
         }
         // The rest by best fit. Shares only shrink with position, so filling positions in
         // order gives the largest shares the first pick.
         while chosen.len() < wanted {
             let position = chosen.len();
-            let mut best: Option<(u32, MiB, usize)> = None;
+            let mut best: Option<(i64, i64, usize)> = None;
             for &i in members {
                 if chosen.contains(&i) || !usable(i) {
                     continue;
@@ -155,11 +345,15 @@ impl<'a> Pool<'a> {
                 else {
                     continue;
                 };
-                if !fits(i, &want) {
+                let Some(f) = self.fits_over(i, &want, start, end) else {
                     continue;
-                }
-                let f = &self.free[i];
-                let left = (f.cpus - want.cpus, f.memory.saturating_sub(want.memory), i);
+                };
+                let left = (
+                    f.cpus - i64::from(want.cpus),
+                    f.memory
+                        .saturating_sub(i64::try_from(want.memory.0).unwrap_or(i64::MAX)),
+                    i,
+                );
                 if best.is_none_or(|b| left < b) {
                     best = Some(left);
                 }
@@ -168,4 +362,24 @@ impl<'a> Pool<'a> {
         }
         Some(chosen)
     }
+}
+
+/// Keeps a node's changes in time order, returns before takes at one instant.
+fn insert(changes: &mut Vec<Change>, c: Change) {
+    let key = (c.at, c.takes());
+    let at = changes.partition_point(|x| (x.at, x.takes()) <= key);
+    changes.insert(at, c);
+}
+
+/// When a job holding resources will give them back, if it is known: at its time limit
+/// (walltime does not run while suspended, so a suspended job's end is unknown).
+fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
+    if job.state == JobState::Suspended {
+        return None;
+    }
+    if job.state == JobState::Completing {
+        return Some(now);
+    }
+    let limit = job.resolved.time_limit?;
+    Some(now.plus(limit.saturating_sub(job.run_time(now))))
 }

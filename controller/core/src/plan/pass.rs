@@ -1,0 +1,114 @@
+//! One pass's working state, shared by the main and backfill passes: the availability
+//! profile, what runs (with the pass's own starts counted, so limits hold within a plan),
+//! and the decisions so far.
+
+use std::collections::BTreeSet;
+
+use crate::command::StartDecision;
+use crate::job::{ArrayPart, Job, JobRef, Reason};
+use crate::plan::{Plan, Pool};
+use crate::policy::{DepStatus, RunningSummary};
+use crate::quantity::TimeMs;
+use crate::state::State;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Started (for an array, at least one task; the rest stopped by a limit).
+    Started,
+    /// A limit on what the owner runs holds it back; its partition goes on.
+    Limited,
+    /// No nodes for it now: its partition stops.
+    NoResources,
+}
+
+/// One pass's working state: what is free and what runs, with its own decisions counted.
+pub(crate) struct Pass<'a> {
+    pub(crate) state: &'a State,
+    pub(crate) now: TimeMs,
+    pub(crate) pool: Pool<'a>,
+    pub(crate) running: RunningSummary,
+    soft_lifted: bool,
+    pub(crate) plan: Plan,
+}
+
+impl<'a> Pass<'a> {
+    pub(crate) fn new(state: &'a State, now: TimeMs) -> Pass<'a> {
+        Pass {
+            state,
+            now,
+            pool: Pool::new(state, now),
+            running: state.running_summary(now),
+            soft_lifted: state.nothing_else_eligible(),
+            plan: Plan::default(),
+        }
+    }
+
+    pub(crate) fn limited(&self, job: &Job) -> bool {
+        match self.state.start_blocker(job, &self.running) {
+            None => false,
+            Some(Reason::MaxPsSoftLimit) => !self.soft_lifted,
+            Some(_) => true,
+        }
+    }
+
+    fn record(&mut self, job: &Job, target: JobRef, nodes: Vec<crate::ids::NodeName>) {
+        self.plan.starts.push(StartDecision { job: target, nodes });
+        self.running.add_job(job, &self.state.accounts, self.now);
+        if target.task.is_some() {
+            self.running.note_task_start(job.id);
+        }
+    }
+
+    pub(crate) fn try_start(&mut self, job: &Job) -> Outcome {
+        self.plan.considered += 1;
+        if self.limited(job) {
+            return Outcome::Limited;
+        }
+        let Some(ArrayPart::Master { pending, throttle }) = &job.array else {
+            return match self.pool.place(job, job.resolved.time_limit) {
+                Some(nodes) => {
+                    let target = JobRef {
+                        job: job.id,
+                        task: None,
+                    };
+                    self.record(job, target, nodes);
+                    Outcome::Started
+                }
+                None => Outcome::NoResources,
+            };
+        };
+        // An array: its pending tasks one by one, while the throttle, limits and nodes allow.
+        let mut started: BTreeSet<u32> = BTreeSet::new();
+        for index in pending.iter() {
+            if let Some(t) = throttle
+                && self.running.array_running(job.id) >= *t
+            {
+                break;
+            }
+            if !started.is_empty() && self.limited(job) {
+                break;
+            }
+            if self.state.dependency_status(job, Some(index), self.now) != DepStatus::Satisfied {
+                continue; // aftercorr: this task's partner has not finished well
+            }
+            let Some(nodes) = self.pool.place(job, job.resolved.time_limit) else {
+                return if started.is_empty() {
+                    Outcome::NoResources
+                } else {
+                    Outcome::Started
+                };
+            };
+            started.insert(index);
+            let target = JobRef {
+                job: job.id,
+                task: Some(index),
+            };
+            self.record(job, target, nodes);
+        }
+        if started.is_empty() {
+            Outcome::Limited
+        } else {
+            Outcome::Started
+        }
+    }
+}
