@@ -37,6 +37,7 @@ pub mod qos;
 pub mod quantity;
 pub mod relations;
 pub mod request;
+pub mod sim;
 pub mod snapshot;
 pub mod state;
 pub mod tres;

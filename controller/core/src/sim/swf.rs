@@ -1,0 +1,200 @@
+//! The Standard Workload Format (Feitelson's Parallel Workloads Archive): one job per line,
+//! 18 whitespace-separated fields, `;` header comments (`; MaxProcs: 128`).
+//!
+//! Conventions (BRIEF §5): procs = requested processors (field 8) if positive, else the
+//! allocated ones (field 5); runtime = field 4; the estimate = requested time (field 9) if
+//! positive, else the runtime; the runtime is capped at the estimate. Jobs with a negative
+//! runtime, no processors, or more than the machine has are dropped and counted.
+
+use std::fmt;
+
+/// One job of a trace, as the replay uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwfJob {
+    /// Field 1.
+    pub id: u64,
+    /// Field 2: seconds from the start of the trace.
+    pub submit: u64,
+    /// Field 4, capped at the estimate.
+    pub runtime: u64,
+    pub procs: u64,
+    /// Field 9 if positive, else the runtime.
+    pub estimate: u64,
+    /// Fields 12, 13, 15, 16 (-1 = unknown).
+    pub user: i64,
+    pub group: i64,
+    pub queue: i64,
+    pub partition: i64,
+}
+
+/// A parsed trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Trace {
+    pub jobs: Vec<SwfJob>,
+    pub max_procs: Option<u64>,
+    pub max_nodes: Option<u64>,
+    /// Lines that are not jobs and not comments (reported, never fatal).
+    pub malformed: Vec<usize>,
+    /// Jobs dropped: a negative runtime or submit time, or no processors.
+    pub dropped: usize,
+}
+
+impl Trace {
+    /// The machine size: `procs` if given, else MaxProcs, else MaxNodes.
+    pub fn machine_procs(&self, procs: Option<u64>) -> Option<u64> {
+        procs
+            .or(self.max_procs)
+            .or(self.max_nodes)
+            .filter(|p| *p > 0)
+    }
+}
+
+/// Why a trace cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SwfError {
+    #[error("line {line}: field {field} ({name}) is {value:?}, not a number")]
+    NotANumber {
+        line: usize,
+        field: usize,
+        name: &'static str,
+        value: String,
+    },
+}
+
+const NAMES: [&str; 18] = [
+    "job number",
+    "submit time",
+    "wait time",
+    "run time",
+    "allocated processors",
+    "average cpu time",
+    "used memory",
+    "requested processors",
+    "requested time",
+    "requested memory",
+    "status",
+    "user id",
+    "group id",
+    "executable",
+    "queue",
+    "partition",
+    "preceding job",
+    "think time",
+];
+
+/// Parses a whole trace. Lines with fewer than 18 fields are recorded as malformed and
+/// skipped; a field that is not a number is an error naming the line and field.
+pub fn parse(text: &str) -> Result<Trace, SwfError> {
+    let mut trace = Trace::default();
+    for (n, line) in text.lines().enumerate() {
+        let line_no = n + 1;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix(';') {
+            let mut kv = comment.splitn(2, ':');
+            let (key, value) = (
+                kv.next().unwrap_or("").trim(),
+                kv.next().unwrap_or("").trim(),
+            );
+            let number = value.split_whitespace().next().and_then(|v| v.parse().ok());
+            match key {
+                "MaxProcs" => trace.max_procs = number,
+                "MaxNodes" => trace.max_nodes = number,
+                _ => {}
+            }
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 18 {
+            trace.malformed.push(line_no);
+            continue;
+        }
+        let mut v = [0i64; 18];
+        for (i, f) in fields.iter().take(18).enumerate() {
+            // Some archives write reals (average cpu time); only the integer part is used.
+            let parsed = f.parse::<i64>().ok().or_else(|| {
+                f.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite())
+                    .map(|x| x as i64)
+            });
+            v[i] = parsed.ok_or_else(|| SwfError::NotANumber {
+                line: line_no,
+                field: i + 1,
+                name: NAMES[i],
+                value: (*f).to_owned(),
+            })?;
+        }
+        let procs = if v[7] > 0 { v[7] } else { v[4] };
+        let runtime = v[3];
+        let estimate = if v[8] > 0 { v[8] } else { runtime };
+        if runtime < 0 || procs <= 0 || v[1] < 0 {
+            trace.dropped += 1;
+            continue;
+        }
+        trace.jobs.push(SwfJob {
+            id: u64::try_from(v[0]).unwrap_or(0),
+            submit: v[1] as u64,
+            runtime: runtime.min(estimate) as u64,
+            procs: procs as u64,
+            estimate: estimate as u64,
+            user: v[11],
+            group: v[12],
+            queue: v[14],
+            partition: v[15],
+        });
+    }
+    Ok(trace)
+}
+
+impl fmt::Display for SwfJob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "job {} (submit {} s, {} procs, {} s of {} s)",
+            self.id, self.submit, self.procs, self.runtime, self.estimate
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_follow_the_conventions() {
+        let text = "; MaxNodes: 128\n; MaxProcs: 64\n\
+            1 0 5 100 4 -1 -1 8 50 -1 1 3 2 -1 1 -1 -1 -1\n\
+            2 10 -1 30 4 -1 -1 -1 -1 -1 1 3 2 -1 1 -1 -1 -1\n\
+            3 20 -1 -1 4 -1 -1 -1 -1 -1 1 3 2 -1 1 -1 -1 -1\n\
+            4 20 -1 10 0 -1 -1 -1 -1 -1 1 3 2 -1 1 -1 -1 -1\n\
+            short line\n";
+        let t = parse(text).unwrap();
+        assert_eq!(t.machine_procs(None), Some(64));
+        assert_eq!(t.machine_procs(Some(32)), Some(32));
+        assert_eq!(t.jobs.len(), 2, "no runtime, no procs: dropped");
+        assert_eq!(t.dropped, 2);
+        // Requested procs win; runtime capped at the requested time.
+        assert_eq!(
+            (t.jobs[0].procs, t.jobs[0].runtime, t.jobs[0].estimate),
+            (8, 50, 50)
+        );
+        // No request: allocated procs, estimate = runtime.
+        assert_eq!(
+            (t.jobs[1].procs, t.jobs[1].runtime, t.jobs[1].estimate),
+            (4, 30, 30)
+        );
+        assert_eq!(t.malformed, vec![7]);
+    }
+
+    #[test]
+    fn a_bad_number_names_the_line_and_field() {
+        let err = parse("1 0 5 x 4 -1 -1 8 50 -1 1 3 2 -1 1 -1 -1 -1\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "line 1: field 4 (run time) is \"x\", not a number"
+        );
+    }
+}
