@@ -1,10 +1,14 @@
 //! `docket`: the command users and admins live in.
 //!
-//! Its subcommands and the Slurm/PBS entry points (`sbatch`, `squeue`, `qsub`, ...) arrive
-//! with the CLI issue, `docket sim` with the planner issue; for now the binary describes
-//! itself.
+//! Its cluster subcommands and the Slurm/PBS entry points (`sbatch`, `squeue`, `qsub`, ...)
+//! arrive with the CLI issue; `docket sim` replays a workload trace offline.
 
-use clap::Parser;
+mod plot;
+mod sim;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
 
 /// The Docket command line.
 ///
@@ -20,8 +24,26 @@ use clap::Parser;
     long_about,
     arg_required_else_help = true
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    Cli::parse();
+#[derive(Debug, Subcommand)]
+enum Command {
+    Sim(sim::SimArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Sim(args) => sim::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("docket: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -311,7 +311,6 @@ pub fn replay(
     let mut done = 0usize;
     let mut busy: u64 = 0;
     let mut last_tick = t0;
-    let mut first_blob = true;
     loop {
         let t = match (jobs.get(next).map(|j| j.submit), ends.peek().map(|e| e.0.0)) {
             (None, None) => break,
@@ -355,12 +354,8 @@ pub fn replay(
                 .iter()
                 .map(|j| spec_of(j))
                 .collect::<Result<Vec<_>, _>>()?;
-            let blobs = if first_blob {
-                vec![SCRIPT.to_vec()]
-            } else {
-                vec![]
-            };
-            first_blob = false;
+            // Sent with every batch: stored once, dropped when no job uses it any more.
+            let blobs = vec![SCRIPT.to_vec()];
             let r = d.apply(
                 Command::SubmitJobs {
                     actor: Actor::Operator,

@@ -1,0 +1,93 @@
+//! The SVG `docket sim --plot` draws: utilization and queue length over time, and the
+//! distribution of waits.
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow};
+use docket_core::sim::Replay;
+use plotters::prelude::*;
+
+pub fn write(replay: &Replay, path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (1000, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let (top, bottom) = root.split_vertically(600);
+    let (util, queue) = top.split_vertically(300);
+    let samples = &replay.samples;
+    let t0 = samples.first().map_or(0, |s| s.time);
+    let hours = |t: u64| (t - t0) as f64 / 3600.0;
+    let end = samples.last().map_or(1.0, |s| hours(s.time).max(1.0));
+    let procs = replay.summary.procs.max(1) as f64;
+
+    let mut chart = ChartBuilder::on(&util)
+        .caption("busy processors (fraction)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..end, 0.0..1.0)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("hours")
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(LineSeries::new(
+            samples
+                .iter()
+                .map(|s| (hours(s.time), s.busy_procs as f64 / procs)),
+            &BLUE,
+        ))
+        .map_err(|e| anyhow!("{e}"))?;
+
+    let max_q = samples.iter().map(|s| s.queued_jobs).max().unwrap_or(1).max(1) as f64;
+    let mut chart = ChartBuilder::on(&queue)
+        .caption("queued jobs", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..end, 0.0..max_q)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("hours")
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(LineSeries::new(
+            samples.iter().map(|s| (hours(s.time), s.queued_jobs as f64)),
+            &RED,
+        ))
+        .map_err(|e| anyhow!("{e}"))?;
+
+    // Waits in 40 bins up to the largest.
+    let max_wait = replay.summary.max_wait_s.max(1.0);
+    let bins = 40u32;
+    let width = max_wait / f64::from(bins);
+    let mut counts = vec![0u32; bins as usize + 1];
+    for o in &replay.outcomes {
+        let b = ((o.wait() as f64 / width) as usize).min(bins as usize);
+        counts[b] += 1;
+    }
+    let max_count = counts.iter().copied().max().unwrap_or(1).max(1);
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption("wait time distribution (jobs per bin)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d((0u32..bins).into_segmented(), 0u32..max_count)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc(format!("wait, bins of {width:.0} s"))
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .style(GREEN.filled())
+                .data(counts.iter().enumerate().map(|(i, c)| (i as u32, *c))),
+        )
+        .map_err(|e| anyhow!("{e}"))?;
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Replay speed, printing figures (never asserting them):
+//!
+//!   cargo run --release -p docket-core --example sim_bench [-- JOBS PROCS]
+//!
+//! Generates a synthetic trace (seeded, so every run replays the same one): JOBS jobs
+//! (default 100,000) for a machine of PROCS processors (default 1,000), sizes mostly small
+//! powers of two with some wide jobs, runtimes log-uniform from a minute to a day, estimates
+//! 1-5x the runtime, and arrivals paced for an offered load near 0.9, so queues form. Then
+//! replays it with FCFS, EASY and conservative backfill and prints one JSON line each.
+
+use std::time::Instant;
+
+use docket_core::sim::swf::{SwfJob, Trace};
+use docket_core::sim::{Policy, SimOptions, replay};
+
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn synthetic(jobs: usize, procs: u64, seed: u64) -> Trace {
+    let mut r = Lcg(seed);
+    let mut out = Vec::with_capacity(jobs);
+    let mut raw = Vec::with_capacity(jobs);
+    let mut work = 0.0;
+    for _ in 0..jobs {
+        let size = if r.next() < 0.1 {
+            (procs as f64 * (0.1 + 0.4 * r.next())) as u64
+        } else {
+            1u64 << (r.next() * 7.0) as u32
+        }
+        .clamp(1, procs);
+        let runtime = (60.0 * 1440f64.powf(r.next())) as u64;
+        let estimate = (runtime as f64 * (1.0 + 4.0 * r.next())) as u64;
+        work += size as f64 * runtime as f64;
+        raw.push((size, runtime, estimate));
+    }
+    // Pace arrivals so that the offered load is about 0.9.
+    let span = work / (procs as f64 * 0.9);
+    let mean_gap = span / jobs as f64;
+    let mut submit = 0.0;
+    for (i, (size, runtime, estimate)) in raw.into_iter().enumerate() {
+        submit += -mean_gap * (1.0 - r.next()).ln();
+        out.push(SwfJob {
+            id: i as u64 + 1,
+            submit: submit as u64,
+            runtime,
+            procs: size,
+            estimate,
+            user: (i % 97) as i64,
+            group: (i % 7) as i64,
+            queue: -1,
+            partition: -1,
+        });
+    }
+    Trace {
+        jobs: out,
+        max_procs: Some(procs),
+        ..Trace::default()
+    }
+}
+
+fn main() {
+    let args: Vec<u64> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let jobs = args.first().copied().unwrap_or(100_000) as usize;
+    let procs = args.get(1).copied().unwrap_or(1000);
+    let trace = synthetic(jobs, procs, 42);
+    for policy in [Policy::Fcfs, Policy::Easy, Policy::Conservative] {
+        let options = SimOptions {
+            policy,
+            procs: None,
+            max_jobs: None,
+            config: None,
+        };
+        let t = Instant::now();
+        let r = replay(&trace, &options, &mut |_, _| {}).expect("replay");
+        let wall = t.elapsed().as_secs_f64();
+        let s = &r.summary;
+        println!(
+            "{{\"policy\":\"{}\",\"jobs\":{},\"procs\":{},\"sim_wall_s\":{wall:.2},\
+             \"utilization\":{:.3},\"mean_wait_s\":{:.0},\"mean_bsld\":{:.2}}}",
+            policy.name(),
+            s.jobs,
+            s.procs,
+            s.utilization,
+            s.mean_wait_s,
+            s.mean_bsld
+        );
+    }
+}
