@@ -39,7 +39,12 @@ pub fn write(replay: &Replay, path: &Path) -> Result<()> {
         ))
         .map_err(|e| anyhow!("{e}"))?;
 
-    let max_q = samples.iter().map(|s| s.queued_jobs).max().unwrap_or(1).max(1) as f64;
+    let max_q = samples
+        .iter()
+        .map(|s| s.queued_jobs)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
     let mut chart = ChartBuilder::on(&queue)
         .caption("queued jobs", ("sans-serif", 18))
         .margin(10)
@@ -54,7 +59,9 @@ pub fn write(replay: &Replay, path: &Path) -> Result<()> {
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .draw_series(LineSeries::new(
-            samples.iter().map(|s| (hours(s.time), s.queued_jobs as f64)),
+            samples
+                .iter()
+                .map(|s| (hours(s.time), s.queued_jobs as f64)),
             &RED,
         ))
         .map_err(|e| anyhow!("{e}"))?;

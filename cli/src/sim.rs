@@ -117,7 +117,15 @@ pub fn run(args: &SimArgs) -> Result<()> {
 fn write_csv(replay: &Replay, path: &PathBuf) -> Result<()> {
     let mut w = csv::Writer::from_path(path)?;
     w.write_record([
-        "swf_id", "user", "procs", "submit", "start", "end", "wait_s", "run_s", "estimate_s",
+        "swf_id",
+        "user",
+        "procs",
+        "submit",
+        "start",
+        "end",
+        "wait_s",
+        "run_s",
+        "estimate_s",
         "bsld",
     ])?;
     for o in &replay.outcomes {

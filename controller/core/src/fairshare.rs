@@ -59,6 +59,12 @@ pub struct FairShare<'a> {
 }
 
 impl<'a> FairShare<'a> {
+    /// Every association at factor 1: for formulas that do not use fair-share (FCFS), so
+    /// the leader's passes do not pay for the tree walk.
+    pub fn unused(assocs: &'a AssocTable) -> Self {
+        FairShare::new(assocs)
+    }
+
     fn new(assocs: &'a AssocTable) -> Self {
         FairShare {
             assocs,

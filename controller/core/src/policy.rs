@@ -42,7 +42,8 @@ pub(crate) struct RunningSummary {
     rules: AccountRules,
 }
 
-/// Whether any account or association carries a rule the checks must look at.
+/// Which rules exist at all, so checks skip lookups and the summary skips sums that no
+/// limit reads (at most sites, most of them).
 #[derive(Debug, Default, Clone, Copy)]
 struct AccountRules {
     /// A grant, or a MAXPS limit of its own, on some account.
@@ -51,16 +52,32 @@ struct AccountRules {
     tree: bool,
     /// A running-jobs limit on some user's association.
     assoc: bool,
+    /// A per-user limit on some QOS.
+    qos_user: bool,
+    /// A group limit on some QOS.
+    qos_group: bool,
+    /// A per-user limit on some partition.
+    partition_user: bool,
 }
 
 impl AccountRules {
-    fn of(accounts: &AccountTree) -> AccountRules {
+    fn of(state: &State) -> AccountRules {
         let mut r = AccountRules::default();
-        for a in accounts.accounts.values() {
+        for a in state.accounts.accounts.values() {
             let l = &a.limits;
             r.own |= a.grant.is_some() || l.maxps_soft.is_some() || l.maxps_hard.is_some();
             r.tree |= l.max_jobs.is_some() || l.grp_cpu_run_mins.is_some();
             r.assoc |= a.users.values().any(|u| u.limits.max_jobs.is_some());
+        }
+        for q in state.qos.values() {
+            let l = &q.limits;
+            r.qos_user |= l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some();
+            r.qos_group |=
+                l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some();
+        }
+        for p in state.partitions.values() {
+            let l = &p.limits;
+            r.partition_user |= l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some();
         }
         r
     }
@@ -113,7 +130,7 @@ pub(crate) enum DepStatus {
 impl State {
     pub(crate) fn running_summary(&self, now: TimeMs) -> RunningSummary {
         let mut s = RunningSummary {
-            rules: AccountRules::of(&self.accounts),
+            rules: AccountRules::of(self),
             ..RunningSummary::default()
         };
         for job in self.holding.iter().filter_map(|id| self.jobs.get(id)) {
@@ -660,36 +677,49 @@ impl RunningSummary {
     pub(crate) fn add_job(&mut self, job: &Job, accounts: &AccountTree, now: TimeMs) {
         let user = &job.spec.user;
         let r = &job.resolved;
+        let rules = self.rules;
         self.per_user.entry(user.clone()).or_default().add(job, now);
-        self.per_account
-            .entry(r.account.clone())
-            .or_default()
-            .add(job, now);
-        for a in accounts.ancestry(&r.account) {
-            self.per_account_tree
-                .entry(a.name.clone())
+        if rules.own {
+            self.per_account
+                .entry(r.account.clone())
                 .or_default()
                 .add(job, now);
         }
-        self.per_user_qos
-            .entry(user.clone())
-            .or_default()
-            .entry(r.qos.clone())
-            .or_default()
-            .add(job, now);
-        self.per_qos.entry(r.qos.clone()).or_default().add(job, now);
-        self.per_user_partition
-            .entry(user.clone())
-            .or_default()
-            .entry(r.partition.clone())
-            .or_default()
-            .add(job, now);
-        self.per_assoc
-            .entry(r.account.clone())
-            .or_default()
-            .entry(user.clone())
-            .or_default()
-            .add(job, now);
+        if rules.tree {
+            for a in accounts.ancestry(&r.account) {
+                self.per_account_tree
+                    .entry(a.name.clone())
+                    .or_default()
+                    .add(job, now);
+            }
+        }
+        if rules.qos_user {
+            self.per_user_qos
+                .entry(user.clone())
+                .or_default()
+                .entry(r.qos.clone())
+                .or_default()
+                .add(job, now);
+        }
+        if rules.qos_group {
+            self.per_qos.entry(r.qos.clone()).or_default().add(job, now);
+        }
+        if rules.partition_user {
+            self.per_user_partition
+                .entry(user.clone())
+                .or_default()
+                .entry(r.partition.clone())
+                .or_default()
+                .add(job, now);
+        }
+        if rules.assoc {
+            self.per_assoc
+                .entry(r.account.clone())
+                .or_default()
+                .entry(user.clone())
+                .or_default()
+                .add(job, now);
+        }
         if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
             *self.array_running.entry(*array_job).or_default() += 1;
         }

@@ -181,13 +181,16 @@ impl State {
             now,
             half_life: self.config.fairshare.half_life,
         };
-        let fairshare = fairshare::compute(
-            self.config.fairshare.algorithm,
-            &self.accounts,
-            &self.assocs,
-            usage,
-            false,
-        );
+        let fairshare = match self.config.priority.formula {
+            PriorityFormula::Fcfs => FairShare::unused(&self.assocs),
+            _ => fairshare::compute(
+                self.config.fairshare.algorithm,
+                &self.accounts,
+                &self.assocs,
+                usage,
+                false,
+            ),
+        };
         PriorityInputs {
             state: self,
             now,
