@@ -453,6 +453,30 @@ pub struct OrderKey {
     pub id: JobId,
 }
 
+/// An [`OrderKey`] ordered so that a max-heap yields the job to consider first.
+#[derive(Debug, Clone, Copy)]
+pub struct FirstFirst(pub OrderKey);
+
+impl PartialEq for FirstFirst {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for FirstFirst {}
+
+impl PartialOrd for FirstFirst {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for FirstFirst {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.consider_before(&self.0)
+    }
+}
+
 impl OrderKey {
     pub fn new(inputs: &PriorityInputs<'_>, job: &Job, in_reservation: bool) -> OrderKey {
         let state = inputs.state;
@@ -489,12 +513,20 @@ impl State {
     /// Under NCI shuffling, a job's place within its tier comes from its shuffle score
     /// instead of its priority.
     pub fn consideration_order(&self, now: TimeMs) -> Vec<JobId> {
+        let mut keys = self.consideration_keys(now);
+        keys.sort_by(OrderKey::consider_before);
+        keys.into_iter().map(|k| k.id).collect()
+    }
+
+    /// Every idle pending job's place in the order of consideration, unsorted (a pass
+    /// that usually stops early takes them from a heap instead of sorting them all).
+    pub fn consideration_keys(&self, now: TimeMs) -> Vec<OrderKey> {
         let inputs = self.priority_inputs(now);
         let shuffle = match self.config.queue_ordering {
             QueueOrdering::Priority => None,
             QueueOrdering::Shuffle(by) => Some(self.shuffle_scores(by)),
         };
-        let mut keys: Vec<OrderKey> = self
+        let keys: Vec<OrderKey> = self
             .jobs
             .values()
             .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
@@ -507,8 +539,7 @@ impl State {
                 key
             })
             .collect();
-        keys.sort_by(OrderKey::consider_before);
-        keys.into_iter().map(|k| k.id).collect()
+        keys
     }
 
     /// NCI's queue shuffle (seed 001): each queued job scores the cpus of every job, in any

@@ -7,8 +7,12 @@
 //! the starts this pass has already decided, so a plan never exceeds them.
 
 use crate::job::{JobState, Part, Reason};
+use std::collections::BinaryHeap;
+
+use crate::ids::JobId;
 use crate::plan::pass::{Outcome, Pass};
 use crate::plan::{Budget, Continuation, Plan};
+use crate::priority::FirstFirst;
 use crate::quantity::TimeMs;
 use crate::state::State;
 
@@ -38,20 +42,42 @@ impl State {
         resume: Option<Continuation>,
         total: Option<u64>,
     ) -> Plan {
-        let mut cont = resume.unwrap_or_else(|| Continuation {
-            rest: self.consideration_order(now),
-            ..Continuation::default()
-        });
-        let rest = std::mem::take(&mut cont.rest);
+        // A fresh pass takes jobs from a heap: it usually stops long before the end (every
+        // partition blocked), so most of the queue is never sorted.
+        let mut order = match resume {
+            Some(mut c) => {
+                let rest = std::mem::take(&mut c.rest);
+                (Order::Listed(rest.into_iter()), c)
+            }
+            None => (
+                Order::Heap(
+                    self.consideration_keys(now)
+                        .into_iter()
+                        .map(FirstFirst)
+                        .collect(),
+                ),
+                Continuation::default(),
+            ),
+        };
+        let cont = &mut order.1;
+        let order = &mut order.0;
         let mut pass = Pass::new(self, now);
         let per_partition = self.config.sched.partition_job_depth;
-        for (k, &id) in rest.iter().enumerate() {
-            if total.is_some_and(|t| cont.considered >= t) {
+        let finished = |c: &Continuation| {
+            self.partitions.keys().all(|p| {
+                c.blocked.contains(p)
+                    || per_partition > 0 && c.depth.get(p).is_some_and(|d| *d >= per_partition)
+            })
+        };
+        while let Some(id) = order.next() {
+            if total.is_some_and(|t| cont.considered >= t) || finished(cont) {
                 break;
             }
             if budget.exhausted() {
-                cont.rest = rest[k..].to_vec();
-                pass.plan.continuation = Some(cont);
+                let mut rest = vec![id];
+                rest.extend(order.drain());
+                cont.rest = rest;
+                pass.plan.continuation = Some(std::mem::take(cont));
                 return pass.plan;
             }
             let Some(job) = self.jobs.get(&id) else {
@@ -82,5 +108,38 @@ impl State {
         !self.jobs.values().any(|j| {
             j.state == JobState::Pending && j.part == Part::Idle && j.reason == Reason::None
         })
+    }
+}
+
+/// The jobs a pass still has to consider, first first.
+enum Order {
+    /// A resumed pass: the rest of the order computed when it began.
+    Listed(std::vec::IntoIter<JobId>),
+    /// A fresh pass: keys in a heap.
+    Heap(BinaryHeap<FirstFirst>),
+}
+
+impl Order {
+    fn next(&mut self) -> Option<JobId> {
+        match self {
+            Order::Listed(it) => it.next(),
+            Order::Heap(h) => h.pop().map(|k| k.0.id),
+        }
+    }
+
+    /// The rest, in order.
+    fn drain(&mut self) -> Vec<JobId> {
+        match self {
+            Order::Listed(it) => it.collect(),
+            Order::Heap(h) => {
+                let mut rest: Vec<JobId> = std::mem::take(h)
+                    .into_sorted_vec()
+                    .into_iter()
+                    .map(|k| k.0.id)
+                    .collect();
+                rest.reverse();
+                rest
+            }
+        }
     }
 }

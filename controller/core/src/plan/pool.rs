@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::{NodeName, PartitionName};
-use crate::job::{Job, JobState};
+use crate::job::{Job, JobState, MemoryRequest};
 use crate::node::{Node, NodeUse};
 use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
@@ -105,6 +105,9 @@ pub struct Pool<'a> {
     changes: Vec<Vec<Change>>,
     index: BTreeMap<&'a NodeName, usize>,
     members: BTreeMap<&'a PartitionName, Vec<usize>>,
+    /// Per partition, the most cpus and the most memory any usable member has free now:
+    /// most jobs that cannot start now are turned away without looking at every node.
+    most_free: BTreeMap<&'a PartitionName, (i64, i64)>,
 }
 
 impl<'a> Pool<'a> {
@@ -151,7 +154,7 @@ impl<'a> Pool<'a> {
                 (&p.name, m)
             })
             .collect();
-        Pool {
+        let mut pool = Pool {
             now,
             nodes,
             free,
@@ -159,7 +162,24 @@ impl<'a> Pool<'a> {
             changes,
             index,
             members,
+            most_free: BTreeMap::new(),
+        };
+        let partitions: Vec<&PartitionName> = pool.members.keys().copied().collect();
+        for p in partitions {
+            pool.refresh_most_free(p);
         }
+        pool
+    }
+
+    fn refresh_most_free(&mut self, partition: &'a PartitionName) {
+        let most = self.members.get(partition).map_or((0, 0), |m| {
+            m.iter()
+                .filter(|&&i| !self.closed[i] && self.free[i].exclusive == 0)
+                .fold((0, 0), |(c, mem), &i| {
+                    (c.max(self.free[i].cpus), mem.max(self.free[i].memory))
+                })
+        });
+        self.most_free.insert(partition, most);
     }
 
     pub fn now(&self) -> TimeMs {
@@ -196,6 +216,7 @@ impl<'a> Pool<'a> {
         horizon: TimeMs,
     ) -> Option<Placement> {
         let members = self.members.get(&job.resolved.partition)?;
+        let wanted = (job.spec.nodes as usize).max(1);
         let step = resolution.0.max(1) * 1000;
         let round_up = |t: TimeMs| {
             let after = t.0.saturating_sub(self.now.0);
@@ -205,19 +226,37 @@ impl<'a> Pool<'a> {
                     .saturating_add(after.div_ceil(step).saturating_mul(step)),
             )
         };
-        let mut candidates: Vec<TimeMs> = std::iter::once(self.now)
-            .chain(
-                members
-                    .iter()
-                    .flat_map(|&i| self.changes[i].iter())
-                    .filter(|c| !c.takes())
-                    .map(|c| round_up(c.at)),
-            )
-            .filter(|t| *t <= horizon)
-            .collect();
+        // Each usable node's feasible starts for the job's largest share (a node that can
+        // take it can take any smaller one): a few intervals per node.
+        let mut opens: Vec<TimeMs> = Vec::new();
+        let mut closes: Vec<TimeMs> = Vec::new();
+        for &i in members {
+            if !self.usable_for(job, i) {
+                continue;
+            }
+            let Some(want) = crate::request::node_use(job, 0, &self.nodes[i].spec) else {
+                continue;
+            };
+            for (a, b) in self.feasible_starts(i, &want, duration) {
+                opens.push(a);
+                closes.push(b);
+            }
+        }
+        opens.sort_unstable();
+        closes.sort_unstable();
+        // The earliest (rounded) start inside at least `wanted` intervals at once.
+        let mut candidates: Vec<TimeMs> = opens.iter().map(|a| round_up(*a)).collect();
         candidates.sort_unstable();
         candidates.dedup();
         for start in candidates {
+            if start > horizon {
+                break;
+            }
+            let open = opens.partition_point(|a| *a <= start);
+            let closed = closes.partition_point(|b| *b < start);
+            if open.saturating_sub(closed) < wanted {
+                continue;
+            }
             let end = duration.map(|d| start.plus(d));
             if let Some(chosen) = self.fit(job, start, end) {
                 self.take(job, &chosen, start, end);
@@ -229,6 +268,58 @@ impl<'a> Pool<'a> {
             }
         }
         None
+    }
+
+    /// The closed intervals of start times at which `want` fits on node `i` for
+    /// `duration`. Between two of the node's change points what is free at the start is
+    /// fixed, so each stretch contributes at most one interval: from its first instant until
+    /// the job would run into the first later change it does not fit beside.
+    fn feasible_starts(
+        &self,
+        i: usize,
+        want: &NodeUse,
+        duration: Option<Seconds>,
+    ) -> Vec<(TimeMs, TimeMs)> {
+        let changes = &self.changes[i];
+        let mut out = Vec::new();
+        let mut free = self.free[i];
+        let mut k = 0;
+        let mut at = self.now;
+        loop {
+            // The stretch [at, next): what is free is `free`.
+            let next = changes.get(k).map(|c| c.at);
+            if free.fits(want) {
+                // The first later change after which the job would no longer fit.
+                let mut f = free;
+                let mut blocked = None;
+                for c in &changes[k..] {
+                    f.apply(c);
+                    if c.takes() && !f.fits(want) {
+                        blocked = Some(c.at);
+                        break;
+                    }
+                }
+                let last_start = match (blocked, duration) {
+                    (None, _) => TimeMs(u64::MAX),
+                    (Some(_), None) => TimeMs(0), // runs for ever: never fits before a take
+                    (Some(t), Some(d)) => TimeMs(t.0.saturating_sub(d.0.saturating_mul(1000))),
+                };
+                let stretch_end = next.map_or(TimeMs(u64::MAX), |n| TimeMs(n.0 - 1));
+                let b = last_start.min(stretch_end);
+                if b >= at {
+                    out.push((at, b));
+                }
+            }
+            let Some(n) = next else {
+                break;
+            };
+            while k < changes.len() && changes[k].at == n {
+                free.apply(&changes[k]);
+                k += 1;
+            }
+            at = n;
+        }
+        out
     }
 
     /// Takes a placement made earlier (a reservation from before a yield) again, if its
@@ -263,6 +354,25 @@ impl<'a> Pool<'a> {
 
     /// Takes `job`'s shares on `chosen` over `[start, end)`.
     fn take(&mut self, job: &Job, chosen: &[usize], start: TimeMs, end: Option<TimeMs>) {
+        if start <= self.now {
+            // What is free now shrinks: the partitions holding these nodes re-derive their
+            // bound once the shares are out.
+            let touched: Vec<&'a PartitionName> = self
+                .members
+                .iter()
+                .filter(|(_, m)| chosen.iter().any(|i| m.contains(i)))
+                .map(|(p, _)| *p)
+                .collect();
+            self.take_shares(job, chosen, start, end);
+            for p in touched {
+                self.refresh_most_free(p);
+            }
+        } else {
+            self.take_shares(job, chosen, start, end);
+        }
+    }
+
+    fn take_shares(&mut self, job: &Job, chosen: &[usize], start: TimeMs, end: Option<TimeMs>) {
         for (position, &i) in chosen.iter().enumerate() {
             let Some(want) = crate::request::node_use(job, position, &self.nodes[i].spec) else {
                 continue;
@@ -307,6 +417,14 @@ impl<'a> Pool<'a> {
         Some(at_start)
     }
 
+    /// May `job` use node `i` at all (admin state, exclusions, features)?
+    fn usable_for(&self, job: &Job, i: usize) -> bool {
+        let n = self.nodes[i];
+        !self.closed[i]
+            && !job.spec.exclude.contains(&n.spec.name)
+            && job.spec.features.is_subset(&n.spec.features)
+    }
+
     /// The nodes `job` would get over `[start, end)`, in share order, without taking them.
     fn fit(&self, job: &Job, start: TimeMs, end: Option<TimeMs>) -> Option<Vec<usize>> {
         let spec = &job.spec;
@@ -315,12 +433,21 @@ impl<'a> Pool<'a> {
         if wanted == 0 || wanted > members.len() {
             return None;
         }
-        let usable = |i: usize| {
-            let n = self.nodes[i];
-            !self.closed[i]
-                && !spec.exclude.contains(&n.spec.name)
-                && spec.features.is_subset(&n.spec.features)
-        };
+        // Starting now, no share can be larger than the most any member has free now. Only
+        // for shares that do not depend on the node (not exclusive, not whole-node memory).
+        let node_independent = !spec.exclusive && job.resolved.memory != MemoryRequest::WholeNode;
+        if start <= self.now
+            && node_independent
+            && let (Some(&(cpus, memory)), Some(&first)) =
+                (self.most_free.get(&job.resolved.partition), members.first())
+            && let Some(smallest) =
+                crate::request::node_use(job, wanted - 1, &self.nodes[first].spec)
+            && (i64::from(smallest.cpus) > cpus
+                || i64::try_from(smallest.memory.0).is_ok_and(|m| m > memory))
+        {
+            return None;
+        }
+        let usable = |i: usize| self.usable_for(job, i);
         let mut chosen: Vec<usize> = Vec::with_capacity(wanted);
         // Required nodes (`-w`) take the first shares, in name order.
         for name in &spec.nodelist {
