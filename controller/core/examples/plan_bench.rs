@@ -148,12 +148,14 @@ fn median_max(mut v: Vec<f64>) -> (f64, f64) {
 fn main() {
     let mut r = Lcg(7);
     // Backfill: 5,000 nodes, busy.
-    let mut config = SchedConfig::default();
-    config.sched = SchedParams {
-        backfill: BackfillMode::Easy,
-        bf_max_job_test: 10_000,
-        bf_window: Seconds::days(2),
-        ..SchedParams::default()
+    let config = SchedConfig {
+        sched: SchedParams {
+            backfill: BackfillMode::Easy,
+            bf_max_job_test: 10_000,
+            bf_window: Seconds::days(2),
+            ..SchedParams::default()
+        },
+        ..SchedConfig::default()
     };
     let (mut b, users) = cluster(config, 5000, 64, 500);
     let base = JobSpec::simple(users[0].clone(), BlobId::of(SCRIPT));
