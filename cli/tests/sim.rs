@@ -1,0 +1,87 @@
+//! `docket sim` end to end: the binary reads a trace, prints the JSON summary BRIEF §5
+//! promises, and writes the per-job CSV and the SVG plot.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../controller/core/tests/data/lublin-aaroh.swf"
+);
+
+#[test]
+fn sim_prints_its_summary_and_writes_csv_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("jobs.csv");
+    let svg = dir.path().join("plot.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args([
+            "sim",
+            "--swf",
+            TRACE,
+            "--policy",
+            "easy",
+            "--jobs",
+            "300",
+            "--no-progress",
+        ])
+        .arg("--jobs-out")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "jobs",
+        "procs",
+        "policy",
+        "utilization",
+        "mean_wait_s",
+        "p95_wait_s",
+        "max_wait_s",
+        "mean_bsld",
+        "makespan_s",
+        "sim_wall_s",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {v}");
+    }
+    assert_eq!(v["jobs"], 300);
+    assert_eq!(v["procs"], 256, "MaxNodes from the header");
+    assert_eq!(v["policy"], "easy");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(rows.lines().count(), 301);
+    assert!(rows.starts_with("swf_id,user,procs,submit,start,end,wait_s"));
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("queued jobs"),
+        "an SVG with its captions"
+    );
+}
+
+#[test]
+fn sim_names_what_is_wrong_with_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.swf");
+    std::fs::write(&bad, "1 0 5 x 4 -1 -1 8 50 -1 1 3 2 -1 1 -1 -1 -1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["sim", "--no-progress", "--swf"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 1: field 4 (run time)"), "{err}");
+    let missing = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["sim", "--swf", "/nonexistent.swf"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("reading trace /nonexistent.swf"));
+}
