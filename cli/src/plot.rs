@@ -18,53 +18,17 @@ pub fn write(replay: &Replay, path: &Path) -> Result<()> {
     let end = samples.last().map_or(1.0, |s| hours(s.time).max(1.0));
     let procs = replay.summary.procs.max(1) as f64;
 
-    let mut chart = ChartBuilder::on(&util)
-        .caption("busy processors (fraction)", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..end, 0.0..1.0)
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("hours")
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .draw_series(LineSeries::new(
-            samples
-                .iter()
-                .map(|s| (hours(s.time), s.busy_procs as f64 / procs)),
-            &BLUE,
-        ))
-        .map_err(|e| anyhow!("{e}"))?;
-
-    let max_q = samples
+    let busy: Vec<(f64, f64)> = samples
         .iter()
-        .map(|s| s.queued_jobs)
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let mut chart = ChartBuilder::on(&queue)
-        .caption("queued jobs", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..end, 0.0..max_q)
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("hours")
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
-    chart
-        .draw_series(LineSeries::new(
-            samples
-                .iter()
-                .map(|s| (hours(s.time), s.queued_jobs as f64)),
-            &RED,
-        ))
-        .map_err(|e| anyhow!("{e}"))?;
+        .map(|s| (hours(s.time), s.busy_procs as f64 / procs))
+        .collect();
+    line_chart(&util, "busy processors (fraction)", end, 1.0, &busy, &BLUE)?;
+    let queued: Vec<(f64, f64)> = samples
+        .iter()
+        .map(|s| (hours(s.time), s.queued_jobs as f64))
+        .collect();
+    let max_q = queued.iter().map(|p| p.1).fold(1.0, f64::max);
+    line_chart(&queue, "queued jobs", end, max_q, &queued, &RED)?;
 
     // Waits in 40 bins up to the largest.
     let max_wait = replay.summary.max_wait_s.max(1.0);
@@ -96,5 +60,35 @@ pub fn write(replay: &Replay, path: &Path) -> Result<()> {
         )
         .map_err(|e| anyhow!("{e}"))?;
     root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// One value over time, in hours.
+fn line_chart<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    x_max: f64,
+    y_max: f64,
+    points: &[(f64, f64)],
+    color: &RGBColor,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("hours")
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(LineSeries::new(points.iter().copied(), color))
+        .map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

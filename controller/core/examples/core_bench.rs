@@ -10,6 +10,9 @@
 //! - recomputing every pending job's priority (GWDG multifactor with Fair Tree, and IT4I),
 //!   including the fair-share computation, and the full order of consideration.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicIsize, Ordering};
@@ -24,9 +27,8 @@ use docket_core::partition::Partition;
 use docket_core::priority::{self, It4i, Multifactor, PriorityFormula};
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds, TimeMs};
-use docket_core::{
-    AccountName, Actor, ApplyCtx, Command, Envelope, NodeName, Response, State, UserName,
-};
+use docket_core::{AccountName, Actor, Command, NodeName, Response, State, UserName};
+use support::{Bench, name};
 
 /// Counts live heap bytes, so the state's size is measured, not estimated.
 struct Counting;
@@ -60,34 +62,6 @@ static ALLOCATOR: Counting = Counting;
 
 const SCRIPT: &[u8] = b"#!/bin/bash\n#SBATCH -t 1:00:00\nsrun ./simulate --steps 1000\n";
 
-struct Bench {
-    state: State,
-    index: u64,
-    now: TimeMs,
-}
-
-impl Bench {
-    fn apply(&mut self, cmd: Command) -> Response {
-        self.index += 1;
-        self.now = self.now.plus(Seconds(1));
-        let ctx = ApplyCtx {
-            index: self.index,
-            time_ms: self.now,
-        };
-        match self.state.apply(&Envelope::new(cmd), ctx) {
-            Ok(r) => r,
-            Err(e) => panic!("setup command refused: {e}"),
-        }
-    }
-}
-
-fn name<T: std::str::FromStr>(s: &str) -> T
-where
-    T::Err: std::fmt::Debug,
-{
-    s.parse().expect("valid name")
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -103,11 +77,7 @@ fn main() {
     let mut config = SchedConfig::default();
     config.priority.formula = PriorityFormula::Multifactor(Multifactor::gwdg());
     config.fairshare.algorithm = FairshareAlgorithm::FairTree;
-    let mut b = Bench {
-        state: State::new(config),
-        index: 0,
-        now: TimeMs(1_700_000_000_000),
-    };
+    let mut b = Bench::new(State::new(config), Seconds(1));
 
     let mut nodes = BTreeSet::new();
     for i in 0..1000 {

@@ -11,6 +11,9 @@
 //!
 //! Each pass runs 5 times; the JSON line gives the median and the maximum.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -22,39 +25,11 @@ use docket_core::node::NodeSpec;
 use docket_core::partition::Partition;
 use docket_core::plan::Unlimited;
 use docket_core::qos::Qos;
-use docket_core::quantity::{MiB, Seconds, TimeMs};
-use docket_core::{
-    AccountName, Actor, ApplyCtx, Command, Envelope, NodeName, Response, State, UserName,
-};
+use docket_core::quantity::{MiB, Seconds};
+use docket_core::{AccountName, Actor, Command, NodeName, Response, State, UserName};
+use support::{Bench, name};
 
 const SCRIPT: &[u8] = b"#!/bin/sh\nsrun ./app\n";
-
-struct Bench {
-    state: State,
-    index: u64,
-    now: TimeMs,
-}
-
-impl Bench {
-    fn apply(&mut self, cmd: Command) -> Response {
-        self.index += 1;
-        let ctx = ApplyCtx {
-            index: self.index,
-            time_ms: self.now,
-        };
-        match self.state.apply(&Envelope::new(cmd), ctx) {
-            Ok(r) => r,
-            Err(e) => panic!("setup command refused: {e}"),
-        }
-    }
-}
-
-fn name<T: std::str::FromStr>(s: &str) -> T
-where
-    T::Err: std::fmt::Debug,
-{
-    s.parse().expect("valid name")
-}
 
 struct Lcg(u64);
 
@@ -69,11 +44,7 @@ impl Lcg {
 }
 
 fn cluster(config: SchedConfig, nodes: usize, cpus: u32, users: usize) -> (Bench, Vec<UserName>) {
-    let mut b = Bench {
-        state: State::new(config),
-        index: 0,
-        now: TimeMs(1_700_000_000_000),
-    };
+    let mut b = Bench::new(State::new(config), Seconds(0));
     let mut names = BTreeSet::new();
     for i in 0..nodes {
         let n: NodeName = name(&format!("c{i:05}"));

@@ -56,12 +56,9 @@ impl State {
                 pass.plan.continuation = Some(cont);
                 return pass.plan;
             }
-            let Some(job) = self.jobs.get(&id) else {
+            let Some(job) = self.waiting(id) else {
                 continue;
             };
-            if job.state != JobState::Pending || job.part != Part::Idle {
-                continue;
-            }
             let partition = &job.resolved.partition;
             let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
             if params.bf_max_job_part > 0 && in_partition >= params.bf_max_job_part {

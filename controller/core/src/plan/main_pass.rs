@@ -80,12 +80,9 @@ impl State {
                 pass.plan.continuation = Some(std::mem::take(cont));
                 return pass.plan;
             }
-            let Some(job) = self.jobs.get(&id) else {
+            let Some(job) = self.waiting(id) else {
                 continue;
             };
-            if job.state != JobState::Pending || job.part != Part::Idle {
-                continue;
-            }
             let partition = &job.resolved.partition;
             if cont.blocked.contains(partition) {
                 continue;

@@ -61,6 +61,15 @@ pub struct Continuation {
     pub(crate) reservations: Vec<(JobRef, Placement)>,
 }
 
+impl crate::state::State {
+    /// The job `id` if it waits to be scheduled: pending, and in the idle part of the queue.
+    pub(crate) fn waiting(&self, id: JobId) -> Option<&crate::job::Job> {
+        self.jobs.get(&id).map(|j| &**j).filter(|j| {
+            j.state == crate::job::JobState::Pending && j.part == crate::job::Part::Idle
+        })
+    }
+}
+
 impl Continuation {
     /// Jobs still to consider.
     pub fn remaining(&self) -> usize {
