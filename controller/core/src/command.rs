@@ -106,6 +106,9 @@ pub enum Command {
     RemovePartition(PartitionName),
     UpsertQos(Box<Qos>),
     RemoveQos(QosName),
+    /// Creates or changes an advance reservation.
+    UpsertReservation(Box<crate::reservation::Reservation>),
+    RemoveReservation(crate::ids::ReservationName),
     /// Add or change an account (its users are kept).
     UpsertAccount {
         name: AccountName,

@@ -146,6 +146,11 @@ name_type!(
     "qos"
 );
 name_type!(
+    /// An advance reservation (`scontrol create reservation`).
+    ReservationName,
+    "reservation"
+);
+name_type!(
     /// A compute node. Never a controller replica (those are `ReplicaId`s in docket-raft).
     NodeName,
     "node"

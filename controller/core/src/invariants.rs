@@ -5,7 +5,8 @@
 //!
 //! 1. The account tree is well-formed (see `account`); every user's default account exists
 //!    and has the user as a member.
-//! 2. Every partition's nodes exist; at most one partition is the default.
+//! 2. Every partition's nodes exist; at most one partition is the default; every
+//!    reservation's window is non-empty and its nodes, users and accounts exist.
 //! 3. Job ids are keys, below `next_job_id`; live jobs name a user, account, partition and
 //!    QOS that exist.
 //! 4. A job holds an allocation exactly when its state holds resources, and every node lists
@@ -82,6 +83,34 @@ impl State {
                     self.nodes.contains_key(n),
                     "partition {} lists unknown node {n}",
                     p.name
+                );
+            }
+        }
+        for r in self.reservations.values() {
+            ensure!(
+                r.start < r.end,
+                "reservation {} ends before it starts",
+                r.name
+            );
+            for n in &r.nodes {
+                ensure!(
+                    self.nodes.contains_key(n),
+                    "reservation {} holds unknown node {n}",
+                    r.name
+                );
+            }
+            for u in &r.users {
+                ensure!(
+                    self.users.contains_key(u),
+                    "reservation {} admits unknown user {u}",
+                    r.name
+                );
+            }
+            for a in &r.accounts {
+                ensure!(
+                    self.accounts.get(a).is_some(),
+                    "reservation {} admits unknown account {a}",
+                    r.name
                 );
             }
         }

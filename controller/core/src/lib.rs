@@ -37,6 +37,7 @@ pub mod qos;
 pub mod quantity;
 pub mod relations;
 pub mod request;
+pub mod reservation;
 pub mod sim;
 pub mod snapshot;
 pub mod state;
@@ -45,7 +46,9 @@ pub mod usage;
 
 pub use apply::{ApplyCtx, Rejection, Response};
 pub use command::{Actor, Command, Envelope};
-pub use ids::{AccountName, IdError, JobId, NodeName, PartitionName, QosName, UserName};
+pub use ids::{
+    AccountName, IdError, JobId, NodeName, PartitionName, QosName, ReservationName, UserName,
+};
 pub use invariants::InvariantViolation;
 pub use snapshot::SnapshotError;
 pub use state::State;

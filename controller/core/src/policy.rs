@@ -374,6 +374,14 @@ impl State {
         if job.spec.begin.is_some_and(|b| b > now) {
             return Some(Reason::BeginTime);
         }
+        if let Some(name) = &job.spec.reservation {
+            match self.reservations.get(name) {
+                None => return Some(Reason::ReservationDeleted),
+                Some(r) if now >= r.end => return Some(Reason::ReservationDeleted),
+                Some(r) if now < r.start => return Some(Reason::Reservation),
+                Some(_) => {}
+            }
+        }
         match self.dependency_status(job, None, now) {
             DepStatus::Satisfied => {}
             DepStatus::Waiting => return Some(Reason::Dependency),

@@ -531,7 +531,7 @@ impl State {
             .values()
             .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
             .map(|j| {
-                let mut key = OrderKey::new(&inputs, j, false);
+                let mut key = OrderKey::new(&inputs, j, j.spec.reservation.is_some());
                 if let Some(scores) = &shuffle {
                     // Lower score first: negate into the "higher priority first" slot.
                     key.priority = -(scores.get(&j.id).copied().unwrap_or(0) as f64);

@@ -77,6 +77,7 @@ pub struct State {
     pub nodes: BTreeMap<NodeName, Node>,
     pub partitions: BTreeMap<PartitionName, Partition>,
     pub qos: BTreeMap<QosName, Qos>,
+    pub reservations: BTreeMap<crate::ids::ReservationName, crate::reservation::Reservation>,
     pub accounts: AccountTree,
     /// Ids of the (account, user) associations.
     pub assocs: crate::assoc::AssocTable,
@@ -115,6 +116,7 @@ impl State {
             nodes: BTreeMap::new(),
             partitions: BTreeMap::new(),
             qos: BTreeMap::new(),
+            reservations: BTreeMap::new(),
             accounts: AccountTree::new(),
             assocs: crate::assoc::AssocTable::default(),
             users: NameMap::default(),

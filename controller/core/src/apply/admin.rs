@@ -107,6 +107,13 @@ impl State {
                 why: format!("partition {} lists it", p.name),
             });
         }
+        if let Some(r) = self.reservations.values().find(|r| r.nodes.contains(name)) {
+            return Err(Rejection::InUse {
+                kind: "node".into(),
+                name: name.to_string(),
+                why: format!("reservation {} holds it", r.name),
+            });
+        }
         self.nodes.remove(name);
         Ok(Response::Done)
     }
@@ -335,6 +342,13 @@ impl State {
         }) {
             return Err(in_use(format!("partition {} allows it", p.name)));
         }
+        if let Some(r) = self
+            .reservations
+            .values()
+            .find(|r| r.accounts.contains(name))
+        {
+            return Err(in_use(format!("reservation {} admits it", r.name)));
+        }
         self.accounts.accounts.remove(name);
         Ok(Response::Done)
     }
@@ -415,12 +429,87 @@ impl State {
                 why: format!("job {} is queued or running", j.id),
             });
         }
+        if let Some(r) = self.reservations.values().find(|r| r.users.contains(name)) {
+            return Err(Rejection::InUse {
+                kind: "user".into(),
+                name: name.to_string(),
+                why: format!("reservation {} admits them", r.name),
+            });
+        }
         for account in self.accounts.accounts.values_mut() {
             if account.users.remove(name).is_some() {
                 self.assocs.remove(&account.name, name);
             }
         }
         self.users.remove(name);
+        Ok(Response::Done)
+    }
+}
+
+impl State {
+    pub(crate) fn upsert_reservation(
+        &mut self,
+        r: &crate::reservation::Reservation,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        let field = |f: &str| format!("reservation {} {f}", r.name);
+        if r.end <= r.start {
+            return Err(Rejection::invalid(
+                field("end"),
+                format!("{} is not after its start {}", r.end.0, r.start.0),
+            ));
+        }
+        if r.nodes.is_empty() {
+            return Err(Rejection::invalid(field("nodes"), "names no node"));
+        }
+        if let Some(n) = r.nodes.iter().find(|n| !self.nodes.contains_key(*n)) {
+            return Err(Rejection::unknown("node", n));
+        }
+        if r.users.is_empty() && r.accounts.is_empty() {
+            return Err(Rejection::invalid(
+                field("users"),
+                "names no user and no account: nobody could use it",
+            ));
+        }
+        if let Some(u) = r.users.iter().find(|u| !self.users.contains_key(*u)) {
+            return Err(Rejection::unknown("user", u));
+        }
+        if let Some(a) = r.accounts.iter().find(|a| self.accounts.get(a).is_none()) {
+            return Err(Rejection::unknown("account", a));
+        }
+        // Two reservations may not hold one node at the same time.
+        if let Some(other) = self.reservations.values().find(|o| {
+            o.name != r.name && o.overlaps(r.start, Some(r.end)) && !o.nodes.is_disjoint(&r.nodes)
+        }) {
+            return Err(Rejection::InUse {
+                kind: "node".into(),
+                name: other
+                    .nodes
+                    .intersection(&r.nodes)
+                    .next()
+                    .map_or_else(String::new, |n| n.to_string()),
+                why: format!(
+                    "reservation {} holds it in an overlapping window",
+                    other.name
+                ),
+            });
+        }
+        self.reservations.insert(r.name.clone(), r.clone());
+        self.refresh_all_pending(now);
+        Ok(Response::Done)
+    }
+
+    pub(crate) fn remove_reservation(
+        &mut self,
+        name: &crate::ids::ReservationName,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        if self.reservations.remove(name).is_none() {
+            return Err(Rejection::unknown("reservation", name));
+        }
+        // Its waiting jobs now wait for a reservation that is gone (Slurm keeps them pending
+        // with reason ReservationDeleted); running ones run on.
+        self.refresh_all_pending(now);
         Ok(Response::Done)
     }
 }

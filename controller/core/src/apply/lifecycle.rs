@@ -184,6 +184,7 @@ impl State {
         if !partition.up {
             return Err(stale(format!("partition {} is down", partition.name)));
         }
+        self.check_reservations(job, nodes)?;
         let mut shares = Vec::with_capacity(nodes.len());
         for (k, name) in nodes.iter().enumerate() {
             let node = self
@@ -326,5 +327,49 @@ impl State {
         if terminal {
             self.unindex_live(&user, id);
         }
+    }
+}
+
+impl State {
+    /// A job in a reservation starts only on its nodes and inside its window; any other job
+    /// only where no reservation's window would overlap its run.
+    fn check_reservations(
+        &self,
+        job: &crate::job::Job,
+        nodes: &[NodeName],
+    ) -> Result<(), Rejection> {
+        let now = self.applied.now;
+        let end = job.resolved.time_limit.map(|t| now.plus(t));
+        let stale = |why: String| Rejection::Stale {
+            job: job.id.to_string(),
+            why,
+        };
+        match &job.spec.reservation {
+            Some(name) => {
+                let r = self
+                    .reservations
+                    .get(name)
+                    .ok_or_else(|| stale(format!("reservation {name} is gone")))?;
+                if !r.contains(now, end) {
+                    return Err(stale(format!(
+                        "its run would not lie inside reservation {name}'s window"
+                    )));
+                }
+                if let Some(n) = nodes.iter().find(|n| !r.nodes.contains(*n)) {
+                    return Err(stale(format!("node {n} is not in reservation {name}")));
+                }
+            }
+            None => {
+                for r in self.reservations.values().filter(|r| r.overlaps(now, end)) {
+                    if let Some(n) = nodes.iter().find(|n| r.nodes.contains(*n)) {
+                        return Err(stale(format!(
+                            "node {n} is reserved ({}) during its run",
+                            r.name
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }

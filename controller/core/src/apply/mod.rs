@@ -138,6 +138,8 @@ impl State {
             Command::RemovePartition(name) => self.remove_partition(name),
             Command::UpsertQos(q) => self.upsert_qos(q),
             Command::RemoveQos(name) => self.remove_qos(name),
+            Command::UpsertReservation(r) => self.upsert_reservation(r, now),
+            Command::RemoveReservation(name) => self.remove_reservation(name, now),
             Command::UpsertAccount {
                 name,
                 parent,

@@ -515,6 +515,44 @@ impl State {
                 biggest_jobfs.0,
             ));
         }
+        if let Some(name) = &spec.reservation {
+            let r = self
+                .reservations
+                .get(name)
+                .ok_or_else(|| Rejection::unknown("reservation", name))?;
+            if !r.admits(&spec.user, &account) {
+                return Err(Rejection::NotPermitted(format!(
+                    "reservation {name} admits neither user {} nor account {account}",
+                    spec.user
+                )));
+            }
+            let usable = r
+                .nodes
+                .iter()
+                .filter(|n| partition.nodes.contains(*n))
+                .count() as u64;
+            if usable < u64::from(spec.nodes) {
+                return Err(Rejection::too_large(
+                    format!(
+                        "nodes (reservation {name}'s nodes in partition {})",
+                        partition.name
+                    ),
+                    u64::from(spec.nodes),
+                    usable,
+                ));
+            }
+            let window = r.end.since(r.start);
+            match time_limit {
+                Some(t) if t <= window => {}
+                _ => {
+                    return Err(Rejection::too_large(
+                        format!("time (reservation {name}'s window, s)"),
+                        time_limit.map_or(u64::MAX, |t| t.0),
+                        window.0,
+                    ));
+                }
+            }
+        }
         // QOS submit limit (Slurm refuses the submission rather than queueing it).
         if let Some(max) = q.limits.max_submit_jobs_per_user {
             let queued = self

@@ -134,6 +134,8 @@ pub struct JobSpec {
     pub env: Option<BlobId>,
     /// `--signal`.
     pub signal: Option<WarnSignal>,
+    /// `--reservation`: run inside this advance reservation.
+    pub reservation: Option<crate::ids::ReservationName>,
 }
 
 impl JobSpec {
@@ -171,6 +173,7 @@ impl JobSpec {
             script,
             env: None,
             signal: None,
+            reservation: None,
         }
     }
 

@@ -180,6 +180,10 @@ pub enum Reason {
     AccountGrantExhausted,
     /// A node it names explicitly is down, drained or not in its partition.
     ReqNodeNotAvail,
+    /// Its advance reservation's window has not begun.
+    Reservation,
+    /// Its advance reservation was deleted or its window has passed.
+    ReservationDeleted,
 }
 
 impl Reason {
@@ -189,6 +193,8 @@ impl Reason {
         matches!(
             self,
             Reason::BeginTime
+                | Reason::Reservation
+                | Reason::ReservationDeleted
                 | Reason::MaxPsSoftLimit
                 | Reason::MaxPsHardLimit
                 | Reason::QosGrpCpuRunMinutesLimit
@@ -229,6 +235,8 @@ impl Reason {
             Reason::AssocGrpCpuRunMinutesLimit => "AssocGrpCPURunMinutesLimit",
             Reason::AccountGrantExhausted => "AccountGrantExhausted",
             Reason::ReqNodeNotAvail => "ReqNodeNotAvail",
+            Reason::Reservation => "Reservation",
+            Reason::ReservationDeleted => "ReservationDeleted",
         }
     }
 

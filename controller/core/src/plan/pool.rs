@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ids::{NodeName, PartitionName};
+use crate::ids::{NodeName, PartitionName, ReservationName};
 use crate::job::{Job, JobState, MemoryRequest};
 use crate::node::{Node, NodeUse};
 use crate::quantity::{Seconds, TimeMs};
@@ -105,6 +105,8 @@ pub struct Pool<'a> {
     changes: Vec<Vec<Change>>,
     index: BTreeMap<&'a NodeName, usize>,
     members: BTreeMap<&'a PartitionName, Vec<usize>>,
+    /// Per node, the windows of the advance reservations holding it.
+    windows: Vec<Vec<(TimeMs, TimeMs, &'a ReservationName)>>,
     /// Per partition, the most cpus and the most memory any usable member has free now:
     /// most jobs that cannot start now are turned away without looking at every node.
     most_free: BTreeMap<&'a PartitionName, (i64, i64)>,
@@ -142,6 +144,15 @@ impl<'a> Pool<'a> {
             changes[i].sort_by_key(|c| (c.at, c.takes()));
         }
         let closed = nodes.iter().map(|n| !n.accepts_jobs()).collect();
+        let mut windows: Vec<Vec<(TimeMs, TimeMs, &ReservationName)>> =
+            vec![Vec::new(); nodes.len()];
+        for r in state.reservations.values() {
+            for n in &r.nodes {
+                if let Some(&i) = index.get(n) {
+                    windows[i].push((r.start, r.end, &r.name));
+                }
+            }
+        }
         let members = state
             .partitions
             .values()
@@ -162,6 +173,7 @@ impl<'a> Pool<'a> {
             changes,
             index,
             members,
+            windows,
             most_free: BTreeMap::new(),
         };
         let partitions: Vec<&PartitionName> = pool.members.keys().copied().collect();
@@ -237,9 +249,15 @@ impl<'a> Pool<'a> {
             let Some(want) = crate::request::node_use(job, 0, &self.nodes[i].spec) else {
                 continue;
             };
+            let allowed = self.allowed_starts(job, i, duration);
             for (a, b) in self.feasible_starts(i, &want, duration) {
-                opens.push(a);
-                closes.push(b);
+                for (x, y) in &allowed {
+                    let (lo, hi) = (a.max(*x), b.min(*y));
+                    if lo <= hi {
+                        opens.push(lo);
+                        closes.push(hi);
+                    }
+                }
             }
         }
         opens.sort_unstable();
@@ -417,6 +435,59 @@ impl<'a> Pool<'a> {
         Some(at_start)
     }
 
+    /// Do advance reservations let `job` run on node `i` over `[start, end)`? A job in a
+    /// reservation only inside its window on its nodes; any other job never overlapping a
+    /// window on a reserved node.
+    fn window_ok(&self, job: &Job, i: usize, start: TimeMs, end: Option<TimeMs>) -> bool {
+        let windows = &self.windows[i];
+        match &job.spec.reservation {
+            Some(name) => windows
+                .iter()
+                .any(|(s, e, r)| *r == name && start >= *s && end.is_some_and(|x| x <= *e)),
+            None => windows
+                .iter()
+                .all(|(s, e, _)| start >= *e || end.is_some_and(|x| x <= *s)),
+        }
+    }
+
+    /// The closed intervals of start times at which advance reservations let `job` run on
+    /// node `i` for `duration`.
+    fn allowed_starts(
+        &self,
+        job: &Job,
+        i: usize,
+        duration: Option<Seconds>,
+    ) -> Vec<(TimeMs, TimeMs)> {
+        let windows = &self.windows[i];
+        let back =
+            |t: TimeMs| duration.map(|d| TimeMs(t.0.saturating_sub(d.0.saturating_mul(1000))));
+        match &job.spec.reservation {
+            Some(name) => windows
+                .iter()
+                .filter(|(_, _, r)| *r == name)
+                .filter_map(|(s, e, _)| back(*e).filter(|last| last >= s).map(|last| (*s, last)))
+                .collect(),
+            None => {
+                // Starts before each window that end by its start, and starts after it.
+                let mut sorted: Vec<(TimeMs, TimeMs)> =
+                    windows.iter().map(|(s, e, _)| (*s, *e)).collect();
+                sorted.sort_unstable();
+                let mut out = Vec::new();
+                let mut from = self.now;
+                for (s, e) in sorted {
+                    if let Some(last) = back(s)
+                        && last >= from
+                    {
+                        out.push((from, last));
+                    }
+                    from = from.max(e);
+                }
+                out.push((from, TimeMs(u64::MAX)));
+                out
+            }
+        }
+    }
+
     /// May `job` use node `i` at all (admin state, exclusions, features)?
     fn usable_for(&self, job: &Job, i: usize) -> bool {
         let n = self.nodes[i];
@@ -452,7 +523,7 @@ impl<'a> Pool<'a> {
         // Required nodes (`-w`) take the first shares, in name order.
         for name in &spec.nodelist {
             let i = *self.index.get(name)?;
-            if !members.contains(&i) || !usable(i) {
+            if !members.contains(&i) || !usable(i) || !self.window_ok(job, i, start, end) {
                 return None;
             }
             let want = crate::request::node_use(job, chosen.len(), &self.nodes[i].spec)?;
@@ -465,7 +536,7 @@ impl<'a> Pool<'a> {
             let position = chosen.len();
             let mut best: Option<(i64, i64, usize)> = None;
             for &i in members {
-                if chosen.contains(&i) || !usable(i) {
+                if chosen.contains(&i) || !usable(i) || !self.window_ok(job, i, start, end) {
                     continue;
                 }
                 let Some(want) = crate::request::node_use(job, position, &self.nodes[i].spec)
