@@ -271,6 +271,14 @@ impl State {
                         "exclusive job {job} shares node {name}"
                     );
                 }
+                let state = self.jobs.get(job).map(|j| j.state);
+                ensure!(
+                    (state == Some(JobState::Suspended)) <= u.suspended
+                        && (!u.suspended
+                            || matches!(state, Some(JobState::Suspended | JobState::Completing))),
+                    "node {name} marks job {job} suspended={} but it is {state:?}",
+                    u.suspended
+                );
             }
             ensure!(
                 node.used_cpus() <= node.spec.cpus,

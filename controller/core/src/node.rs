@@ -31,6 +31,9 @@ pub struct NodeUse {
     pub memory: MiB,
     pub jobfs: MiB,
     pub exclusive: bool,
+    /// The job is suspended: it keeps its memory and jobfs, and its cpus may run a
+    /// preemptor (NCI: "resources for both suspended and running jobs must be available").
+    pub suspended: bool,
 }
 
 /// A node in the replicated state.
@@ -86,8 +89,13 @@ impl Node {
         }
     }
 
+    /// Cpus of the jobs running here (a suspended job's cpus are free for a preemptor).
     pub fn used_cpus(&self) -> u32 {
-        self.jobs.values().map(|u| u.cpus).sum()
+        self.jobs
+            .values()
+            .filter(|u| !u.suspended)
+            .map(|u| u.cpus)
+            .sum()
     }
 
     pub fn used_memory(&self) -> MiB {
@@ -160,6 +168,7 @@ mod tests {
             memory: MiB(512),
             jobfs: MiB(100),
             exclusive,
+            suspended: false,
         }
     }
 

@@ -31,5 +31,6 @@ pub fn node_use(job: &Job, position: usize, node: &NodeSpec) -> Option<NodeUse> 
         memory,
         jobfs: job.resolved.jobfs,
         exclusive: spec.exclusive,
+        suspended: false,
     })
 }

@@ -162,6 +162,9 @@ impl State {
             // Usage accrues up to the moment the job is frozen.
             self.accrue_usage(id, now);
         }
+        if let (Action::Resume, Place::Record(id)) = (action, place) {
+            self.check_resumable(id)?;
+        }
         let id = match place {
             Place::Record(id) => id,
             Place::PendingTask(master, index) => self.split_task(master, index),
@@ -192,6 +195,7 @@ impl State {
             Action::Suspend => {
                 job.state = JobState::Suspended;
                 job.suspended_since = Some(now);
+                self.mark_suspended(id, true);
             }
             Action::Resume => {
                 job.state = JobState::Running;
@@ -199,6 +203,7 @@ impl State {
                     job.suspended_total += now.since(since);
                 }
                 job.usage_until = Some(now);
+                self.mark_suspended(id, false);
             }
             Action::Release => {
                 job.hold = None;
@@ -292,5 +297,44 @@ impl State {
         self.relations.add(&task);
         self.jobs.insert(id, task);
         id
+    }
+}
+
+impl State {
+    /// Records on a job's nodes whether its cpus are in use (running) or free for a
+    /// preemptor (suspended); its memory and jobfs stay held either way.
+    pub(crate) fn mark_suspended(&mut self, id: JobId, suspended: bool) {
+        let Some(alloc) = self.jobs.get(&id).and_then(|j| j.alloc.as_ref()) else {
+            return;
+        };
+        let nodes: Vec<crate::ids::NodeName> =
+            alloc.shares.iter().map(|s| s.node.clone()).collect();
+        for n in nodes {
+            if let Some(u) = self
+                .nodes
+                .get_mut(&n)
+                .and_then(|node| node.jobs.get_mut(&id))
+            {
+                u.suspended = suspended;
+            }
+        }
+    }
+
+    /// A suspended job resumes only when its cpus are free again on every node it holds.
+    pub(crate) fn check_resumable(&self, id: JobId) -> Result<(), Rejection> {
+        let Some(alloc) = self.jobs.get(&id).and_then(|j| j.alloc.as_ref()) else {
+            return Ok(());
+        };
+        for s in &alloc.shares {
+            if let Some(node) = self.nodes.get(&s.node)
+                && u64::from(node.used_cpus()) + u64::from(s.cpus) > u64::from(node.spec.cpus)
+            {
+                return Err(Rejection::Stale {
+                    job: id.to_string(),
+                    why: format!("its {} cpus on node {} are in use", s.cpus, s.node),
+                });
+            }
+        }
+        Ok(())
     }
 }

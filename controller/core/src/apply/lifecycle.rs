@@ -127,6 +127,7 @@ impl State {
                         memory: s.memory,
                         jobfs: s.jobfs,
                         exclusive,
+                        suspended: false,
                     },
                 );
             }
