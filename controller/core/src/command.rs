@@ -60,6 +60,8 @@ pub enum EndCause {
     LaunchFailed,
     /// Cancelled while running.
     Cancelled,
+    /// Killed to make room for a preempting job (requeued or cancelled as its mode says).
+    Preempted,
 }
 
 /// One start decision made by the planner: re-validated by apply against current state.
@@ -69,6 +71,16 @@ pub struct StartDecision {
     pub job: JobRef,
     /// The nodes, in order; cpus, memory and jobfs per node follow from the request.
     pub nodes: Vec<NodeName>,
+}
+
+/// A preemption the planner decided: the running jobs to stop, and the start they make room
+/// for. Apply checks all of it and does all or nothing: suspended victims free their cpus
+/// and the job starts at once; victims being killed (requeue or cancel mode) free their
+/// nodes only when their agents report, and the job starts in a later pass.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptDecision {
+    pub start: StartDecision,
+    pub victims: Vec<crate::ids::JobId>,
 }
 
 /// A job's end, reported by its agent.
@@ -106,6 +118,8 @@ pub enum Command {
     RemovePartition(PartitionName),
     UpsertQos(Box<Qos>),
     RemoveQos(QosName),
+    /// Preemptions decided by the planner.
+    Preempt(Vec<PreemptDecision>),
     /// Creates or changes an advance reservation.
     UpsertReservation(Box<crate::reservation::Reservation>),
     RemoveReservation(crate::ids::ReservationName),

@@ -177,7 +177,7 @@ impl SchedParams {
 }
 
 /// Replicated scheduler configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedConfig {
     /// Array indexes run from 0 to MaxArraySize - 1 (Slurm's default 1001).
     pub max_array_size: u32,
@@ -205,6 +205,8 @@ pub struct SchedConfig {
     pub bonus_qos: Option<QosName>,
     /// The passes' limits.
     pub sched: SchedParams,
+    /// Preemption (priority-run and parallel-run).
+    pub preempt: crate::preempt::PreemptConfig,
 }
 
 impl Default for SchedConfig {
@@ -227,6 +229,7 @@ impl Default for SchedConfig {
             queue_ordering: QueueOrdering::Priority,
             bonus_qos: None,
             sched: SchedParams::default(),
+            preempt: crate::preempt::PreemptConfig::default(),
         }
     }
 }

@@ -272,6 +272,15 @@ impl State {
                     );
                 }
                 let state = self.jobs.get(job).map(|j| j.state);
+                if let Some(j) = self.jobs.get(job)
+                    && j.preempted.is_some()
+                {
+                    ensure!(
+                        matches!(j.state, JobState::Suspended | JobState::Completing),
+                        "job {job} is marked preempted but is {:?}",
+                        j.state
+                    );
+                }
                 ensure!(
                     (state == Some(JobState::Suspended)) <= u.suspended
                         && (!u.suspended

@@ -32,6 +32,7 @@ pub mod node;
 pub mod partition;
 pub mod plan;
 mod policy;
+pub mod preempt;
 pub mod priority;
 pub mod qos;
 pub mod quantity;
@@ -44,7 +45,7 @@ pub mod state;
 pub mod tres;
 pub mod usage;
 
-pub use apply::{ApplyCtx, Rejection, Response};
+pub use apply::{ApplyCtx, PreemptOutcome, Rejection, Response};
 pub use command::{Actor, Command, Envelope};
 pub use ids::{
     AccountName, IdError, JobId, NodeName, PartitionName, QosName, ReservationName, UserName,

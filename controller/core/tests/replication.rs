@@ -393,6 +393,7 @@ fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
         Ok(Response::Submitted(v)) => v.iter().all(Result::is_err),
         Ok(Response::PerJob(v)) => v.iter().all(Result::is_err),
         Ok(Response::Started(v)) => v.iter().all(Result::is_err),
+        Ok(Response::Preempted(v)) => v.iter().all(Result::is_err),
         Ok(Response::Ended { applied, .. }) => *applied == 0,
         Ok(Response::Done) => false,
     }

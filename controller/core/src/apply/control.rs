@@ -203,6 +203,7 @@ impl State {
                     job.suspended_total += now.since(since);
                 }
                 job.usage_until = Some(now);
+                job.preempted = None;
                 self.mark_suspended(id, false);
             }
             Action::Release => {

@@ -40,7 +40,7 @@ impl State {
         Response::Started(results)
     }
 
-    fn start_one(
+    pub(crate) fn start_one(
         &mut self,
         d: &StartDecision,
         running: &crate::policy::RunningSummary,
@@ -280,9 +280,17 @@ impl State {
         };
         let alloc = job.alloc.take();
         let cancelled = job.end_cause == Some(EndCause::Cancelled);
-        let requeue = job.spec.requeue
-            && !cancelled
-            && matches!(cause, EndCause::NodeFail | EndCause::LaunchFailed);
+        let preempted = job.end_cause == Some(EndCause::Preempted);
+        let preempt_requeue = preempted
+            && job
+                .preempted
+                .is_some_and(|p| p.mode == crate::partition::PreemptMode::Requeue);
+        let requeue = preempt_requeue
+            || job.spec.requeue
+                && !cancelled
+                && !preempted
+                && matches!(cause, EndCause::NodeFail | EndCause::LaunchFailed);
+        job.preempted = None;
         if let Some(since) = job.suspended_since.take() {
             job.suspended_total += now.since(since);
         }
@@ -300,6 +308,7 @@ impl State {
             let exited_ok = exit.is_some_and(|e| e.code == 0 && e.signal == 0);
             job.state = match cause {
                 _ if cancelled => JobState::Cancelled,
+                _ if preempted => JobState::Preempted,
                 EndCause::Exited if exited_ok => JobState::Completed,
                 EndCause::Exited | EndCause::JobfsExceeded | EndCause::LaunchFailed => {
                     JobState::Failed
@@ -308,10 +317,11 @@ impl State {
                 EndCause::OutOfMemory => JobState::OutOfMemory,
                 EndCause::NodeFail => JobState::NodeFail,
                 EndCause::Cancelled => JobState::Cancelled,
+                EndCause::Preempted => JobState::Preempted,
             };
             job.end_time = Some(now);
             job.exit = exit;
-            if !cancelled {
+            if !cancelled && !preempted {
                 job.end_cause = Some(cause);
             }
         }

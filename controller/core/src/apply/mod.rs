@@ -8,6 +8,7 @@ mod admin;
 pub mod charging;
 mod control;
 mod lifecycle;
+mod preemption;
 mod purge;
 mod submit;
 
@@ -37,11 +38,22 @@ pub enum Response {
     /// One result per start decision: the id of the job that started (a new id for an array
     /// task split off its master).
     Started(Vec<Result<JobId, Rejection>>),
+    /// One result per preemption: the preemptor started, or its victims are being killed.
+    Preempted(Vec<Result<PreemptOutcome, Rejection>>),
     /// How many end reports took effect (stale ones are ignored).
     Ended {
         applied: u32,
         stale: u32,
     },
+}
+
+/// What one preemption did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PreemptOutcome {
+    /// The victims are suspended and the job started (its id).
+    Started(JobId),
+    /// The victims are being killed; the job starts once their nodes are free.
+    Freeing,
 }
 
 /// Why a command, or one item of it, was refused. The message names the field and the limit.
@@ -157,6 +169,7 @@ impl State {
             Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
+            Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
             Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
             Command::Tick => {
                 self.accrue_all_usage(now);

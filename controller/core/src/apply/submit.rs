@@ -227,6 +227,7 @@ impl State {
             end_cause: None,
             site_priority: 0,
             bypass_count: 0,
+            preempted: None,
         };
         self.index_live(&job);
         self.relations.add(&job);

@@ -131,6 +131,15 @@ pub struct Job {
     pub site_priority: i64,
     /// Times the backfill planner let a lower-priority job start ahead of it (Maui).
     pub bypass_count: u32,
+    /// Preempted (suspended, or being killed to be requeued or cancelled) for this job.
+    pub preempted: Option<Preemption>,
+}
+
+/// Why a running job was stopped for another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    pub by: JobId,
+    pub mode: crate::partition::PreemptMode,
 }
 
 impl Job {
