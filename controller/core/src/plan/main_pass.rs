@@ -62,6 +62,7 @@ impl State {
         let cont = &mut order.1;
         let order = &mut order.0;
         let mut pass = Pass::new(self, now);
+        pass.plan.resumes = self.resumable();
         let per_partition = self.config.sched.partition_job_depth;
         let finished = |c: &Continuation| {
             self.partitions.keys().all(|p| {

@@ -19,6 +19,7 @@ pub mod budget;
 pub mod main_pass;
 mod pass;
 pub mod pool;
+mod preemption;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -41,6 +42,11 @@ pub struct Plan {
     /// Backfill: the jobs that cannot start now and when and where they are expected to
     /// (what no backfilled job may delay; `squeue --start` shows them).
     pub reservations: Vec<(JobRef, Placement)>,
+    /// Preemptions (one `Preempt` command), proposed before the starts.
+    pub preemptions: Vec<crate::command::PreemptDecision>,
+    /// Main pass: preempted jobs whose cpus are free again (one `ResumeJobs` command),
+    /// proposed first.
+    pub resumes: Vec<JobId>,
 }
 
 /// Where a stopped pass resumes.

@@ -23,6 +23,8 @@ pub(crate) enum Outcome {
 
 /// One pass's working state: what is free and what runs, with its own decisions counted.
 pub(crate) struct Pass<'a> {
+    /// Jobs this pass already chose as victims.
+    pub(crate) victims: std::collections::BTreeSet<crate::ids::JobId>,
     pub(crate) state: &'a State,
     pub(crate) now: TimeMs,
     pub(crate) pool: Pool<'a>,
@@ -34,6 +36,7 @@ pub(crate) struct Pass<'a> {
 impl<'a> Pass<'a> {
     pub(crate) fn new(state: &'a State, now: TimeMs) -> Pass<'a> {
         Pass {
+            victims: std::collections::BTreeSet::new(),
             state,
             now,
             pool: Pool::new(state, now),
@@ -74,7 +77,16 @@ impl<'a> Pass<'a> {
                     self.record(job, target, nodes);
                     Outcome::Started
                 }
-                None => Outcome::NoResources,
+                None => {
+                    let mut taken = std::mem::take(&mut self.victims);
+                    let preempted = self.try_preempt(job, &mut taken);
+                    self.victims = taken;
+                    if preempted {
+                        Outcome::Started
+                    } else {
+                        Outcome::NoResources
+                    }
+                }
             };
         };
         // An array: its pending tasks one by one, while the throttle, limits and nodes allow.

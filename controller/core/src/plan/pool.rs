@@ -198,6 +198,39 @@ impl<'a> Pool<'a> {
         self.now
     }
 
+    /// What node `name` has free now (cpus, memory, jobfs), if it exists, accepts jobs and
+    /// is not held exclusively; a suspended job's cpus count as taken (they are its to
+    /// resume).
+    pub fn free_now(&self, name: &NodeName) -> Option<(i64, i64, i64)> {
+        let i = *self.index.get(name)?;
+        let f = &self.free[i];
+        (!self.closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory, f.jobfs))
+    }
+
+    /// Plans nothing more on node `name` in this pass (a preemption is under way there).
+    pub fn close(&mut self, name: &NodeName) {
+        if let Some(&i) = self.index.get(name) {
+            self.closed[i] = true;
+            let touched: Vec<&'a PartitionName> = self
+                .members
+                .iter()
+                .filter(|(_, m)| m.contains(&i))
+                .map(|(p, _)| *p)
+                .collect();
+            for p in touched {
+                self.refresh_most_free(p);
+            }
+        }
+    }
+
+    /// Can `job` use node `name` over `[start, end)` as far as admin state, exclusions,
+    /// features and reservation windows go?
+    pub fn admits(&self, job: &Job, name: &NodeName, start: TimeMs, end: Option<TimeMs>) -> bool {
+        self.index
+            .get(name)
+            .is_some_and(|&i| self.usable_for(job, i) && self.window_ok(job, i, start, end))
+    }
+
     /// Free cpus now on the partition's usable nodes.
     pub fn free_cpus(&self, partition: &PartitionName) -> u64 {
         self.members.get(partition).map_or(0, |m| {

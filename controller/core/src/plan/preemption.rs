@@ -1,0 +1,149 @@
+//! The planner's side of preemption: when a job finds no room, look for running jobs it may
+//! preempt (see `crate::preempt`) whose cpus would make room, best victims first; and, at
+//! the start of a main pass, resume preempted jobs whose cpus are free again.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::command::{PreemptDecision, StartDecision};
+use crate::ids::{JobId, NodeName};
+use crate::job::{Job, JobRef, JobState};
+use crate::partition::PreemptMode;
+use crate::plan::pass::Pass;
+use crate::state::State;
+
+impl State {
+    /// Suspended-by-preemption jobs that can resume now, oldest suspension first, without
+    /// two of them counting on the same free cpus.
+    pub(crate) fn resumable(&self) -> Vec<JobId> {
+        let mut waiting: Vec<&Job> = self
+            .holding
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+            .filter(|j| j.state == JobState::Suspended)
+            .filter(|j| j.preempted.is_some_and(|p| p.mode == PreemptMode::Suspend))
+            .collect();
+        waiting.sort_by_key(|j| (j.suspended_since, j.id));
+        let mut promised: BTreeMap<&NodeName, u64> = BTreeMap::new();
+        let mut out = Vec::new();
+        for j in waiting {
+            let Some(alloc) = &j.alloc else {
+                continue;
+            };
+            let fits = alloc.shares.iter().all(|s| {
+                self.nodes.get(&s.node).is_some_and(|n| {
+                    u64::from(n.used_cpus())
+                        + promised.get(&s.node).copied().unwrap_or(0)
+                        + u64::from(s.cpus)
+                        <= u64::from(n.spec.cpus)
+                })
+            });
+            if fits {
+                for s in &alloc.shares {
+                    *promised.entry(&s.node).or_default() += u64::from(s.cpus);
+                }
+                out.push(j.id);
+            }
+        }
+        out
+    }
+}
+
+impl Pass<'_> {
+    /// Tries to make room for `job` (not an array) by preempting running jobs. On success the
+    /// decision is recorded and the nodes are closed for the rest of the pass.
+    pub(crate) fn try_preempt(&mut self, job: &Job, taken: &mut BTreeSet<JobId>) -> bool {
+        let state = self.state;
+        let now = self.now;
+        let Some(partition) = state.partitions.get(&job.resolved.partition) else {
+            return false;
+        };
+        let end = job.resolved.time_limit.map(|t| now.plus(t));
+        // Per node: what could be freed, best victims first.
+        let mut options: Vec<(usize, i64, Vec<JobId>, &NodeName)> = Vec::new();
+        for name in &partition.nodes {
+            let Some(node) = state.nodes.get(name) else {
+                continue;
+            };
+            if !self.pool.admits(job, name, now, end) {
+                continue;
+            }
+            let Some((cpus, memory, jobfs)) = self.pool.free_now(name) else {
+                continue;
+            };
+            let position = options.len().min(job.spec.nodes as usize - 1);
+            let Some(want) = crate::request::node_use(job, position, &node.spec) else {
+                continue;
+            };
+            let mut victims: Vec<(f64, &Job, PreemptMode)> = node
+                .jobs
+                .iter()
+                .filter(|(_, u)| !u.suspended && !u.exclusive)
+                .filter(|(id, _)| !taken.contains(*id))
+                .filter_map(|(id, _)| state.jobs.get(id))
+                .filter_map(|v| {
+                    state
+                        .preempt_mode(job, v, now)
+                        .map(|m| (state.suspension_score(job, v, now), &**v, m))
+                })
+                .collect();
+            if victims.is_empty() {
+                continue;
+            }
+            victims.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
+            let (mut c, mut m, mut f) = (cpus, memory, jobfs);
+            let mut chosen = Vec::new();
+            let need = |c: i64, m: i64, f: i64| {
+                i64::from(want.cpus) > c
+                    || i64::try_from(want.memory.0).is_ok_and(|w| w > m)
+                    || i64::try_from(want.jobfs.0).is_ok_and(|w| w > f)
+            };
+            for (_, v, mode) in victims {
+                if !need(c, m, f) {
+                    break;
+                }
+                let share = node.jobs.get(&v.id).copied();
+                let Some(u) = share else {
+                    continue;
+                };
+                c += i64::from(u.cpus);
+                // A suspended victim keeps its memory and jobfs; a killed one gives them back.
+                if mode != PreemptMode::Suspend {
+                    m += i64::try_from(u.memory.0).unwrap_or(0);
+                    f += i64::try_from(u.jobfs.0).unwrap_or(0);
+                }
+                chosen.push(v.id);
+            }
+            if !need(c, m, f) {
+                options.push((chosen.len(), c - i64::from(want.cpus), chosen, name));
+            }
+        }
+        let wanted = job.spec.nodes as usize;
+        if options.len() < wanted {
+            return false;
+        }
+        // The fewest victims, then the tightest fit.
+        options.sort_by(|a, b| (a.0, a.1, a.3).cmp(&(b.0, b.1, b.3)));
+        options.truncate(wanted);
+        let nodes: Vec<NodeName> = options.iter().map(|o| o.3.clone()).collect();
+        let victims: Vec<JobId> = options.iter().flat_map(|o| o.2.iter().copied()).collect();
+        if victims.is_empty() {
+            return false;
+        }
+        for n in &nodes {
+            self.pool.close(n);
+        }
+        taken.extend(victims.iter().copied());
+        self.running.add_job(job, &state.accounts, now);
+        self.plan.preemptions.push(PreemptDecision {
+            start: StartDecision {
+                job: JobRef {
+                    job: job.id,
+                    task: None,
+                },
+                nodes,
+            },
+            victims,
+        });
+        true
+    }
+}
