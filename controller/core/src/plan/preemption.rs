@@ -57,6 +57,20 @@ impl Pass<'_> {
         let Some(partition) = state.partitions.get(&job.resolved.partition) else {
             return false;
         };
+        // Most jobs may preempt nobody: say so without looking at any node.
+        let by_qos = state
+            .qos
+            .get(&job.resolved.qos)
+            .is_some_and(|q| !q.preempt.is_empty());
+        let by_tier = state
+            .partitions
+            .values()
+            .any(|p| p.priority_tier < partition.priority_tier && p.preempt_mode != PreemptMode::Off);
+        let parallel = state.config.preempt.parallel_run.is_some()
+            && partition.preempt_mode == PreemptMode::Suspend;
+        if !(by_qos || by_tier || parallel) {
+            return false;
+        }
         let end = job.resolved.time_limit.map(|t| now.plus(t));
         // Per node: what could be freed, best victims first.
         let mut options: Vec<(usize, i64, Vec<JobId>, &NodeName)> = Vec::new();
