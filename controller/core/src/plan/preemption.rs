@@ -62,10 +62,9 @@ impl Pass<'_> {
             .qos
             .get(&job.resolved.qos)
             .is_some_and(|q| !q.preempt.is_empty());
-        let by_tier = state
-            .partitions
-            .values()
-            .any(|p| p.priority_tier < partition.priority_tier && p.preempt_mode != PreemptMode::Off);
+        let by_tier = state.partitions.values().any(|p| {
+            p.priority_tier < partition.priority_tier && p.preempt_mode != PreemptMode::Off
+        });
         let parallel = state.config.preempt.parallel_run.is_some()
             && partition.preempt_mode == PreemptMode::Suspend;
         if !(by_qos || by_tier || parallel) {
