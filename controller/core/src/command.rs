@@ -118,6 +118,9 @@ pub enum Command {
     RemovePartition(PartitionName),
     UpsertQos(Box<Qos>),
     RemoveQos(QosName),
+    /// Jobs a backfill pass started lower-priority jobs ahead of: each one's bypass count
+    /// grows by one (Maui's bypass factor; NCI's starvation guard).
+    NoteBypassed(Vec<crate::ids::JobId>),
     /// Preemptions decided by the planner.
     Preempt(Vec<PreemptDecision>),
     /// Creates or changes an advance reservation.

@@ -228,3 +228,29 @@ fn a_stale_plan_is_refused_whole_job_by_job() {
     b.applied = Default::default();
     assert_eq!(after.to_snapshot().unwrap(), b.to_snapshot().unwrap());
 }
+
+/// Backfill reports the jobs a lower one started ahead of; apply counts them (Maui's
+/// bypass count, which priority and the suspension score reward).
+#[test]
+fn backfill_reports_bypassed_jobs_and_apply_counts_them() {
+    use docket_core::job::TimeRequest;
+    use docket_core::quantity::Seconds;
+    let mut c = cluster(1);
+    let running = c.submit(vec![spec_cpus(&c, "alice", 8)])[0];
+    c.start(jr(running), &["n001"]).unwrap();
+    let mut big = spec_cpus(&c, "alice", 16);
+    big.time = TimeRequest::Limit(Seconds::hours(1));
+    let big = c.submit(vec![big])[0];
+    let mut short = spec_cpus(&c, "bob", 8);
+    short.time = TimeRequest::Limit(Seconds(600));
+    let short = c.submit(vec![short])[0];
+    let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    let started: Vec<JobRef> = plan.starts.iter().map(|d| d.job).collect();
+    assert_eq!(started, vec![jr(short)]);
+    assert_eq!(plan.bypassed, vec![big]);
+    c.ok(Command::NoteBypassed(plan.bypassed.clone()));
+    assert_eq!(c.job(big).bypass_count, 1);
+    // Counting a job that no longer waits does nothing.
+    c.ok(Command::NoteBypassed(vec![running]));
+    assert_eq!(c.job(running).bypass_count, 0);
+}

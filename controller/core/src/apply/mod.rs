@@ -170,6 +170,17 @@ impl State {
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
+            Command::NoteBypassed(jobs) => {
+                // Only jobs still waiting count; others are ignored (the plan is stale).
+                for id in jobs {
+                    if let Some(job) = self.jobs.get_mut(id)
+                        && job.state == crate::job::JobState::Pending
+                    {
+                        job.bypass_count = job.bypass_count.saturating_add(1);
+                    }
+                }
+                Ok(Response::Done)
+            }
             Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
             Command::Tick => {
                 self.accrue_all_usage(now);

@@ -46,6 +46,7 @@ impl State {
                 && pass.pool.hold(&self.jobs[&target.job], placement)
         });
         let horizon = now.plus(params.bf_window);
+        let mut waiting_ahead: Vec<crate::ids::JobId> = Vec::new();
         for (k, &id) in rest.iter().enumerate() {
             if params.bf_max_job_test > 0 && cont.considered >= u64::from(params.bf_max_job_test) {
                 break;
@@ -71,8 +72,16 @@ impl State {
             cont.depth.insert(partition.clone(), in_partition + 1);
             cont.per_user.insert(job.spec.user.clone(), of_user + 1);
             cont.considered += 1;
-            if pass.try_start(job) != Outcome::NoResources {
-                continue;
+            match pass.try_start(job) {
+                Outcome::Started => {
+                    // Every job ahead of it that could not start has been bypassed (Maui's
+                    // bypass count; NCI: bypassed jobs gain score so none starves).
+                    pass.plan.bypassed.extend(waiting_ahead.iter().copied());
+                    waiting_ahead.clear();
+                    continue;
+                }
+                Outcome::Limited => continue,
+                Outcome::NoResources => waiting_ahead.push(id),
             }
             let may_reserve = match params.backfill {
                 BackfillMode::Off => false,
@@ -104,6 +113,8 @@ impl State {
             }
         }
         pass.plan.reservations = cont.reservations;
+        pass.plan.bypassed.sort_unstable();
+        pass.plan.bypassed.dedup();
         pass.plan
     }
 }

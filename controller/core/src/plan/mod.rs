@@ -47,6 +47,8 @@ pub struct Plan {
     /// Main pass: preempted jobs whose cpus are free again (one `ResumeJobs` command),
     /// proposed first.
     pub resumes: Vec<JobId>,
+    /// Backfill: jobs a lower one started ahead of (one `NoteBypassed` command).
+    pub bypassed: Vec<JobId>,
 }
 
 /// Where a stopped pass resumes.
