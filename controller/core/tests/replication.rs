@@ -17,8 +17,10 @@ use docket_core::config::{QueuePolicy, SchedConfig};
 use docket_core::job::{
     ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
 };
+use docket_core::plan::Unlimited;
 use docket_core::qos::Qos;
 use docket_core::quantity::Seconds;
+use docket_core::reservation::Reservation;
 use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response, State};
 use proptest::prelude::*;
 
@@ -38,6 +40,7 @@ enum Op {
         singleton: bool,
         hold: bool,
         requeue: bool,
+        express: bool,
     },
     Cancel {
         pick: usize,
@@ -86,6 +89,18 @@ enum Op {
     ResumeJob {
         pick: usize,
     },
+    /// Run a planner pass on the current state and apply (part of) its plan.
+    Plan {
+        backfill: bool,
+        what: usize,
+    },
+    /// An advance reservation on one node.
+    Reserve {
+        node: usize,
+        from: u64,
+        hours: u64,
+        user: usize,
+    },
     /// Limits that tie users together (QOS group, account) or bind one (QOS per user).
     Limits {
         qos_grp_jobs: Option<u32>,
@@ -99,9 +114,10 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..3usize, 1..4usize, prop_oneof![8 => 1..5u32, 1 => 1..20u32], 0..20_000u64,
               proptest::option::of((1..6u32, proptest::option::of(1..3u32))),
               proptest::option::of((0..5usize, 0..64usize)), any::<bool>(),
-              proptest::bool::weighted(0.15), any::<bool>())
-            .prop_map(|(user, count, ntasks, secs, array, dep, singleton, hold, requeue)| Op::Submit {
+              proptest::bool::weighted(0.15), any::<bool>(), proptest::bool::weighted(0.25))
+            .prop_map(|(user, count, ntasks, secs, array, dep, singleton, hold, requeue, express)| Op::Submit {
                 user, count, ntasks, secs, array, dep, singleton: singleton && dep.is_none(), hold, requeue,
+                express,
             }),
         1 => (0..64usize, 0..3usize).prop_map(|(pick, user)| Op::Cancel { pick, user }),
         1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::Hold { pick, admin }),
@@ -119,6 +135,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (proptest::option::of(1..5u32), proptest::option::of(2..8u32),
               proptest::option::of(1_000..200_000u64))
             .prop_map(|(idle, total, soft)| Op::Caps { idle, total, soft }),
+        4 => (any::<bool>(), 0..4usize).prop_map(|(backfill, what)| Op::Plan { backfill, what }),
+        1 => (0..4usize, 0..7200u64, 1..4u64, 0..3usize)
+            .prop_map(|(node, from, hours, user)| Op::Reserve { node, from, hours, user }),
         1 => (proptest::option::of(1..4u32), proptest::option::of(1..3u32), proptest::option::of(1..4u32))
             .prop_map(|(qos_grp_jobs, qos_user_jobs, account_max_jobs)| Op::Limits {
                 qos_grp_jobs, qos_user_jobs, account_max_jobs,
@@ -168,10 +187,15 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             singleton,
             hold,
             requeue,
+            express,
         } => {
             let mut s = spec_base.clone();
+            if *express {
+                // A whole node: it must preempt whenever every node runs work jobs.
+                s.partition = Some(name("express"));
+            }
             s.user = name(USERS[*user]);
-            s.ntasks = *ntasks;
+            s.ntasks = if *express { 16 } else { *ntasks };
             s.time = if *secs == 0 {
                 TimeRequest::Limit(Seconds(0))
             } else {
@@ -333,6 +357,50 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
         ),
         Op::Resume { node } => (Command::ResumeNode(name(NODES[*node])), 0),
         Op::Tick { secs } => (Command::Tick, *secs),
+        Op::Plan { backfill, what } => {
+            let now = state.applied.now;
+            let plan = if *backfill {
+                state.backfill_pass(now, &mut Unlimited, None)
+            } else {
+                state.main_pass(now, &mut Unlimited, None)
+            };
+            let cmd = match what {
+                0 => Command::StartJobs(plan.starts),
+                1 => Command::Preempt(plan.preemptions),
+                2 => Command::ResumeJobs {
+                    actor: Actor::Operator,
+                    jobs: plan
+                        .resumes
+                        .iter()
+                        .map(|id| JobRef {
+                            job: *id,
+                            task: None,
+                        })
+                        .collect(),
+                },
+                _ => Command::NoteBypassed(plan.bypassed),
+            };
+            (cmd, 0)
+        }
+        Op::Reserve {
+            node,
+            from,
+            hours,
+            user,
+        } => {
+            let start = state.applied.now.plus(Seconds(*from));
+            (
+                Command::UpsertReservation(Box::new(Reservation {
+                    name: name(&format!("r{node}")),
+                    nodes: [name(NODES[*node])].into(),
+                    start,
+                    end: start.plus(Seconds::hours(*hours)),
+                    users: [name(USERS[*user])].into(),
+                    accounts: Default::default(),
+                })),
+                0,
+            )
+        }
         Op::Caps { idle, total, soft } => {
             let mut config = state.config.clone();
             config.queue_policy = QueuePolicy {
@@ -399,8 +467,17 @@ fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
     }
 }
 
+/// Three nodes in `work` (whose jobs express may suspend) and `express` (tier 10).
 fn cluster() -> Cluster {
-    Cluster::new(SchedConfig::default(), 3)
+    let mut c = Cluster::new(SchedConfig::default(), 3);
+    let mut work = c.state.partitions[&name("work")].clone();
+    work.preempt_mode = docket_core::partition::PreemptMode::Suspend;
+    let mut express = docket_core::partition::Partition::new(name("express"), work.nodes.clone());
+    express.priority_tier = 10;
+    express.def_mem_per_cpu = work.def_mem_per_cpu;
+    c.ok(Command::UpsertPartition(Box::new(work)));
+    c.ok(Command::UpsertPartition(Box::new(express)));
+    c
 }
 
 /// What one stream exercised.
@@ -413,6 +490,8 @@ struct Stats {
     requeued: u64,
     blocked_by_caps: u64,
     blocked_by_group_limits: u64,
+    preempted: u64,
+    planned_starts: u64,
 }
 
 /// Applies a stream to one replica (checking invariants and refusals), replays it on a second
@@ -445,7 +524,13 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
                 stats.accepted_jobs += v.iter().filter(|x| x.is_ok()).count() as u64
             }
             Ok(Response::Started(v)) => {
-                stats.started += v.iter().filter(|x| x.is_ok()).count() as u64
+                stats.started += v.iter().filter(|x| x.is_ok()).count() as u64;
+                if matches!(op, Op::Plan { .. }) {
+                    stats.planned_starts += v.iter().filter(|x| x.is_ok()).count() as u64;
+                }
+            }
+            Ok(Response::Preempted(v)) => {
+                stats.preempted += v.iter().filter(|x| x.is_ok()).count() as u64
             }
             _ => {}
         }
@@ -518,6 +603,8 @@ fn random_streams_exercise_the_interesting_paths() {
         total.requeued += s.requeued;
         total.blocked_by_caps += s.blocked_by_caps;
         total.blocked_by_group_limits += s.blocked_by_group_limits;
+        total.preempted += s.preempted;
+        total.planned_starts += s.planned_starts;
     }
     eprintln!("{total:?}");
     assert!(total.accepted_jobs > 100, "{total:?}");
@@ -527,6 +614,8 @@ fn random_streams_exercise_the_interesting_paths() {
     assert!(total.requeued > 0, "{total:?}");
     assert!(total.blocked_by_caps > 0, "{total:?}");
     assert!(total.blocked_by_group_limits > 0, "{total:?}");
+    assert!(total.planned_starts > 20, "{total:?}");
+    assert!(total.preempted > 0, "{total:?}");
 }
 
 #[test]
