@@ -121,6 +121,8 @@ pub enum Command {
     /// Jobs a backfill pass started lower-priority jobs ahead of: each one's bypass count
     /// grows by one (Maui's bypass factor; NCI's starvation guard).
     NoteBypassed(Vec<crate::ids::JobId>),
+    /// Why waiting jobs did not start in the last pass (Resources, Priority, or None).
+    SetSchedulerReasons(Vec<(crate::ids::JobId, crate::job::Reason)>),
     /// Preemptions decided by the planner.
     Preempt(Vec<PreemptDecision>),
     /// Creates or changes an advance reservation.

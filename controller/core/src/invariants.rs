@@ -14,7 +14,8 @@
 //!    overcommitted, and an exclusive job is alone on its nodes.
 //! 5. A job is suspended exactly when its suspension clock runs. Terminal jobs have an end time; pending jobs have no start time; an array master has
 //!    pending indexes in canonical form.
-//! 6. Pending jobs accrue eligible time exactly when idle with no reason; per-user idle and
+//! 6. Pending jobs accrue eligible time exactly when idle with no reason but the
+//!    scheduler's own (Resources, Priority); per-user idle and
 //!    running+idle counts respect the configured caps.
 //! 7. Blob reference counts equal the number of jobs referencing each blob, none is zero, and
 //!    every referenced blob exists.
@@ -30,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ids::UserName;
-use crate::job::{ArrayPart, BlobId, JobState, Part, Reason};
+use crate::job::{ArrayPart, BlobId, JobState, Part};
 use crate::state::State;
 
 /// A broken invariant: what and where.
@@ -194,7 +195,7 @@ impl State {
                     job.start_time.is_none(),
                     "pending job {id} has a start time"
                 );
-                let accruing = job.part == Part::Idle && job.reason == Reason::None;
+                let accruing = job.part == Part::Idle && job.reason.is_eligible();
                 ensure!(
                     job.eligible_since.is_some() == accruing,
                     "pending job {id} ({:?}, {}) eligible clock running = {}",

@@ -282,7 +282,7 @@ impl State {
                 .jobs
                 .get(&id)
                 .and_then(|job| self.start_blocker(job, running))
-                .unwrap_or(Reason::None);
+                .unwrap_or_else(|| self.scheduler_reason(id));
             decided.push((id, Part::Idle, reason));
         }
         for (id, part, reason) in decided {
@@ -290,6 +290,16 @@ impl State {
                 set_pending(job, part, reason, now);
             }
         }
+    }
+
+    /// The reason an idle job with nothing blocking it keeps: the one the last scheduling
+    /// pass gave it (Resources, Priority), else none.
+    fn scheduler_reason(&self, id: JobId) -> Reason {
+        self.jobs
+            .get(&id)
+            .map(|j| j.reason)
+            .filter(|r| r.is_eligible())
+            .unwrap_or(Reason::None)
     }
 
     /// Maui's caps for one user: how many of their pending jobs may be idle given what
@@ -799,7 +809,7 @@ fn combine(how: Combine, statuses: impl Iterator<Item = DepStatus>) -> DepStatus
 /// Records a pending job's part and reason, and keeps its eligible-time clock: it runs only
 /// while the job is idle with nothing stopping it.
 pub(crate) fn set_pending(job: &mut Job, part: Part, reason: Reason, now: TimeMs) {
-    let accruing = part == Part::Idle && reason == Reason::None;
+    let accruing = part == Part::Idle && reason.is_eligible();
     match (job.eligible_since, accruing) {
         (None, true) => job.eligible_since = Some(now),
         (Some(since), false) => {

@@ -107,6 +107,27 @@ fn a_partition_stops_at_its_first_job_that_cannot_start() {
     assert_eq!(started(&plan).len(), 1, "{plan:?}");
     assert_eq!(plan.starts[0].job, jr(more[1]));
     assert_eq!(c.job(ids[0]).state, JobState::Pending);
+    // squeue's reasons: the big job waits for Resources, the small one behind it for Priority.
+    use docket_core::job::Reason;
+    assert_eq!(
+        plan.reasons,
+        vec![(ids[0], Reason::Resources), (more[0], Reason::Priority)]
+    );
+    c.ok(Command::SetSchedulerReasons(plan.reasons.clone()));
+    assert_eq!(c.job(ids[0]).reason, Reason::Resources);
+    assert_eq!(c.job(more[0]).reason, Reason::Priority);
+    assert!(
+        c.job(more[0]).eligible_since.is_some(),
+        "age keeps accruing"
+    );
+    // A policy reason is never overwritten, and no policy reason can be set this way.
+    let err = c
+        .apply(Command::SetSchedulerReasons(vec![(
+            more[0],
+            Reason::JobHeldAdmin,
+        )]))
+        .unwrap_err();
+    assert!(err.to_string().contains("not a scheduler reason"), "{err}");
 }
 
 #[test]

@@ -114,7 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..3usize, 1..4usize, prop_oneof![8 => 1..5u32, 1 => 1..20u32], 0..20_000u64,
               proptest::option::of((1..6u32, proptest::option::of(1..3u32))),
               proptest::option::of((0..5usize, 0..64usize)), any::<bool>(),
-              proptest::bool::weighted(0.15), any::<bool>(), proptest::bool::weighted(0.25))
+              proptest::bool::weighted(0.15), any::<bool>(), proptest::bool::weighted(0.4))
             .prop_map(|(user, count, ntasks, secs, array, dep, singleton, hold, requeue, express)| Op::Submit {
                 user, count, ntasks, secs, array, dep, singleton: singleton && dep.is_none(), hold, requeue,
                 express,
@@ -135,7 +135,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (proptest::option::of(1..5u32), proptest::option::of(2..8u32),
               proptest::option::of(1_000..200_000u64))
             .prop_map(|(idle, total, soft)| Op::Caps { idle, total, soft }),
-        4 => (any::<bool>(), 0..4usize).prop_map(|(backfill, what)| Op::Plan { backfill, what }),
+        6 => (any::<bool>(), 0..7usize).prop_map(|(backfill, what)| Op::Plan { backfill, what }),
         1 => (0..4usize, 0..7200u64, 1..4u64, 0..3usize)
             .prop_map(|(node, from, hours, user)| Op::Reserve { node, from, hours, user }),
         1 => (proptest::option::of(1..4u32), proptest::option::of(1..3u32), proptest::option::of(1..4u32))
@@ -365,9 +365,9 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 state.main_pass(now, &mut Unlimited, None)
             };
             let cmd = match what {
-                0 => Command::StartJobs(plan.starts),
-                1 => Command::Preempt(plan.preemptions),
-                2 => Command::ResumeJobs {
+                0 | 1 => Command::StartJobs(plan.starts),
+                2 | 3 => Command::Preempt(plan.preemptions),
+                4 => Command::ResumeJobs {
                     actor: Actor::Operator,
                     jobs: plan
                         .resumes
@@ -378,7 +378,8 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                         })
                         .collect(),
                 },
-                _ => Command::NoteBypassed(plan.bypassed),
+                5 => Command::NoteBypassed(plan.bypassed),
+                _ => Command::SetSchedulerReasons(plan.reasons),
             };
             (cmd, 0)
         }

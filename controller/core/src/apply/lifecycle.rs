@@ -97,7 +97,7 @@ impl State {
                     j.id != job.id
                         && j.state == JobState::Pending
                         && j.part == Part::Idle
-                        && j.reason == Reason::None
+                        && j.reason.is_eligible()
                 }) {
                     return Err(stale(format!(
                         "{}: the soft limit is lifted only when nothing else is eligible, \

@@ -170,6 +170,25 @@ impl State {
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
+            Command::SetSchedulerReasons(reasons) => {
+                if let Some((id, r)) = reasons.iter().find(|(_, r)| !r.is_eligible()) {
+                    return Err(Rejection::invalid(
+                        "reason",
+                        format!("{r} for job {id} is not a scheduler reason"),
+                    ));
+                }
+                // Only jobs still idle with no policy reason take them (others: stale).
+                for (id, r) in reasons {
+                    if let Some(job) = self.jobs.get_mut(id)
+                        && job.state == crate::job::JobState::Pending
+                        && job.part == crate::job::Part::Idle
+                        && job.reason.is_eligible()
+                    {
+                        job.reason = *r;
+                    }
+                }
+                Ok(Response::Done)
+            }
             Command::NoteBypassed(jobs) => {
                 // Only jobs still waiting count; others are ignored (the plan is stale).
                 for id in jobs {

@@ -81,7 +81,10 @@ impl State {
                     continue;
                 }
                 Outcome::Limited => continue,
-                Outcome::NoResources => waiting_ahead.push(id),
+                Outcome::NoResources => {
+                    pass.note_reason(job, crate::job::Reason::Resources);
+                    waiting_ahead.push(id);
+                }
             }
             let may_reserve = match params.backfill {
                 BackfillMode::Off => false,

@@ -86,6 +86,7 @@ impl State {
             };
             let partition = &job.resolved.partition;
             if cont.blocked.contains(partition) {
+                pass.note_reason(job, Reason::Priority);
                 continue;
             }
             let depth = cont.depth.entry(partition.clone()).or_default();
@@ -95,6 +96,7 @@ impl State {
             *depth += 1;
             cont.considered += 1;
             if pass.try_start(job) == Outcome::NoResources {
+                pass.note_reason(job, Reason::Resources);
                 cont.blocked.insert(partition.clone());
             }
         }
@@ -103,9 +105,10 @@ impl State {
 
     /// HPC2N's rule for the soft MAXPS limit: lifted only when no job is eligible otherwise.
     pub(crate) fn nothing_else_eligible(&self) -> bool {
-        !self.jobs.values().any(|j| {
-            j.state == JobState::Pending && j.part == Part::Idle && j.reason == Reason::None
-        })
+        !self
+            .jobs
+            .values()
+            .any(|j| j.state == JobState::Pending && j.part == Part::Idle && j.reason.is_eligible())
     }
 }
 

@@ -49,6 +49,10 @@ pub struct Plan {
     pub resumes: Vec<JobId>,
     /// Backfill: jobs a lower one started ahead of (one `NoteBypassed` command).
     pub bypassed: Vec<JobId>,
+    /// Why waiting jobs did not start, where that changed: `Resources` for the job a
+    /// partition stopped at, `Priority` for the jobs behind it (one `SetSchedulerReasons`
+    /// command; `squeue` shows them).
+    pub reasons: Vec<(JobId, crate::job::Reason)>,
 }
 
 /// Where a stopped pass resumes.

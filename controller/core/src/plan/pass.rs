@@ -46,6 +46,13 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Records why a waiting job did not start, if that is news.
+    pub(crate) fn note_reason(&mut self, job: &Job, reason: Reason) {
+        if job.reason != reason && job.reason.is_eligible() {
+            self.plan.reasons.push((job.id, reason));
+        }
+    }
+
     pub(crate) fn limited(&self, job: &Job) -> bool {
         match self.state.start_blocker(job, &self.running) {
             None => false,
