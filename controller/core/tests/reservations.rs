@@ -28,6 +28,14 @@ fn resv(c: &Cluster, nodes: &[&str], from: u64, hours: u64, users: &[&str]) -> R
     }
 }
 
+/// Two nodes; `maint` holds n001 for Alice from an hour from now, for two hours.
+fn with_maintenance() -> Cluster {
+    let mut c = Cluster::new(SchedConfig::default(), 2);
+    let r = resv(&c, &["n001"], 3600, 2, &["alice"]);
+    c.ok(Command::UpsertReservation(Box::new(r)));
+    c
+}
+
 fn spec(c: &Cluster, user: &str, hours: u64) -> docket_core::job::JobSpec {
     let mut s = c.spec(user);
     s.ntasks = 16; // a whole node
@@ -89,14 +97,7 @@ fn creating_one_checks_window_nodes_people_and_overlaps() {
 
 #[test]
 fn only_admitted_jobs_that_fit_the_window_may_submit_to_it() {
-    let mut c = Cluster::new(SchedConfig::default(), 2);
-    c.ok(Command::UpsertReservation(Box::new(resv(
-        &c,
-        &["n001"],
-        3600,
-        2,
-        &["alice"],
-    ))));
+    let mut c = with_maintenance();
     let mut s = spec(&c, "bob", 1);
     s.reservation = Some(name("maint"));
     let r = c.submit_as(docket_core::Actor::Operator, vec![s]);
@@ -119,14 +120,7 @@ fn only_admitted_jobs_that_fit_the_window_may_submit_to_it() {
 
 #[test]
 fn reserved_nodes_go_only_to_the_reservation_inside_its_window() {
-    let mut c = Cluster::new(SchedConfig::default(), 2);
-    c.ok(Command::UpsertReservation(Box::new(resv(
-        &c,
-        &["n001"],
-        3600,
-        2,
-        &["alice"],
-    ))));
+    let mut c = with_maintenance();
     let mut mine = spec(&c, "alice", 1);
     mine.reservation = Some(name("maint"));
     let mine = c.submit(vec![mine])[0];
@@ -194,17 +188,8 @@ fn reserved_nodes_go_only_to_the_reservation_inside_its_window() {
         "{r:?}"
     );
     // When the window opens (and the half-hour job is done), Alice's job starts there.
-    let epoch = c.job(half).alloc.as_ref().unwrap().epoch;
-    c.apply_after(
-        1800,
-        Command::EndJobs(vec![docket_core::command::EndReport {
-            job: half,
-            epoch,
-            cause: docket_core::command::EndCause::Exited,
-            exit: docket_core::job::ExitStatus { code: 0, signal: 0 },
-        }]),
-    )
-    .unwrap();
+    c.apply_after(1800, Command::Tick).unwrap();
+    c.end(half, docket_core::command::EndCause::Exited, 0);
     c.apply_after(1800, Command::Tick).unwrap();
     assert_eq!(c.job(mine).reason, Reason::None);
     let plan = c.state.main_pass(c.now, &mut Unlimited, None);
