@@ -18,7 +18,6 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::Instant;
 
-use docket_core::account::{AssocLimits, User, UserAssoc};
 use docket_core::config::SchedConfig;
 use docket_core::fairshare::FairshareAlgorithm;
 use docket_core::job::{BlobId, JobSpec, TimeRequest};
@@ -27,7 +26,7 @@ use docket_core::partition::Partition;
 use docket_core::priority::{self, It4i, Multifactor, PriorityFormula};
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds, TimeMs};
-use docket_core::{AccountName, Actor, Command, NodeName, Response, State, UserName};
+use docket_core::{Actor, Command, NodeName, Response, State};
 use support::{Bench, name};
 
 /// Counts live heap bytes, so the state's size is measured, not estimated.
@@ -104,38 +103,14 @@ fn main() {
     express.priority_tier = 10;
     express.priority_job_factor = 10;
     b.apply(Command::UpsertPartition(Box::new(express)));
-    let accounts: Vec<AccountName> = (0..100).map(|i| name(&format!("proj{i:03}"))).collect();
-    for (i, a) in accounts.iter().enumerate() {
-        b.apply(Command::UpsertAccount {
-            name: a.clone(),
-            parent: name("root"),
-            shares: 1 + (i as u32 % 7),
-            limits: AssocLimits::default(),
-            grant: None,
-        });
-    }
-    let user_names: Vec<UserName> = (0..users).map(|i| name(&format!("u{i:05}"))).collect();
+    let accounts = b.add_accounts("proj", 100, |i| 1 + (i as u32 % 7));
+    let user_names = b.add_users(users, &accounts, |i| 1 + (i as u32 % 3));
+    // Varied past usage, so fair-share has something to rank.
+    let half_life = b.state.config.fairshare.half_life;
     for (i, u) in user_names.iter().enumerate() {
-        let account = accounts[i % accounts.len()].clone();
-        b.apply(Command::UpsertUser {
-            user: User {
-                name: u.clone(),
-                default_account: account.clone(),
-                admin: false,
-            },
-            assocs: vec![(
-                account.clone(),
-                UserAssoc {
-                    shares: 1 + (i as u32 % 3),
-                    priority: 0,
-                    limits: AssocLimits::default(),
-                },
-            )],
-        });
-        // Varied past usage, so fair-share has something to rank.
-        let half_life = b.state.config.fairshare.half_life;
         let used = ((i * 7919) % 10_007) as f64 * 3600.0;
-        b.state.usage.add(&account, u, used, b.now, half_life);
+        let account = &accounts[i % accounts.len()];
+        b.state.usage.add(account, u, used, b.now, half_life);
     }
 
     let base = JobSpec::simple(name("u00000"), BlobId::of(SCRIPT));

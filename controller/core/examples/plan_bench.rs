@@ -15,9 +15,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Instant;
 
-use docket_core::account::{AssocLimits, User, UserAssoc};
 use docket_core::command::StartDecision;
 use docket_core::config::{BackfillMode, SchedConfig, SchedParams};
 use docket_core::job::{BlobId, JobRef, JobSpec, TimeRequest};
@@ -26,8 +24,8 @@ use docket_core::partition::Partition;
 use docket_core::plan::Unlimited;
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds};
-use docket_core::{AccountName, Actor, Command, NodeName, Response, State, UserName};
-use support::{Bench, name};
+use docket_core::{Actor, Command, NodeName, Response, State, UserName};
+use support::{Bench, name, time_runs};
 
 const SCRIPT: &[u8] = b"#!/bin/sh\nsrun ./app\n";
 
@@ -63,35 +61,8 @@ fn cluster(config: SchedConfig, nodes: usize, cpus: u32, users: usize) -> (Bench
     work.is_default = true;
     work.def_mem_per_cpu = Some(MiB::gib(2));
     b.apply(Command::UpsertPartition(Box::new(work)));
-    let accounts: Vec<AccountName> = (0..50).map(|i| name(&format!("p{i:03}"))).collect();
-    for a in &accounts {
-        b.apply(Command::UpsertAccount {
-            name: a.clone(),
-            parent: name("root"),
-            shares: 1,
-            limits: AssocLimits::default(),
-            grant: None,
-        });
-    }
-    let user_names: Vec<UserName> = (0..users).map(|i| name(&format!("u{i:05}"))).collect();
-    for (i, u) in user_names.iter().enumerate() {
-        let account = accounts[i % accounts.len()].clone();
-        b.apply(Command::UpsertUser {
-            user: User {
-                name: u.clone(),
-                default_account: account.clone(),
-                admin: false,
-            },
-            assocs: vec![(
-                account,
-                UserAssoc {
-                    shares: 1,
-                    priority: 0,
-                    limits: AssocLimits::default(),
-                },
-            )],
-        });
-    }
+    let accounts = b.add_accounts("p", 50, |_| 1);
+    let user_names = b.add_users(users, &accounts, |_| 1);
     (b, user_names)
 }
 
@@ -109,11 +80,6 @@ fn submit(b: &mut Bench, specs: Vec<JobSpec>) -> Vec<docket_core::JobId> {
         ids.extend(r.into_iter().map(|x| x.expect("accepted")));
     }
     ids
-}
-
-fn median_max(mut v: Vec<f64>) -> (f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[v.len() - 1])
 }
 
 fn main() {
@@ -168,26 +134,14 @@ fn main() {
         .collect();
     submit(&mut b, pending);
     b.now = b.now.plus(Seconds(30));
-    let mut easy = Vec::new();
-    let mut plan = None;
-    for _ in 0..5 {
-        let t = Instant::now();
-        plan = Some(b.state.backfill_pass(b.now, &mut Unlimited, None));
-        easy.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let plan = plan.expect("ran");
-    let (easy_ms, easy_max) = median_max(easy);
+    let (easy_ms, easy_max, plan) =
+        time_runs(5, || b.state.backfill_pass(b.now, &mut Unlimited, None));
     let mut cons_state = b.state.clone();
     cons_state.config.sched.backfill = BackfillMode::Conservative;
     cons_state.config.sched.reservation_depth = 100;
-    let mut cons = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let p = cons_state.backfill_pass(b.now, &mut Unlimited, None);
-        cons.push(t.elapsed().as_secs_f64() * 1e3);
-        assert!(p.reservations.len() <= 100);
-    }
-    let (cons_ms, cons_max) = median_max(cons);
+    let (cons_ms, cons_max, cons_plan) =
+        time_runs(5, || cons_state.backfill_pass(b.now, &mut Unlimited, None));
+    assert!(cons_plan.reservations.len() <= 100);
 
     // Main: 100,000 pending on 1,000 nodes, multifactor.
     let (mut m, users) = cluster(SchedConfig::default(), 1000, 64, 10_000);
@@ -208,14 +162,9 @@ fn main() {
     let started = first.starts.len();
     m.apply(Command::StartJobs(first.starts));
     m.now = m.now.plus(Seconds(60));
-    let mut main = Vec::new();
-    for _ in 0..5 {
-        let t = Instant::now();
-        let p = m.state.main_pass(m.now, &mut Unlimited, None);
-        main.push(t.elapsed().as_secs_f64() * 1e3);
-        assert!(p.continuation.is_none());
-    }
-    let (main_ms, main_max) = median_max(main);
+    let (main_ms, main_max, main_plan) =
+        time_runs(5, || m.state.main_pass(m.now, &mut Unlimited, None));
+    assert!(main_plan.continuation.is_none());
     println!(
         "{{\"backfill_nodes\":5000,\"backfill_pending\":10000,\"easy_pass_ms_median\":{easy_ms:.1},\
          \"easy_pass_ms_max\":{easy_max:.1},\"easy_starts\":{},\"easy_reservations\":{},\

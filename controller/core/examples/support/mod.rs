@@ -1,8 +1,12 @@
 //! What the benchmark examples share: a state driven by commands with a log index and a
 //! clock of its own, and name parsing that may panic (benchmark setup is not input).
 
+// Each example compiles this module on its own and uses part of it.
+#![allow(dead_code)]
+
+use docket_core::account::{AssocLimits, User, UserAssoc};
 use docket_core::quantity::{Seconds, TimeMs};
-use docket_core::{ApplyCtx, Command, Envelope, Response, State};
+use docket_core::{AccountName, ApplyCtx, Command, Envelope, Response, State, UserName};
 
 pub struct Bench {
     pub state: State,
@@ -35,6 +39,71 @@ impl Bench {
             Err(e) => panic!("setup command refused: {e}"),
         }
     }
+}
+
+impl Bench {
+    /// `n` accounts under root named `{prefix}NNN`, account `i` with `shares(i)` shares.
+    pub fn add_accounts(
+        &mut self,
+        prefix: &str,
+        n: usize,
+        shares: impl Fn(usize) -> u32,
+    ) -> Vec<AccountName> {
+        let accounts: Vec<AccountName> = (0..n).map(|i| name(&format!("{prefix}{i:03}"))).collect();
+        for (i, a) in accounts.iter().enumerate() {
+            self.apply(Command::UpsertAccount {
+                name: a.clone(),
+                parent: name("root"),
+                shares: shares(i),
+                limits: AssocLimits::default(),
+                grant: None,
+            });
+        }
+        accounts
+    }
+
+    /// `n` users `uNNNNN`, user `i` in account `i % accounts` with `shares(i)` shares.
+    pub fn add_users(
+        &mut self,
+        n: usize,
+        accounts: &[AccountName],
+        shares: impl Fn(usize) -> u32,
+    ) -> Vec<UserName> {
+        let users: Vec<UserName> = (0..n).map(|i| name(&format!("u{i:05}"))).collect();
+        for (i, u) in users.iter().enumerate() {
+            let account = accounts[i % accounts.len()].clone();
+            self.apply(Command::UpsertUser {
+                user: User {
+                    name: u.clone(),
+                    default_account: account.clone(),
+                    admin: false,
+                },
+                assocs: vec![(
+                    account,
+                    UserAssoc {
+                        shares: shares(i),
+                        priority: 0,
+                        limits: AssocLimits::default(),
+                    },
+                )],
+            });
+        }
+        users
+    }
+}
+
+/// Milliseconds of `runs` runs of `f` (with its last result): median and maximum.
+pub fn time_runs<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, f64, T) {
+    let mut ms = Vec::with_capacity(runs);
+    let mut last = None;
+    for _ in 0..runs.max(1) {
+        let t = std::time::Instant::now();
+        last = Some(f());
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    ms.sort_by(f64::total_cmp);
+    let last = last.expect("at least one run");
+    (ms[ms.len() / 2], ms[ms.len() - 1], last)
 }
 
 pub fn name<T: std::str::FromStr>(s: &str) -> T

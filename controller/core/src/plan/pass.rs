@@ -29,7 +29,9 @@ pub(crate) struct Pass<'a> {
     pub(crate) now: TimeMs,
     pub(crate) pool: Pool<'a>,
     pub(crate) running: RunningSummary,
-    soft_lifted: bool,
+    /// HPC2N's soft MAXPS is lifted only when nothing else is eligible; found out (a scan
+    /// of the queue) only if a job meets that limit.
+    soft_lifted: std::cell::OnceCell<bool>,
     pub(crate) plan: Plan,
 }
 
@@ -41,7 +43,7 @@ impl<'a> Pass<'a> {
             now,
             pool: Pool::new(state, now),
             running: state.running_summary(now),
-            soft_lifted: state.nothing_else_eligible(),
+            soft_lifted: std::cell::OnceCell::new(),
             plan: Plan::default(),
         }
     }
@@ -56,7 +58,9 @@ impl<'a> Pass<'a> {
     pub(crate) fn limited(&self, job: &Job) -> bool {
         match self.state.start_blocker(job, &self.running) {
             None => false,
-            Some(Reason::MaxPsSoftLimit) => !self.soft_lifted,
+            Some(Reason::MaxPsSoftLimit) => !*self
+                .soft_lifted
+                .get_or_init(|| self.state.nothing_else_eligible()),
             Some(_) => true,
         }
     }

@@ -194,10 +194,6 @@ impl<'a> Pool<'a> {
         self.most_free.insert(partition, most);
     }
 
-    pub fn now(&self) -> TimeMs {
-        self.now
-    }
-
     /// What node `name` has free now (cpus, memory, jobfs), if it exists, accepts jobs and
     /// is not held exclusively; a suspended job's cpus count as taken (they are its to
     /// resume).
@@ -229,16 +225,6 @@ impl<'a> Pool<'a> {
         self.index
             .get(name)
             .is_some_and(|&i| self.usable_for(job, i) && self.window_ok(job, i, start, end))
-    }
-
-    /// Free cpus now on the partition's usable nodes.
-    pub fn free_cpus(&self, partition: &PartitionName) -> u64 {
-        self.members.get(partition).map_or(0, |m| {
-            m.iter()
-                .filter(|&&i| !self.closed[i] && self.free[i].exclusive == 0)
-                .map(|&i| u64::try_from(self.free[i].cpus).unwrap_or(0))
-                .sum()
-        })
     }
 
     /// Finds nodes for `job` from now for `duration` (`None` = for ever) and takes them.
