@@ -237,7 +237,8 @@ impl State {
     }
 
     fn check_nodes(&self) -> Result<(), InvariantViolation> {
-        let mut expected: BTreeMap<(&crate::ids::NodeName, crate::ids::JobId), (u32, u64, u64)> =
+        type Held = (u32, u64, u64, u32);
+        let mut expected: BTreeMap<(&crate::ids::NodeName, crate::ids::JobId), Held> =
             BTreeMap::new();
         for job in self.jobs.values() {
             if let Some(alloc) = &job.alloc {
@@ -247,7 +248,8 @@ impl State {
                     job.id
                 );
                 for s in &alloc.shares {
-                    let dup = expected.insert((&s.node, job.id), (s.cpus, s.memory.0, s.jobfs.0));
+                    let dup =
+                        expected.insert((&s.node, job.id), (s.cpus, s.memory.0, s.jobfs.0, s.gpus));
                     ensure!(dup.is_none(), "job {} names node {} twice", job.id, s.node);
                 }
             }
@@ -263,7 +265,7 @@ impl State {
                 listed += 1;
                 let want = expected.get(&(name, *job));
                 ensure!(
-                    want == Some(&(u.cpus, u.memory.0, u.jobfs.0)),
+                    want == Some(&(u.cpus, u.memory.0, u.jobfs.0, u.gpus)),
                     "node {name} lists job {job} with {u:?}, its allocation says {want:?}"
                 );
                 if u.exclusive {
@@ -301,6 +303,10 @@ impl State {
             ensure!(
                 node.used_jobfs() <= node.spec.jobfs,
                 "node {name} jobfs overcommitted"
+            );
+            ensure!(
+                node.used_gpus() <= node.spec.gpus,
+                "node {name} gpus overcommitted"
             );
         }
         ensure!(

@@ -19,7 +19,7 @@ pub struct NodeSpec {
     pub cpus: u32,
     pub memory: MiB,
     pub jobfs: MiB,
-    /// GPUs: counted, not yet scheduled on.
+    /// GPUs: allocated whole, one job per device.
     pub gpus: u32,
     pub features: BTreeSet<String>,
 }
@@ -30,6 +30,8 @@ pub struct NodeUse {
     pub cpus: u32,
     pub memory: MiB,
     pub jobfs: MiB,
+    /// GPUs; a suspended job keeps them (their memory holds its state), like its memory.
+    pub gpus: u32,
     pub exclusive: bool,
     /// The job is suspended: it keeps its memory and jobfs, and its cpus may run a
     /// preemptor (NCI: "resources for both suspended and running jobs must be available").
@@ -106,6 +108,12 @@ impl Node {
         self.jobs.values().fold(MiB::ZERO, |acc, u| acc + u.jobfs)
     }
 
+    pub fn used_gpus(&self) -> u32 {
+        self.jobs
+            .values()
+            .fold(0u32, |acc, u| acc.saturating_add(u.gpus))
+    }
+
     pub fn is_exclusively_held(&self) -> bool {
         self.jobs.values().any(|u| u.exclusive)
     }
@@ -144,6 +152,7 @@ impl Node {
         u64::from(self.used_cpus()) + u64::from(want.cpus) <= u64::from(self.spec.cpus)
             && self.used_memory().0.saturating_add(want.memory.0) <= self.spec.memory.0
             && self.used_jobfs().0.saturating_add(want.jobfs.0) <= self.spec.jobfs.0
+            && u64::from(self.used_gpus()) + u64::from(want.gpus) <= u64::from(self.spec.gpus)
     }
 }
 
@@ -167,6 +176,7 @@ mod tests {
             cpus,
             memory: MiB(512),
             jobfs: MiB(100),
+            gpus: 0,
             exclusive,
             suspended: false,
         }

@@ -3,7 +3,8 @@
 //! One definition, used by apply (to check and record a start) and by the planners (to find
 //! nodes): if they disagreed, every plan would be refused. Tasks spread evenly over the job's
 //! nodes, the first `ntasks % nodes` nodes taking one more (Slurm's block distribution);
-//! an exclusive job takes whole nodes; memory is per node, per cpu, or the whole node.
+//! an exclusive job takes whole nodes (all their cpus and GPUs); memory is per node, per
+//! cpu, or the whole node; GPUs are per node.
 
 use crate::job::{Job, MemoryRequest};
 use crate::node::{NodeSpec, NodeUse};
@@ -30,6 +31,11 @@ pub fn node_use(job: &Job, position: usize, node: &NodeSpec) -> Option<NodeUse> 
         cpus,
         memory,
         jobfs: job.resolved.jobfs,
+        gpus: if spec.exclusive {
+            node.gpus
+        } else {
+            spec.gpus_per_node
+        },
         exclusive: spec.exclusive,
         suspended: false,
     })

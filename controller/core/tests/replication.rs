@@ -196,6 +196,8 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             }
             s.user = name(USERS[*user]);
             s.ntasks = if *express { 16 } else { *ntasks };
+            // Some jobs want GPUs (one in three with 2 tasks, ...), which suspension keeps.
+            s.gpus_per_node = (*ntasks % 3).min(2);
             s.time = if *secs == 0 {
                 TimeRequest::Limit(Seconds(0))
             } else {
@@ -468,9 +470,14 @@ fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
     }
 }
 
-/// Three nodes in `work` (whose jobs express may suspend) and `express` (tier 10).
+/// Three nodes of 2 GPUs in `work` (whose jobs express may suspend) and `express` (tier 10).
 fn cluster() -> Cluster {
     let mut c = Cluster::new(SchedConfig::default(), 3);
+    for n in ["n001", "n002", "n003"] {
+        let mut spec = c.state.nodes[&name(n)].spec.clone();
+        spec.gpus = 2;
+        c.ok(Command::UpsertNode(spec));
+    }
     let mut work = c.state.partitions[&name("work")].clone();
     work.preempt_mode = docket_core::partition::PreemptMode::Suspend;
     let mut express = docket_core::partition::Partition::new(name("express"), work.nodes.clone());

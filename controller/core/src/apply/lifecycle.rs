@@ -126,6 +126,7 @@ impl State {
                         cpus: s.cpus,
                         memory: s.memory,
                         jobfs: s.jobfs,
+                        gpus: s.gpus,
                         exclusive,
                         suspended: false,
                     },
@@ -209,10 +210,11 @@ impl State {
             }
             let want = crate::request::node_use(job, k, &node.spec)
                 .ok_or_else(|| stale("cpu or memory count overflows".into()))?;
-            let (cpus, memory) = (want.cpus, want.memory);
+            let (cpus, memory, gpus) = (want.cpus, want.memory, want.gpus);
             if !node.fits(&want) {
                 return Err(stale(format!(
-                    "node {name} has no room for {cpus} cpus, {memory} memory, {} jobfs",
+                    "node {name} has no room for {cpus} cpus, {memory} memory, {} jobfs, \
+                     {gpus} gpus",
                     job.resolved.jobfs
                 )));
             }
@@ -221,6 +223,7 @@ impl State {
                 cpus,
                 memory,
                 jobfs: job.resolved.jobfs,
+                gpus,
             });
         }
         Ok(shares)

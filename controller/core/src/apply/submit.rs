@@ -32,6 +32,7 @@ pub(crate) struct NodeCaps {
     cpus: u32,
     memory: MiB,
     jobfs: MiB,
+    gpus: u32,
 }
 
 /// A batch's accepted jobs grouped by owner, without an allocation per owner: each user's
@@ -472,6 +473,13 @@ impl State {
                 u64::from(biggest_cpus),
             ));
         }
+        if spec.gpus_per_node > caps.gpus {
+            return Err(Rejection::too_large(
+                format!("gpus per node (largest node in {})", partition.name),
+                u64::from(spec.gpus_per_node),
+                u64::from(caps.gpus),
+            ));
+        }
         let memory = match spec.memory {
             Some(m) => m,
             None => match partition.def_mem_per_cpu {
@@ -612,6 +620,7 @@ impl State {
             caps.cpus = caps.cpus.max(node.spec.cpus);
             caps.memory = caps.memory.max(node.spec.memory);
             caps.jobfs = caps.jobfs.max(node.spec.jobfs);
+            caps.gpus = caps.gpus.max(node.spec.gpus);
         }
         caps
     }

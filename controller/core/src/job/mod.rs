@@ -45,6 +45,7 @@ pub struct NodeShare {
     pub cpus: u32,
     pub memory: MiB,
     pub jobfs: MiB,
+    pub gpus: u32,
 }
 
 /// What a running job holds.
@@ -60,6 +61,10 @@ pub struct Allocation {
 impl Allocation {
     pub fn cpus(&self) -> u64 {
         self.shares.iter().map(|s| u64::from(s.cpus)).sum()
+    }
+
+    pub fn gpus(&self) -> u64 {
+        self.shares.iter().map(|s| u64::from(s.gpus)).sum()
     }
 }
 
@@ -157,8 +162,8 @@ impl Job {
         }
     }
 
-    /// The resources the job holds: its allocation's, or what it asks for while it holds
-    /// none (GPUs are not allocated yet, so count 0).
+    /// The resources the job holds: its allocation's, or the cpus and GPUs it asks for
+    /// while it holds none.
     pub fn tres_held(&self) -> crate::tres::Tres {
         match &self.alloc {
             Some(a) => crate::tres::Tres {
@@ -167,12 +172,12 @@ impl Job {
                     .shares
                     .iter()
                     .fold(0u64, |m, s| m.saturating_add(s.memory.0))),
-                gpus: 0,
+                gpus: a.gpus(),
             },
             None => crate::tres::Tres {
                 cpus: self.cpus(),
                 memory: MiB(0),
-                gpus: 0,
+                gpus: u64::from(self.spec.gpus_per_node) * u64::from(self.spec.nodes.max(1)),
             },
         }
     }

@@ -96,6 +96,8 @@ pub struct JobSpec {
     pub vmem: Option<MiB>,
     /// Also cap the address space of every process (RLIMIT_AS) at `vmem`.
     pub address_space_limit: bool,
+    /// GPUs per node (`--gpus-per-node`, `--gres=gpu:N`, PBS `ngpus=`); 0 = none.
+    pub gpus_per_node: u32,
     /// Scratch space per node (`-l jobfs=`); `None` = the configured default.
     pub jobfs: Option<MiB>,
     /// `-t`.
@@ -154,6 +156,7 @@ impl JobSpec {
             memory: None,
             vmem: None,
             address_space_limit: false,
+            gpus_per_node: 0,
             jobfs: None,
             time: TimeRequest::Default,
             nice: 0,

@@ -31,6 +31,7 @@ struct Free {
     cpus: i64,
     memory: i64,
     jobfs: i64,
+    gpus: i64,
     /// Jobs holding resources here.
     holders: i32,
     /// Exclusive jobs holding the node.
@@ -42,6 +43,7 @@ impl Free {
         self.cpus += c.cpus;
         self.memory += c.memory;
         self.jobfs += c.jobfs;
+        self.gpus += c.gpus;
         self.holders += c.holders;
         self.exclusive += c.exclusive;
     }
@@ -52,6 +54,7 @@ impl Free {
             && i64::from(want.cpus) <= self.cpus
             && i64::try_from(want.memory.0).is_ok_and(|m| m <= self.memory)
             && i64::try_from(want.jobfs.0).is_ok_and(|j| j <= self.jobfs)
+            && i64::from(want.gpus) <= self.gpus
     }
 }
 
@@ -62,6 +65,7 @@ struct Change {
     cpus: i64,
     memory: i64,
     jobfs: i64,
+    gpus: i64,
     holders: i32,
     exclusive: i32,
 }
@@ -74,6 +78,7 @@ impl Change {
             cpus: sign * i64::from(u.cpus),
             memory: sign * clamp(u.memory.0),
             jobfs: sign * clamp(u.jobfs.0),
+            gpus: sign * i64::from(u.gpus),
             holders: -(sign as i32),
             exclusive: if u.exclusive { -(sign as i32) } else { 0 },
         }
@@ -81,6 +86,36 @@ impl Change {
 
     fn takes(&self) -> bool {
         self.holders > 0
+    }
+}
+
+/// What a node has free now, as [`Pool::free_now`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeNow {
+    pub cpus: i64,
+    pub memory: i64,
+    pub jobfs: i64,
+    pub gpus: i64,
+}
+
+impl FreeNow {
+    /// Does `want` fit in what is free?
+    pub fn covers(&self, want: &NodeUse) -> bool {
+        i64::from(want.cpus) <= self.cpus
+            && i64::try_from(want.memory.0).is_ok_and(|m| m <= self.memory)
+            && i64::try_from(want.jobfs.0).is_ok_and(|j| j <= self.jobfs)
+            && i64::from(want.gpus) <= self.gpus
+    }
+
+    /// Gives back what `u` holds: its cpus always, the rest only when `all` (a suspended
+    /// job keeps its memory, jobfs and GPUs).
+    pub fn give_back(&mut self, u: &NodeUse, all: bool) {
+        self.cpus += i64::from(u.cpus);
+        if all {
+            self.memory += i64::try_from(u.memory.0).unwrap_or(0);
+            self.jobfs += i64::try_from(u.jobfs.0).unwrap_or(0);
+            self.gpus += i64::from(u.gpus);
+        }
     }
 }
 
@@ -126,6 +161,7 @@ impl<'a> Pool<'a> {
                 cpus: i64::from(n.spec.cpus),
                 memory: i64::try_from(n.spec.memory.0).unwrap_or(i64::MAX),
                 jobfs: i64::try_from(n.spec.jobfs.0).unwrap_or(i64::MAX),
+                gpus: i64::from(n.spec.gpus),
                 holders: 0,
                 exclusive: 0,
             })
@@ -194,13 +230,17 @@ impl<'a> Pool<'a> {
         self.most_free.insert(partition, most);
     }
 
-    /// What node `name` has free now (cpus, memory, jobfs), if it exists, accepts jobs and
-    /// is not held exclusively; a suspended job's cpus count as taken (they are its to
-    /// resume).
-    pub fn free_now(&self, name: &NodeName) -> Option<(i64, i64, i64)> {
+    /// What node `name` has free now, if it exists, accepts jobs and is not held
+    /// exclusively; a suspended job's cpus count as taken (they are its to resume).
+    pub fn free_now(&self, name: &NodeName) -> Option<FreeNow> {
         let i = *self.index.get(name)?;
         let f = &self.free[i];
-        (!self.closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory, f.jobfs))
+        (!self.closed[i] && f.exclusive == 0).then_some(FreeNow {
+            cpus: f.cpus,
+            memory: f.memory,
+            jobfs: f.jobfs,
+            gpus: f.gpus,
+        })
     }
 
     /// Plans nothing more on node `name` in this pass (a preemption is under way there).

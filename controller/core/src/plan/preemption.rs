@@ -80,7 +80,7 @@ impl Pass<'_> {
             if !self.pool.admits(job, name, now, end) {
                 continue;
             }
-            let Some((cpus, memory, jobfs)) = self.pool.free_now(name) else {
+            let Some(mut free) = self.pool.free_now(name) else {
                 continue;
             };
             let position = options.len().min(job.spec.nodes as usize - 1);
@@ -103,31 +103,22 @@ impl Pass<'_> {
                 continue;
             }
             victims.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
-            let (mut c, mut m, mut f) = (cpus, memory, jobfs);
             let mut chosen = Vec::new();
-            let need = |c: i64, m: i64, f: i64| {
-                i64::from(want.cpus) > c
-                    || i64::try_from(want.memory.0).is_ok_and(|w| w > m)
-                    || i64::try_from(want.jobfs.0).is_ok_and(|w| w > f)
-            };
             for (_, v, mode) in victims {
-                if !need(c, m, f) {
+                if free.covers(&want) {
                     break;
                 }
                 let share = node.jobs.get(&v.id).copied();
                 let Some(u) = share else {
                     continue;
                 };
-                c += i64::from(u.cpus);
-                // A suspended victim keeps its memory and jobfs; a killed one gives them back.
-                if mode != PreemptMode::Suspend {
-                    m += i64::try_from(u.memory.0).unwrap_or(0);
-                    f += i64::try_from(u.jobfs.0).unwrap_or(0);
-                }
+                // A suspended victim keeps its memory, jobfs and GPUs; a killed one gives
+                // them back.
+                free.give_back(&u, mode != PreemptMode::Suspend);
                 chosen.push(v.id);
             }
-            if !need(c, m, f) {
-                options.push((chosen.len(), c - i64::from(want.cpus), chosen, name));
+            if free.covers(&want) {
+                options.push((chosen.len(), free.cpus - i64::from(want.cpus), chosen, name));
             }
         }
         let wanted = job.spec.nodes as usize;
