@@ -9,22 +9,27 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use docket_core::sim::{self, Policy, Replay, SimOptions};
+use docket_core::sim::{self, Policy, Replay, SimOptions, SimSite};
 
 /// Replay a workload trace (Standard Workload Format) through Docket's scheduler.
 ///
 /// Prints one JSON object: jobs, procs, policy, utilization, mean_wait_s, p95_wait_s,
-/// max_wait_s, mean_bsld, makespan_s, sim_wall_s (and dropped).
+/// max_wait_s, mean_bsld, makespan_s, sim_wall_s (and dropped, refused, unstarted).
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
     /// The trace to replay (SWF).
     #[arg(long, value_name = "FILE")]
     swf: PathBuf,
+    /// The controller's configuration (docket.toml): its nodes, partitions, QOS, accounts
+    /// and every policy apply, and its [sim] table maps SWF queues and partitions.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// The scheduling policy: first come first served, EASY backfill, or conservative
-    /// backfill.
-    #[arg(long, value_enum, default_value_t = PolicyArg::Easy)]
-    policy: PolicyArg,
-    /// Processors of the machine (default: the trace's MaxProcs, else MaxNodes).
+    /// backfill (default: the configuration's, else easy).
+    #[arg(long, value_enum)]
+    policy: Option<PolicyArg>,
+    /// Processors of the machine (default: the trace's MaxProcs, else MaxNodes; a
+    /// configuration that defines nodes defines the machine instead).
     #[arg(long, value_name = "N")]
     procs: Option<u64>,
     /// Replay only the first N jobs.
@@ -62,11 +67,24 @@ pub fn run(args: &SimArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.swf)
         .with_context(|| format!("reading trace {}", args.swf.display()))?;
     let trace = sim::swf::parse(&text).with_context(|| format!("in {}", args.swf.display()))?;
+    let site = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading configuration {}", path.display()))?;
+            let file = docket_core::site::parse(&text)
+                .with_context(|| format!("in configuration {}", path.display()))?;
+            Some(
+                SimSite::from_file(&file)
+                    .with_context(|| format!("in configuration {}", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let options = SimOptions {
-        policy: args.policy.into(),
+        policy: args.policy.map(Policy::from),
         procs: args.procs,
         max_jobs: args.jobs,
-        config: None,
+        site,
     };
     let bar = if args.no_progress {
         indicatif::ProgressBar::hidden()
@@ -99,6 +117,9 @@ pub fn run(args: &SimArgs) -> Result<()> {
     let summary = serde_json::json!({
         "jobs": s.jobs,
         "dropped": s.dropped,
+        "refused": s.refused,
+        "first_refusal": s.first_refusal,
+        "unstarted": s.unstarted,
         "procs": s.procs,
         "policy": s.policy.name(),
         "utilization": s.utilization,

@@ -91,10 +91,10 @@ fn main() {
     let trace = synthetic(jobs, procs, 42);
     for policy in policies {
         let options = SimOptions {
-            policy,
+            policy: Some(policy),
             procs: None,
             max_jobs: None,
-            config: None,
+            site: None,
         };
         let t = Instant::now();
         let r = replay(&trace, &options, &mut |_, _| {}).expect("replay");

@@ -126,6 +126,43 @@ pub struct SchedParams {
     pub bf_max_job_part: u32,
     /// After yielding, resume with the next job of the same pass rather than starting over.
     pub bf_continue: bool,
+    /// When and for how long the leader runs the passes.
+    pub loops: LoopParams,
+}
+
+/// The leader's scheduling loops, in Slurm's `SchedulerParameters` vocabulary. The core
+/// never reads a clock: these are carried in the replicated config so every replica that
+/// becomes leader runs the same loops, and the controller reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopParams {
+    /// The main pass runs this often (sched_interval, default 60 s).
+    pub sched_interval: Seconds,
+    /// ... for at most this long (max_sched_time, default 2 s).
+    pub max_sched_time: Seconds,
+    /// The backfill pass runs this often (bf_interval, default 30 s).
+    pub bf_interval: Seconds,
+    /// ... for at most this long in all, yields included (bf_max_time, default bf_interval).
+    pub bf_max_time: Seconds,
+    /// Backfill yields locks after this long (bf_yield_interval, default 2 s) ...
+    pub bf_yield_interval_us: u64,
+    /// ... for this long (bf_yield_sleep, default 0.5 s).
+    pub bf_yield_sleep_us: u64,
+    /// Loops yield while more RPCs than this are in flight (max_rpc_cnt; 0 = never).
+    pub max_rpc_cnt: u32,
+}
+
+impl Default for LoopParams {
+    fn default() -> Self {
+        LoopParams {
+            sched_interval: Seconds(60),
+            max_sched_time: Seconds(2),
+            bf_interval: Seconds(30),
+            bf_max_time: Seconds(30),
+            bf_yield_interval_us: 2_000_000,
+            bf_yield_sleep_us: 500_000,
+            max_rpc_cnt: 0,
+        }
+    }
 }
 
 impl Default for SchedParams {
@@ -141,6 +178,7 @@ impl Default for SchedParams {
             bf_max_job_user: 0,
             bf_max_job_part: 0,
             bf_continue: false,
+            loops: LoopParams::default(),
         }
     }
 }
@@ -172,6 +210,7 @@ impl SchedParams {
             bf_max_job_user: 0,
             bf_max_job_part: 0,
             bf_continue: true,
+            loops: LoopParams::default(),
         }
     }
 }

@@ -163,3 +163,136 @@ mod tests {
         assert_eq!(MiB(u64::MAX).checked_mul(2), None);
     }
 }
+
+/// A duration as Slurm writes it in `-t`, `MaxTime` or `PriorityDecayHalfLife`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlurmDuration {
+    Limit(Seconds),
+    /// `UNLIMITED` or `INFINITE`.
+    Unlimited,
+}
+
+/// The formats [`parse_duration`] accepts, for error messages.
+pub const DURATION_FORMATS: &str =
+    "M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, UNLIMITED or INFINITE (M = minutes)";
+
+/// Why a quantity did not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not {expected}")]
+pub struct QuantityError {
+    pub value: String,
+    pub expected: &'static str,
+}
+
+/// Parses Slurm's time formats: `M`, `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`, and
+/// `UNLIMITED`/`INFINITE`. `0` is a zero limit; what it means (Slurm's `-t 0` = no limit) is
+/// the caller's business.
+pub fn parse_duration(text: &str) -> Result<SlurmDuration, QuantityError> {
+    let err = || QuantityError {
+        value: text.to_string(),
+        expected: DURATION_FORMATS,
+    };
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") {
+        return Ok(SlurmDuration::Unlimited);
+    }
+    let number = |s: &str| -> Result<u64, QuantityError> {
+        if s.is_empty() || s.len() > 12 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        s.parse().map_err(|_| err())
+    };
+    let (days, rest) = match t.split_once('-') {
+        Some((d, rest)) => (Some(number(d)?), rest),
+        None => (None, t),
+    };
+    let parts = rest
+        .split(':')
+        .map(number)
+        .collect::<Result<Vec<u64>, _>>()?;
+    let secs = match (days, parts.as_slice()) {
+        (None, [m]) => m * 60,
+        (None, [m, s]) => m * 60 + s,
+        (None, [h, m, s]) => h * 3600 + m * 60 + s,
+        (Some(d), [h]) => d * 86_400 + h * 3600,
+        (Some(d), [h, m]) => d * 86_400 + h * 3600 + m * 60,
+        (Some(d), [h, m, s]) => d * 86_400 + h * 3600 + m * 60 + s,
+        _ => return Err(err()),
+    };
+    Ok(SlurmDuration::Limit(Seconds(secs)))
+}
+
+/// Parses a size as Slurm writes memory: a number with an optional unit `K`, `M` (the
+/// default), `G` or `T` (binary multiples). Kibibytes round up to whole MiB.
+pub fn parse_size(text: &str) -> Result<MiB, QuantityError> {
+    let err = || QuantityError {
+        value: text.to_string(),
+        expected: "a size: a number with an optional unit K, M (default), G or T",
+    };
+    let t = text.trim();
+    let (digits, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(err());
+    }
+    let n: u64 = digits.parse().map_err(|_| err())?;
+    let mib = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "K" => n.div_ceil(1024),
+        "" | "M" => n,
+        "G" => n.checked_mul(1024).ok_or_else(err)?,
+        "T" => n.checked_mul(1024 * 1024).ok_or_else(err)?,
+        _ => return Err(err()),
+    };
+    Ok(MiB(mib))
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+
+    #[test]
+    fn slurm_time_formats() {
+        let ok = |s: &str, secs: u64| {
+            assert_eq!(
+                parse_duration(s),
+                Ok(SlurmDuration::Limit(Seconds(secs))),
+                "{s}"
+            )
+        };
+        ok("30", 1800);
+        ok("5:30", 330);
+        ok("1:02:03", 3723);
+        ok("2-3", 2 * 86_400 + 3 * 3600);
+        ok("2-03:04", 2 * 86_400 + 3 * 3600 + 4 * 60);
+        ok("2-03:04:05", 2 * 86_400 + 3 * 3600 + 4 * 60 + 5);
+        ok("0", 0);
+        assert_eq!(parse_duration("UNLIMITED"), Ok(SlurmDuration::Unlimited));
+        assert_eq!(parse_duration("infinite"), Ok(SlurmDuration::Unlimited));
+        for bad in [
+            "",
+            "1:2:3:4",
+            "a",
+            "1-",
+            "-1",
+            "1-2:3:4:5",
+            "99999999999999999",
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.to_string().contains("D-H:M:S"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn slurm_sizes() {
+        assert_eq!(parse_size("512"), Ok(MiB(512)));
+        assert_eq!(parse_size("4G"), Ok(MiB(4096)));
+        assert_eq!(parse_size("4GB"), Ok(MiB(4096)));
+        assert_eq!(parse_size("1t"), Ok(MiB(1 << 20)));
+        assert_eq!(parse_size("1500K"), Ok(MiB(2)));
+        for bad in ["", "G", "4X", "-1", "99999999999999999999"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}

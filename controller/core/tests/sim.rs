@@ -32,10 +32,10 @@ fn trace(procs: u64, jobs: Vec<SwfJob>) -> Trace {
 
 fn starts(t: &Trace, policy: Policy) -> Vec<(u64, u64)> {
     let options = SimOptions {
-        policy,
+        policy: Some(policy),
         procs: None,
         max_jobs: None,
-        config: None,
+        site: None,
     };
     let r = replay(t, &options, &mut |_, _| {}).unwrap();
     let mut s: Vec<(u64, u64)> = r.outcomes.iter().map(|o| (o.swf_id, o.start)).collect();

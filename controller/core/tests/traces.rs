@@ -18,10 +18,10 @@ fn check(path: &str, jobs: usize) {
     let mut means = Vec::new();
     for policy in [Policy::Fcfs, Policy::Easy, Policy::Conservative] {
         let options = SimOptions {
-            policy,
+            policy: Some(policy),
             procs: None,
             max_jobs: Some(jobs),
-            config: None,
+            site: None,
         };
         let r = replay(&trace, &options, &mut |_, _| {}).unwrap();
         assert_eq!(r.outcomes.len(), jobs, "{path} {policy:?}: every job ran");

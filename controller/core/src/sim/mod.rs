@@ -9,23 +9,24 @@
 //! instant it starts, and that instant is handled again. A `Tick` every simulated hour
 //! purges finished jobs, as the controller's does.
 
+mod machine;
 pub mod swf;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::BinaryHeap;
 
-use crate::account::{AssocLimits, User, UserAssoc};
+use rustc_hash::FxHashMap;
+
 use crate::command::{Actor, Command, EndCause, EndReport, Envelope};
-use crate::config::{BackfillMode, SchedConfig, SchedParams};
-use crate::ids::{AccountName, JobId, NodeName, PartitionName, UserName};
-use crate::job::{BlobId, ExitStatus, JobSpec, MemoryRequest, TimeRequest};
-use crate::node::NodeSpec;
-use crate::partition::Partition;
+use crate::config::BackfillMode;
+use crate::ids::JobId;
+use crate::job::{ExitStatus, JobRef};
+use crate::partition::PreemptMode;
 use crate::plan::Unlimited;
-use crate::priority::PriorityFormula;
-use crate::qos::Qos;
-use crate::quantity::{MiB, Seconds, TimeMs};
-use crate::{ApplyCtx, Response, State};
+use crate::quantity::TimeMs;
+use crate::{ApplyCtx, PreemptOutcome, Response, State};
+
+pub use machine::{QueueMap, SimMap, SimSite};
 
 use swf::Trace;
 
@@ -46,6 +47,15 @@ impl Policy {
         }
     }
 
+    /// The policy a configuration's backfill mode amounts to.
+    pub fn of(mode: BackfillMode) -> Policy {
+        match mode {
+            BackfillMode::Off => Policy::Fcfs,
+            BackfillMode::Easy => Policy::Easy,
+            BackfillMode::Conservative => Policy::Conservative,
+        }
+    }
+
     fn backfill(self) -> BackfillMode {
         match self {
             Policy::Fcfs => BackfillMode::Off,
@@ -58,14 +68,15 @@ impl Policy {
 /// How to replay.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
-    pub policy: Policy,
+    /// `None`: the site configuration's backfill mode, EASY without one.
+    pub policy: Option<Policy>,
     /// The machine's processors; `None` = the trace header's.
     pub procs: Option<u64>,
     /// Replay only the first N jobs.
     pub max_jobs: Option<usize>,
-    /// The scheduler configuration (a controller's); `None` = FCFS priority with unlimited
-    /// depths and 1 s resolution, the textbook algorithms.
-    pub config: Option<SchedConfig>,
+    /// The site (a controller's configuration file) with its SWF mapping; `None` = one
+    /// node, FCFS priority, unlimited depths and 1 s resolution: the textbook algorithms.
+    pub site: Option<SimSite>,
 }
 
 /// What happened to one job.
@@ -99,8 +110,15 @@ impl JobOutcome {
 /// The figures of a replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
+    /// Jobs that ran to completion (the figures below are theirs).
     pub jobs: usize,
+    /// Trace lines that are not usable jobs, and jobs larger than the machine.
     pub dropped: usize,
+    /// Jobs the site's policies refused at submission, and the first refusal.
+    pub refused: usize,
+    pub first_refusal: Option<String>,
+    /// Jobs accepted but never finished (limits kept them from starting, or suspended).
+    pub unstarted: usize,
     pub procs: u64,
     pub policy: Policy,
     pub utilization: f64,
@@ -141,10 +159,6 @@ pub enum SimError {
     Stuck { time: u64, queued: usize },
 }
 
-const NODE: &str = "sim";
-const PARTITION: &str = "batch";
-const SCRIPT: &[u8] = b"#!/bin/sh\n# replayed from a workload trace\n";
-
 struct Driver {
     state: State,
     index: u64,
@@ -163,27 +177,61 @@ impl Driver {
     }
 }
 
-fn name<T: std::str::FromStr>(s: &str) -> Result<T, SimError>
-where
-    T::Err: std::fmt::Display,
-{
-    s.parse()
-        .map_err(|e: T::Err| SimError::Setup(e.to_string()))
+/// The jobs holding processors, and when each will end: the agents' side of a replay.
+#[derive(Default)]
+struct Running {
+    /// Ends in time order; an entry whose job no longer ends then (it was suspended or
+    /// killed) is skipped.
+    ends: BinaryHeap<Reverse<(u64, JobId)>>,
+    end_of: FxHashMap<JobId, u64>,
+    /// Suspended jobs and the run time they have left.
+    suspended: FxHashMap<JobId, u64>,
+    busy: u64,
 }
 
-fn user_name(id: i64) -> String {
-    if id >= 0 {
-        format!("u{id}")
-    } else {
-        "unknown".into()
+impl Running {
+    fn start(&mut self, id: JobId, end: u64, procs: u64) {
+        self.ends.push(Reverse((end, id)));
+        self.end_of.insert(id, end);
+        self.busy += procs;
     }
-}
 
-fn account_name(id: i64) -> String {
-    if id >= 0 {
-        format!("g{id}")
-    } else {
-        "nogroup".into()
+    /// Stops `id`'s clock; `keep` remembers what it has left (suspension).
+    fn stop(&mut self, id: JobId, now: u64, procs: u64, keep: bool) {
+        if let Some(end) = self.end_of.remove(&id) {
+            self.busy -= procs;
+            if keep {
+                self.suspended.insert(id, end.saturating_sub(now));
+            }
+        }
+    }
+
+    fn resume(&mut self, id: JobId, now: u64, procs: u64) {
+        if let Some(left) = self.suspended.remove(&id) {
+            self.start(id, now + left, procs);
+        }
+    }
+
+    fn next_end(&mut self) -> Option<u64> {
+        while let Some(Reverse((t, id))) = self.ends.peek().copied() {
+            if self.end_of.get(&id) == Some(&t) {
+                return Some(t);
+            }
+            self.ends.pop();
+        }
+        None
+    }
+
+    /// The jobs that end at `t`.
+    fn ending(&mut self, t: u64) -> Vec<JobId> {
+        let mut out = Vec::new();
+        while self.next_end() == Some(t) {
+            if let Some(Reverse((_, id))) = self.ends.pop() {
+                self.end_of.remove(&id);
+                out.push(id);
+            }
+        }
+        out
     }
 }
 
@@ -193,126 +241,66 @@ pub fn replay(
     options: &SimOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Replay, SimError> {
-    let procs = trace
-        .machine_procs(options.procs)
-        .ok_or(SimError::NoMachineSize)?;
-    let cpus = u32::try_from(procs).map_err(|_| SimError::MachineTooLarge(procs))?;
-    let mut jobs: Vec<&swf::SwfJob> = trace.jobs.iter().filter(|j| j.procs <= procs).collect();
+    let policy = options.policy.unwrap_or_else(|| match &options.site {
+        Some(s) => Policy::of(s.site.sched.sched.backfill),
+        None => Policy::Easy,
+    });
+    // The machine's size bounds the jobs kept; a site's nodes define it.
+    let site_procs = options
+        .site
+        .as_ref()
+        .filter(|s| !s.site.nodes.is_empty())
+        .map(|s| s.site.nodes.iter().map(|n| u64::from(n.cpus)).sum::<u64>());
+    let trace_procs = trace.machine_procs(options.procs);
+    let limit = site_procs.or(trace_procs).ok_or(SimError::NoMachineSize)?;
+    let mut jobs: Vec<&swf::SwfJob> = trace.jobs.iter().filter(|j| j.procs <= limit).collect();
     let dropped_big = trace.jobs.len() - jobs.len();
     if let Some(n) = options.max_jobs {
         jobs.truncate(n);
     }
     jobs.sort_by_key(|j| j.submit); // stable: trace order within an instant
 
-    let mut config = options.config.clone().unwrap_or_else(|| {
-        let mut c = SchedConfig::default();
-        c.priority.formula = PriorityFormula::Fcfs;
-        c.sched = SchedParams::unlimited(options.policy.backfill());
-        c
-    });
-    config.sched.backfill = options.policy.backfill();
-    config.max_batch = config
-        .max_batch
-        .max(u32::try_from(jobs.len()).unwrap_or(u32::MAX));
-    config.max_job_count = config.max_job_count.max(jobs.len() as u64 + 1);
+    let machine = machine::build(
+        options.site.as_ref(),
+        policy,
+        trace_procs,
+        options.procs.is_some(),
+        &jobs,
+    )?;
+    let procs = machine.procs;
+    // Preemption and resumes are planned by the main pass: run it before backfill when the
+    // configuration can preempt.
+    let preempting = machine.config.preempt.parallel_run.is_some()
+        || options.site.as_ref().is_some_and(|s| {
+            s.site
+                .partitions
+                .iter()
+                .any(|p| p.preempt_mode != PreemptMode::Off)
+                || s.site.qos.iter().any(|q| !q.preempt.is_empty())
+        });
     let mut d = Driver {
-        state: State::new(config.clone()),
+        state: State::new(machine.config.clone()),
         index: 0,
     };
     let t0 = jobs.first().map_or(0, |j| j.submit);
-    d.apply(
-        Command::UpsertNode(NodeSpec {
-            name: name(NODE)?,
-            cpus,
-            memory: MiB(u64::MAX / 4),
-            jobfs: MiB(u64::MAX / 4),
-            gpus: 0,
-            features: BTreeSet::new(),
-        }),
-        t0,
-    )?;
-    if !d.state.qos.contains_key(&config.default_qos) {
-        d.apply(
-            Command::UpsertQos(Box::new(Qos::new(config.default_qos.clone()))),
-            t0,
-        )?;
+    for cmd in machine.commands {
+        d.apply(cmd, t0)
+            .map_err(|e| SimError::Setup(e.to_string()))?;
     }
-    let node: NodeName = name(NODE)?;
-    let mut partition = Partition::new(name(PARTITION)?, BTreeSet::from([node]));
-    partition.is_default = true;
-    d.apply(Command::UpsertPartition(Box::new(partition)), t0)?;
-    let groups: BTreeSet<i64> = jobs.iter().map(|j| j.group).collect();
-    for g in &groups {
-        d.apply(
-            Command::UpsertAccount {
-                name: name(&account_name(*g))?,
-                parent: name("root")?,
-                shares: 1,
-                limits: AssocLimits::default(),
-                grant: None,
-            },
-            t0,
-        )?;
-    }
-    // Each user belongs to every group they submitted under; the first is their default.
-    let mut users: std::collections::BTreeMap<i64, Vec<i64>> = Default::default();
-    for j in &jobs {
-        let gs = users.entry(j.user).or_default();
-        if !gs.contains(&j.group) {
-            gs.push(j.group);
-        }
-    }
-    for (u, gs) in &users {
-        let assocs = gs
-            .iter()
-            .map(|g| {
-                Ok((
-                    name::<AccountName>(&account_name(*g))?,
-                    UserAssoc {
-                        shares: 1,
-                        priority: 0,
-                        limits: AssocLimits::default(),
-                    },
-                ))
-            })
-            .collect::<Result<Vec<_>, SimError>>()?;
-        d.apply(
-            Command::UpsertUser {
-                user: User {
-                    name: name(&user_name(*u))?,
-                    default_account: name(&account_name(gs[0]))?,
-                    admin: false,
-                },
-                assocs,
-            },
-            t0,
-        )?;
-    }
-    let script = BlobId::of(SCRIPT);
-    let partition_name: PartitionName = name(PARTITION)?;
-    let spec_of = |j: &swf::SwfJob| -> Result<JobSpec, SimError> {
-        let mut s = JobSpec::simple(name::<UserName>(&user_name(j.user))?, script);
-        s.account = Some(name(&account_name(j.group))?);
-        s.partition = Some(partition_name.clone());
-        s.ntasks = u32::try_from(j.procs).map_err(|_| SimError::MachineTooLarge(j.procs))?;
-        s.memory = Some(MemoryRequest::PerNode(MiB(0)));
-        s.jobfs = Some(MiB(0));
-        s.time = TimeRequest::Limit(Seconds(j.estimate.max(1)));
-        s.name = smol_str::SmolStr::new(format!("swf{}", j.id));
-        Ok(s)
-    };
 
     let total = jobs.len();
     let mut outcomes: Vec<Option<JobOutcome>> = vec![None; total];
-    let mut which: std::collections::BTreeMap<JobId, usize> = Default::default();
-    let mut ends: BinaryHeap<Reverse<(u64, JobId)>> = BinaryHeap::new();
+    let mut which: FxHashMap<JobId, usize> = FxHashMap::default();
+    let mut running = Running::default();
     let mut samples = Vec::new();
+    let mut completed = vec![false; total];
+    let mut refused = 0usize;
+    let mut first_refusal: Option<String> = None;
     let mut next = 0usize;
     let mut done = 0usize;
-    let mut busy: u64 = 0;
     let mut last_tick = t0;
     loop {
-        let t = match (jobs.get(next).map(|j| j.submit), ends.peek().map(|e| e.0.0)) {
+        let t = match (jobs.get(next).map(|j| j.submit), running.next_end()) {
             (None, None) => break,
             (Some(a), None) => a,
             (None, Some(e)) => e,
@@ -324,10 +312,7 @@ pub fn replay(
         }
         // Completions.
         let mut reports = Vec::new();
-        while ends.peek().is_some_and(|e| e.0.0 == t) {
-            let Some(Reverse((_, id))) = ends.pop() else {
-                break;
-            };
+        for id in running.ending(t) {
             let epoch = d.state.jobs[&id].alloc.as_ref().map_or(0, |a| a.epoch);
             reports.push(EndReport {
                 job: id,
@@ -336,7 +321,8 @@ pub fn replay(
                 exit: ExitStatus { code: 0, signal: 0 },
             });
             if let Some(&k) = which.get(&id) {
-                busy -= jobs[k].procs;
+                running.busy -= jobs[k].procs;
+                completed[k] = true;
             }
             done += 1;
         }
@@ -352,10 +338,10 @@ pub fn replay(
         if next > first {
             let specs = jobs[first..next]
                 .iter()
-                .map(|j| spec_of(j))
+                .map(|j| machine.jobs.spec(j))
                 .collect::<Result<Vec<_>, _>>()?;
             // Sent with every batch: stored once, dropped when no job uses it any more.
-            let blobs = vec![SCRIPT.to_vec()];
+            let blobs = vec![machine::SCRIPT.to_vec()];
             let r = d.apply(
                 Command::SubmitJobs {
                     actor: Actor::Operator,
@@ -368,62 +354,166 @@ pub fn replay(
                 return Err(SimError::Refused(format!("submission answered {r:?}")));
             };
             for (k, r) in results.into_iter().enumerate() {
-                let id = r.map_err(|e| SimError::Refused(format!("{}: {e}", jobs[first + k])))?;
-                which.insert(id, first + k);
+                match r {
+                    Ok(id) => {
+                        which.insert(id, first + k);
+                    }
+                    // The site's policies refuse it (a walltime cap, a QOS the partition
+                    // does not allow, ...): counted, as a controller would have told the
+                    // user. The textbook machine refuses nothing.
+                    Err(e) if options.site.is_some() => {
+                        refused += 1;
+                        first_refusal.get_or_insert_with(|| format!("{}: {e}", jobs[first + k]));
+                    }
+                    Err(e) => {
+                        return Err(SimError::Refused(format!("{}: {e}", jobs[first + k])));
+                    }
+                }
             }
         }
-        // One pass.
+        // The passes, as the leader runs them.
         let now = TimeMs(t * 1000);
-        let plan = match options.policy {
-            Policy::Fcfs => d.state.main_pass(now, &mut Unlimited, None),
-            _ => d.state.backfill_pass(now, &mut Unlimited, None),
-        };
-        if !plan.starts.is_empty() {
-            let Response::Started(results) = d.apply(Command::StartJobs(plan.starts.clone()), t)?
-            else {
-                return Err(SimError::Refused("start answered otherwise".into()));
-            };
-            for r in results {
-                let id = r.map_err(|e| SimError::Refused(format!("a planned start: {e}")))?;
-                let k = which[&id];
-                let j = jobs[k];
-                busy += j.procs;
-                ends.push(Reverse((t + j.runtime, id)));
-                outcomes[k] = Some(JobOutcome {
-                    swf_id: j.id,
-                    user: j.user,
-                    procs: j.procs,
-                    submit: j.submit,
-                    start: t,
-                    end: t + j.runtime,
-                    estimate: j.estimate,
-                });
+        let mut starts = Vec::new();
+        if policy == Policy::Fcfs || preempting {
+            let plan = d.state.main_pass(now, &mut Unlimited, None);
+            starts.extend(apply_starts(&mut d, plan.starts, t)?);
+            if !plan.preemptions.is_empty() {
+                let victims: Vec<Vec<JobId>> =
+                    plan.preemptions.iter().map(|p| p.victims.clone()).collect();
+                let Response::Preempted(results) =
+                    d.apply(Command::Preempt(plan.preemptions), t)?
+                else {
+                    return Err(SimError::Refused("preempt answered otherwise".into()));
+                };
+                let mut killed = Vec::new();
+                for (r, victims) in results.into_iter().zip(victims) {
+                    let suspend = match r {
+                        Ok(PreemptOutcome::Started(id)) => {
+                            starts.push(id);
+                            true
+                        }
+                        Ok(PreemptOutcome::Freeing) => false,
+                        Err(e) => return Err(SimError::Refused(format!("a preemption: {e}"))),
+                    };
+                    for v in victims {
+                        let p = which.get(&v).map_or(0, |&k| jobs[k].procs);
+                        running.stop(v, t, p, suspend);
+                        if !suspend {
+                            let epoch = d.state.jobs[&v].alloc.as_ref().map_or(0, |a| a.epoch);
+                            killed.push(EndReport {
+                                job: v,
+                                epoch,
+                                cause: EndCause::Preempted,
+                                exit: ExitStatus {
+                                    code: 0,
+                                    signal: 15,
+                                },
+                            });
+                        }
+                    }
+                }
+                if !killed.is_empty() {
+                    d.apply(Command::EndJobs(killed), t)?;
+                }
+            }
+            if !plan.resumes.is_empty() {
+                let refs: Vec<JobRef> = plan
+                    .resumes
+                    .iter()
+                    .map(|id| JobRef {
+                        job: *id,
+                        task: None,
+                    })
+                    .collect();
+                let Response::PerJob(results) = d.apply(
+                    Command::ResumeJobs {
+                        actor: Actor::Operator,
+                        jobs: refs,
+                    },
+                    t,
+                )?
+                else {
+                    return Err(SimError::Refused("resume answered otherwise".into()));
+                };
+                for (id, r) in plan.resumes.iter().zip(results) {
+                    if r.is_ok() {
+                        let p = which.get(id).map_or(0, |&k| jobs[k].procs);
+                        running.resume(*id, t, p);
+                    }
+                }
             }
         }
+        if policy != Policy::Fcfs {
+            let plan = d.state.backfill_pass(now, &mut Unlimited, None);
+            starts.extend(apply_starts(&mut d, plan.starts, t)?);
+        }
+        for id in starts {
+            let k = which[&id];
+            let j = jobs[k];
+            running.start(id, t + j.runtime, j.procs);
+            // A requeued job's outcome is its last run.
+            outcomes[k] = Some(JobOutcome {
+                swf_id: j.id,
+                user: j.user,
+                procs: j.procs,
+                submit: j.submit,
+                start: t,
+                end: t + j.runtime,
+                estimate: j.estimate,
+            });
+        }
+        let in_system = which.len() - done;
         samples.push(Sample {
             time: t,
-            busy_procs: busy,
-            queued_jobs: (next - done) as u64 - ends.len() as u64,
+            busy_procs: running.busy,
+            queued_jobs: (in_system - running.end_of.len() - running.suspended.len()) as u64,
         });
-        if ends.is_empty() && next >= total && done < total {
+        if running.next_end().is_none() && next >= total && done < which.len() {
+            if options.site.is_some() {
+                // The site's limits keep these from ever starting (a MAXPS hard limit,
+                // a down partition, ...): reported, not an error.
+                break;
+            }
             return Err(SimError::Stuck {
                 time: t,
-                queued: total - done,
+                queued: which.len() - done,
             });
         }
     }
-    let outcomes: Vec<JobOutcome> = outcomes.into_iter().flatten().collect();
-    let summary = summarize(
-        &outcomes,
-        procs,
-        options.policy,
-        dropped_big + trace_dropped(trace),
-    );
+    let unstarted = which.len() - done;
+    let outcomes: Vec<JobOutcome> = outcomes
+        .into_iter()
+        .zip(completed)
+        .filter_map(|(o, done)| o.filter(|_| done))
+        .collect();
+    let mut summary = summarize(&outcomes, procs, policy, dropped_big + trace_dropped(trace));
+    summary.refused = refused;
+    summary.first_refusal = first_refusal;
+    summary.unstarted = unstarted;
     Ok(Replay {
         outcomes,
         summary,
         samples,
     })
+}
+
+/// Applies planned starts; the ids of those apply accepted (a replay's plans are never
+/// stale, so a refusal is a bug and stops the replay).
+fn apply_starts(
+    d: &mut Driver,
+    starts: Vec<crate::command::StartDecision>,
+    t: u64,
+) -> Result<Vec<JobId>, SimError> {
+    if starts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Response::Started(results) = d.apply(Command::StartJobs(starts), t)? else {
+        return Err(SimError::Refused("start answered otherwise".into()));
+    };
+    results
+        .into_iter()
+        .map(|r| r.map_err(|e| SimError::Refused(format!("a planned start: {e}"))))
+        .collect()
 }
 
 fn trace_dropped(trace: &Trace) -> usize {
@@ -445,6 +535,9 @@ fn summarize(outcomes: &[JobOutcome], procs: u64, policy: Policy, dropped: usize
     Summary {
         jobs: n,
         dropped,
+        refused: 0,
+        first_refusal: None,
+        unstarted: 0,
         procs,
         policy,
         utilization: if makespan == 0 {

@@ -1,0 +1,212 @@
+//! Slurm hostlists: `n[001-004,010],login1` for a list of node names.
+//!
+//! Admins write nodes this way in the config (`Nodes = "n[001-128]"`), and users' scripts
+//! read `SLURM_JOB_NODELIST` in it. Expansion is `hostlist-parser`'s; we bound its size
+//! first (a short expression can name billions of nodes) and write the compression, which
+//! that crate does not offer.
+
+use std::collections::BTreeMap;
+
+/// The most names one expression may expand to.
+pub const MAX_HOSTS: u64 = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostlistError {
+    #[error("{0:?} is not a hostlist (expected names like n[001-004,010],login1)")]
+    Syntax(String),
+    #[error("{expr:?} names {count} hosts; at most {max} are allowed")]
+    TooMany { expr: String, count: u64, max: u64 },
+}
+
+/// Expands a hostlist into names, in the order written.
+pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
+    let count = upper_bound(expr).ok_or_else(|| HostlistError::Syntax(expr.to_string()))?;
+    if count > MAX_HOSTS {
+        return Err(HostlistError::TooMany {
+            expr: expr.to_string(),
+            count,
+            max: MAX_HOSTS,
+        });
+    }
+    hostlist_parser::parse(expr).map_err(|_| HostlistError::Syntax(expr.to_string()))
+}
+
+/// How many names `expr` expands to at most (`None` when brackets or ranges are malformed),
+/// computed without expanding: per top-level item, the product of its bracket groups' sizes.
+fn upper_bound(expr: &str) -> Option<u64> {
+    let mut total: u64 = 0;
+    let mut item: u64 = 1;
+    let mut chars = expr.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '[' => {
+                let mut group = String::new();
+                loop {
+                    match chars.next()? {
+                        ']' => break,
+                        '[' => return None,
+                        c => group.push(c),
+                    }
+                }
+                let mut size: u64 = 0;
+                for part in group.split(',') {
+                    let n = match part.split_once('-') {
+                        Some((a, b)) => {
+                            let (a, b): (u64, u64) =
+                                (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                            a.abs_diff(b) + 1
+                        }
+                        None => {
+                            part.trim().parse::<u64>().ok()?;
+                            1
+                        }
+                    };
+                    size = size.saturating_add(n);
+                }
+                item = item.saturating_mul(size);
+            }
+            ']' => return None,
+            ',' => {
+                total = total.saturating_add(item);
+                item = 1;
+            }
+            _ => {}
+        }
+    }
+    Some(total.saturating_add(item))
+}
+
+/// Compresses names into Slurm's form: names that differ only in a trailing number share
+/// brackets (`n001,n002,n003,n007` → `n[001-003,007]`, `n9,n10` → `n[9-10]`); zero-padded
+/// numbers group by their width. Groups follow the first appearance of each prefix;
+/// numbers are sorted within a group.
+pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
+    // (prefix, digit width) -> numbers; a name without a trailing number stands alone.
+    let mut order: Vec<(String, usize)> = Vec::new();
+    let mut groups: BTreeMap<(String, usize), Vec<u64>> = BTreeMap::new();
+    for name in names {
+        let name = name.as_ref();
+        let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (prefix, number) = name.split_at(name.len() - digits);
+        let key = match number.parse::<u64>() {
+            Ok(n) if digits <= 18 => {
+                // Width 0: not padded, any number of digits.
+                let width = if number.starts_with('0') && digits > 1 {
+                    digits
+                } else {
+                    0
+                };
+                let key = (prefix.to_string(), width);
+                groups.entry(key.clone()).or_default().push(n);
+                key
+            }
+            _ => (name.to_string(), usize::MAX),
+        };
+        if !order.contains(&key) {
+            order.push(key);
+        }
+    }
+    // An unpadded number as wide as a padded group of its prefix belongs to that group
+    // (`n08,n09,n10` is `n[08-10]`).
+    let padded: Vec<(String, usize)> = groups.keys().filter(|k| k.1 > 0).cloned().collect();
+    for (prefix, width) in padded {
+        let unpadded = (prefix.clone(), 0);
+        let Some(free) = groups.get_mut(&unpadded) else {
+            continue;
+        };
+        let (moved, kept): (Vec<u64>, Vec<u64>) = free
+            .iter()
+            .partition(|n| n.checked_ilog10().map_or(1, |l| l as usize + 1) == width);
+        *free = kept;
+        if free.is_empty() {
+            groups.remove(&unpadded);
+        }
+        if let Some(group) = groups.get_mut(&(prefix, width)) {
+            group.extend(moved);
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for key in order {
+        let (prefix, width) = &key;
+        if *width == usize::MAX {
+            out.push(prefix.clone());
+            continue;
+        }
+        let Some(numbers) = groups.get_mut(&key) else {
+            continue; // merged into a padded group
+        };
+        numbers.sort_unstable();
+        numbers.dedup();
+        if numbers.len() == 1 {
+            out.push(format!("{prefix}{:0width$}", numbers[0]));
+            continue;
+        }
+        let mut ranges: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < numbers.len() {
+            let mut j = i;
+            while j + 1 < numbers.len() && numbers[j + 1] == numbers[j] + 1 {
+                j += 1;
+            }
+            ranges.push(if i == j {
+                format!("{:0width$}", numbers[i])
+            } else {
+                format!("{:0width$}-{:0width$}", numbers[i], numbers[j])
+            });
+            i = j + 1;
+        }
+        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_ranges_lists_and_padding() {
+        assert_eq!(
+            expand("n[001-003,010],login1").unwrap(),
+            vec!["n001", "n002", "n003", "n010", "login1"]
+        );
+        assert_eq!(expand("a1").unwrap(), vec!["a1"]);
+    }
+
+    #[test]
+    fn refuses_malformed_and_absurd_lists() {
+        for bad in ["n[1-", "n]1[", "n[a-b]", "n[[1]]"] {
+            assert!(
+                matches!(expand(bad), Err(HostlistError::Syntax(_))),
+                "{bad}"
+            );
+        }
+        let e = expand("n[1-999999999]").unwrap_err();
+        assert!(e.to_string().contains("at most 1048576"), "{e}");
+        let e = expand("a[1-2000]b[1-2000]").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HostlistError::TooMany {
+                    count: 4_000_000,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn compresses_as_slurm_prints() {
+        assert_eq!(
+            compress(&["n001", "n002", "n003", "n007"]),
+            "n[001-003,007]"
+        );
+        assert_eq!(compress(&["n1"]), "n1");
+        assert_eq!(compress(&["login", "n2", "n1"]), "login,n[1-2]");
+        assert_eq!(compress(&["n9", "n10"]), "n[9-10]");
+        assert_eq!(compress(&["n08", "n09", "n10", "n100"]), "n[08-10],n100");
+        let names: Vec<String> = expand("gpu[01-04],cpu[001-100]").unwrap();
+        assert_eq!(compress(&names), "gpu[01-04],cpu[001-100]");
+    }
+}
