@@ -85,3 +85,44 @@ fn sim_names_what_is_wrong_with_its_input() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("reading trace /nonexistent.swf"));
 }
+
+/// `--config` takes a controller's configuration: its machine, partitions and policies.
+#[test]
+fn sim_replays_on_a_site_configuration() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/config/nci.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args([
+            "sim",
+            "--no-progress",
+            "--jobs",
+            "300",
+            "--swf",
+            TRACE,
+            "--config",
+            config,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["procs"], 1492 * 8, "the site's nodes are the machine");
+    assert_eq!(v["policy"], "easy", "the site's bf_mode");
+    assert_eq!(v["refused"], 0);
+    assert_eq!(v["jobs"], 300);
+    // A broken configuration is refused with the key named.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[SchedulerParameters]\nbf_window = 0\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["sim", "--no-progress", "--swf", TRACE, "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("SchedulerParameters.bf_window"), "{err}");
+}

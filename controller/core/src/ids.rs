@@ -66,7 +66,11 @@ fn validate(kind: &'static str, name: &str) -> Result<(), IdError> {
         });
     }
     for (i, c) in name.chars().enumerate() {
-        let ok = c.is_ascii_alphanumeric() || c == '_' || (i > 0 && (c == '-' || c == '.'));
+        // Partitions may also hold a colon after the first character (GWDG's
+        // `standard96:test`).
+        let ok = c.is_ascii_alphanumeric()
+            || c == '_'
+            || (i > 0 && (c == '-' || c == '.' || (c == ':' && kind == "partition")));
         if !ok {
             return Err(IdError::BadChar {
                 kind,

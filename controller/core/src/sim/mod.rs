@@ -323,6 +323,10 @@ pub fn replay(
             if let Some(&k) = which.get(&id) {
                 running.busy -= jobs[k].procs;
                 completed[k] = true;
+                // Later than planned when it was suspended on the way.
+                if let Some(o) = outcomes[k].as_mut() {
+                    o.end = t;
+                }
             }
             done += 1;
         }
@@ -371,96 +375,106 @@ pub fn replay(
                 }
             }
         }
-        // The passes, as the leader runs them.
+        // The passes, as the leader runs them. On a site, they run again while they start
+        // something: a start can unblock others (Maui promotes a blocked job when an idle
+        // one starts), which the leader's next loop would see seconds later. The textbook
+        // algorithms start everything they can in one pass.
         let now = TimeMs(t * 1000);
-        let mut starts = Vec::new();
-        if policy == Policy::Fcfs || preempting {
-            let plan = d.state.main_pass(now, &mut Unlimited, None);
-            starts.extend(apply_starts(&mut d, plan.starts, t)?);
-            if !plan.preemptions.is_empty() {
-                let victims: Vec<Vec<JobId>> =
-                    plan.preemptions.iter().map(|p| p.victims.clone()).collect();
-                let Response::Preempted(results) =
-                    d.apply(Command::Preempt(plan.preemptions), t)?
-                else {
-                    return Err(SimError::Refused("preempt answered otherwise".into()));
-                };
-                let mut killed = Vec::new();
-                for (r, victims) in results.into_iter().zip(victims) {
-                    let suspend = match r {
-                        Ok(PreemptOutcome::Started(id)) => {
-                            starts.push(id);
-                            true
-                        }
-                        Ok(PreemptOutcome::Freeing) => false,
-                        Err(e) => return Err(SimError::Refused(format!("a preemption: {e}"))),
+        let rounds = if options.site.is_some() { 16 } else { 1 };
+        for _ in 0..rounds {
+            let mut starts = Vec::new();
+            if policy == Policy::Fcfs || preempting {
+                let plan = d.state.main_pass(now, &mut Unlimited, None);
+                starts.extend(apply_starts(&mut d, plan.starts, t)?);
+                if !plan.preemptions.is_empty() {
+                    let victims: Vec<Vec<JobId>> =
+                        plan.preemptions.iter().map(|p| p.victims.clone()).collect();
+                    let Response::Preempted(results) =
+                        d.apply(Command::Preempt(plan.preemptions), t)?
+                    else {
+                        return Err(SimError::Refused("preempt answered otherwise".into()));
                     };
-                    for v in victims {
-                        let p = which.get(&v).map_or(0, |&k| jobs[k].procs);
-                        running.stop(v, t, p, suspend);
-                        if !suspend {
-                            let epoch = d.state.jobs[&v].alloc.as_ref().map_or(0, |a| a.epoch);
-                            killed.push(EndReport {
-                                job: v,
-                                epoch,
-                                cause: EndCause::Preempted,
-                                exit: ExitStatus {
-                                    code: 0,
-                                    signal: 15,
-                                },
-                            });
+                    let mut killed = Vec::new();
+                    for (r, victims) in results.into_iter().zip(victims) {
+                        let suspend = match r {
+                            Ok(PreemptOutcome::Started(id)) => {
+                                starts.push(id);
+                                true
+                            }
+                            Ok(PreemptOutcome::Freeing) => false,
+                            Err(e) => return Err(SimError::Refused(format!("a preemption: {e}"))),
+                        };
+                        for v in victims {
+                            let p = which.get(&v).map_or(0, |&k| jobs[k].procs);
+                            running.stop(v, t, p, suspend);
+                            if !suspend {
+                                let epoch = d.state.jobs[&v].alloc.as_ref().map_or(0, |a| a.epoch);
+                                killed.push(EndReport {
+                                    job: v,
+                                    epoch,
+                                    cause: EndCause::Preempted,
+                                    exit: ExitStatus {
+                                        code: 0,
+                                        signal: 15,
+                                    },
+                                });
+                            }
+                        }
+                    }
+                    if !killed.is_empty() {
+                        d.apply(Command::EndJobs(killed), t)?;
+                    }
+                }
+                if !plan.resumes.is_empty() {
+                    let refs: Vec<JobRef> = plan
+                        .resumes
+                        .iter()
+                        .map(|id| JobRef {
+                            job: *id,
+                            task: None,
+                        })
+                        .collect();
+                    let Response::PerJob(results) = d.apply(
+                        Command::ResumeJobs {
+                            actor: Actor::Operator,
+                            jobs: refs,
+                        },
+                        t,
+                    )?
+                    else {
+                        return Err(SimError::Refused("resume answered otherwise".into()));
+                    };
+                    for (id, r) in plan.resumes.iter().zip(results) {
+                        if r.is_ok() {
+                            let p = which.get(id).map_or(0, |&k| jobs[k].procs);
+                            running.resume(*id, t, p);
                         }
                     }
                 }
-                if !killed.is_empty() {
-                    d.apply(Command::EndJobs(killed), t)?;
-                }
             }
-            if !plan.resumes.is_empty() {
-                let refs: Vec<JobRef> = plan
-                    .resumes
-                    .iter()
-                    .map(|id| JobRef {
-                        job: *id,
-                        task: None,
-                    })
-                    .collect();
-                let Response::PerJob(results) = d.apply(
-                    Command::ResumeJobs {
-                        actor: Actor::Operator,
-                        jobs: refs,
-                    },
-                    t,
-                )?
-                else {
-                    return Err(SimError::Refused("resume answered otherwise".into()));
-                };
-                for (id, r) in plan.resumes.iter().zip(results) {
-                    if r.is_ok() {
-                        let p = which.get(id).map_or(0, |&k| jobs[k].procs);
-                        running.resume(*id, t, p);
-                    }
-                }
+            if policy != Policy::Fcfs {
+                let plan = d.state.backfill_pass(now, &mut Unlimited, None);
+                starts.extend(apply_starts(&mut d, plan.starts, t)?);
             }
-        }
-        if policy != Policy::Fcfs {
-            let plan = d.state.backfill_pass(now, &mut Unlimited, None);
-            starts.extend(apply_starts(&mut d, plan.starts, t)?);
-        }
-        for id in starts {
-            let k = which[&id];
-            let j = jobs[k];
-            running.start(id, t + j.runtime, j.procs);
-            // A requeued job's outcome is its last run.
-            outcomes[k] = Some(JobOutcome {
-                swf_id: j.id,
-                user: j.user,
-                procs: j.procs,
-                submit: j.submit,
-                start: t,
-                end: t + j.runtime,
-                estimate: j.estimate,
-            });
+            let progressed = !starts.is_empty();
+            for id in starts {
+                let k = which[&id];
+                let j = jobs[k];
+                running.start(id, t + j.runtime, j.procs);
+                // A requeued job's outcome is its last run.
+                outcomes[k] = Some(JobOutcome {
+                    swf_id: j.id,
+                    user: j.user,
+                    procs: j.procs,
+                    submit: j.submit,
+                    start: t,
+                    end: t + j.runtime,
+                    estimate: j.estimate,
+                });
+            }
+            if !progressed {
+                break;
+            }
         }
         let in_system = which.len() - done;
         samples.push(Sample {

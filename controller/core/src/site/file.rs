@@ -224,6 +224,7 @@ pub struct RawIt4i {
 #[serde(deny_unknown_fields, rename_all = "PascalCase")]
 pub struct RawMaui {
     pub weight_queue_time: Option<u32>,
+    #[serde(rename = "WeightXFactor")]
     pub weight_xfactor: Option<u32>,
     pub weight_resources: Option<u32>,
     pub weight_bypass: Option<u32>,
@@ -232,6 +233,7 @@ pub struct RawMaui {
     pub weight_target_queue_time: Option<u32>,
     pub weight_fairshare: Option<u32>,
     pub max_queue_time: Option<RawDuration>,
+    #[serde(rename = "MaxXFactor")]
     pub max_xfactor: Option<u32>,
     pub max_bypass: Option<u32>,
 }
