@@ -142,6 +142,13 @@ impl State {
                 == crate::relations::Relations::compute(self.jobs.values().map(|j| &**j)),
             "dependents/array-tasks index differs from the jobs"
         );
+        // A rule the cache lacks would skip a limit; one it keeps after the limit went
+        // away only costs a lookup.
+        ensure!(
+            self.account_rules
+                .covers(&crate::policy::AccountRules::of(self)),
+            "the account-rules cache misses a limit the configuration has"
+        );
         Ok(())
     }
 

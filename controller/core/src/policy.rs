@@ -44,8 +44,15 @@ pub(crate) struct RunningSummary {
 
 /// Which rules exist at all, so checks skip lookups and the summary skips sums that no
 /// limit reads (at most sites, most of them).
-#[derive(Debug, Default, Clone, Copy)]
-struct AccountRules {
+///
+/// Derived state ([`State::account_rules`]), recomputed whenever limits may have changed
+/// (every configuration change re-places the queue through [`State::refresh_all_pending`])
+/// rather than on every command: the scan reads every association.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AccountRules {
+    /// A per-user cap on running plus idle jobs, or a site-wide MAXPS (Maui): the
+    /// summary sums each user's running jobs.
+    user: bool,
     /// A grant, or a MAXPS limit of its own, on some account.
     own: bool,
     /// A running-jobs or cpu-run-minutes limit on some account (applies to its subtree).
@@ -61,8 +68,21 @@ struct AccountRules {
 }
 
 impl AccountRules {
-    fn of(state: &State) -> AccountRules {
+    /// Does every rule of `actual` hold here too?
+    pub(crate) fn covers(&self, actual: &AccountRules) -> bool {
+        (self.user || !actual.user)
+            && (self.own || !actual.own)
+            && (self.tree || !actual.tree)
+            && (self.assoc || !actual.assoc)
+            && (self.qos_user || !actual.qos_user)
+            && (self.qos_group || !actual.qos_group)
+            && (self.partition_user || !actual.partition_user)
+    }
+
+    pub(crate) fn of(state: &State) -> AccountRules {
         let mut r = AccountRules::default();
+        let q = &state.config.queue_policy;
+        r.user = q.max_jobs_per_user.is_some() || q.maxps_soft.is_some() || q.maxps_hard.is_some();
         for a in state.accounts.accounts.values() {
             let l = &a.limits;
             r.own |= a.grant.is_some() || l.maxps_soft.is_some() || l.maxps_hard.is_some();
@@ -130,7 +150,7 @@ pub(crate) enum DepStatus {
 impl State {
     pub(crate) fn running_summary(&self, now: TimeMs) -> RunningSummary {
         let mut s = RunningSummary {
-            rules: AccountRules::of(self),
+            rules: self.account_rules,
             ..RunningSummary::default()
         };
         for job in self.holding.iter().filter_map(|id| self.jobs.get(id)) {
@@ -141,6 +161,7 @@ impl State {
 
     /// Re-places every pending job (after configuration changes and on every tick).
     pub(crate) fn refresh_all_pending(&mut self, now: TimeMs) {
+        self.account_rules = AccountRules::of(self);
         let running = self.running_summary(now);
         for user in self.users_with_live_jobs() {
             self.place_user(&user, &running, now);
@@ -696,7 +717,9 @@ impl RunningSummary {
         let user = &job.spec.user;
         let r = &job.resolved;
         let rules = self.rules;
-        self.per_user.entry(user.clone()).or_default().add(job, now);
+        if rules.user {
+            self.per_user.entry(user.clone()).or_default().add(job, now);
+        }
         if rules.own {
             self.per_account
                 .entry(r.account.clone())

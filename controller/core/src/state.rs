@@ -100,6 +100,10 @@ pub struct State {
     /// Dependents and array tasks of each job (derived).
     #[serde(skip)]
     pub(crate) relations: Relations,
+    /// Which account, QOS and partition limits exist at all (derived from the
+    /// configuration).
+    #[serde(skip)]
+    pub(crate) account_rules: crate::policy::AccountRules,
 }
 
 impl Default for State {
@@ -110,7 +114,7 @@ impl Default for State {
 
 impl State {
     pub fn new(config: SchedConfig) -> State {
-        State {
+        let mut state = State {
             applied: Applied::default(),
             config,
             nodes: BTreeMap::new(),
@@ -127,7 +131,10 @@ impl State {
             next_epoch: 1,
             holding: BTreeSet::new(),
             relations: Relations::default(),
-        }
+            account_rules: crate::policy::AccountRules::default(),
+        };
+        state.account_rules = crate::policy::AccountRules::of(&state);
+        state
     }
 
     /// Recomputes every derived index from the jobs and the association table.
@@ -139,6 +146,7 @@ impl State {
         }
         self.holding = self.compute_holding();
         self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
+        self.account_rules = crate::policy::AccountRules::of(self);
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {
