@@ -13,7 +13,7 @@ use docket_core::config::SchedConfig;
 use docket_core::job::Reason;
 use docket_core::job::{JobSpec, JobState, TimeRequest};
 use docket_core::node::NodeSpec;
-use docket_core::partition::{Partition, PreemptMode};
+use docket_core::partition::PreemptMode;
 use docket_core::plan::Unlimited;
 use docket_core::quantity::{MiB, Seconds};
 use docket_core::{Command, JobId};
@@ -149,15 +149,7 @@ fn a_suspended_job_keeps_its_gpus_so_suspension_cannot_free_them() {
         gpus: 4,
         features: BTreeSet::new(),
     }));
-    let nodes = c.state.partitions[&name("work")].nodes.clone();
-    let mut normal = Partition::new(name("normal"), nodes.clone());
-    normal.preempt_mode = PreemptMode::Suspend;
-    normal.def_mem_per_cpu = Some(MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(normal)));
-    let mut express = Partition::new(name("express"), nodes);
-    express.priority_tier = 10;
-    express.def_mem_per_cpu = Some(MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(express)));
+    c.add_nci_queues(PreemptMode::Suspend);
     let mut s = gpu_job(&c, "alice", 4, 10);
     s.partition = Some(name("normal"));
     s.ntasks = 16;

@@ -11,7 +11,7 @@ use common::{Cluster, jr, name};
 use docket_core::command::{EndCause, PreemptDecision};
 use docket_core::config::SchedConfig;
 use docket_core::job::{JobState, TimeRequest};
-use docket_core::partition::{Partition, PreemptMode};
+use docket_core::partition::PreemptMode;
 use docket_core::plan::Unlimited;
 use docket_core::preempt::ParallelRun;
 use docket_core::quantity::{MiB, Seconds};
@@ -22,15 +22,7 @@ fn nci(mode: PreemptMode, parallel: Option<ParallelRun>) -> Cluster {
     let mut config = SchedConfig::default();
     config.preempt.parallel_run = parallel;
     let mut c = Cluster::new(config, 1);
-    let nodes = c.state.partitions[&name("work")].nodes.clone();
-    let mut normal = Partition::new(name("normal"), nodes.clone());
-    normal.preempt_mode = mode;
-    normal.def_mem_per_cpu = Some(MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(normal)));
-    let mut express = Partition::new(name("express"), nodes);
-    express.priority_tier = 10;
-    express.def_mem_per_cpu = Some(MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(express)));
+    c.add_nci_queues(mode);
     c
 }
 

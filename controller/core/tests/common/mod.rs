@@ -63,6 +63,23 @@ impl Cluster {
         c
     }
 
+    /// Adds NCI's queues over `work`'s nodes: `normal` (tier 1, victims preempted in
+    /// `mode`) and `express` (tier 10), both 1 GiB per cpu by default.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn add_nci_queues(&mut self, mode: docket_core::partition::PreemptMode) {
+        let nodes = self.state.partitions[&name::<docket_core::PartitionName>("work")]
+            .nodes
+            .clone();
+        let mut normal = Partition::new(name("normal"), nodes.clone());
+        normal.preempt_mode = mode;
+        normal.def_mem_per_cpu = Some(MiB::gib(1));
+        self.ok(Command::UpsertPartition(Box::new(normal)));
+        let mut express = Partition::new(name("express"), nodes);
+        express.priority_tier = 10;
+        express.def_mem_per_cpu = Some(MiB::gib(1));
+        self.ok(Command::UpsertPartition(Box::new(express)));
+    }
+
     /// Adds or changes an account under root (shares 1).
     pub fn set_account(
         &mut self,
