@@ -25,7 +25,8 @@ use crate::node::{Node, NodeUse};
 use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
 
-/// A node's free resources at one instant.
+/// A node's free resources at one instant, or (in a [`Change`]) what one instant adds to
+/// them.
 #[derive(Debug, Clone, Copy, Default)]
 struct Free {
     cpus: i64,
@@ -40,12 +41,13 @@ struct Free {
 
 impl Free {
     fn apply(&mut self, c: &Change) {
-        self.cpus += c.cpus;
-        self.memory += c.memory;
-        self.jobfs += c.jobfs;
-        self.gpus += c.gpus;
-        self.holders += c.holders;
-        self.exclusive += c.exclusive;
+        let d = &c.delta;
+        self.cpus += d.cpus;
+        self.memory += d.memory;
+        self.jobfs += d.jobfs;
+        self.gpus += d.gpus;
+        self.holders += d.holders;
+        self.exclusive += d.exclusive;
     }
 
     fn fits(&self, want: &NodeUse) -> bool {
@@ -62,12 +64,7 @@ impl Free {
 #[derive(Debug, Clone, Copy)]
 struct Change {
     at: TimeMs,
-    cpus: i64,
-    memory: i64,
-    jobfs: i64,
-    gpus: i64,
-    holders: i32,
-    exclusive: i32,
+    delta: Free,
 }
 
 impl Change {
@@ -75,17 +72,19 @@ impl Change {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         Change {
             at,
-            cpus: sign * i64::from(u.cpus),
-            memory: sign * clamp(u.memory.0),
-            jobfs: sign * clamp(u.jobfs.0),
-            gpus: sign * i64::from(u.gpus),
-            holders: -(sign as i32),
-            exclusive: if u.exclusive { -(sign as i32) } else { 0 },
+            delta: Free {
+                cpus: sign * i64::from(u.cpus),
+                memory: sign * clamp(u.memory.0),
+                jobfs: sign * clamp(u.jobfs.0),
+                gpus: sign * i64::from(u.gpus),
+                holders: -(sign as i32),
+                exclusive: if u.exclusive { -(sign as i32) } else { 0 },
+            },
         }
     }
 
     fn takes(&self) -> bool {
-        self.holders > 0
+        self.delta.holders > 0
     }
 }
 
