@@ -10,6 +10,16 @@ const TRACE: &str = concat!(
     "/../controller/core/tests/data/lublin-aaroh.swf"
 );
 
+/// The JSON summary of a run that must have succeeded.
+fn summary(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn sim_prints_its_summary_and_writes_csv_and_svg() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,12 +42,7 @@ fn sim_prints_its_summary_and_writes_csv_and_svg() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = summary(&out);
     for key in [
         "jobs",
         "procs",
@@ -103,12 +108,7 @@ fn sim_replays_on_a_site_configuration() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = summary(&out);
     assert_eq!(v["procs"], 1492 * 8, "the site's nodes are the machine");
     assert_eq!(v["policy"], "easy", "the site's bf_mode");
     assert_eq!(v["refused"], 0);
