@@ -10,13 +10,20 @@
 //! refuses a data directory written by a newer format rather than misreading it; upgrades
 //! that change the layout bump the version and migrate explicitly.
 //!
-//! Durability: [`DataDir::put_synced`] returns only after the write-ahead log is synced, which
-//! is the rule every acknowledgement in this crate follows (a vote saved or an entry appended
-//! that is not on disk can break Raft's safety after a power loss).
+//! Durability: [`DataDir::put_synced`], [`DataDir::write`] with `sync` and
+//! [`DataDir::sync_wal`] return only after the write-ahead log is synced, which is the rule
+//! every acknowledgement in this crate follows (a vote saved or an entry appended that is not
+//! on disk can break Raft's safety after a power loss). Every sync goes through one place so
+//! [`FaultInjection`] can make it fail, as a dying disk would.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions};
+use rocksdb::{
+    ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions,
+};
 
 /// The layout version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -59,11 +66,35 @@ pub enum DbError {
          not written by docket or is corrupt"
     )]
     MalformedFormat { path: PathBuf, len: usize },
+    #[error("data directory {path}: fsync of the write-ahead log failed (injected fault)")]
+    InjectedSyncFailure { path: PathBuf },
     #[error("unknown column family {name:?} (known: {known:?})")]
     UnknownColumnFamily {
         name: String,
         known: [&'static str; 3],
     },
+}
+
+/// One key and its value, as a scan yields them.
+pub type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// A switch that makes every sync of one data directory fail from the moment it is thrown,
+/// for tests of what a replica does when its disk stops accepting writes. Cloning shares the
+/// switch. Production code never throws it.
+#[derive(Debug, Clone, Default)]
+pub struct FaultInjection {
+    fail_syncs: Arc<AtomicBool>,
+}
+
+impl FaultInjection {
+    /// From now on every synced write and WAL sync of the directory fails.
+    pub fn fail_syncs(&self) {
+        self.fail_syncs.store(true, Ordering::SeqCst);
+    }
+
+    fn syncs_fail(&self) -> bool {
+        self.fail_syncs.load(Ordering::SeqCst)
+    }
 }
 
 /// An open replica database.
@@ -72,6 +103,7 @@ pub struct DataDir {
     db: DB,
     path: PathBuf,
     format_version: u32,
+    faults: FaultInjection,
 }
 
 impl DataDir {
@@ -96,6 +128,7 @@ impl DataDir {
             db,
             path,
             format_version: FORMAT_VERSION,
+            faults: FaultInjection::default(),
         };
         this.format_version = this.check_or_stamp_format()?;
         Ok(this)
@@ -111,14 +144,92 @@ impl DataDir {
         self.format_version
     }
 
+    /// The fault switch of this directory.
+    pub fn faults(&self) -> &FaultInjection {
+        &self.faults
+    }
+
     /// Writes `key = value` in column family `cf` and returns once the WAL is synced.
     pub fn put_synced(&self, cf: &str, key: &[u8], value: &[u8]) -> Result<(), DbError> {
         let handle = self.cf(cf)?;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(handle, key, value);
+        self.write(batch, true)
+    }
+
+    /// A write batch for this database; fill it with [`DataDir::batch_put`] and friends.
+    pub fn batch(&self) -> WriteBatch {
+        WriteBatch::default()
+    }
+
+    /// Adds `key = value` in `cf` to `batch`.
+    pub fn batch_put(
+        &self,
+        batch: &mut WriteBatch,
+        cf: &str,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), DbError> {
+        batch.put_cf(self.cf(cf)?, key, value);
+        Ok(())
+    }
+
+    /// Adds the deletion of keys in `[from, to)` of `cf` to `batch`.
+    pub fn batch_delete_range(
+        &self,
+        batch: &mut WriteBatch,
+        cf: &str,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<(), DbError> {
+        batch.delete_range_cf(self.cf(cf)?, from, to);
+        Ok(())
+    }
+
+    /// Applies `batch` atomically; with `sync`, returns once the WAL is on disk. Without it the
+    /// write is in the WAL's OS buffers and becomes durable at the next sync.
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), DbError> {
+        if sync && self.faults.syncs_fail() {
+            return Err(DbError::InjectedSyncFailure {
+                path: self.path.clone(),
+            });
+        }
         let mut write_opts = WriteOptions::default();
-        write_opts.set_sync(true);
+        write_opts.set_sync(sync);
         self.db
-            .put_cf_opt(handle, key, value, &write_opts)
+            .write_opt(batch, &write_opts)
             .map_err(|source| self.rocks(source))
+    }
+
+    /// Syncs the write-ahead log: every write made before the call is durable when it returns.
+    pub fn sync_wal(&self) -> Result<(), DbError> {
+        if self.faults.syncs_fail() {
+            return Err(DbError::InjectedSyncFailure {
+                path: self.path.clone(),
+            });
+        }
+        self.db.flush_wal(true).map_err(|source| self.rocks(source))
+    }
+
+    /// Key-value pairs of `cf` in key order from `start` (inclusive), forwards, or backwards
+    /// from the last key when `start` is `None` and `reverse` is set.
+    pub fn scan(
+        &self,
+        cf: &str,
+        start: Option<&[u8]>,
+        reverse: bool,
+    ) -> Result<impl Iterator<Item = Result<KeyValue, DbError>> + '_, DbError> {
+        let handle = self.cf(cf)?;
+        let mode = match (start, reverse) {
+            (Some(key), false) => IteratorMode::From(key, Direction::Forward),
+            (Some(key), true) => IteratorMode::From(key, Direction::Reverse),
+            (None, false) => IteratorMode::Start,
+            (None, true) => IteratorMode::End,
+        };
+        Ok(self
+            .db
+            .iterator_cf(handle, mode)
+            .map(|item| item.map_err(|source| self.rocks(source))))
     }
 
     /// Reads `key` from column family `cf`.

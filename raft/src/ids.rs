@@ -23,6 +23,12 @@ impl fmt::Display for ReplicaId {
     }
 }
 
+impl From<u64> for ReplicaId {
+    fn from(id: u64) -> Self {
+        ReplicaId(id)
+    }
+}
+
 /// Where a replica can be reached: the `host:port` of its gRPC server, which carries both the
 /// Raft RPCs and the public API. Stored in the Raft membership, so it is replicated.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

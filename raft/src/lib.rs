@@ -8,11 +8,33 @@
 //! What lives here:
 //! - [`ids`]: who a replica is ([`ReplicaId`]) and how to reach it ([`ReplicaAddr`]), the
 //!   node types openraft is parameterised with.
+//! - [`machine`]: the [`StateMachine`] trait the application implements.
+//! - [`types`]: openraft's type configuration for a machine, and aliases.
 //! - [`db`]: the on-disk layout of a replica's RocksDB database (column families, the
 //!   format version stamped in it, writes that are on disk before they return).
+//! - [`log_store`]: the Raft log on that database, synced before anything is acknowledged.
+//! - [`machine_store`] and [`snapshot`]: the machine as openraft drives it, with snapshots
+//!   streamed through files.
+//! - [`network`]: the gRPC service replicas serve and the client they call each other with.
+//! - [`proposer`]: group commit (many writes, one entry) and forwarding to the leader.
+//! - [`replica`]: one running replica and the cluster operations on it.
+//! - [`kv`]: a key-value machine for tests and the benchmark.
 
+// openraft's trait methods return its `StorageError` (over 200 bytes); our helpers return
+// the same type so `?` carries it through unchanged.
+#![allow(clippy::result_large_err)]
+
+pub mod codec;
 pub mod db;
 pub mod ids;
+pub mod kv;
+pub mod log_store;
+pub mod machine;
+pub mod machine_store;
+pub mod snapshot;
+pub mod types;
 
-pub use db::{DataDir, DbError, FORMAT_VERSION};
+pub use db::{DataDir, DbError, FORMAT_VERSION, FaultInjection};
 pub use ids::{ReplicaAddr, ReplicaId};
+pub use machine::{ApplyContext, StateMachine};
+pub use types::{Batch, TypeConfig};

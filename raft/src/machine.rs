@@ -1,0 +1,55 @@
+//! The state machine a replicated log drives, as the application (the controller) defines it.
+//!
+//! docket-raft knows nothing of jobs: it orders and persists opaque commands and hands them,
+//! committed and in log order, to a [`StateMachine`]. The controller implements it over
+//! docket-core's state; the tests and the benchmark implement it over a small key-value map
+//! ([`crate::kv`]).
+//!
+//! The contract every implementation keeps:
+//! - **Deterministic apply.** Every replica applies the same commands in the same order and
+//!   must reach the same state and the same responses. Apply never reads a clock (the
+//!   proposing leader's wall clock arrives in [`ApplyContext::time_ms`]), never iterates a
+//!   hash map in a way that shows, and never draws OS randomness.
+//! - **A rejected command is a response, not an error.** Apply cannot fail: a command the
+//!   state refuses (an invalid job, a stale decision) produces a response saying so and changes
+//!   nothing. An I/O failure inside apply is a bug in the machine; it should panic.
+//! - **Snapshots are the whole state.** [`StateMachine::write_snapshot`] streams the state to a
+//!   writer (a file on disk, so a large state is never held twice in memory), and
+//!   [`StateMachine::restore`] replaces the state with what such a stream holds.
+
+use std::fmt::Debug;
+use std::io;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// What apply may know about the entry a command came in, beyond the command itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApplyContext {
+    /// The Raft log index of the entry.
+    pub index: u64,
+    /// The term of the leader that proposed it.
+    pub term: u64,
+    /// Wall-clock milliseconds since the Unix epoch on the leader when it proposed the batch.
+    /// Not monotonic across leaders (their clocks differ); a machine that needs monotonic time
+    /// keeps the largest it has seen.
+    pub time_ms: u64,
+}
+
+/// A deterministic state machine replicated by docket-raft.
+pub trait StateMachine: Send + Sync + 'static {
+    /// One request to change the state.
+    type Command: Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
+    /// What applying a command answered.
+    type Response: Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
+
+    /// Applies one committed command. See the module docs for the rules.
+    fn apply(&mut self, ctx: ApplyContext, command: Self::Command) -> Self::Response;
+
+    /// Writes the whole state to `out`.
+    fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
+
+    /// Replaces the whole state with the one `input` holds (written by `write_snapshot`).
+    /// On error the state must be left as it was.
+    fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()>;
+}
