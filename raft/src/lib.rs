@@ -31,7 +31,12 @@ pub mod kv;
 pub mod log_store;
 pub mod machine;
 pub mod machine_store;
+pub mod network;
+pub mod proposer;
+pub mod read;
+pub mod replica;
 pub mod snapshot;
+pub mod status;
 pub mod types;
 
 pub use db::{DataDir, DbError, FORMAT_VERSION, FaultInjection};

@@ -1,0 +1,346 @@
+//! The client side of the Raft transport: openraft's `RaftNetworkFactory` and `RaftNetwork`
+//! over tonic, and forwarding of writes to the leader.
+//!
+//! One tonic `Channel` per peer address, made lazily and kept for the life of the replica:
+//! openraft creates a new network client whenever it restarts replication to a peer, and every
+//! one of them shares the peer's connection (tonic reconnects by itself after a failure).
+//!
+//! Failures map to openraft's kinds so its replication backs off or retries correctly:
+//! - the peer cannot be reached (refused, reset, no route: tonic's `Unavailable`) →
+//!   `Unreachable`, after which openraft backs off;
+//! - the RPC's deadline (`RPCOption::soft_ttl`) passed → `Timeout`;
+//! - the peer answered with a Raft error → `RemoteError`;
+//! - anything else (a malformed answer, another status) → `Network`, retried at once;
+//! - an append larger than the message limit → `PayloadTooLarge`, so fewer entries are sent.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use docket_proto::v1::RaftPayload;
+use docket_proto::v1::raft_client::RaftClient;
+use openraft::RPCTypes;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+
+use super::NetworkConfig;
+use crate::codec::{decode, encode};
+use crate::ids::{ReplicaAddr, ReplicaId};
+use crate::machine::StateMachine;
+use crate::proposer::WriteError;
+use crate::read::ReadError;
+use crate::status::ReplicaStatus;
+use crate::types::{RaftError, RpcError, TypeConfig};
+
+/// Builds the channel to a peer address (`host:port`). The default connects over TCP, lazily.
+pub type ChannelMaker = Arc<dyn Fn(&str) -> Result<Channel, String> + Send + Sync>;
+
+/// How long a forwarded write may take, from sending it to the leader to its answer.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The channels to every peer this replica has talked to. Cheap to clone; clones share.
+#[derive(Clone)]
+pub struct Channels {
+    cache: Arc<Mutex<HashMap<String, Channel>>>,
+    maker: ChannelMaker,
+    config: NetworkConfig,
+}
+
+impl std::fmt::Debug for Channels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channels")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Channels {
+    /// Channels over TCP.
+    pub fn tcp(config: NetworkConfig) -> Self {
+        let connect_timeout = config.connect_timeout;
+        let maker: ChannelMaker = Arc::new(move |addr: &str| {
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| format!("bad replica address {addr:?}: {e}"))?
+                .connect_timeout(connect_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5));
+            Ok(endpoint.connect_lazy())
+        });
+        Self::with_maker(config, maker)
+    }
+
+    /// Channels built by `maker` (a simulated network, a TLS connector, ...).
+    pub fn with_maker(config: NetworkConfig, maker: ChannelMaker) -> Self {
+        Channels {
+            cache: Arc::new(Mutex::new(HashMap::new())),
+            maker,
+            config,
+        }
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    /// A client for the Raft service at `addr`, on the shared channel.
+    pub fn client(&self, addr: &str) -> Result<RaftClient<Channel>, String> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let channel = match cache.get(addr) {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = (self.maker)(addr)?;
+                cache.insert(addr.to_owned(), channel.clone());
+                channel
+            }
+        };
+        Ok(RaftClient::new(channel)
+            .max_decoding_message_size(self.config.max_message_bytes)
+            .max_encoding_message_size(self.config.max_message_bytes))
+    }
+
+    /// Sends `commands` to the leader at `addr` and returns its responses once applied.
+    pub async fn forward<M: StateMachine>(
+        &self,
+        addr: &str,
+        commands: Vec<M::Command>,
+    ) -> Result<Vec<M::Response>, WriteError> {
+        let mut client = self
+            .client(addr)
+            .map_err(WriteError::Indeterminate)?;
+        let data = encode(&commands)
+            .map_err(|e| WriteError::Stopped(format!("cannot encode the commands: {e}")))?;
+        let call = client.forward(RaftPayload { data });
+        let reply = match tokio::time::timeout(FORWARD_TIMEOUT, call).await {
+            Err(_) => {
+                return Err(WriteError::Indeterminate(format!(
+                    "no answer from the leader at {addr} within {FORWARD_TIMEOUT:?}"
+                )));
+            }
+            Ok(Err(status)) => {
+                return Err(WriteError::Indeterminate(format!(
+                    "forwarding to the leader at {addr}: {status}"
+                )));
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        decode::<Result<Vec<M::Response>, WriteError>>(&reply.data).map_err(|e| {
+            WriteError::Indeterminate(format!("malformed answer from the leader at {addr}: {e}"))
+        })?
+    }
+}
+
+impl Channels {
+    /// Asks the leader at `addr` for the read index (see [`crate::read`]).
+    pub async fn read_index(&self, addr: &str, ttl: Duration) -> Result<Option<u64>, ReadError> {
+        let unreachable = |message: String| ReadError::LeaderUnreachable {
+            addr: addr.to_owned(),
+            message,
+        };
+        let mut client = self.client(addr).map_err(unreachable)?;
+        let data = encode(&()).map_err(|e| unreachable(e.to_string()))?;
+        let reply = match tokio::time::timeout(ttl, client.read_index(RaftPayload { data })).await {
+            Err(_) => return Err(unreachable(format!("no answer within {ttl:?}"))),
+            Ok(Err(status)) => return Err(unreachable(status.to_string())),
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        decode::<Result<Option<u64>, ReadError>>(&reply.data)
+            .map_err(|e| unreachable(format!("malformed answer: {e}")))?
+    }
+
+    /// Asks the replica at `addr` for its status.
+    pub async fn status(&self, addr: &str, ttl: Duration) -> Result<ReplicaStatus, String> {
+        let mut client = self.client(addr)?;
+        let data = encode(&()).map_err(|e| e.to_string())?;
+        let reply = match tokio::time::timeout(ttl, client.status(RaftPayload { data })).await {
+            Err(_) => return Err(format!("{addr}: no answer within {ttl:?}")),
+            Ok(Err(status)) => return Err(format!("{addr}: {status}")),
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        decode(&reply.data).map_err(|e| format!("{addr}: malformed status: {e}"))
+    }
+}
+
+/// openraft's network factory: one [`Peer`] per target, sharing [`Channels`].
+#[derive(Debug, Clone)]
+pub struct NetworkFactory {
+    id: ReplicaId,
+    channels: Channels,
+}
+
+impl NetworkFactory {
+    /// The factory of replica `id`.
+    pub fn new(id: ReplicaId, channels: Channels) -> Self {
+        NetworkFactory { id, channels }
+    }
+}
+
+impl<M: StateMachine> RaftNetworkFactory<TypeConfig<M>> for NetworkFactory {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: ReplicaId, node: &ReplicaAddr) -> Peer {
+        Peer {
+            id: self.id,
+            target,
+            node: node.clone(),
+            channels: self.channels.clone(),
+        }
+    }
+}
+
+/// The connection from this replica to one peer.
+#[derive(Debug)]
+pub struct Peer {
+    id: ReplicaId,
+    target: ReplicaId,
+    node: ReplicaAddr,
+    channels: Channels,
+}
+
+/// A transport failure, before it is typed for the RPC at hand.
+enum Failure {
+    Unreachable(String),
+    Timeout,
+    Network(String),
+    TooLarge(usize),
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
+impl Peer {
+    /// Sends `request` through `call` and decodes the answer, within `ttl`.
+    async fn unary<Req, Resp, E, F, Fut>(
+        &self,
+        request: &Req,
+        ttl: Duration,
+        call: F,
+    ) -> Result<Result<Resp, RaftError<E>>, Failure>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: DeserializeOwned + std::error::Error,
+        F: FnOnce(RaftClient<Channel>, RaftPayload) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>>,
+    {
+        let data = encode(request).map_err(|e| Failure::Network(format!("encode: {e}")))?;
+        if data.len() > self.channels.config().max_message_bytes {
+            return Err(Failure::TooLarge(data.len()));
+        }
+        let client = self
+            .channels
+            .client(&self.node.addr)
+            .map_err(Failure::Unreachable)?;
+        let reply = match tokio::time::timeout(ttl, call(client, RaftPayload { data })).await {
+            Err(_) => return Err(Failure::Timeout),
+            Ok(Err(status)) => {
+                return Err(match status.code() {
+                    tonic::Code::Unavailable => Failure::Unreachable(status.to_string()),
+                    tonic::Code::DeadlineExceeded => Failure::Timeout,
+                    _ => Failure::Network(status.to_string()),
+                });
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        decode(&reply.data).map_err(|e| Failure::Network(format!("malformed answer: {e}")))
+    }
+
+    /// Types a failure or a remote error for openraft.
+    fn typed<Resp, E: std::error::Error>(
+        &self,
+        action: RPCTypes,
+        ttl: Duration,
+        outcome: Result<Result<Resp, RaftError<E>>, Failure>,
+        entries: u64,
+    ) -> Result<Resp, RpcError<E>> {
+        match outcome {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(remote)) => Err(RpcError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                remote,
+            ))),
+            Err(Failure::Unreachable(msg)) => {
+                Err(RpcError::Unreachable(Unreachable::new(&Message(msg))))
+            }
+            Err(Failure::Timeout) => Err(RpcError::Timeout(Timeout {
+                action,
+                id: self.id,
+                target: self.target,
+                timeout: ttl,
+            })),
+            Err(Failure::TooLarge(size)) if action == RPCTypes::AppendEntries && entries > 1 => {
+                tracing::debug!(target = %self.target, size, entries, "append too large; asking openraft to send fewer entries");
+                Err(RpcError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries / 2).max(1)),
+                ))
+            }
+            Err(Failure::TooLarge(size)) => {
+                Err(RpcError::Network(NetworkError::new(&Message(format!(
+                    "{action} message of {size} bytes is over the {}-byte limit",
+                    self.channels.config().max_message_bytes
+                )))))
+            }
+            Err(Failure::Network(msg)) => Err(RpcError::Network(NetworkError::new(&Message(msg)))),
+        }
+    }
+}
+
+impl<M: StateMachine> RaftNetwork<TypeConfig<M>> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig<M>>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<ReplicaId>, RpcError> {
+        let ttl = option.soft_ttl();
+        let entries = rpc.entries.len() as u64;
+        let outcome = self
+            .unary(
+                &rpc,
+                ttl,
+                |mut c, p| async move { c.append_entries(p).await },
+            )
+            .await;
+        self.typed(RPCTypes::AppendEntries, ttl, outcome, entries)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig<M>>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<ReplicaId>, RpcError<InstallSnapshotError>> {
+        let ttl = option.soft_ttl();
+        let outcome = self
+            .unary(
+                &rpc,
+                ttl,
+                |mut c, p| async move { c.install_snapshot(p).await },
+            )
+            .await;
+        self.typed(RPCTypes::InstallSnapshot, ttl, outcome, 0)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<ReplicaId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<ReplicaId>, RpcError> {
+        let ttl = option.soft_ttl();
+        let outcome = self
+            .unary(&rpc, ttl, |mut c, p| async move { c.vote(p).await })
+            .await;
+        self.typed(RPCTypes::Vote, ttl, outcome, 0)
+    }
+}

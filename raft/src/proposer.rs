@@ -1,0 +1,321 @@
+//! Group commit and forwarding: how writes become log entries.
+//!
+//! Every write, local or forwarded from a follower, goes through one [`Proposer`] task per
+//! replica. It takes whatever writes are waiting, up to [`ProposerConfig::max_batch_commands`]
+//! commands and [`ProposerConfig::max_batch_bytes`] bytes, and proposes them as one entry (one
+//! append, one fsync on each replica); up to [`ProposerConfig::max_in_flight`] entries are in
+//! flight at once, and writes arriving meanwhile wait and form the next batch. Under load the
+//! batch grows by itself; with one writer it is one command and adds no delay.
+//!
+//! On a follower the batch is forwarded to the leader's proposer over the Raft service, where
+//! it joins the leader's own writes. A write is answered only after its entry is committed and
+//! applied; the answer is the machine's response to each command.
+//!
+//! What a failed write means is in [`WriteError`]: some failures prove the write was not
+//! applied (safe to retry), others leave the outcome unknown (retrying may apply it twice;
+//! the application's own idempotency has to decide).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::error::{ClientWriteError, RaftError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::codec::encode;
+use crate::ids::ReplicaAddr;
+use crate::machine::StateMachine;
+use crate::network::Channels;
+use crate::types::{Batch, Raft};
+
+/// Why a write was not answered with the machine's responses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum WriteError {
+    /// No leader is known (an election is in progress), or the replica asked is no longer the
+    /// leader. The write was not applied; retry after a short pause.
+    #[error("no leader is known (an election is in progress); the write was not applied, retry")]
+    NoLeader,
+    /// The write may or may not have been applied (the leader was lost or the connection
+    /// broke after the write was sent).
+    #[error("the outcome of the write is unknown ({0}); it may or may not have been applied")]
+    Indeterminate(String),
+    /// The write is larger than one log entry may be.
+    #[error("the write is {size} bytes, over the {limit}-byte limit of one log entry")]
+    TooLarge { size: usize, limit: usize },
+    /// This replica has stopped (shut down, or its storage failed).
+    #[error("this replica has stopped: {0}")]
+    Stopped(String),
+}
+
+impl WriteError {
+    /// True when the write certainly was not applied, so sending it again cannot apply it twice.
+    pub fn certainly_not_applied(&self) -> bool {
+        matches!(self, WriteError::NoLeader | WriteError::TooLarge { .. })
+    }
+
+    /// True when trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, WriteError::NoLeader | WriteError::Indeterminate(_))
+    }
+}
+
+/// Group-commit limits.
+#[derive(Debug, Clone)]
+pub struct ProposerConfig {
+    /// Most commands in one log entry.
+    pub max_batch_commands: usize,
+    /// Most encoded bytes of commands in one log entry (keep below the RPC message limit).
+    pub max_batch_bytes: usize,
+    /// Most entries proposed and not yet applied at once.
+    pub max_in_flight: usize,
+}
+
+impl Default for ProposerConfig {
+    fn default() -> Self {
+        ProposerConfig {
+            max_batch_commands: 1024,
+            max_batch_bytes: 4 << 20,
+            max_in_flight: 8,
+        }
+    }
+}
+
+type Reply<M> = oneshot::Sender<Result<Vec<<M as StateMachine>::Response>, WriteError>>;
+
+/// One caller's commands, waiting to be proposed.
+struct Pending<M: StateMachine> {
+    commands: Vec<M::Command>,
+    bytes: usize,
+    /// Forwarded by a follower: never forwarded again (a leader that lost its leadership
+    /// answers `NoLeader` and the follower decides), so a write cannot loop between replicas.
+    forwarded: bool,
+    reply: Reply<M>,
+}
+
+/// The handle writes go through. Cheap to clone.
+pub struct Proposer<M: StateMachine> {
+    tx: mpsc::UnboundedSender<Pending<M>>,
+    max_batch_bytes: usize,
+}
+
+impl<M: StateMachine> Clone for Proposer<M> {
+    fn clone(&self) -> Self {
+        Proposer {
+            tx: self.tx.clone(),
+            max_batch_bytes: self.max_batch_bytes,
+        }
+    }
+}
+
+impl<M: StateMachine> std::fmt::Debug for Proposer<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proposer").finish_non_exhaustive()
+    }
+}
+
+impl<M: StateMachine> Proposer<M> {
+    /// Starts the proposer task of a replica. It ends when every handle is dropped.
+    pub fn start(raft: Raft<M>, channels: Channels, config: ProposerConfig) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let max_batch_bytes = config.max_batch_bytes;
+        tokio::spawn(run(raft, channels, config, rx));
+        Proposer {
+            tx,
+            max_batch_bytes,
+        }
+    }
+
+    /// Proposes `commands` (in one entry, possibly with others' commands) and returns the
+    /// machine's response to each once applied.
+    pub async fn write(&self, commands: Vec<M::Command>) -> Result<Vec<M::Response>, WriteError> {
+        self.submit(commands, false).await
+    }
+
+    /// Like [`Proposer::write`] for a batch a follower forwarded.
+    pub(crate) async fn write_forwarded(
+        &self,
+        commands: Vec<M::Command>,
+    ) -> Result<Vec<M::Response>, WriteError> {
+        self.submit(commands, true).await
+    }
+
+    async fn submit(
+        &self,
+        commands: Vec<M::Command>,
+        forwarded: bool,
+    ) -> Result<Vec<M::Response>, WriteError> {
+        if commands.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes = encode(&commands)
+            .map_err(|e| WriteError::Stopped(format!("cannot encode the commands: {e}")))?
+            .len();
+        if bytes > self.max_batch_bytes {
+            return Err(WriteError::TooLarge {
+                size: bytes,
+                limit: self.max_batch_bytes,
+            });
+        }
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Pending {
+                commands,
+                bytes,
+                forwarded,
+                reply,
+            })
+            .map_err(|_| WriteError::Stopped("the proposer has stopped".into()))?;
+        answer.await.map_err(|_| {
+            WriteError::Indeterminate("the proposer stopped before answering".into())
+        })?
+    }
+}
+
+async fn run<M: StateMachine>(
+    raft: Raft<M>,
+    channels: Channels,
+    config: ProposerConfig,
+    mut rx: mpsc::UnboundedReceiver<Pending<M>>,
+) {
+    let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
+    let mut carry: Option<Pending<M>> = None;
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        let mut commands = first.commands.len();
+        let mut bytes = first.bytes;
+        let mut group = vec![first];
+        while commands < config.max_batch_commands {
+            match rx.try_recv() {
+                Ok(next) => {
+                    if bytes + next.bytes > config.max_batch_bytes {
+                        carry = Some(next);
+                        break;
+                    }
+                    commands += next.commands.len();
+                    bytes += next.bytes;
+                    group.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        let channels = channels.clone();
+        tokio::spawn(async move {
+            propose(&raft, &channels, group).await;
+            drop(permit);
+        });
+    }
+}
+
+/// Proposes one group as one entry and answers each member.
+async fn propose<M: StateMachine>(raft: &Raft<M>, channels: &Channels, group: Vec<Pending<M>>) {
+    let sizes: Vec<usize> = group.iter().map(|p| p.commands.len()).collect();
+    let mut replies = Vec::with_capacity(group.len());
+    let mut forwarded = Vec::with_capacity(group.len());
+    let mut commands = Vec::with_capacity(sizes.iter().sum());
+    for p in group {
+        commands.extend(p.commands);
+        replies.push(p.reply);
+        forwarded.push(p.forwarded);
+    }
+    let batch = Batch {
+        time_ms: now_ms(),
+        commands,
+    };
+    let outcome = match raft.client_write(batch.clone()).await {
+        Ok(response) => Ok(response.data),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
+            // Not proposed here, or truncated away: either way not applied.
+            Err(to_leader.leader_node)
+        }
+        Err(RaftError::APIError(e)) => {
+            return answer_all(replies, WriteError::Indeterminate(e.to_string()));
+        }
+        Err(RaftError::Fatal(fatal)) => {
+            return answer_all(replies, WriteError::Stopped(fatal.to_string()));
+        }
+    };
+    match outcome {
+        Ok(responses) => split(replies, &sizes, responses),
+        Err(leader) => {
+            // Forwarded writes go back to their follower; local ones go to the leader.
+            let mut local = Vec::new();
+            let mut offset = 0;
+            let mut commands = batch.commands.into_iter();
+            for ((reply, size), was_forwarded) in replies.into_iter().zip(&sizes).zip(forwarded) {
+                let mine: Vec<_> = commands.by_ref().take(*size).collect();
+                offset += size;
+                match (&leader, was_forwarded) {
+                    (Some(_), false) => local.push((reply, mine)),
+                    _ => {
+                        let _ = reply.send(Err(WriteError::NoLeader));
+                    }
+                }
+            }
+            debug_assert_eq!(offset, sizes.iter().sum::<usize>());
+            if let (Some(leader), false) = (leader, local.is_empty()) {
+                forward::<M>(channels, &leader, local).await;
+            }
+        }
+    }
+}
+
+/// Sends local writes to the leader at `leader` in one forwarded batch.
+async fn forward<M: StateMachine>(
+    channels: &Channels,
+    leader: &ReplicaAddr,
+    local: Vec<(Reply<M>, Vec<M::Command>)>,
+) {
+    let sizes: Vec<usize> = local.iter().map(|(_, c)| c.len()).collect();
+    let mut replies = Vec::with_capacity(local.len());
+    let mut commands = Vec::new();
+    for (reply, mine) in local {
+        replies.push(reply);
+        commands.extend(mine);
+    }
+    match channels.forward::<M>(&leader.addr, commands).await {
+        Ok(responses) => split(replies, &sizes, responses),
+        Err(e) => answer_all(replies, e),
+    }
+}
+
+fn split<R>(
+    replies: Vec<oneshot::Sender<Result<Vec<R>, WriteError>>>,
+    sizes: &[usize],
+    responses: Vec<R>,
+) {
+    if responses.len() != sizes.iter().sum::<usize>() {
+        let e = WriteError::Indeterminate(format!(
+            "the machine answered {} responses for {} commands",
+            responses.len(),
+            sizes.iter().sum::<usize>()
+        ));
+        return answer_all(replies, e);
+    }
+    let mut responses = responses.into_iter();
+    for (reply, size) in replies.into_iter().zip(sizes) {
+        let _ = reply.send(Ok(responses.by_ref().take(*size).collect()));
+    }
+}
+
+fn answer_all<R>(replies: Vec<oneshot::Sender<Result<Vec<R>, WriteError>>>, error: WriteError) {
+    for reply in replies {
+        let _ = reply.send(Err(error.clone()));
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,411 @@
+//! Three replicas over real tonic on loopback: election, replication, forwarding, leader loss,
+//! restart from disk, catch-up by snapshot, membership changes, an injected fsync failure.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::{DEADLINE, TestCluster, append, assert_exactly_once};
+use docket_raft::ReplicaId;
+use docket_raft::kv::KvCommand;
+use docket_raft::replica::ClusterError;
+use docket_raft::status::Role;
+
+/// Writes `n` values `prefix-i` under `key`, spreading them over `via` replicas, and returns
+/// (acknowledged, attempted).
+async fn write_many(
+    cluster: &TestCluster,
+    via: &[u64],
+    key: &str,
+    prefix: &str,
+    n: usize,
+) -> (Vec<String>, Vec<String>) {
+    let mut acked = Vec::new();
+    let mut written = Vec::new();
+    for i in 0..n {
+        let value = format!("{prefix}-{i}");
+        written.push(value.clone());
+        let replica = cluster.replica(via[i % via.len()]);
+        if append(replica, key, value.clone()).await.is_ok() {
+            acked.push(value);
+        }
+    }
+    (acked, written)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_elect_replicate_forward_and_survive_leader_shutdown() {
+    let mut cluster = TestCluster::start(3, 10_000).await;
+    let leader = cluster.leader().await;
+    let status = cluster.replica(leader).status();
+    assert_eq!(status.role, Role::Leader);
+    assert_eq!(status.members.len(), 3);
+    assert!(status.members.iter().all(|m| m.voter));
+
+    // Writes through every replica: followers forward to the leader.
+    let all: Vec<u64> = cluster.members.keys().copied().collect();
+    let (mut acked, mut written) = write_many(&cluster, &all, "k", "a", 60).await;
+    assert_eq!(
+        acked.len(),
+        60,
+        "every write is acknowledged while the cluster is healthy"
+    );
+    cluster.converge().await;
+    for id in &all {
+        assert_exactly_once(&cluster.map(*id), "k", &acked, &written);
+        assert_eq!(cluster.map(*id), cluster.map(leader));
+    }
+
+    // A linearizable read on a follower sees every acknowledged write.
+    let follower = *all.iter().find(|id| **id != leader).unwrap();
+    let seen = cluster
+        .replica(follower)
+        .read_linearizable(DEADLINE, |a| a.machine.map.get("k").map(Vec::len))
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(60));
+
+    // The leader goes away; the others elect a new one and keep taking writes.
+    let old_term = status.term;
+    cluster.stop(leader).await;
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    assert!(cluster.replica(new_leader).status().term > old_term);
+    let survivors: Vec<u64> = cluster.members.keys().copied().collect();
+    let (a2, w2) = write_many(&cluster, &survivors, "k", "b", 60).await;
+    assert_eq!(a2.len(), 60, "two of three replicas are a quorum");
+    acked.extend(a2);
+    written.extend(w2);
+
+    // The old leader comes back from its data directory and catches up.
+    cluster.restart(leader).await;
+    cluster.converge().await;
+    for id in cluster.members.keys() {
+        assert_exactly_once(&cluster.map(*id), "k", &acked, &written);
+    }
+    let reference = cluster.map(new_leader);
+    for id in cluster.members.keys() {
+        assert_eq!(cluster.map(*id), reference, "replica {id} diverged");
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_crashed_mid_write_loses_nothing_acknowledged() {
+    let mut cluster = TestCluster::start(3, 10_000).await;
+    let leader = cluster.leader().await;
+    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    // Eight writers through a follower; the leader crashes while they run.
+    let replica = cluster.replica(follower).clone();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let replica = replica.clone();
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut written = Vec::new();
+            for i in 0..40 {
+                let value = format!("w{w}-{i}");
+                written.push(value.clone());
+                if append(&replica, "k", value.clone()).await.is_ok() {
+                    acked.push(value);
+                }
+            }
+            (acked, written)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    cluster.crash(leader).await;
+    let mut acked = Vec::new();
+    let mut written = Vec::new();
+    for w in writers {
+        let (a, wr) = w.await.unwrap();
+        acked.extend(a);
+        written.extend(wr);
+    }
+    assert!(!acked.is_empty());
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    cluster.restart(leader).await;
+    cluster.converge().await;
+    for id in cluster.members.keys() {
+        assert_exactly_once(&cluster.map(*id), "k", &acked, &written);
+        assert_eq!(cluster.map(*id), cluster.map(new_leader));
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_restarts_from_its_data_directories() {
+    // Snapshots every 25 entries: the restart restores a snapshot and replays the log after it.
+    let mut cluster = TestCluster::start(3, 25).await;
+    let (acked, written) = write_many(&cluster, &[1, 2, 3], "k", "v", 80).await;
+    assert_eq!(acked.len(), 80);
+    cluster.converge().await;
+    let before = cluster.map(1);
+    assert!(cluster.replica(1).status().snapshot_index.is_some());
+    for id in [1, 2, 3] {
+        cluster.stop(id).await;
+    }
+    for id in [1, 2, 3] {
+        cluster.restart(id).await;
+    }
+    // Before any election, each replica already holds what it applied.
+    for id in [1, 2, 3] {
+        assert_exactly_once(&cluster.map(id), "k", &acked, &written);
+    }
+    cluster.leader().await;
+    let (more, w2) = write_many(&cluster, &[1, 2, 3], "k", "after", 5).await;
+    assert_eq!(more.len(), 5);
+    cluster.converge().await;
+    for id in [1, 2, 3] {
+        let map = cluster.map(id);
+        assert_eq!(map["k"][..80], before["k"][..]);
+        assert_eq!(map["k"].len(), 85);
+    }
+    let _ = w2;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_a_purged_log_catches_up_by_snapshot() {
+    let mut cluster = TestCluster::start(3, 20).await;
+    let leader = cluster.leader().await;
+    let behind = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    cluster.stop(behind).await;
+    let up: Vec<u64> = cluster.members.keys().copied().collect();
+    let (acked, written) = write_many(&cluster, &up, "k", "v", 120).await;
+    assert_eq!(acked.len(), 120);
+    // The leader purges behind its snapshot once no replication stream still reads those
+    // entries (the one to the stopped replica gives up and backs off).
+    let start = std::time::Instant::now();
+    let purged = loop {
+        let status = cluster.replica(leader).status();
+        if let Some(purged) = status.purged_index.filter(|p| *p > 20) {
+            break purged;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the leader never purged: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    cluster.restart(behind).await;
+    cluster.converge().await;
+    let status = cluster.replica(behind).status();
+    assert!(
+        status.snapshot_index.is_some_and(|s| s >= purged),
+        "replica {behind} should hold a snapshot at or past {purged}: {status:?}"
+    );
+    assert_exactly_once(&cluster.map(behind), "k", &acked, &written);
+    assert_eq!(cluster.map(behind), cluster.map(leader));
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_goes_from_three_to_five_voters_and_back() {
+    let mut cluster = TestCluster::start(3, 10_000).await;
+    let (acked, written) = write_many(&cluster, &[1, 2, 3], "k", "v", 20).await;
+    let leader = cluster.leader().await;
+    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+
+    // Membership changes are the leader's: a follower says who leads.
+    let err = cluster
+        .replica(follower)
+        .add_learner(ReplicaId(9), "127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClusterError::NotLeader { leader: Some(l), .. } if l == ReplicaId(leader)),
+        "{err}"
+    );
+
+    let addr4 = cluster.start_extra(4, 10_000).await;
+    let addr5 = cluster.start_extra(5, 10_000).await;
+    cluster
+        .replica(leader)
+        .add_learner(ReplicaId(4), &addr4)
+        .await
+        .unwrap();
+    let status = cluster.replica(leader).status();
+    let learner = status
+        .members
+        .iter()
+        .find(|m| m.id == ReplicaId(4))
+        .unwrap();
+    assert!(!learner.voter);
+    assert_eq!(cluster.replica(4).status().role, Role::Learner);
+    // The leader reports the learner's lag; it reaches zero.
+    let start = std::time::Instant::now();
+    loop {
+        let status = cluster.replica(leader).status();
+        let learner = status
+            .members
+            .iter()
+            .find(|m| m.id == ReplicaId(4))
+            .unwrap();
+        if learner.lag == Some(0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "learner never caught up: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    cluster
+        .replica(leader)
+        .add_voter(ReplicaId(5), &addr5)
+        .await
+        .unwrap();
+    cluster
+        .replica(leader)
+        .set_voters(BTreeSet::from([1, 2, 3, 4, 5].map(ReplicaId)))
+        .await
+        .unwrap();
+    let voters: BTreeSet<u64> = cluster
+        .replica(leader)
+        .status()
+        .members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.id.0)
+        .collect();
+    assert_eq!(voters, BTreeSet::from([1, 2, 3, 4, 5]));
+    cluster.converge().await;
+    assert_exactly_once(&cluster.map(5), "k", &acked, &written);
+
+    // Back to three: remove two replicas that are not the leader.
+    let removed: Vec<u64> = [1, 2, 3, 4, 5]
+        .into_iter()
+        .filter(|id| *id != leader)
+        .take(2)
+        .collect();
+    for id in &removed {
+        cluster
+            .replica(leader)
+            .remove(ReplicaId(*id))
+            .await
+            .unwrap();
+    }
+    let members: BTreeMap<u64, bool> = cluster
+        .replica(leader)
+        .status()
+        .members
+        .iter()
+        .map(|m| (m.id.0, m.voter))
+        .collect();
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(members.values().all(|voter| *voter));
+    for id in &removed {
+        assert!(!members.contains_key(id));
+        cluster.stop(*id).await;
+    }
+    // Three voters still make progress.
+    let survivors: Vec<u64> = cluster.members.keys().copied().collect();
+    let (a2, _) = write_many(&cluster, &survivors, "k", "after", 10).await;
+    assert_eq!(a2.len(), 10);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_log_entries() {
+    let cluster = TestCluster::start(3, 10_000).await;
+    let leader = cluster.leader().await;
+    let replica = cluster.replica(leader).clone();
+    let mut tasks = Vec::new();
+    for w in 0..64 {
+        let replica = replica.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut indexes = Vec::new();
+            for i in 0..10 {
+                let command = KvCommand::Append {
+                    key: format!("w{w}"),
+                    value: i.to_string(),
+                };
+                indexes.push(replica.write_one(command).await.unwrap().index);
+            }
+            indexes
+        }));
+    }
+    let mut indexes = Vec::new();
+    for t in tasks {
+        indexes.extend(t.await.unwrap());
+    }
+    let entries: BTreeSet<u64> = indexes.iter().copied().collect();
+    assert_eq!(indexes.len(), 640);
+    assert!(
+        entries.len() < indexes.len() / 2,
+        "640 concurrent writes took {} log entries; group commit should batch them",
+        entries.len()
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_stops_that_replica_and_it_acknowledges_nothing_after() {
+    let cluster = TestCluster::start(3, 10_000).await;
+    let leader = cluster.leader().await;
+    let victim = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let (a1, w1) = write_many(&cluster, &[leader], "k", "before", 10).await;
+    cluster.converge().await;
+    let at_failure = cluster.replica(victim).status().last_log_index.unwrap();
+
+    cluster.replica(victim).faults().fail_syncs();
+    let (a2, w2) = write_many(&cluster, &[leader], "k", "after", 30).await;
+    assert_eq!(
+        a2.len(),
+        30,
+        "the leader and the healthy follower are a quorum"
+    );
+
+    // The victim stops on its storage error...
+    let start = std::time::Instant::now();
+    loop {
+        let status = cluster.replica(victim).status();
+        if status.role == Role::Shutdown || status.stopped.is_some() {
+            assert!(
+                status.stopped.is_some(),
+                "a storage failure is reported: {status:?}"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "replica {victim} kept running: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...and never acknowledged an entry past what it had synced before the failure.
+    let leader_view = cluster.replica(leader).status();
+    let matched = leader_view
+        .members
+        .iter()
+        .find(|m| m.id == ReplicaId(victim))
+        .unwrap()
+        .matched_index
+        .unwrap_or(0);
+    assert!(
+        matched <= at_failure,
+        "replica {victim} acknowledged index {matched} after its fsync failed at {at_failure}"
+    );
+    // Writes through it fail; nothing it answers is a success.
+    let err = cluster
+        .replica(victim)
+        .write_one(KvCommand::Set {
+            key: "x".into(),
+            value: "y".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(!err.certainly_not_applied() || err.is_retryable(), "{err}");
+    let mut acked = a1;
+    acked.extend(a2);
+    let mut written = w1;
+    written.extend(w2);
+    assert_exactly_once(&cluster.map(leader), "k", &acked, &written);
+    cluster.shutdown().await;
+}
