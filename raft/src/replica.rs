@@ -38,7 +38,8 @@ use crate::types::Raft;
 /// Raft timing and log-compaction settings.
 #[derive(Debug, Clone)]
 pub struct RaftTuning {
-    /// How often the leader sends heartbeats.
+    /// How often the leader sends heartbeats. Also openraft's deadline for one append RPC
+    /// (which includes the follower's fsync), so not too short on a loaded machine.
     pub heartbeat: Duration,
     /// A follower that hears nothing for a random time in this range starts an election.
     pub election_timeout_min: Duration,
@@ -57,9 +58,9 @@ pub struct RaftTuning {
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            heartbeat: Duration::from_millis(100),
-            election_timeout_min: Duration::from_millis(500),
-            election_timeout_max: Duration::from_millis(1000),
+            heartbeat: Duration::from_millis(150),
+            election_timeout_min: Duration::from_millis(750),
+            election_timeout_max: Duration::from_millis(1500),
             snapshot_every_entries: 10_000,
             keep_entries_after_snapshot: 1_000,
             snapshot_chunk_bytes: 4 << 20,

@@ -116,9 +116,7 @@ impl Channels {
         addr: &str,
         commands: Vec<M::Command>,
     ) -> Result<Vec<M::Response>, WriteError> {
-        let mut client = self
-            .client(addr)
-            .map_err(WriteError::Indeterminate)?;
+        let mut client = self.client(addr).map_err(WriteError::Indeterminate)?;
         let data = encode(&commands)
             .map_err(|e| WriteError::Stopped(format!("cannot encode the commands: {e}")))?;
         let call = client.forward(RaftPayload { data });

@@ -19,9 +19,9 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 /// Fast timings for tests on a loaded 2-core machine; snapshots every `snapshot_every`.
 pub fn tuning(snapshot_every: u64) -> RaftTuning {
     RaftTuning {
-        heartbeat: Duration::from_millis(50),
-        election_timeout_min: Duration::from_millis(300),
-        election_timeout_max: Duration::from_millis(600),
+        heartbeat: Duration::from_millis(100),
+        election_timeout_min: Duration::from_millis(800),
+        election_timeout_max: Duration::from_millis(1600),
         snapshot_every_entries: snapshot_every,
         keep_entries_after_snapshot: 10,
         snapshot_chunk_bytes: 1024,
