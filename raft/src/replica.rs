@@ -98,6 +98,33 @@ impl ReplicaConfig {
         }
     }
 
+    /// Checks the settings that openraft does not: one log entry must fit in one message.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        // Room for the entry's framing and the append request around it.
+        const ENVELOPE: usize = 64 << 10;
+        let limit = self.network.max_message_bytes;
+        if self.proposer.max_batch_bytes + ENVELOPE > limit {
+            return Err(ReplicaError::Invalid(format!(
+                "proposer.max_batch_bytes ({}) plus {ENVELOPE} bytes of envelope must fit in \
+                 network.max_message_bytes ({limit})",
+                self.proposer.max_batch_bytes
+            )));
+        }
+        if self.tuning.snapshot_chunk_bytes as usize + ENVELOPE > limit {
+            return Err(ReplicaError::Invalid(format!(
+                "tuning.snapshot_chunk_bytes ({}) plus {ENVELOPE} bytes of envelope must fit in \
+                 network.max_message_bytes ({limit})",
+                self.tuning.snapshot_chunk_bytes
+            )));
+        }
+        if self.proposer.max_batch_commands == 0 || self.proposer.max_in_flight == 0 {
+            return Err(ReplicaError::Invalid(
+                "proposer.max_batch_commands and proposer.max_in_flight must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn openraft_config(&self) -> Result<openraft::Config, openraft::ConfigError> {
         let t = &self.tuning;
         openraft::Config {
@@ -124,6 +151,8 @@ pub enum ReplicaError {
     Machine(#[from] OpenError),
     #[error("invalid Raft settings: {0}")]
     Config(#[from] openraft::ConfigError),
+    #[error("invalid replica settings: {0}")]
+    Invalid(String),
     #[error("starting the WAL sync thread: {0}")]
     Thread(std::io::Error),
     #[error("starting Raft: {0}")]
@@ -202,6 +231,7 @@ impl<M: StateMachine> Replica<M> {
         fresh: M,
         channels: Channels,
     ) -> Result<Self, ReplicaError> {
+        config.validate()?;
         let raft_config = Arc::new(config.openraft_config()?);
         let db = Arc::new(DataDir::open(&config.data_dir)?);
         let faults = db.faults().clone();

@@ -1,0 +1,159 @@
+//! The Raft transport's failure mapping, size limits and refusal of malformed payloads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use docket_proto::v1::RaftPayload;
+use docket_raft::kv::{KvCommand, KvMachine};
+use docket_raft::network::{Channels, NetworkConfig, NetworkFactory};
+use docket_raft::proposer::WriteError;
+use docket_raft::replica::{Replica, ReplicaConfig, ReplicaError, ServerHandle};
+use docket_raft::{ReplicaAddr, ReplicaId, TypeConfig};
+use openraft::Vote;
+use openraft::error::RPCError;
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::VoteRequest;
+
+fn vote_request() -> VoteRequest<ReplicaId> {
+    VoteRequest {
+        vote: Vote::new(1, ReplicaId(1)),
+        last_log_id: None,
+    }
+}
+
+async fn peer(addr: &str) -> docket_raft::network::client::Peer {
+    let mut factory = NetworkFactory::new(ReplicaId(1), Channels::tcp(NetworkConfig::default()));
+    <NetworkFactory as RaftNetworkFactory<TypeConfig<KvMachine>>>::new_client(
+        &mut factory,
+        ReplicaId(2),
+        &ReplicaAddr {
+            addr: addr.to_owned(),
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_peer_nobody_listens_on_is_unreachable() {
+    // A port that was free a moment ago: connection refused.
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let mut peer = peer(&addr).await;
+    let err = RaftNetwork::<TypeConfig<KvMachine>>::vote(
+        &mut peer,
+        vote_request(),
+        RPCOption::new(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RPCError::Unreachable(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_peer_that_never_answers_times_out_at_the_soft_ttl() {
+    // Accepts TCP connections and never speaks HTTP/2.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let mut peer = peer(&addr).await;
+    let option = RPCOption::new(Duration::from_millis(400));
+    let start = Instant::now();
+    let err = RaftNetwork::<TypeConfig<KvMachine>>::vote(&mut peer, vote_request(), option)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RPCError::Timeout(_)), "{err:?}");
+    // The deadline is the soft TTL (3/4 of 400 ms), not the connect timeout or forever.
+    assert!(start.elapsed() < Duration::from_secs(5));
+    hold.abort();
+}
+
+async fn one_replica(
+    max_message_bytes: usize,
+) -> (tempfile::TempDir, Replica<KvMachine>, ServerHandle, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut config = ReplicaConfig::new(1, addr.clone(), dir.path().join("r1"));
+    config.network.max_message_bytes = max_message_bytes;
+    config.proposer.max_batch_bytes = max_message_bytes - (64 << 10);
+    config.tuning.snapshot_chunk_bytes = 1024;
+    let replica = Replica::open(config, KvMachine::default()).await.unwrap();
+    let server = replica.serve(listener).unwrap();
+    replica
+        .bootstrap([(ReplicaId(1), addr.clone())].into())
+        .await
+        .unwrap();
+    replica
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .unwrap();
+    (dir, replica, server, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_messages_are_refused_and_change_nothing() {
+    let (_dir, replica, server, addr) = one_replica(128 << 10).await;
+    let before = replica.status();
+    let channels = Channels::tcp(NetworkConfig {
+        max_message_bytes: 4 << 20,
+        ..Default::default()
+    });
+    let mut client = channels.client(&addr).unwrap();
+
+    let garbage = RaftPayload {
+        data: vec![0xff; 16],
+    };
+    let status = client.append_entries(garbage.clone()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("AppendEntries"), "{status}");
+    let status = client.vote(garbage.clone()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let status = client.forward(garbage).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+    // Bigger than the server's 128 KiB limit: refused by the transport.
+    let big = RaftPayload {
+        data: vec![0; 1 << 20],
+    };
+    let status = client.install_snapshot(big).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status}");
+
+    // A write bigger than one entry may be is refused before it is proposed.
+    let err = replica
+        .write_one(KvCommand::Set {
+            key: "k".into(),
+            value: "x".repeat(200 << 10),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WriteError::TooLarge { .. }), "{err}");
+    assert!(err.certainly_not_applied());
+    assert!(err.to_string().contains("limit"), "{err}");
+
+    let after = replica.status();
+    assert_eq!(before.last_log_index, after.last_log_index);
+    assert_eq!(before.term, after.term);
+    replica.shutdown().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_limit_over_the_message_limit_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ReplicaConfig::new(1, "127.0.0.1:1", dir.path());
+    config.network.max_message_bytes = 1 << 20;
+    config.proposer.max_batch_bytes = 1 << 20;
+    let err = Replica::open(config, KvMachine::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ReplicaError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("max_batch_bytes"), "{err}");
+}
