@@ -5,10 +5,21 @@
 
 use std::process::Command;
 
-const TRACE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../controller/core/tests/data/lublin-aaroh.swf"
-);
+/// This crate's directory, read when the test runs (cargo and nextest set it) rather than
+/// baked in at compile time: a test binary built from one clone and reused by another through
+/// a shared target directory must still read the tree it is testing.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+fn trace() -> String {
+    manifest_dir()
+        .join("../controller/core/tests/data/lublin-aaroh.swf")
+        .display()
+        .to_string()
+}
 
 /// The JSON summary of a run that must have succeeded.
 fn summary(out: &std::process::Output) -> serde_json::Value {
@@ -29,7 +40,7 @@ fn sim_prints_its_summary_and_writes_csv_and_svg() {
         .args([
             "sim",
             "--swf",
-            TRACE,
+            &trace(),
             "--policy",
             "easy",
             "--jobs",
@@ -94,7 +105,10 @@ fn sim_names_what_is_wrong_with_its_input() {
 /// `--config` takes a controller's configuration: its machine, partitions and policies.
 #[test]
 fn sim_replays_on_a_site_configuration() {
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/config/nci.toml");
+    let config = manifest_dir()
+        .join("../deploy/config/nci.toml")
+        .display()
+        .to_string();
     let out = Command::new(env!("CARGO_BIN_EXE_docket"))
         .args([
             "sim",
@@ -102,9 +116,9 @@ fn sim_replays_on_a_site_configuration() {
             "--jobs",
             "300",
             "--swf",
-            TRACE,
+            &trace(),
             "--config",
-            config,
+            &config,
         ])
         .output()
         .unwrap();
@@ -118,7 +132,7 @@ fn sim_replays_on_a_site_configuration() {
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[SchedulerParameters]\nbf_window = 0\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_docket"))
-        .args(["sim", "--no-progress", "--swf", TRACE, "--config"])
+        .args(["sim", "--no-progress", "--swf", &trace(), "--config"])
         .arg(&bad)
         .output()
         .unwrap();

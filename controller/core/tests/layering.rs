@@ -13,7 +13,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -56,7 +55,7 @@ fn host_triple() -> String {
 }
 
 fn graph() -> Graph {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let manifest = manifest_dir().join("../../Cargo.toml");
     // Offline and filtered to the host platform: the graph that is actually built here, and
     // no download of crates only other platforms need.
     let out = Command::new(env!("CARGO"))
@@ -200,4 +199,13 @@ fn raft_knows_nothing_of_jobs() {
         "docket-raft reaches docket-core: {:?}",
         reach["docket-core"]
     );
+}
+
+/// This crate's directory, read when the test runs (cargo and nextest set it) rather than
+/// baked in at compile time: a test binary built from one clone and reused by another through
+/// a shared target directory must still read the tree it is testing.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use docket_core::config::{BackfillMode, QueueOrdering, QueuePolicy, SchedParams, ShuffleBy};
 use docket_core::fairshare::FairshareAlgorithm;
 use docket_core::partition::{Milli, PreemptMode};
@@ -17,9 +15,7 @@ use docket_core::sim::{Policy, SimOptions, SimSite, replay};
 use docket_core::site::{self, SiteConfig, SiteError};
 
 fn example(name: &str) -> SiteConfig {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../deploy/config")
-        .join(name);
+    let path = manifest_dir().join("../../deploy/config").join(name);
     let text = std::fs::read_to_string(&path).unwrap();
     let file = site::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     // It builds a state, and the [sim] table parses.
@@ -37,7 +33,7 @@ fn partition<'a>(s: &'a SiteConfig, name: &str) -> &'a docket_core::partition::P
 
 #[test]
 fn every_example_configuration_is_valid() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/config");
+    let dir = manifest_dir().join("../../deploy/config");
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -412,4 +408,13 @@ fn sim_policy_defaults_to_the_site_and_can_be_overridden() {
     options.procs = Some(64);
     let e = replay(&t, &options, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("--procs"), "{e}");
+}
+
+/// This crate's directory, read when the test runs (cargo and nextest set it) rather than
+/// baked in at compile time: a test binary built from one clone and reused by another through
+/// a shared target directory must still read the tree it is testing.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }

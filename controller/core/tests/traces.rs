@@ -6,7 +6,8 @@
 
 use docket_core::sim::{Policy, SimOptions, replay, swf};
 
-fn check(path: &str, jobs: usize) {
+fn check(path: &std::path::Path, jobs: usize) {
+    let path = &path.display().to_string();
     let text = std::fs::read_to_string(path).unwrap();
     let trace = swf::parse(&text).unwrap();
     assert!(
@@ -69,18 +70,21 @@ fn check(path: &str, jobs: usize) {
 #[test]
 fn the_nasa_ipsc_trace_replays() {
     check(
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/NASA-iPSC-1993-3.1-cln.swf"
-        ),
+        &manifest_dir().join("tests/data/NASA-iPSC-1993-3.1-cln.swf"),
         5000,
     );
 }
 
 #[test]
 fn the_lublin_model_trace_replays() {
-    check(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/lublin-aaroh.swf"),
-        5000,
-    );
+    check(&manifest_dir().join("tests/data/lublin-aaroh.swf"), 5000);
+}
+
+/// This crate's directory, read when the test runs (cargo and nextest set it) rather than
+/// baked in at compile time: a test binary built from one clone and reused by another through
+/// a shared target directory must still read the tree it is testing.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
