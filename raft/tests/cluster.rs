@@ -60,7 +60,7 @@ async fn three_replicas_elect_replicate_forward_and_survive_leader_shutdown() {
     }
 
     // A linearizable read on a follower sees every acknowledged write.
-    let follower = *all.iter().find(|id| **id != leader).unwrap();
+    let follower = cluster.follower_of(leader);
     let seen = cluster
         .replica(follower)
         .read_linearizable(DEADLINE, |a| a.machine.map.get("k").map(Vec::len))
@@ -97,7 +97,7 @@ async fn three_replicas_elect_replicate_forward_and_survive_leader_shutdown() {
 async fn a_replica_crashed_mid_write_loses_nothing_acknowledged() {
     let mut cluster = TestCluster::start(3, 10_000).await;
     let leader = cluster.leader().await;
-    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let follower = cluster.follower_of(leader);
     // Eight writers through a follower; the leader crashes while they run.
     let replica = cluster.replica(follower).clone();
     let mut writers = Vec::new();
@@ -157,7 +157,7 @@ async fn the_whole_cluster_restarts_from_its_data_directories() {
         assert_exactly_once(&cluster.map(id), "k", &acked, &written);
     }
     cluster.leader().await;
-    let (more, w2) = write_many(&cluster, &[1, 2, 3], "k", "after", 5).await;
+    let (more, _) = write_many(&cluster, &[1, 2, 3], "k", "after", 5).await;
     assert_eq!(more.len(), 5);
     cluster.converge().await;
     for id in [1, 2, 3] {
@@ -165,7 +165,6 @@ async fn the_whole_cluster_restarts_from_its_data_directories() {
         assert_eq!(map["k"][..80], before["k"][..]);
         assert_eq!(map["k"].len(), 85);
     }
-    let _ = w2;
     cluster.shutdown().await;
 }
 
@@ -173,7 +172,7 @@ async fn the_whole_cluster_restarts_from_its_data_directories() {
 async fn a_replica_behind_a_purged_log_catches_up_by_snapshot() {
     let mut cluster = TestCluster::start(3, 20).await;
     let leader = cluster.leader().await;
-    let behind = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let behind = cluster.follower_of(leader);
     cluster.stop(behind).await;
     let up: Vec<u64> = cluster.members.keys().copied().collect();
     let (acked, written) = write_many(&cluster, &up, "k", "v", 120).await;
@@ -209,7 +208,7 @@ async fn membership_goes_from_three_to_five_voters_and_back() {
     let mut cluster = TestCluster::start(3, 10_000).await;
     let (acked, written) = write_many(&cluster, &[1, 2, 3], "k", "v", 20).await;
     let leader = cluster.leader().await;
-    let follower = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let follower = cluster.follower_of(leader);
 
     // Membership changes are the leader's: a follower says who leads.
     let err = cluster
@@ -349,7 +348,7 @@ async fn concurrent_writes_share_log_entries() {
 async fn a_failed_fsync_stops_that_replica_and_it_acknowledges_nothing_after() {
     let cluster = TestCluster::start(3, 10_000).await;
     let leader = cluster.leader().await;
-    let victim = *cluster.members.keys().find(|id| **id != leader).unwrap();
+    let victim = cluster.follower_of(leader);
     let (a1, w1) = write_many(&cluster, &[leader], "k", "before", 10).await;
     cluster.converge().await;
     let at_failure = cluster.replica(victim).status().last_log_index.unwrap();

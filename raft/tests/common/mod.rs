@@ -128,6 +128,15 @@ impl TestCluster {
         }
     }
 
+    /// A running replica other than `leader`.
+    pub fn follower_of(&self, leader: u64) -> u64 {
+        *self
+            .members
+            .keys()
+            .find(|id| **id != leader)
+            .expect("a running replica besides the leader")
+    }
+
     /// Waits until every running replica has applied what the leader has.
     pub async fn converge(&self) {
         let leader = self.leader().await;
