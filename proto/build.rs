@@ -8,7 +8,11 @@
 use std::path::PathBuf;
 
 /// Every file compiled; add new services here.
-const PROTOS: &[&str] = &["proto/docket/v1/health.proto", "proto/docket/v1/raft.proto"];
+const PROTOS: &[&str] = &[
+    "proto/docket/v1/health.proto",
+    "proto/docket/v1/raft.proto",
+    "proto/docket/v1/jobs.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc: PathBuf = protoc_bin_vendored::protoc_bin_path()?;

@@ -4,5 +4,17 @@
 //! replica serves reads and forwards writes to the leader; the leader alone runs the timed
 //! scheduling loops and dispatches to node agents. Everything that touches the network, the
 //! disk, the clock, tracing or metrics lives here, never in docket-core.
+//!
+//! Map: [`machine`] (docket-core as the replicated machine), [`identity`] (who calls),
+//! [`convert`] (protobuf to core and back), [`write`] (proposing and reading, status
+//! mapping), [`jobs`] (the jobs service), [`health`] (readiness).
 
+pub mod convert;
+pub mod daemon;
 pub mod health;
+pub mod identity;
+pub mod inflight;
+pub mod jobs;
+pub mod loops;
+pub mod machine;
+pub mod write;

@@ -1,9 +1,14 @@
 //! `docket-controller`: one replica of the Docket control plane.
-//!
-//! Its subcommands (run, bootstrap, check-config) arrive with the controller issue; for now
-//! the binary describes itself.
 
-use clap::Parser;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use docket_controller::daemon::{self, DaemonConfig};
+use docket_raft::ReplicaId;
+use docket_raft::replica::RaftTuning;
 
 /// One replica of Docket's replicated control plane.
 ///
@@ -18,8 +23,180 @@ use clap::Parser;
     long_about,
     arg_required_else_help = true
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
 
-fn main() {
-    Cli::parse();
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run one replica until SIGTERM or Ctrl-C.
+    Run(RunArgs),
+    /// Validate a configuration file and print what it defines; errors name the key and what
+    /// it accepts. Exit status 0 when valid, 1 when not.
+    CheckConfig {
+        /// The configuration file (docket.toml).
+        #[arg(env = "DOCKET_CONFIG")]
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// This replica's id: a small positive integer, unique in the cluster and stable for the
+    /// life of its data directory.
+    #[arg(long, env = "DOCKET_ID")]
+    id: u64,
+    /// Address the gRPC server (Raft, jobs, health) binds, host:port.
+    #[arg(long, env = "DOCKET_LISTEN", default_value = "127.0.0.1:6817")]
+    listen: String,
+    /// Address other replicas and clients reach this one at; default: the bound address.
+    #[arg(long, env = "DOCKET_ADVERTISE")]
+    advertise: Option<String>,
+    /// Data directory (RocksDB and snapshots); created if missing.
+    #[arg(long, env = "DOCKET_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Site configuration (docket.toml): nodes, partitions, QOS, accounts, users and
+    /// scheduler parameters. The first leader of a new cluster applies it.
+    #[arg(long, env = "DOCKET_CONFIG")]
+    config: Option<PathBuf>,
+    /// Start a new cluster with these voters, `ID=HOST:PORT,...` (this replica among them).
+    /// Give it to one replica on the cluster's first start; ignored once initialized.
+    #[arg(long, env = "DOCKET_BOOTSTRAP")]
+    bootstrap: Option<String>,
+    /// How long a linearizable read waits for this replica to catch up with the leader.
+    #[arg(long, env = "DOCKET_READ_TIMEOUT_MS", default_value_t = 5_000)]
+    read_timeout_ms: u64,
+    /// Raft heartbeat interval in milliseconds (also the deadline of one append).
+    #[arg(long, env = "DOCKET_HEARTBEAT_MS", default_value_t = 100)]
+    heartbeat_ms: u64,
+    /// Election timeout range in milliseconds, `MIN-MAX`. A follower that hears nothing
+    /// from a leader for MAX (openraft's leader lease) plus a random time in the range starts
+    /// an election, so a failover takes about MAX + MIN..MAX plus a round trip; the default
+    /// keeps it near one second.
+    #[arg(long, env = "DOCKET_ELECTION_TIMEOUT_MS", default_value = "300-600")]
+    election_timeout_ms: String,
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `docket_controller=debug`.
+    #[arg(long, env = "DOCKET_LOG", default_value = "info")]
+    log: String,
+}
+
+fn parse_members(spec: &str) -> Result<BTreeMap<ReplicaId, String>> {
+    let mut members = BTreeMap::new();
+    for part in spec.split(',').filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .with_context(|| format!("--bootstrap: {part:?} is not ID=HOST:PORT"))?;
+        let id: u64 = id
+            .parse()
+            .with_context(|| format!("--bootstrap: replica id {id:?} is not a number"))?;
+        members.insert(ReplicaId(id), addr.to_owned());
+    }
+    if members.is_empty() {
+        bail!("--bootstrap names no replicas; expected ID=HOST:PORT,...");
+    }
+    Ok(members)
+}
+
+fn parse_range(spec: &str) -> Result<(u64, u64)> {
+    let (lo, hi) = spec
+        .split_once('-')
+        .with_context(|| format!("--election-timeout-ms: {spec:?} is not MIN-MAX"))?;
+    let lo: u64 = lo
+        .trim()
+        .parse()
+        .context("--election-timeout-ms: MIN is not a number")?;
+    let hi: u64 = hi
+        .trim()
+        .parse()
+        .context("--election-timeout-ms: MAX is not a number")?;
+    if lo == 0 || hi <= lo {
+        bail!("--election-timeout-ms: need 0 < MIN < MAX, got {lo}-{hi}");
+    }
+    Ok((lo, hi))
+}
+
+fn read_site(path: &PathBuf) -> Result<docket_core::site::SiteFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    docket_core::site::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::CheckConfig { file } => match read_site(&file) {
+            Ok(site) => {
+                let s = &site.site;
+                println!(
+                    "{}: valid ({} nodes, {} partitions, {} QOS, {} accounts, {} users)",
+                    file.display(),
+                    s.nodes.len(),
+                    s.partitions.len(),
+                    s.qos.len(),
+                    s.accounts.len(),
+                    s.users.len()
+                );
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("docket-controller: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Cmd::Run(args) => match run(args) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("docket-controller: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log)
+                .with_context(|| format!("--log {:?}", args.log))?,
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let bootstrap = args.bootstrap.as_deref().map(parse_members).transpose()?;
+    let site = match &args.config {
+        Some(path) => read_site(path)?.site.commands(),
+        None => Vec::new(),
+    };
+    let (lo, hi) = parse_range(&args.election_timeout_ms)?;
+    let tuning = RaftTuning {
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(1)),
+        election_timeout_min: Duration::from_millis(lo),
+        election_timeout_max: Duration::from_millis(hi),
+        ..RaftTuning::default()
+    };
+    let config = DaemonConfig {
+        id: args.id,
+        listen: args.listen,
+        advertise: args.advertise,
+        data_dir: args.data_dir,
+        bootstrap,
+        site,
+        read_timeout: Duration::from_millis(args.read_timeout_ms),
+        tuning,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        daemon::run(config, async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+        .await
+    })
 }

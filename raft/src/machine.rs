@@ -28,6 +28,9 @@ use serde::de::DeserializeOwned;
 pub struct ApplyContext {
     /// The Raft log index of the entry.
     pub index: u64,
+    /// The command's position in its entry's batch (0 for the first): `(index, position)`
+    /// orders every command ever applied.
+    pub position: u32,
     /// The term of the leader that proposed it.
     pub term: u64,
     /// Wall-clock milliseconds since the Unix epoch on the leader when it proposed the batch.

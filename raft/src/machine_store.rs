@@ -315,15 +315,19 @@ impl<M: StateMachine> RaftStateMachine<TypeConfig<M>> for MachineStore<M> {
             match entry.payload {
                 EntryPayload::Blank => responses.push(Vec::new()),
                 EntryPayload::Normal(batch) => {
-                    let ctx = ApplyContext {
-                        index: log_id.index,
-                        term: log_id.leader_id.term,
-                        time_ms: batch.time_ms,
-                    };
                     let out = batch
                         .commands
                         .into_iter()
-                        .map(|command| applied.machine.apply(ctx, command))
+                        .enumerate()
+                        .map(|(position, command)| {
+                            let ctx = ApplyContext {
+                                index: log_id.index,
+                                position: position as u32,
+                                term: log_id.leader_id.term,
+                                time_ms: batch.time_ms,
+                            };
+                            applied.machine.apply(ctx, command)
+                        })
                         .collect();
                     responses.push(out);
                 }

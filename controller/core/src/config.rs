@@ -224,7 +224,8 @@ pub struct SchedConfig {
     pub max_job_count: u64,
     /// Most jobs one submission command may carry.
     pub max_batch: u32,
-    /// Jobfs per node when a job does not ask (NCI: 100 MB).
+    /// Jobfs per node when a job does not ask: none by default, as in Slurm; NCI sets 100 MB
+    /// (`DefaultJobfs`).
     pub default_jobfs: MiB,
     /// A walltime no job may exceed, whatever its partition (HPC2N: 5 days).
     pub max_walltime: Option<Seconds>,
@@ -254,7 +255,7 @@ impl Default for SchedConfig {
             max_array_size: 1001,
             max_job_count: 1_000_000,
             max_batch: 100_000,
-            default_jobfs: MiB(100),
+            default_jobfs: MiB(0),
             max_walltime: None,
             default_qos: match "normal".parse() {
                 Ok(q) => q,

@@ -361,7 +361,9 @@ fn aftercorr_releases_matching_tasks() {
 #[test]
 fn suspend_stops_walltime_and_keeps_resources() {
     let mut c = cluster();
-    let id = c.submit(vec![c.spec("alice")])[0];
+    let mut spec = c.spec("alice");
+    spec.jobfs = Some(docket_core::quantity::MiB(100));
+    let id = c.submit(vec![spec])[0];
     c.start(jr(id), &["n001"]).unwrap();
     c.apply_after(600, Command::Tick).unwrap();
     let Response::PerJob(r) = c.ok(Command::SuspendJobs {

@@ -51,7 +51,8 @@ fn defaults_come_from_partition_and_config() {
     assert_eq!(r.qos.as_str(), "normal");
     assert_eq!(r.time_limit, None, "partition without limits: UNLIMITED");
     assert_eq!(r.memory, MemoryRequest::PerCpu(MiB::gib(1)));
-    assert_eq!(r.jobfs, MiB(100));
+    // No jobfs unless asked (Slurm); a site sets DefaultJobfs (NCI: 100 MB).
+    assert_eq!(r.jobfs, MiB(0));
 }
 
 #[test]

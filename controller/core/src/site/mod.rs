@@ -103,8 +103,16 @@ impl SiteConfig {
     /// The commands that build this site in a fresh state, in an order apply accepts: QOS
     /// (then their preemption lists, which name each other), the scheduler config, nodes,
     /// accounts parent-first, partitions (which name QOS and accounts), users.
+    ///
+    /// Like Slurm, which creates QOS `normal` when it is installed, a site that does not
+    /// define its default QOS (`default_qos`, `normal` unless set) gets it with no limits.
     pub fn commands(&self) -> Vec<Command> {
         let mut out = Vec::new();
+        if !self.qos.iter().any(|q| q.name == self.sched.default_qos) {
+            out.push(Command::UpsertQos(Box::new(crate::qos::Qos::new(
+                self.sched.default_qos.clone(),
+            ))));
+        }
         for q in &self.qos {
             let mut bare = q.clone();
             bare.preempt = BTreeSet::new();

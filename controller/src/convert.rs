@@ -1,0 +1,269 @@
+//! Between the public protobuf messages and docket-core's types.
+//!
+//! Incoming: every field is checked for shape here (names, numbers that must not be
+//! negative, array and dependency syntax) and the error names the field, `jobs[3].array:
+//! ...`; limits that depend on state (sizes, partitions, accounts) are docket-core's, checked
+//! when the command applies, with errors that name the field and the limit as well.
+
+use std::collections::BTreeSet;
+use std::str::FromStr;
+
+use docket_core::job::array::ArraySpec;
+use docket_core::job::dependency::Dependency;
+use docket_core::job::spec::{BlobId, JobSpec, MemoryRequest, TimeRequest, WarnSignal};
+use docket_core::job::{ArrayPart, Job, JobRef};
+use docket_core::quantity::{MiB, Seconds, TimeMs};
+use docket_core::{JobId, UserName};
+use docket_proto::v1 as pb;
+use smol_str::SmolStr;
+use tonic::Status;
+
+fn bad(field: &str, problem: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {problem}"))
+}
+
+fn name<T: FromStr>(field: &str, text: &str) -> Result<Option<T>, Status>
+where
+    T::Err: std::fmt::Display,
+{
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|e| bad(field, e))
+}
+
+fn names<T: FromStr + Ord>(field: &str, texts: &[String]) -> Result<BTreeSet<T>, Status>
+where
+    T::Err: std::fmt::Display,
+{
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| t.parse().map_err(|e| bad(&format!("{field}[{i}]"), e)))
+        .collect()
+}
+
+fn text(field: &str, value: &str, limit: usize) -> Result<SmolStr, Status> {
+    if value.len() > limit {
+        return Err(bad(
+            field,
+            format!("{} bytes long; the limit is {limit}", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(bad(field, "contains a NUL byte"));
+    }
+    Ok(SmolStr::new(value))
+}
+
+/// Longest path or name text accepted (PATH_MAX).
+const PATH_LIMIT: usize = 4096;
+
+/// A submitted job as docket-core's spec, owned by `user`, with its script and environment
+/// added to `blobs` (each distinct blob once). `max_array_index` bounds array indexes.
+pub fn job_spec(
+    index: usize,
+    spec: &pb::JobSpec,
+    user: UserName,
+    max_array_index: u32,
+    blobs: &mut Vec<Vec<u8>>,
+) -> Result<JobSpec, Status> {
+    let f = |field: &str| format!("jobs[{index}].{field}");
+    let mut add_blob = |data: &[u8]| -> BlobId {
+        let id = BlobId::of(data);
+        if !blobs.iter().any(|b| BlobId::of(b) == id) {
+            blobs.push(data.to_vec());
+        }
+        id
+    };
+    if spec.script.is_empty() {
+        return Err(bad(&f("script"), "empty; a batch job needs a script"));
+    }
+    let memory = match spec.memory {
+        None => None,
+        Some(pb::job_spec::Memory::MemPerNodeMib(m)) => Some(MemoryRequest::PerNode(MiB(m))),
+        Some(pb::job_spec::Memory::MemPerCpuMib(m)) => Some(MemoryRequest::PerCpu(MiB(m))),
+        Some(pb::job_spec::Memory::MemWholeNode(true)) => Some(MemoryRequest::WholeNode),
+        Some(pb::job_spec::Memory::MemWholeNode(false)) => None,
+    };
+    let time = match spec.time_limit_seconds {
+        None => TimeRequest::Default,
+        Some(0) => TimeRequest::Unlimited,
+        Some(s) if s < 0 => {
+            return Err(bad(
+                &f("time_limit_seconds"),
+                format!("{s} is negative; give seconds > 0, or 0 for no limit"),
+            ));
+        }
+        Some(s) => TimeRequest::Limit(Seconds(s as u64)),
+    };
+    let begin = match spec.begin_unix_ms {
+        None => None,
+        Some(ms) if ms < 0 => {
+            return Err(bad(&f("begin_unix_ms"), format!("{ms} is before 1970")));
+        }
+        Some(ms) => Some(TimeMs(ms as u64)),
+    };
+    let array = if spec.array.is_empty() {
+        None
+    } else {
+        Some(ArraySpec::parse(&spec.array, max_array_index).map_err(|e| bad(&f("array"), e))?)
+    };
+    let dependency = if spec.dependency.is_empty() {
+        None
+    } else {
+        Some(Dependency::parse(&spec.dependency).map_err(|e| bad(&f("dependency"), e))?)
+    };
+    let signal = match &spec.signal {
+        None => None,
+        Some(s) if !(1..=64).contains(&s.signal) => {
+            return Err(bad(
+                &f("signal.signal"),
+                format!("{} is not a signal number (1-64)", s.signal),
+            ));
+        }
+        Some(s) => Some(WarnSignal {
+            signal: s.signal,
+            before: Seconds(s.seconds_before),
+            batch_only: s.batch_only,
+        }),
+    };
+    let script = add_blob(&spec.script);
+    let env = spec.environment.as_deref().map(&mut add_blob);
+    Ok(JobSpec {
+        name: text(
+            &f("name"),
+            if spec.name.is_empty() {
+                "job"
+            } else {
+                &spec.name
+            },
+            256,
+        )?,
+        user,
+        account: name(&f("account"), &spec.account)?,
+        partition: name(&f("partition"), &spec.partition)?,
+        qos: name(&f("qos"), &spec.qos)?,
+        nodes: spec.nodes.max(1),
+        ntasks: spec.ntasks.max(1),
+        cpus_per_task: spec.cpus_per_task.max(1),
+        ntasks_per_node: spec.ntasks_per_node,
+        memory,
+        vmem: spec.vmem_mib.map(MiB),
+        address_space_limit: spec.address_space_limit,
+        gpus_per_node: spec.gpus_per_node,
+        jobfs: spec.jobfs_mib.map(MiB),
+        time,
+        nice: spec.nice,
+        user_factor_pct: 100,
+        array,
+        dependency,
+        begin,
+        hold: spec.hold,
+        requeue: spec.requeue,
+        exclusive: spec.exclusive,
+        features: spec
+            .features
+            .iter()
+            .enumerate()
+            .map(|(i, x)| text(&f(&format!("features[{i}]")), x, 256).map(String::from))
+            .collect::<Result<_, _>>()?,
+        nodelist: names(&f("nodelist"), &spec.nodelist)?,
+        exclude: names(&f("exclude"), &spec.exclude)?,
+        work_dir: text(
+            &f("work_dir"),
+            if spec.work_dir.is_empty() {
+                "/"
+            } else {
+                &spec.work_dir
+            },
+            PATH_LIMIT,
+        )?,
+        stdout: non_empty(&f("stdout"), &spec.stdout)?,
+        stderr: non_empty(&f("stderr"), &spec.stderr)?,
+        script,
+        env,
+        signal,
+        reservation: name(&f("reservation"), &spec.reservation)?,
+    })
+}
+
+fn non_empty(field: &str, value: &str) -> Result<Option<SmolStr>, Status> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        text(field, value, PATH_LIMIT).map(Some)
+    }
+}
+
+/// A job reference from the wire.
+pub fn job_ref(r: &pb::JobRef) -> JobRef {
+    JobRef {
+        job: JobId(r.job_id),
+        task: r.task,
+    }
+}
+
+/// A job reference for the wire.
+pub fn job_ref_out(r: &JobRef) -> pb::JobRef {
+    pb::JobRef {
+        job_id: r.job.0,
+        task: r.task,
+    }
+}
+
+/// A job as the API shows it.
+pub fn job_info(job: &Job) -> pb::JobInfo {
+    let nodes: Vec<&str> = job
+        .alloc
+        .as_ref()
+        .map(|a| a.shares.iter().map(|s| s.node.as_str()).collect())
+        .unwrap_or_default();
+    let (array, array_task) = match &job.array {
+        Some(ArrayPart::Master { .. }) => (
+            job.spec
+                .array
+                .as_ref()
+                .map(|a| a.to_string())
+                .unwrap_or_default(),
+            None,
+        ),
+        Some(ArrayPart::Task { index, .. }) => (String::new(), Some(*index)),
+        None => (String::new(), None),
+    };
+    pb::JobInfo {
+        job_id: job.id.0,
+        name: job.spec.name.to_string(),
+        user: job.spec.user.to_string(),
+        account: job.resolved.account.to_string(),
+        partition: job.resolved.partition.to_string(),
+        qos: job.resolved.qos.to_string(),
+        state: job.state.name().to_owned(),
+        state_code: job.state.code().to_owned(),
+        reason: job.reason.name().to_owned(),
+        submit_time_ms: job.submit_time.0,
+        start_time_ms: job.start_time.map(|t| t.0),
+        end_time_ms: job.end_time.map(|t| t.0),
+        time_limit_seconds: job.resolved.time_limit.map_or(0, |s| s.0),
+        nodes: if nodes.is_empty() {
+            job.spec.nodes
+        } else {
+            nodes.len() as u32
+        },
+        cpus: job.alloc.as_ref().map_or_else(|| job.cpus(), |a| a.cpus()),
+        node_list: docket_core::hostlist::compress(&nodes),
+        exit_code: job.exit.map(|e| e.code),
+        exit_signal: job.exit.map(|e| e.signal),
+        work_dir: job.spec.work_dir.to_string(),
+        array,
+        array_task,
+        requeue_count: job.requeue_count,
+        held: job.hold.is_some(),
+        dependency: job
+            .spec
+            .dependency
+            .as_ref()
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
+    }
+}

@@ -1,0 +1,140 @@
+//! One controller replica as a running process: storage, Raft, the gRPC server carrying the
+//! Raft, jobs and health services, the leader loops, readiness, and graceful shutdown.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use docket_core::config::SchedConfig;
+use docket_core::{Command, State};
+use docket_raft::ReplicaId;
+use docket_raft::replica::{ClusterError, Replica, ReplicaConfig};
+use tokio::sync::Notify;
+
+use crate::health::Readiness;
+use crate::inflight::InflightLayer;
+use crate::jobs::JobsService;
+use crate::loops::{self, LoopContext};
+use crate::machine::{CoreMachine, MAX_BATCH_COMMANDS};
+
+/// What a replica process needs to run.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub id: u64,
+    /// Address the gRPC server binds.
+    pub listen: String,
+    /// Address other replicas and clients reach it at (default: `listen`).
+    pub advertise: Option<String>,
+    pub data_dir: PathBuf,
+    /// Voters of a new cluster, to bootstrap it on first start (ignored once initialized).
+    pub bootstrap: Option<BTreeMap<ReplicaId, String>>,
+    /// The site's commands, proposed by the first leader of a cluster with no configuration.
+    pub site: Vec<Command>,
+    /// How long a linearizable read waits for this replica to catch up.
+    pub read_timeout: Duration,
+    /// Raft timing.
+    pub tuning: docket_raft::replica::RaftTuning,
+}
+
+/// Runs the replica until `shutdown` resolves, then stops cleanly.
+pub async fn run(
+    config: DaemonConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+    let advertise = match &config.advertise {
+        Some(a) => a.clone(),
+        None => listener.local_addr()?.to_string(),
+    };
+    let mut replica_config = ReplicaConfig::new(config.id, advertise.clone(), &config.data_dir);
+    replica_config.tuning = config.tuning.clone();
+    replica_config.proposer.max_batch_commands = replica_config
+        .proposer
+        .max_batch_commands
+        .min(MAX_BATCH_COMMANDS);
+    let fresh = CoreMachine::new(State::new(SchedConfig::default()));
+    let replica = Replica::open(replica_config, fresh)
+        .await
+        .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+
+    let readiness = Readiness::new();
+    let submitted = Arc::new(Notify::new());
+    let inflight = Arc::new(AtomicUsize::new(0));
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let router = tonic::transport::Server::builder()
+            .layer(InflightLayer::new(inflight.clone()))
+            .add_service(replica.service())
+            .add_service(JobsService::new(
+                replica.clone(),
+                config.read_timeout,
+                submitted.clone(),
+            ))
+            .add_service(readiness.service());
+        tokio::spawn(async move {
+            router
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = server_stopped.await;
+                })
+                .await
+        })
+    };
+    tracing::info!(id = config.id, addr = %advertise, "replica started");
+
+    if let Some(members) = &config.bootstrap {
+        match replica.bootstrap(members.clone()).await {
+            Ok(()) => tracing::info!(?members, "bootstrapped a new cluster"),
+            Err(ClusterError::AlreadyInitialized) => {
+                tracing::info!("cluster already initialized; --bootstrap ignored")
+            }
+            Err(e) => return Err(e).context("bootstrapping the cluster"),
+        }
+    }
+
+    let loop_task = tokio::spawn(loops::run(LoopContext {
+        replica: replica.clone(),
+        submitted,
+        inflight,
+        site: config.site.clone(),
+    }));
+
+    // Ready once a leader is known: from then on requests are served (or forwarded).
+    let ready_task = {
+        let replica = replica.clone();
+        let readiness = readiness.clone();
+        tokio::spawn(async move {
+            loop {
+                if replica
+                    .wait_for_leader(Duration::from_secs(3600))
+                    .await
+                    .is_ok()
+                {
+                    readiness.set_serving(true);
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+                    return;
+                }
+            }
+        })
+    };
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    readiness.set_serving(false);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    ready_task.abort();
+    loop_task.abort();
+    replica.shutdown().await;
+    let _ = stop_server.send(());
+    match tokio::time::timeout(Duration::from_secs(10), server).await {
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server ended with an error"),
+        Err(_) => tracing::warn!("gRPC server did not stop within 10 s"),
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! Counting the RPCs a replica is serving, for `max_rpc_cnt`: the scheduling loops yield
+//! while more than that many are in flight, so a submission storm is answered before the
+//! leader spends its time planning.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+
+use tower::{Layer, Service};
+
+/// A tower layer counting requests in flight in a shared counter.
+#[derive(Debug, Clone)]
+pub struct InflightLayer {
+    count: Arc<AtomicUsize>,
+}
+
+impl InflightLayer {
+    pub fn new(count: Arc<AtomicUsize>) -> Self {
+        InflightLayer { count }
+    }
+}
+
+impl<S> Layer<S> for InflightLayer {
+    type Service = Inflight<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Inflight {
+            inner,
+            count: self.count.clone(),
+        }
+    }
+}
+
+/// The service [`InflightLayer`] wraps.
+#[derive(Debug, Clone)]
+pub struct Inflight<S> {
+    inner: S,
+    count: Arc<AtomicUsize>,
+}
+
+/// Decrements the counter when the response future finishes or is dropped.
+struct Guard(Arc<AtomicUsize>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<S, R> Service<R> for Inflight<S>
+where
+    S: Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let guard = Guard(self.count.clone());
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let result = future.await;
+            drop(guard);
+            result
+        })
+    }
+}
