@@ -67,7 +67,8 @@ pub async fn run(
     let inflight = Arc::new(AtomicUsize::new(0));
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let router = tonic::transport::Server::builder()
             .layer(InflightLayer::new(inflight.clone()))
             .add_service(replica.service())
@@ -102,6 +103,7 @@ pub async fn run(
         submitted,
         inflight,
         site: config.site.clone(),
+        direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
     }));
 
     // Ready once a leader is known: from then on requests are served (or forwarded).

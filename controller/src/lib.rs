@@ -9,6 +9,7 @@
 //! [`convert`] (protobuf to core and back), [`write`] (proposing and reading, status
 //! mapping), [`jobs`] (the jobs service), [`health`] (readiness).
 
+pub mod bench;
 pub mod convert;
 pub mod daemon;
 pub mod health;

@@ -67,6 +67,8 @@ pub struct LoopContext {
     pub inflight: Arc<AtomicUsize>,
     /// Commands that build the site, proposed once if the state has no configuration.
     pub site: Vec<Command>,
+    /// When the next direct pass may run (see [`direct`]).
+    pub direct_pacer: Arc<std::sync::Mutex<Instant>>,
 }
 
 fn wall_clock_ms() -> u64 {
@@ -188,17 +190,33 @@ async fn backfill(
 
 /// The direct pass after submissions: starts what can start now, without waiting for the
 /// next main pass.
+///
+/// Paced: a direct pass orders the whole pending queue, so under a submission storm with a
+/// long queue running one per submission would spend the leader's CPU on planning rather
+/// than on taking submissions. After a pass that took `d`, the next waits until `8d` has
+/// passed (submissions arriving meanwhile are covered by it): at most a ninth of the time goes
+/// to direct passes, and a job still starts within a few pass-lengths of its submission.
 async fn direct(
     ctx: &LoopContext,
     leading: &Arc<AtomicBool>,
     loops: &docket_core::config::LoopParams,
 ) {
+    let wait = {
+        let pacer = ctx.direct_pacer.lock().unwrap_or_else(|p| p.into_inner());
+        pacer.saturating_duration_since(Instant::now())
+    };
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+    let began = Instant::now();
     let plan = pass(
         ctx,
         leading,
         Duration::from_secs(loops.max_sched_time.0),
         |s, now, b| s.direct_pass(now, b),
     );
+    let cost = began.elapsed();
+    *ctx.direct_pacer.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + cost * 8;
     propose_plan(ctx, plan).await;
 }
 

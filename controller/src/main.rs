@@ -39,6 +39,19 @@ enum Cmd {
         #[arg(env = "DOCKET_CONFIG")]
         file: PathBuf,
     },
+    /// Measure submissions per second and latency against a 3-replica cluster of this
+    /// binary on loopback (fsync on), and a queue listing's latency during the storm.
+    Bench {
+        /// Concurrent submitting clients per run, comma-separated.
+        #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
+        clients: Vec<usize>,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -144,6 +157,17 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+        Cmd::Bench {
+            clients,
+            seconds,
+            json,
+        } => match bench(&clients, seconds, json) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("docket-controller bench: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Cmd::Run(args) => match run(args) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -152,6 +176,15 @@ fn main() -> std::process::ExitCode {
             }
         },
     }
+}
+
+fn bench(clients: &[usize], seconds: u64, json: bool) -> Result<()> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(docket_controller::bench::run(&exe, clients, seconds, json))
 }
 
 fn run(args: RunArgs) -> Result<()> {

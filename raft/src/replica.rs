@@ -287,7 +287,8 @@ impl<M: StateMachine> Replica<M> {
         let (stop, stopped) = oneshot::channel::<()>();
         let service = self.service();
         let task = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             if let Err(e) = tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, async {

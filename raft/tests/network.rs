@@ -157,3 +157,24 @@ async fn a_batch_limit_over_the_message_limit_is_refused_at_start() {
     assert!(matches!(err, ReplicaError::Invalid(_)), "{err}");
     assert!(err.to_string().contains("max_batch_bytes"), "{err}");
 }
+
+#[tokio::test]
+async fn a_write_forwarded_to_a_leader_nobody_listens_on_was_certainly_not_applied() {
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let channels = Channels::tcp(NetworkConfig::default());
+    let err = channels
+        .forward::<KvMachine>(
+            &addr,
+            vec![KvCommand::Set {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, WriteError::NoLeader, "{err}");
+    assert!(err.certainly_not_applied());
+}

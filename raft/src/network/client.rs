@@ -126,6 +126,8 @@ impl Channels {
                     "no answer from the leader at {addr} within {FORWARD_TIMEOUT:?}"
                 )));
             }
+            // No connection could be made: the request never left, so it was not applied.
+            Ok(Err(status)) if connect_failed(&status) => return Err(WriteError::NoLeader),
             Ok(Err(status)) => {
                 return Err(WriteError::Indeterminate(format!(
                     "forwarding to the leader at {addr}: {status}"
@@ -168,6 +170,26 @@ impl Channels {
         };
         decode(&reply.data).map_err(|e| format!("{addr}: malformed status: {e}"))
     }
+}
+
+/// True when `status` reports that no connection could be made (refused, unreachable, timed
+/// out connecting): the request was never sent. Found by walking the error's sources for the
+/// I/O error of a failed connect.
+pub fn connect_failed(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            );
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// openraft's network factory: one [`Peer`] per target, sharing [`Channels`].
