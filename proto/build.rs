@@ -12,6 +12,7 @@ const PROTOS: &[&str] = &[
     "proto/docket/v1/health.proto",
     "proto/docket/v1/raft.proto",
     "proto/docket/v1/jobs.proto",
+    "proto/docket/v1/admin.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

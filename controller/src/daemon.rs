@@ -14,11 +14,13 @@ use docket_raft::ReplicaId;
 use docket_raft::replica::{ClusterError, Replica, ReplicaConfig};
 use tokio::sync::Notify;
 
+use crate::admin::AdminService;
 use crate::health::Readiness;
 use crate::inflight::InflightLayer;
 use crate::jobs::JobsService;
 use crate::loops::{self, LoopContext};
 use crate::machine::{CoreMachine, MAX_BATCH_COMMANDS};
+use crate::stats::LoopStats;
 
 /// What a replica process needs to run.
 #[derive(Debug, Clone)]
@@ -37,6 +39,8 @@ pub struct DaemonConfig {
     pub read_timeout: Duration,
     /// Raft timing.
     pub tuning: docket_raft::replica::RaftTuning,
+    /// Where to serve `/metrics` and `/status` over HTTP, if anywhere.
+    pub http_listen: Option<String>,
 }
 
 /// Runs the replica until `shutdown` resolves, then stops cleanly.
@@ -65,6 +69,25 @@ pub async fn run(
     let readiness = Readiness::new();
     let submitted = Arc::new(Notify::new());
     let inflight = Arc::new(AtomicUsize::new(0));
+    let stats = Arc::new(std::sync::Mutex::new(LoopStats::default()));
+    let http = match &config.http_listen {
+        None => None,
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--http-listen {addr}: cannot bind"))?;
+            let router = crate::http::router(crate::http::HttpState {
+                replica: replica.clone(),
+                stats: stats.clone(),
+                inflight: inflight.clone(),
+                prometheus: crate::http::install_recorder(),
+            });
+            tracing::info!(addr = %listener.local_addr()?, "serving /metrics and /status");
+            Some(tokio::spawn(
+                async move { axum::serve(listener, router).await },
+            ))
+        }
+    };
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = {
         let incoming =
@@ -76,6 +99,11 @@ pub async fn run(
                 replica.clone(),
                 config.read_timeout,
                 submitted.clone(),
+            ))
+            .add_service(AdminService::new(
+                replica.clone(),
+                stats.clone(),
+                inflight.clone(),
             ))
             .add_service(readiness.service());
         tokio::spawn(async move {
@@ -104,6 +132,7 @@ pub async fn run(
         inflight,
         site: config.site.clone(),
         direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
+        stats,
     }));
 
     // Ready once a leader is known: from then on requests are served (or forwarded).
@@ -131,6 +160,9 @@ pub async fn run(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     ready_task.abort();
     loop_task.abort();
+    if let Some(http) = http {
+        http.abort();
+    }
     replica.shutdown().await;
     let _ = stop_server.send(());
     match tokio::time::timeout(Duration::from_secs(10), server).await {

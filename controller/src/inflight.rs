@@ -1,6 +1,7 @@
 //! Counting the RPCs a replica is serving, for `max_rpc_cnt`: the scheduling loops yield
 //! while more than that many are in flight, so a submission storm is answered before the
-//! leader spends its time planning.
+//! leader spends its time planning. The same layer records each RPC's latency
+//! (`docket_rpc_duration_seconds{method}`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,9 +48,9 @@ impl Drop for Guard {
     }
 }
 
-impl<S, R> Service<R> for Inflight<S>
+impl<S, B> Service<tonic::codegen::http::Request<B>> for Inflight<S>
 where
-    S: Service<R>,
+    S: Service<tonic::codegen::http::Request<B>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -61,12 +62,17 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: R) -> Self::Future {
+    fn call(&mut self, request: tonic::codegen::http::Request<B>) -> Self::Future {
         self.count.fetch_add(1, Ordering::Relaxed);
         let guard = Guard(self.count.clone());
+        // `/docket.v1.Jobs/SubmitJobs` -> `docket.v1.Jobs/SubmitJobs`: a bounded label set.
+        let method = request.uri().path().trim_start_matches('/').to_owned();
+        let began = std::time::Instant::now();
         let future = self.inner.call(request);
         Box::pin(async move {
             let result = future.await;
+            metrics::histogram!("docket_rpc_duration_seconds", "method" => method)
+                .record(began.elapsed().as_secs_f64());
             drop(guard);
             result
         })

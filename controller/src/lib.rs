@@ -9,13 +9,16 @@
 //! [`convert`] (protobuf to core and back), [`write`] (proposing and reading, status
 //! mapping), [`jobs`] (the jobs service), [`health`] (readiness).
 
+pub mod admin;
 pub mod bench;
 pub mod convert;
 pub mod daemon;
 pub mod health;
+pub mod http;
 pub mod identity;
 pub mod inflight;
 pub mod jobs;
 pub mod loops;
 pub mod machine;
+pub mod stats;
 pub mod write;

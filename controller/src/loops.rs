@@ -29,6 +29,7 @@ use docket_raft::status::Role;
 use tokio::sync::Notify;
 
 use crate::machine::CoreMachine;
+use crate::stats::{LoopStats, PassKind};
 
 /// What ends a pass early.
 #[derive(Debug)]
@@ -69,6 +70,8 @@ pub struct LoopContext {
     pub site: Vec<Command>,
     /// When the next direct pass may run (see [`direct`]).
     pub direct_pacer: Arc<std::sync::Mutex<Instant>>,
+    /// What the passes did (diagnostics).
+    pub stats: Arc<std::sync::Mutex<LoopStats>>,
 }
 
 fn wall_clock_ms() -> u64 {
@@ -82,9 +85,16 @@ fn wall_clock_ms() -> u64 {
 pub async fn run(ctx: LoopContext) {
     let leading = Arc::new(AtomicBool::new(false));
     let mut metrics = ctx.replica.raft().metrics();
+    let mut last_leader = None;
     loop {
         let is_leader = {
             let m = metrics.borrow_and_update();
+            if m.current_leader != last_leader {
+                last_leader = m.current_leader;
+                if last_leader.is_some() {
+                    metrics::counter!("docket_raft_leader_changes_total").increment(1);
+                }
+            }
             m.state == openraft::ServerState::Leader
         };
         leading.store(is_leader, Ordering::SeqCst);
@@ -115,6 +125,10 @@ pub async fn run(ctx: LoopContext) {
 /// The loops of one term of leadership.
 async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
     tracing::info!(replica = %ctx.replica.id(), "leading: scheduling loops start");
+    ctx.stats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .leaderships += 1;
     if !configure_site(ctx).await {
         return;
     }
@@ -131,6 +145,7 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
             let plan = pass(
                 ctx,
                 leading,
+                PassKind::Main,
                 Duration::from_secs(loops.max_sched_time.0),
                 |s, now, b| s.main_pass(now, b, main_resume.take()),
             );
@@ -172,9 +187,13 @@ async fn backfill(
     let mut resume = None;
     loop {
         let left = total.saturating_sub(started.elapsed());
-        let plan = pass(ctx, leading, slice.min(left), |s, now, b| {
-            s.backfill_pass(now, b, resume.take())
-        });
+        let plan = pass(
+            ctx,
+            leading,
+            PassKind::Backfill,
+            slice.min(left),
+            |s, now, b| s.backfill_pass(now, b, resume.take()),
+        );
         resume = plan.continuation.clone();
         propose_plan(ctx, plan).await;
         if resume.is_none() || started.elapsed() >= total || !leading.load(Ordering::SeqCst) {
@@ -212,6 +231,7 @@ async fn direct(
     let plan = pass(
         ctx,
         leading,
+        PassKind::Direct,
         Duration::from_secs(loops.max_sched_time.0),
         |s, now, b| s.direct_pass(now, b),
     );
@@ -226,18 +246,21 @@ async fn direct(
 fn pass(
     ctx: &LoopContext,
     leading: &Arc<AtomicBool>,
+    kind: PassKind,
     time: Duration,
     plan: impl FnOnce(&State, TimeMs, &mut dyn Budget) -> Plan,
 ) -> Plan {
-    tokio::task::block_in_place(|| plan_now(ctx, leading, time, plan))
+    tokio::task::block_in_place(|| plan_now(ctx, leading, kind, time, plan))
 }
 
 fn plan_now(
     ctx: &LoopContext,
     leading: &Arc<AtomicBool>,
+    kind: PassKind,
     time: Duration,
     plan: impl FnOnce(&State, TimeMs, &mut dyn Budget) -> Plan,
 ) -> Plan {
+    let began = Instant::now();
     ctx.replica.read_stale(|a| {
         let state = &a.machine.state;
         let mut budget = LoopBudget {
@@ -252,6 +275,13 @@ fn plan_now(
         if let Some(why) = budget.stopped_by {
             tracing::debug!(why, considered = plan.considered, "pass stopped early");
         }
+        ctx.stats.lock().unwrap_or_else(|p| p.into_inner()).record(
+            kind,
+            began.elapsed(),
+            plan.considered,
+            (plan.starts.len() + plan.preemptions.len()) as u64,
+            budget.stopped_by,
+        );
         plan
     })
 }

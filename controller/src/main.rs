@@ -89,6 +89,9 @@ struct RunArgs {
     /// keeps it near one second.
     #[arg(long, env = "DOCKET_ELECTION_TIMEOUT_MS", default_value = "300-600")]
     election_timeout_ms: String,
+    /// Serve Prometheus `/metrics` and a JSON `/status` over HTTP at this host:port.
+    #[arg(long, env = "DOCKET_HTTP_LISTEN")]
+    http_listen: Option<String>,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `docket_controller=debug`.
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -216,6 +219,7 @@ fn run(args: RunArgs) -> Result<()> {
         site,
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         tuning,
+        http_listen: args.http_listen,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

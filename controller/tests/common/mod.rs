@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use docket_proto::v1 as pb;
+use docket_proto::v1::admin_client::AdminClient;
 use docket_proto::v1::health_client::HealthClient;
 use docket_proto::v1::jobs_client::JobsClient;
 use docket_raft::network::{Channels, NetworkConfig};
@@ -34,6 +35,8 @@ fn free_addr() -> String {
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, String>,
+    /// Each replica's /metrics and /status address.
+    pub http: BTreeMap<u64, String>,
     pub procs: BTreeMap<u64, Child>,
     pub raft: Channels,
 }
@@ -53,9 +56,11 @@ impl Cluster {
     pub async fn start(n: u64) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u64, String> = (1..=n).map(|id| (id, free_addr())).collect();
+        let http = (1..=n).map(|id| (id, free_addr())).collect();
         let mut cluster = Cluster {
             dir,
             addrs,
+            http,
             procs: BTreeMap::new(),
             raft: Channels::tcp(NetworkConfig::default()),
         };
@@ -72,9 +77,17 @@ impl Cluster {
         cluster
     }
 
+    /// Starts replica `id` on a fresh address, not yet a member (for membership changes).
+    pub fn spawn_extra(&mut self, id: u64) {
+        self.addrs.insert(id, free_addr());
+        self.http.insert(id, free_addr());
+        self.spawn(id, None);
+    }
+
     pub fn spawn(&mut self, id: u64, bootstrap: Option<&str>) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_docket-controller"));
         cmd.args(["run", "--id", &id.to_string(), "--listen", &self.addrs[&id]])
+            .args(["--http-listen", &self.http[&id]])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("r{id}")))
             .arg("--config")
@@ -147,6 +160,31 @@ impl Cluster {
 
     pub fn follower_of(&self, leader: u64) -> u64 {
         *self.procs.keys().find(|id| **id != leader).unwrap()
+    }
+
+    pub async fn admin(&self, id: u64) -> AdminClient<Channel> {
+        AdminClient::new(
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[&id]))
+                .unwrap()
+                .connect_lazy(),
+        )
+    }
+
+    /// GET `path` from replica `id`'s HTTP endpoint; the body.
+    pub fn http_get(&self, id: u64, path: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.http[&id]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(
+            out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+            "{out}"
+        );
+        out.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default()
     }
 
     pub async fn jobs(&self, id: u64) -> JobsClient<Channel> {
@@ -227,6 +265,14 @@ pub fn job(name: &str, partition: &str) -> pb::JobSpec {
         hold: name == "probe",
         ..Default::default()
     }
+}
+
+/// `request` with the caller `user`.
+pub fn as_user<T>(user: &str, request: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(request);
+    req.metadata_mut()
+        .insert("x-docket-user", user.parse().unwrap());
+    req
 }
 
 pub async fn submit(

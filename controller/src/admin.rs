@@ -1,0 +1,492 @@
+//! The `docket.v1.Admin` service: the replicas, the replicated configuration, nodes,
+//! reservations and the scheduler's diagnostics.
+//!
+//! Reads are open to every identified caller; changes need the admin role (checked here,
+//! because node, configuration and membership commands carry no actor into the core).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use docket_core::quantity::TimeMs;
+use docket_core::{Actor, Command, Envelope};
+use docket_proto::v1 as pb;
+use docket_proto::v1::admin_server::{Admin, AdminServer};
+use docket_raft::ReplicaId;
+use docket_raft::network::Channels;
+use docket_raft::replica::{ClusterError, Replica};
+use docket_raft::status::Role;
+use tonic::{Request, Response, Status};
+
+use crate::identity::caller;
+use crate::machine::CoreMachine;
+use crate::stats::LoopStats;
+use crate::write::write;
+
+/// The admin service of one replica.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    replica: Replica<CoreMachine>,
+    channels: Channels,
+    stats: Arc<std::sync::Mutex<LoopStats>>,
+    inflight: Arc<AtomicUsize>,
+}
+
+impl AdminService {
+    pub fn new(
+        replica: Replica<CoreMachine>,
+        stats: Arc<std::sync::Mutex<LoopStats>>,
+        inflight: Arc<AtomicUsize>,
+    ) -> AdminServer<Self> {
+        AdminServer::new(AdminService {
+            replica,
+            channels: Channels::tcp(docket_raft::network::NetworkConfig::default()),
+            stats,
+            inflight,
+        })
+    }
+
+    /// The caller, who must hold the admin role.
+    fn admin<T>(&self, request: &Request<T>) -> Result<Actor, Status> {
+        let actor = caller(request)?;
+        let ok = self
+            .replica
+            .read_stale(|a| a.machine.state.is_admin(&actor));
+        if !ok {
+            return Err(Status::permission_denied(format!(
+                "{}: this needs the admin role (root, or a user with AdminLevel); nothing changed",
+                match &actor {
+                    Actor::User(u) => u.to_string(),
+                    Actor::Operator => "root".into(),
+                }
+            )));
+        }
+        Ok(actor)
+    }
+
+    async fn command(&self, command: Command) -> Result<Response<pb::AdminReply>, Status> {
+        let response = write(&self.replica, Envelope::new(command)).await?;
+        Ok(Response::new(pb::AdminReply {
+            message: format!("{response:?}"),
+        }))
+    }
+}
+
+fn cluster_status(e: ClusterError) -> Status {
+    match &e {
+        ClusterError::NotLeader { leader_addr, .. } => {
+            let mut status = Status::failed_precondition(e.to_string());
+            if let Some(addr) = leader_addr
+                && let Ok(v) = addr.parse()
+            {
+                status.metadata_mut().insert("x-docket-leader", v);
+            }
+            status
+        }
+        ClusterError::AlreadyInitialized | ClusterError::Refused(_) => {
+            Status::failed_precondition(e.to_string())
+        }
+        ClusterError::Stopped(_) | ClusterError::Timeout(..) => Status::unavailable(e.to_string()),
+    }
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::Learner => "learner",
+        Role::Shutdown => "shutdown",
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn cluster_status(
+        &self,
+        request: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        caller(&request)?;
+        let me = self.replica.status();
+        // The leader's view has every member's lag; ask it when we are not it.
+        let leader_view = match (&me.role, &me.leader_addr) {
+            (Role::Leader, _) => Some(me.clone()),
+            (_, Some(addr)) => self
+                .channels
+                .status(addr, Duration::from_secs(1))
+                .await
+                .ok(),
+            _ => None,
+        };
+        let lag: BTreeMap<ReplicaId, Option<u64>> = leader_view
+            .as_ref()
+            .map(|l| l.members.iter().map(|m| (m.id, m.lag)).collect())
+            .unwrap_or_default();
+        let mut replicas = Vec::new();
+        for member in &me.members {
+            let answer = if member.id == me.id {
+                Ok(me.clone())
+            } else {
+                self.channels
+                    .status(&member.addr, Duration::from_secs(1))
+                    .await
+            };
+            replicas.push(match answer {
+                Ok(s) => pb::ReplicaInfo {
+                    id: member.id.0,
+                    addr: member.addr.clone(),
+                    role: role_name(s.role).into(),
+                    voter: member.voter,
+                    term: s.term,
+                    last_log_index: s.last_log_index,
+                    applied_index: s.applied_index,
+                    snapshot_index: s.snapshot_index,
+                    lag: lag.get(&member.id).copied().flatten(),
+                    reachable: true,
+                    error: s.stopped.unwrap_or_default(),
+                },
+                Err(e) => pb::ReplicaInfo {
+                    id: member.id.0,
+                    addr: member.addr.clone(),
+                    role: "unreachable".into(),
+                    voter: member.voter,
+                    lag: lag.get(&member.id).copied().flatten(),
+                    reachable: false,
+                    error: e,
+                    ..Default::default()
+                },
+            });
+        }
+        Ok(Response::new(pb::ClusterStatusResponse {
+            leader_id: me.leader.map(|l| l.0),
+            leader_addr: me.leader_addr.unwrap_or_default(),
+            term: me.term,
+            replicas,
+            answered_by: me.id.0,
+        }))
+    }
+
+    async fn add_replica(
+        &self,
+        request: Request<pb::AddReplicaRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        if req.id == 0 {
+            return Err(Status::invalid_argument("id: replica ids start at 1"));
+        }
+        if req.addr.parse::<std::net::SocketAddr>().is_err() && !req.addr.contains(':') {
+            return Err(Status::invalid_argument(format!(
+                "addr: {:?} is not HOST:PORT",
+                req.addr
+            )));
+        }
+        let id = ReplicaId(req.id);
+        let result = if req.learner {
+            self.replica.add_learner(id, &req.addr).await
+        } else {
+            self.replica.add_voter(id, &req.addr).await
+        };
+        result.map_err(cluster_status)?;
+        Ok(Response::new(pb::AdminReply {
+            message: format!(
+                "replica {id} at {} added as a {}",
+                req.addr,
+                if req.learner { "learner" } else { "voter" }
+            ),
+        }))
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<pb::RemoveReplicaRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let id = ReplicaId(request.into_inner().id);
+        let known = self.replica.status().members.iter().any(|m| m.id == id);
+        if !known {
+            return Err(Status::not_found(format!("replica {id} is not a member")));
+        }
+        self.replica.remove(id).await.map_err(cluster_status)?;
+        Ok(Response::new(pb::AdminReply {
+            message: format!(
+                "replica {id} removed; stop its process and retire its data directory"
+            ),
+        }))
+    }
+
+    async fn get_config(
+        &self,
+        request: Request<pb::GetConfigRequest>,
+    ) -> Result<Response<pb::GetConfigResponse>, Status> {
+        caller(&request)?;
+        let reply = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
+            let mut users: Vec<String> = s.users.keys().map(|u| u.to_string()).collect();
+            users.sort();
+            pb::GetConfigResponse {
+                sched_config_json: serde_json::to_string_pretty(&s.config).unwrap_or_default(),
+                partitions: s.partitions.keys().map(|p| p.to_string()).collect(),
+                qos: s.qos.keys().map(|q| q.to_string()).collect(),
+                accounts: s.accounts.accounts.keys().map(|a| a.to_string()).collect(),
+                users,
+                nodes: s.nodes.len() as u64,
+            }
+        })
+        .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn apply_config(
+        &self,
+        request: Request<pb::ApplyConfigRequest>,
+    ) -> Result<Response<pb::ApplyConfigResponse>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        let site = docket_core::site::parse(&req.toml)
+            .map_err(|e| Status::invalid_argument(format!("toml: {e}")))?;
+        let commands = site.site.commands();
+        let changes: Vec<String> = commands.iter().map(describe).collect();
+        if req.dry_run {
+            return Ok(Response::new(pb::ApplyConfigResponse {
+                errors: vec![String::new(); changes.len()],
+                changes,
+                applied: false,
+            }));
+        }
+        let mut errors = Vec::with_capacity(commands.len());
+        for command in commands {
+            errors.push(match write(&self.replica, Envelope::new(command)).await {
+                Ok(_) => String::new(),
+                Err(status) if status.code() == tonic::Code::Unavailable => return Err(status),
+                Err(status) => status.message().to_owned(),
+            });
+        }
+        let applied = errors.iter().all(String::is_empty);
+        Ok(Response::new(pb::ApplyConfigResponse {
+            changes,
+            errors,
+            applied,
+        }))
+    }
+
+    async fn remove_object(
+        &self,
+        request: Request<pb::RemoveObjectRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        fn parse<T: std::str::FromStr>(name: &str) -> Result<T, Status>
+        where
+            T::Err: std::fmt::Display,
+        {
+            name.parse()
+                .map_err(|e| Status::invalid_argument(format!("name: {e}")))
+        }
+        let command = match req.kind.as_str() {
+            "node" => Command::RemoveNode(parse(&req.name)?),
+            "partition" => Command::RemovePartition(parse(&req.name)?),
+            "qos" => Command::RemoveQos(parse(&req.name)?),
+            "account" => Command::RemoveAccount(parse(&req.name)?),
+            "user" => Command::RemoveUser(parse(&req.name)?),
+            "reservation" => Command::RemoveReservation(parse(&req.name)?),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "kind: {other:?} is not node, partition, qos, account, user or reservation"
+                )));
+            }
+        };
+        self.command(command).await
+    }
+
+    async fn drain_node(
+        &self,
+        request: Request<pb::DrainNodeRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let req = request.into_inner();
+        if req.reason.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "reason: say why the node is drained (Slurm requires a reason too)",
+            ));
+        }
+        let node = req
+            .node
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
+        self.command(Command::DrainNode {
+            node,
+            reason: req.reason,
+        })
+        .await
+    }
+
+    async fn resume_node(
+        &self,
+        request: Request<pb::NodeRequest>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let node = request
+            .into_inner()
+            .node
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
+        self.command(Command::ResumeNode(node)).await
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        caller(&request)?;
+        let nodes = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
+            s.nodes
+                .iter()
+                .map(|(name, n)| pb::NodeInfo {
+                    name: name.to_string(),
+                    state: format!("{:?}", n.state()).to_lowercase(),
+                    cpus: n.spec.cpus,
+                    cpus_used: n.used_cpus(),
+                    memory_mib: n.spec.memory.0,
+                    memory_used_mib: n.used_memory().0,
+                    gpus: n.spec.gpus,
+                    gpus_used: n.used_gpus(),
+                    partitions: s
+                        .partitions
+                        .values()
+                        .filter(|p| p.nodes.contains(name))
+                        .map(|p| p.name.to_string())
+                        .collect(),
+                    reason: n
+                        .down
+                        .clone()
+                        .or_else(|| n.drain.clone())
+                        .unwrap_or_default(),
+                    features: n.spec.features.iter().cloned().collect(),
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn upsert_reservation(
+        &self,
+        request: Request<pb::Reservation>,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        self.admin(&request)?;
+        let r = request.into_inner();
+        let bad = |field: &str, e: &dyn std::fmt::Display| {
+            Status::invalid_argument(format!("{field}: {e}"))
+        };
+        if r.start_unix_ms < 0 || r.end_unix_ms <= r.start_unix_ms {
+            return Err(Status::invalid_argument(format!(
+                "end_unix_ms: the reservation must end after it starts ({} .. {})",
+                r.start_unix_ms, r.end_unix_ms
+            )));
+        }
+        let nodes = docket_core::hostlist::expand(&r.nodes).map_err(|e| bad("nodes", &e))?;
+        let reservation = docket_core::reservation::Reservation {
+            name: r.name.parse().map_err(|e| bad("name", &e))?,
+            nodes: nodes
+                .iter()
+                .map(|n| n.parse().map_err(|e| bad("nodes", &e)))
+                .collect::<Result<BTreeSet<_>, _>>()?,
+            start: TimeMs(r.start_unix_ms as u64),
+            end: TimeMs(r.end_unix_ms as u64),
+            users: r
+                .users
+                .iter()
+                .map(|u| u.parse().map_err(|e| bad("users", &e)))
+                .collect::<Result<_, _>>()?,
+            accounts: r
+                .accounts
+                .iter()
+                .map(|a| a.parse().map_err(|e| bad("accounts", &e)))
+                .collect::<Result<_, _>>()?,
+        };
+        self.command(Command::UpsertReservation(Box::new(reservation)))
+            .await
+    }
+
+    async fn list_reservations(
+        &self,
+        request: Request<pb::ListReservationsRequest>,
+    ) -> Result<Response<pb::ListReservationsResponse>, Status> {
+        caller(&request)?;
+        let reservations = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
+            s.reservations
+                .values()
+                .map(|r| {
+                    let nodes: Vec<&str> = r.nodes.iter().map(|n| n.as_str()).collect();
+                    pb::Reservation {
+                        name: r.name.to_string(),
+                        nodes: docket_core::hostlist::compress(&nodes),
+                        start_unix_ms: r.start.0 as i64,
+                        end_unix_ms: r.end.0 as i64,
+                        users: r.users.iter().map(|u| u.to_string()).collect(),
+                        accounts: r.accounts.iter().map(|a| a.to_string()).collect(),
+                    }
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Response::new(pb::ListReservationsResponse { reservations }))
+    }
+
+    async fn scheduler_diagnostics(
+        &self,
+        request: Request<pb::DiagnosticsRequest>,
+    ) -> Result<Response<pb::DiagnosticsResponse>, Status> {
+        caller(&request)?;
+        let stats = self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let jobs = self.replica.read_stale(|a| {
+            let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
+            for job in a.machine.state.jobs.values() {
+                *by_state.entry(job.state.name().to_owned()).or_default() += 1;
+            }
+            by_state
+        });
+        let me = self.replica.status();
+        Ok(Response::new(pb::DiagnosticsResponse {
+            replica: me.id.0,
+            leader: me.role == Role::Leader,
+            leaderships: stats.leaderships,
+            passes: stats
+                .passes
+                .iter()
+                .map(|(kind, s)| pb::PassDiagnostics {
+                    pass: kind.name().into(),
+                    runs: s.runs,
+                    last_us: s.last_us,
+                    mean_us: s.mean_us(),
+                    max_us: s.max_us,
+                    last_depth: s.last_depth,
+                    max_depth: s.max_depth,
+                    jobs_started: s.jobs_started,
+                    stopped_early: s
+                        .stopped_early
+                        .iter()
+                        .map(|(why, n)| format!("{why}={n}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+                .collect(),
+            rpcs_in_flight: self.inflight.load(Ordering::Relaxed) as u64,
+            jobs,
+        }))
+    }
+}
+
+/// One line saying what a configuration command does.
+pub fn describe(command: &Command) -> String {
+    match command {
+        Command::SetConfig(_) => "set scheduler parameters".into(),
+        Command::UpsertNode(n) => format!("upsert node {}", n.name),
+        Command::UpsertPartition(p) => format!("upsert partition {}", p.name),
+        Command::UpsertQos(q) => format!("upsert qos {}", q.name),
+        Command::UpsertAccount { name, .. } => format!("upsert account {name}"),
+        Command::UpsertUser { user, .. } => format!("upsert user {}", user.name),
+        other => format!("{other:?}").chars().take(80).collect(),
+    }
+}

@@ -1,0 +1,271 @@
+//! The admin API and the HTTP endpoints against three `docket-controller` processes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Cluster, DEADLINE, as_user, job, submit};
+use docket_proto::v1 as pb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_nodes_config_and_diagnostics() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.follower_of(leader);
+    let mut admin = cluster.admin(follower).await;
+
+    // Any replica reports every replica, with the leader's view of their lag.
+    let status = admin
+        .cluster_status(as_user("alice", pb::ClusterStatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.leader_id, Some(leader));
+    assert_eq!(status.answered_by, follower);
+    assert_eq!(status.replicas.len(), 3);
+    let roles: Vec<&str> = status.replicas.iter().map(|r| r.role.as_str()).collect();
+    assert_eq!(
+        roles.iter().filter(|r| **r == "leader").count(),
+        1,
+        "{roles:?}"
+    );
+    assert_eq!(
+        roles.iter().filter(|r| **r == "follower").count(),
+        2,
+        "{roles:?}"
+    );
+    assert!(
+        status
+            .replicas
+            .iter()
+            .all(|r| r.reachable && r.voter && r.lag.is_some())
+    );
+
+    // Changing anything needs the admin role; a denial changes nothing.
+    let e = admin
+        .drain_node(as_user(
+            "alice",
+            pb::DrainNodeRequest {
+                node: "n01".into(),
+                reason: "disk".into(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    let e = admin
+        .drain_node(as_user(
+            "root",
+            pb::DrainNodeRequest {
+                node: "n01".into(),
+                reason: " ".into(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("reason"), "{e}");
+    admin
+        .drain_node(as_user(
+            "root",
+            pb::DrainNodeRequest {
+                node: "n01".into(),
+                reason: "disk replacement".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let nodes = admin
+        .list_nodes(as_user("alice", pb::ListNodesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    let n01 = nodes.iter().find(|n| n.name == "n01").unwrap();
+    assert!(n01.state.starts_with("drain"), "{n01:?}");
+    assert_eq!(n01.reason, "disk replacement");
+    assert_eq!(n01.partitions, vec!["batch".to_owned()]);
+    admin
+        .resume_node(as_user("root", pb::NodeRequest { node: "n01".into() }))
+        .await
+        .unwrap();
+
+    // Config: a dry run says what it would do and changes nothing; applying adds a partition.
+    // ApplyConfig takes the whole file, as `scontrol reconfigure` rereads slurm.conf.
+    let toml = std::fs::read_to_string(common::site_config()).unwrap()
+        + "\n[[partitions]]\nPartitionName = \"debug\"\nNodes = \"n[01-02]\"\nMaxTime = \"30:00\"\n";
+    let dry = admin
+        .apply_config(as_user(
+            "root",
+            pb::ApplyConfigRequest {
+                toml: toml.clone(),
+                dry_run: true,
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        dry.changes.iter().any(|c| c == "upsert partition debug"),
+        "{dry:?}"
+    );
+    assert!(!dry.applied);
+    let config = admin
+        .get_config(as_user("alice", pb::GetConfigRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!config.partitions.contains(&"debug".to_owned()));
+    assert!(config.sched_config_json.contains("max_array_size"));
+    let applied = admin
+        .apply_config(as_user(
+            "root",
+            pb::ApplyConfigRequest {
+                toml: toml.clone(),
+                dry_run: false,
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(applied.applied, "{applied:?}");
+    let mut jobs = cluster.jobs(follower).await;
+    let r = submit(&mut jobs, "alice", vec![job("dbg", "debug")])
+        .await
+        .unwrap();
+    assert!(
+        matches!(r[0].result, Some(pb::submit_result::Result::JobId(_))),
+        "{r:?}"
+    );
+    let e = admin
+        .apply_config(as_user(
+            "root",
+            pb::ApplyConfigRequest {
+                toml: "[[partitions]]\nPartitionName = \"x\"\nMaxTime = \"5 days\"\n".into(),
+                dry_run: true,
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+    // Diagnostics: the leader's loops have run.
+    let mut leader_admin = cluster.admin(leader).await;
+    let start = Instant::now();
+    loop {
+        let d = leader_admin
+            .scheduler_diagnostics(as_user("alice", pb::DiagnosticsRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(d.leader);
+        let main = d.passes.iter().find(|p| p.pass == "main");
+        if main.is_some_and(|m| m.runs >= 2) && d.jobs.get("RUNNING").copied().unwrap_or(0) >= 1 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{d:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // HTTP: Prometheus metrics and a JSON status on every replica.
+    let metrics = cluster.http_get(leader, "/metrics");
+    for family in [
+        "docket_jobs{state=\"running\"}",
+        "docket_raft_term",
+        "docket_raft_is_leader 1",
+        "docket_raft_replica_lag_entries",
+        "docket_sched_pass_duration_seconds",
+        "docket_rpc_duration_seconds",
+    ] {
+        assert!(metrics.contains(family), "no {family} in\n{metrics}");
+    }
+    let status: serde_json::Value =
+        serde_json::from_str(&cluster.http_get(follower, "/status")).unwrap();
+    assert_eq!(status["raft"]["role"], "follower");
+    assert!(status["jobs"]["running"].as_u64().unwrap() >= 1, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_added_and_removed_at_run_time() {
+    let mut cluster = Cluster::start(3).await;
+    cluster.spawn_extra(4);
+    let leader = cluster.leader().await;
+    let follower = cluster.follower_of(leader);
+
+    // Asked of a follower, membership changes name the leader.
+    let e = cluster
+        .admin(follower)
+        .await
+        .add_replica(as_user(
+            "root",
+            pb::AddReplicaRequest {
+                id: 4,
+                addr: cluster.addrs[&4].clone(),
+                learner: false,
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        e.metadata()
+            .get("x-docket-leader")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        cluster.addrs[&leader]
+    );
+
+    let mut admin = cluster.admin(leader).await;
+    admin
+        .add_replica(as_user(
+            "root",
+            pb::AddReplicaRequest {
+                id: 4,
+                addr: cluster.addrs[&4].clone(),
+                learner: false,
+            },
+        ))
+        .await
+        .unwrap();
+    let status = admin
+        .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.replicas.len(), 4);
+    assert!(
+        status.replicas.iter().all(|r| r.voter && r.reachable),
+        "{status:?}"
+    );
+    // The new replica serves reads of the whole queue.
+    // (UNAVAILABLE, retryable, until it has heard from the leader.)
+    let mut jobs = cluster.jobs(4).await;
+    let start = Instant::now();
+    loop {
+        match common::list(&mut jobs, "alice", pb::ListJobsRequest::default()).await {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::Unavailable && start.elapsed() < DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("replica 4 cannot serve reads: {e}"),
+        }
+    }
+
+    admin
+        .remove_replica(as_user("root", pb::RemoveReplicaRequest { id: 4 }))
+        .await
+        .unwrap();
+    let status = admin
+        .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.replicas.len(), 3, "{status:?}");
+    let e = admin
+        .remove_replica(as_user("root", pb::RemoveReplicaRequest { id: 9 }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+}
