@@ -13,6 +13,7 @@ const PROTOS: &[&str] = &[
     "proto/docket/v1/raft.proto",
     "proto/docket/v1/jobs.proto",
     "proto/docket/v1/admin.proto",
+    "proto/docket/v1/agents.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -140,7 +140,9 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
             "--listen",
             addr,
             "--log",
-            "error",
+            "error,openraft=off",
+            "--agent-fence-ms",
+            "0",
         ])
         .arg("--data-dir")
         .arg(dir.path().join(format!("r{id}")))

@@ -41,6 +41,8 @@ pub struct DaemonConfig {
     pub tuning: docket_raft::replica::RaftTuning,
     /// Where to serve `/metrics` and `/status` over HTTP, if anywhere.
     pub http_listen: Option<String>,
+    /// Node agents' timing and liveness.
+    pub agents: crate::agents::AgentConfig,
 }
 
 /// Runs the replica until `shutdown` resolves, then stops cleanly.
@@ -88,6 +90,7 @@ pub async fn run(
             ))
         }
     };
+    let agents = crate::agents::AgentHub::new(replica.clone(), config.agents.clone());
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = {
         let incoming =
@@ -105,6 +108,7 @@ pub async fn run(
                 stats.clone(),
                 inflight.clone(),
             ))
+            .add_service(agents.service())
             .add_service(readiness.service());
         tokio::spawn(async move {
             router
@@ -126,6 +130,7 @@ pub async fn run(
         }
     }
 
+    let agents_task = tokio::spawn(agents.run());
     let loop_task = tokio::spawn(loops::run(LoopContext {
         replica: replica.clone(),
         submitted,
@@ -160,6 +165,7 @@ pub async fn run(
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     ready_task.abort();
     loop_task.abort();
+    agents_task.abort();
     if let Some(http) = http {
         http.abort();
     }

@@ -10,6 +10,7 @@
 //! mapping), [`jobs`] (the jobs service), [`health`] (readiness).
 
 pub mod admin;
+pub mod agents;
 pub mod bench;
 pub mod convert;
 pub mod daemon;

@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run one replica until SIGTERM or Ctrl-C.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Validate a configuration file and print what it defines; errors name the key and what
     /// it accepts. Exit status 0 when valid, 1 when not.
     CheckConfig {
@@ -92,6 +92,18 @@ struct RunArgs {
     /// Serve Prometheus `/metrics` and a JSON `/status` over HTTP at this host:port.
     #[arg(long, env = "DOCKET_HTTP_LISTEN")]
     http_listen: Option<String>,
+    /// Node agents heartbeat this often (milliseconds).
+    #[arg(long, env = "DOCKET_AGENT_HEARTBEAT_MS", default_value_t = 2_000)]
+    agent_heartbeat_ms: u64,
+    /// An agent that reaches no leader for this long stops its jobs (milliseconds). The leader
+    /// declares a silent node down after this plus --node-down-margin-ms, and a new leader
+    /// waits that long before declaring anything. 0 turns node liveness off (clusters without
+    /// agents, e.g. tests and simulations).
+    #[arg(long, env = "DOCKET_AGENT_FENCE_MS", default_value_t = 20_000)]
+    agent_fence_ms: u64,
+    /// Margin added to the agents' fence timeout before a node is declared down (ms).
+    #[arg(long, env = "DOCKET_NODE_DOWN_MARGIN_MS", default_value_t = 10_000)]
+    node_down_margin_ms: u64,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `docket_controller=debug`.
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -171,7 +183,7 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
-        Cmd::Run(args) => match run(args) {
+        Cmd::Run(args) => match run(*args) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("docket-controller: {e:#}");
@@ -220,6 +232,11 @@ fn run(args: RunArgs) -> Result<()> {
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         tuning,
         http_listen: args.http_listen,
+        agents: docket_controller::agents::AgentConfig {
+            heartbeat: Duration::from_millis(args.agent_heartbeat_ms.max(1)),
+            fence_timeout: Duration::from_millis(args.agent_fence_ms),
+            down_margin: Duration::from_millis(args.node_down_margin_ms),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -33,6 +33,8 @@ fn free_addr() -> String {
 }
 
 pub struct Cluster {
+    /// Flags every replica gets besides the harness's own.
+    pub extra: Vec<String>,
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, String>,
     /// Each replica's /metrics and /status address.
@@ -54,10 +56,17 @@ impl Cluster {
     /// Starts `n` replicas of a new cluster configured by the test site file, and waits until
     /// a leader has configured it.
     pub async fn start(n: u64) -> Cluster {
+        // No agents here: node liveness off.
+        Self::start_with(n, &["--agent-fence-ms", "0"]).await
+    }
+
+    /// Like [`Cluster::start`], every replica started with `extra` flags too.
+    pub async fn start_with(n: u64, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u64, String> = (1..=n).map(|id| (id, free_addr())).collect();
         let http = (1..=n).map(|id| (id, free_addr())).collect();
         let mut cluster = Cluster {
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             dir,
             addrs,
             http,
@@ -88,6 +97,7 @@ impl Cluster {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_docket-controller"));
         cmd.args(["run", "--id", &id.to_string(), "--listen", &self.addrs[&id]])
             .args(["--http-listen", &self.http[&id]])
+            .args(&self.extra)
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("r{id}")))
             .arg("--config")

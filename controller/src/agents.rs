@@ -1,0 +1,537 @@
+//! Node agents on the leader: sessions and leases, dispatch with epochs, reconciliation,
+//! event reports, and node liveness.
+//!
+//! Only the leader keeps sessions; they live in memory (heartbeats never go through Raft) and
+//! die with its leadership, so after a failover every agent registers again with the new
+//! leader, telling it which jobs (and epochs) it holds. The leader dispatches to an agent only
+//! once it has registered in this term, and then drives it toward what the replicated state
+//! says: launch jobs it should run and does not hold, suspend, resume, kill, and kill anything
+//! it holds that is not a current run (a stale epoch, a job that is gone). Agents refuse
+//! instructions older than the epoch they hold, so nothing sent twice runs twice.
+//!
+//! Liveness: a node whose agent has not been heard from for `fence_timeout + down_margin` is
+//! declared down (committed), which requeues or fails its jobs. The agent stops its own jobs
+//! after `fence_timeout` without a leader, so by then they are stopped. A new leader first
+//! waits out a grace period of the same length, so agents have time to find it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use docket_core::command::{EndCause, EndReport};
+use docket_core::job::{ArrayPart, ExitStatus, Job, JobState};
+use docket_core::{Command, Envelope, JobId, NodeName, State};
+use docket_proto::v1 as pb;
+use docket_proto::v1::agents_server::{Agents, AgentsServer};
+use docket_raft::replica::Replica;
+use docket_raft::status::Role;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use crate::machine::CoreMachine;
+use crate::write::write;
+
+/// Agent timing.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Agents heartbeat this often.
+    pub heartbeat: Duration,
+    /// An agent that reaches no leader for this long stops its jobs. Zero: node liveness is
+    /// off (no node is ever declared down for a silent agent; for clusters without agents).
+    pub fence_timeout: Duration,
+    /// Added to the fence timeout before the leader declares a silent node down.
+    pub down_margin: Duration,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            heartbeat: Duration::from_secs(2),
+            fence_timeout: Duration::from_secs(20),
+            down_margin: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the leader wants an agent to do with one job run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Run,
+    Suspend,
+    Kill,
+}
+
+#[derive(Debug)]
+struct Session {
+    id: String,
+    last_seen: Instant,
+    tx: Option<mpsc::Sender<Result<pb::Instruction, Status>>>,
+    /// What the agent last said it holds: job -> (epoch, running).
+    held: BTreeMap<JobId, (u64, bool)>,
+    /// What was last sent per job on this stream: (epoch, want).
+    sent: BTreeMap<JobId, (u64, Want)>,
+}
+
+#[derive(Debug, Default)]
+struct Hub {
+    sessions: BTreeMap<NodeName, Session>,
+    /// When this replica last became leader (None while not leading).
+    leader_since: Option<Instant>,
+    next_session: u64,
+    /// Nodes already declared down by this leader (not declared twice).
+    declared_down: BTreeSet<NodeName>,
+}
+
+/// The agents' side of the leader. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AgentHub {
+    replica: Replica<CoreMachine>,
+    config: AgentConfig,
+    hub: Arc<std::sync::Mutex<Hub>>,
+    wake: Arc<Notify>,
+}
+
+fn held_map(jobs: &[pb::HeldJob]) -> BTreeMap<JobId, (u64, bool)> {
+    jobs.iter()
+        .map(|j| (JobId(j.job_id), (j.epoch, j.running)))
+        .collect()
+}
+
+fn end_cause(cause: &str) -> Result<EndCause, String> {
+    Ok(match cause {
+        "completed" | "failed" => EndCause::Exited,
+        "timeout" => EndCause::Timeout,
+        "out_of_memory" => EndCause::OutOfMemory,
+        "jobfs_exceeded" => EndCause::JobfsExceeded,
+        "cancelled" => EndCause::Cancelled,
+        "node_failure" => EndCause::NodeFail,
+        "launch_failed" => EndCause::LaunchFailed,
+        "preempted" => EndCause::Preempted,
+        other => {
+            return Err(format!(
+                "cause: {other:?} is not completed, failed, timeout, out_of_memory, \
+                 jobfs_exceeded, cancelled, node_failure, launch_failed or preempted"
+            ));
+        }
+    })
+}
+
+impl AgentHub {
+    pub fn new(replica: Replica<CoreMachine>, config: AgentConfig) -> Self {
+        AgentHub {
+            replica,
+            config,
+            hub: Arc::new(std::sync::Mutex::new(Hub::default())),
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    /// The gRPC service.
+    pub fn service(&self) -> AgentsServer<AgentsService> {
+        AgentsServer::new(AgentsService { hub: self.clone() })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Hub> {
+        self.hub.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses unless this replica leads, naming the leader.
+    fn require_leader(&self) -> Result<(), Status> {
+        let status = self.replica.status();
+        match (status.role, status.leader_addr) {
+            (Role::Leader, _) => Ok(()),
+            (_, Some(addr)) => {
+                let mut s = Status::failed_precondition(format!(
+                    "replica {} is not the leader; agents talk to the leader at {addr}",
+                    status.id
+                ));
+                if let Ok(v) = addr.parse() {
+                    s.metadata_mut().insert("x-docket-leader", v);
+                }
+                Err(s)
+            }
+            (_, None) => Err(Status::unavailable(
+                "no leader is known (an election is in progress); retry",
+            )),
+        }
+    }
+
+    fn check_session(&self, node: &NodeName, session: &str) -> Result<(), Status> {
+        let hub = self.lock();
+        match hub.sessions.get(node) {
+            Some(s) if s.id == session => Ok(()),
+            _ => Err(Status::failed_precondition(format!(
+                "session {session:?} of node {node} is not known to this leader; register again"
+            ))),
+        }
+    }
+
+    /// Runs forever: on this replica's leaderships, dispatches and watches liveness.
+    pub async fn run(self) {
+        let mut metrics = self.replica.raft().metrics();
+        loop {
+            let leading = metrics.borrow_and_update().state == openraft::ServerState::Leader;
+            {
+                let mut hub = self.lock();
+                match (leading, hub.leader_since) {
+                    (true, None) => {
+                        hub.leader_since = Some(Instant::now());
+                        hub.sessions.clear();
+                        hub.declared_down.clear();
+                    }
+                    (false, Some(_)) => {
+                        hub.leader_since = None;
+                        // Ending the streams tells agents to find the new leader.
+                        hub.sessions.clear();
+                    }
+                    _ => {}
+                }
+            }
+            if leading {
+                self.tick().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = self.wake.notified() => {}
+                    r = metrics.changed() => if r.is_err() { return },
+                }
+            } else if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// One round: drive every registered agent toward the state; declare silent nodes down.
+    async fn tick(&self) {
+        let (instructions, down) = self.replica.read_stale(|a| self.plan(&a.machine.state));
+        for (node, instruction) in instructions {
+            let mut hub = self.lock();
+            let Some(session) = hub.sessions.get_mut(&node) else {
+                continue;
+            };
+            let Some(tx) = &session.tx else { continue };
+            if tx.try_send(Ok(instruction)).is_err() {
+                // Full or gone: the agent reconnects and gets everything again.
+                session.tx = None;
+                session.sent.clear();
+            }
+        }
+        for node in down {
+            let reason = format!(
+                "agent not responding for {} s",
+                (self.config.fence_timeout + self.config.down_margin).as_secs()
+            );
+            tracing::warn!(%node, %reason, "declaring node down");
+            let command = Command::DownNode {
+                node: node.clone(),
+                reason,
+            };
+            if write(&self.replica, Envelope::new(command)).await.is_ok() {
+                self.lock().declared_down.insert(node);
+            }
+        }
+    }
+
+    /// What to send to whom, and which nodes to declare down, given the state.
+    fn plan(&self, state: &State) -> (Vec<(NodeName, pb::Instruction)>, Vec<NodeName>) {
+        let mut hub = self.lock();
+        let now = Instant::now();
+        // Where each live run should be, and in which state.
+        let mut want: BTreeMap<NodeName, BTreeMap<JobId, (u64, Want)>> = BTreeMap::new();
+        for job in state.jobs.values() {
+            let Some(alloc) = &job.alloc else { continue };
+            let Some(first) = alloc.shares.first() else {
+                continue;
+            };
+            let w = match job.state {
+                JobState::Running => Want::Run,
+                JobState::Suspended => Want::Suspend,
+                JobState::Completing => Want::Kill,
+                _ => continue,
+            };
+            want.entry(first.node.clone())
+                .or_default()
+                .insert(job.id, (alloc.epoch, w));
+        }
+        let mut out = Vec::new();
+        for (node, session) in hub.sessions.iter_mut() {
+            if session.tx.is_none() {
+                continue;
+            }
+            let wanted = want.get(node);
+            for (job_id, (epoch, w)) in wanted.into_iter().flatten() {
+                let held = session.held.get(job_id).copied();
+                let sent = session.sent.get(job_id).copied();
+                let control = |kind: fn(pb::JobControl) -> pb::instruction::Kind, reason: &str| {
+                    pb::Instruction {
+                        kind: Some(kind(pb::JobControl {
+                            job_id: job_id.0,
+                            epoch: *epoch,
+                            reason: reason.into(),
+                        })),
+                    }
+                };
+                let instruction = match w {
+                    Want::Run => match (sent, held) {
+                        (Some((e, Want::Run)), _) if e == *epoch => None,
+                        (Some((e, Want::Suspend)), _) if e == *epoch => {
+                            Some(control(pb::instruction::Kind::Resume, "resumed"))
+                        }
+                        (_, Some((e, true))) if e == *epoch => None,
+                        _ => state.jobs.get(job_id).map(|job| pb::Instruction {
+                            kind: Some(pb::instruction::Kind::Launch(launch(state, job))),
+                        }),
+                    },
+                    Want::Suspend => match sent {
+                        Some((e, Want::Suspend)) if e == *epoch => None,
+                        _ => Some(control(pb::instruction::Kind::Suspend, "suspended")),
+                    },
+                    Want::Kill => match sent {
+                        Some((e, Want::Kill)) if e == *epoch => None,
+                        _ => Some(control(pb::instruction::Kind::Kill, "cancelled")),
+                    },
+                };
+                if let Some(i) = instruction {
+                    session.sent.insert(*job_id, (*epoch, *w));
+                    out.push((node.clone(), i));
+                }
+            }
+            // Anything the agent runs that is not a current run here: kill it.
+            for (job_id, (epoch, running)) in &session.held {
+                let current = wanted
+                    .and_then(|w| w.get(job_id))
+                    .is_some_and(|(e, _)| e == epoch);
+                let already = session.sent.get(job_id) == Some(&(*epoch, Want::Kill));
+                if *running && !current && !already {
+                    session.sent.insert(*job_id, (*epoch, Want::Kill));
+                    out.push((
+                        node.clone(),
+                        pb::Instruction {
+                            kind: Some(pb::instruction::Kind::Kill(pb::JobControl {
+                                job_id: job_id.0,
+                                epoch: *epoch,
+                                reason: "stale: not this job's current run".into(),
+                            })),
+                        },
+                    ));
+                }
+            }
+        }
+        // Liveness.
+        let mut down = Vec::new();
+        if !self.config.fence_timeout.is_zero()
+            && let Some(since) = hub.leader_since
+        {
+            let limit = self.config.fence_timeout + self.config.down_margin;
+            if now.duration_since(since) > limit {
+                for (name, node) in &state.nodes {
+                    if node.down.is_some() || hub.declared_down.contains(name) {
+                        continue;
+                    }
+                    let seen = hub.sessions.get(name).map_or(since, |s| s.last_seen);
+                    if now.duration_since(seen) > limit {
+                        down.push(name.clone());
+                    }
+                }
+            }
+        }
+        for name in &down {
+            hub.sessions.remove(name);
+        }
+        (out, down)
+    }
+}
+
+/// The launch instruction for `job`'s current run.
+fn launch(state: &State, job: &Job) -> pb::Launch {
+    let alloc = job.alloc.as_ref();
+    let share = alloc.and_then(|a| a.shares.first());
+    let nodes: Vec<&str> = alloc
+        .map(|a| a.shares.iter().map(|s| s.node.as_str()).collect())
+        .unwrap_or_default();
+    let (array_job_id, array_task_id) = match &job.array {
+        Some(ArrayPart::Task { array_job, index }) => (Some(array_job.0), Some(*index)),
+        _ => (None, None),
+    };
+    pb::Launch {
+        job_id: job.id.0,
+        epoch: alloc.map_or(0, |a| a.epoch),
+        name: job.spec.name.to_string(),
+        user: job.spec.user.to_string(),
+        account: job.resolved.account.to_string(),
+        partition: job.resolved.partition.to_string(),
+        work_dir: job.spec.work_dir.to_string(),
+        stdout: job.spec.stdout.as_deref().unwrap_or_default().to_owned(),
+        stderr: job.spec.stderr.as_deref().unwrap_or_default().to_owned(),
+        script: state
+            .blobs
+            .get(&job.spec.script)
+            .map(|b| b.data.clone())
+            .unwrap_or_default(),
+        environment: job
+            .spec
+            .env
+            .and_then(|id| state.blobs.get(&id))
+            .map(|b| b.data.clone()),
+        cpus: share.map_or(0, |s| s.cpus),
+        memory_mib: share.map_or(0, |s| s.memory.0),
+        vmem_mib: job.spec.vmem.map(|v| v.0),
+        address_space_limit: job.spec.address_space_limit,
+        jobfs_mib: share.map_or(0, |s| s.jobfs.0),
+        gpus: share.map_or(0, |s| s.gpus),
+        time_limit_seconds: job.resolved.time_limit.map_or(0, |t| t.0),
+        node_count: nodes.len() as u32,
+        node_list: docket_core::hostlist::compress(&nodes),
+        ntasks: job.spec.ntasks,
+        cpus_per_task: job.spec.cpus_per_task,
+        array_job_id,
+        array_task_id,
+        submit_host_dir: job.spec.work_dir.to_string(),
+    }
+}
+
+/// The gRPC face of the hub.
+#[derive(Debug, Clone)]
+pub struct AgentsService {
+    hub: AgentHub,
+}
+
+fn node_name(text: &str) -> Result<NodeName, Status> {
+    text.parse()
+        .map_err(|e| Status::invalid_argument(format!("node: {e}")))
+}
+
+#[tonic::async_trait]
+impl Agents for AgentsService {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        self.hub.require_leader()?;
+        let req = request.into_inner();
+        let node = node_name(&req.node)?;
+        let spec = self
+            .hub
+            .replica
+            .read_stale(|a| a.machine.state.nodes.get(&node).map(|n| n.spec.clone()));
+        let Some(spec) = spec else {
+            return Err(Status::not_found(format!(
+                "node {node} is not in the configuration; add it to [[nodes]] first"
+            )));
+        };
+        if spec.cpus != req.cpus || spec.memory.0 != req.memory_mib {
+            tracing::warn!(
+                %node,
+                configured_cpus = spec.cpus,
+                declared_cpus = req.cpus,
+                configured_memory_mib = spec.memory.0,
+                declared_memory_mib = req.memory_mib,
+                "agent declares other resources than the configuration; the configuration wins"
+            );
+        }
+        let id = {
+            let mut hub = self.hub.lock();
+            hub.next_session += 1;
+            let id = format!("{}-{}", self.hub.replica.status().term, hub.next_session);
+            hub.sessions.insert(
+                node.clone(),
+                Session {
+                    id: id.clone(),
+                    last_seen: Instant::now(),
+                    tx: None,
+                    held: held_map(&req.jobs),
+                    sent: BTreeMap::new(),
+                },
+            );
+            hub.declared_down.remove(&node);
+            id
+        };
+        tracing::info!(%node, session = %id, held = req.jobs.len(), "agent registered");
+        self.hub.wake.notify_one();
+        Ok(Response::new(pb::RegisterResponse {
+            session: id,
+            heartbeat_ms: self.hub.config.heartbeat.as_millis() as u64,
+            fence_timeout_ms: self.hub.config.fence_timeout.as_millis() as u64,
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.hub.require_leader()?;
+        let req = request.into_inner();
+        let node = node_name(&req.node)?;
+        self.hub.check_session(&node, &req.session)?;
+        let mut hub = self.hub.lock();
+        if let Some(s) = hub.sessions.get_mut(&node) {
+            s.last_seen = Instant::now();
+            s.held = held_map(&req.jobs);
+        }
+        Ok(Response::new(pb::HeartbeatResponse {}))
+    }
+
+    type InstructionsStream = ReceiverStream<Result<pb::Instruction, Status>>;
+
+    async fn instructions(
+        &self,
+        request: Request<pb::InstructionsRequest>,
+    ) -> Result<Response<Self::InstructionsStream>, Status> {
+        self.hub.require_leader()?;
+        let req = request.into_inner();
+        let node = node_name(&req.node)?;
+        self.hub.check_session(&node, &req.session)?;
+        let (tx, rx) = mpsc::channel(4096);
+        {
+            let mut hub = self.hub.lock();
+            if let Some(s) = hub.sessions.get_mut(&node) {
+                s.tx = Some(tx);
+                // A new stream gets everything again; the agent ignores what it already has.
+                s.sent.clear();
+                s.last_seen = Instant::now();
+            }
+        }
+        self.hub.wake.notify_one();
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn report_events(
+        &self,
+        request: Request<pb::ReportEventsRequest>,
+    ) -> Result<Response<pb::ReportEventsResponse>, Status> {
+        self.hub.require_leader()?;
+        let req = request.into_inner();
+        let node = node_name(&req.node)?;
+        self.hub.check_session(&node, &req.session)?;
+        let mut errors = vec![String::new(); req.events.len()];
+        let mut reports = Vec::new();
+        for (i, event) in req.events.iter().enumerate() {
+            match &event.event {
+                Some(pb::job_event::Event::Ended(ended)) => match end_cause(&ended.cause) {
+                    Ok(cause) => reports.push(EndReport {
+                        job: JobId(event.job_id),
+                        epoch: event.epoch,
+                        cause,
+                        exit: ExitStatus {
+                            code: ended.exit_code,
+                            signal: ended.signal,
+                        },
+                    }),
+                    Err(e) => errors[i] = format!("events[{i}].ended.{e}"),
+                },
+                Some(pb::job_event::Event::Started(_)) => {
+                    tracing::debug!(job = event.job_id, epoch = event.epoch, %node, "job started");
+                }
+                None => errors[i] = format!("events[{i}]: no event"),
+            }
+        }
+        if !reports.is_empty() {
+            write(&self.hub.replica, Envelope::new(Command::EndJobs(reports))).await?;
+            self.hub.wake.notify_one();
+        }
+        if let Some(s) = self.hub.lock().sessions.get_mut(&node) {
+            s.last_seen = Instant::now();
+        }
+        Ok(Response::new(pb::ReportEventsResponse { errors }))
+    }
+}

@@ -1,0 +1,319 @@
+//! The agents API against three `docket-controller` processes, with a scripted agent in the
+//! test: registration with the leader, launch with the dispatch epoch, reports, kill of stale
+//! runs, liveness, and reconciliation after a failover without launching anything twice.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Act, Cluster, DEADLINE, act, as_user, job, list, submit};
+use docket_proto::v1 as pb;
+use docket_proto::v1::agents_client::AgentsClient;
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+fn client(addr: &str) -> AgentsClient<Channel> {
+    AgentsClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy(),
+    )
+}
+
+/// A scripted agent for node `node`.
+struct FakeAgent {
+    node: String,
+    session: String,
+    client: AgentsClient<Channel>,
+    stream: tonic::Streaming<pb::Instruction>,
+}
+
+impl FakeAgent {
+    /// Registers with whichever replica leads (following `x-docket-leader`), holding `jobs`.
+    async fn register(cluster: &Cluster, node: &str, jobs: Vec<pb::HeldJob>) -> FakeAgent {
+        let start = Instant::now();
+        loop {
+            for addr in cluster.procs.keys().map(|id| cluster.addrs[id].clone()) {
+                let mut c = client(&addr);
+                let r = c
+                    .register(pb::RegisterRequest {
+                        node: node.into(),
+                        cpus: 16,
+                        memory_mib: 65536,
+                        gpus: 0,
+                        version: "test".into(),
+                        jobs: jobs.clone(),
+                    })
+                    .await;
+                match r {
+                    Ok(r) => {
+                        let session = r.into_inner().session;
+                        let stream = c
+                            .instructions(pb::InstructionsRequest {
+                                node: node.into(),
+                                session: session.clone(),
+                            })
+                            .await
+                            .unwrap()
+                            .into_inner();
+                        return FakeAgent {
+                            node: node.into(),
+                            session,
+                            client: c,
+                            stream,
+                        };
+                    }
+                    Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                        assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+                    }
+                    Err(_) => {}
+                }
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no leader took the registration"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn next(&mut self) -> pb::instruction::Kind {
+        let i = tokio::time::timeout(DEADLINE, self.stream.next())
+            .await
+            .expect("no instruction in time")
+            .expect("stream ended")
+            .unwrap();
+        i.kind.unwrap()
+    }
+
+    async fn heartbeat(&mut self, jobs: Vec<pb::HeldJob>) {
+        self.client
+            .heartbeat(pb::HeartbeatRequest {
+                node: self.node.clone(),
+                session: self.session.clone(),
+                jobs,
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn ended(&mut self, job_id: u64, epoch: u64, cause: &str, code: i32) {
+        let r = self
+            .client
+            .report_events(pb::ReportEventsRequest {
+                node: self.node.clone(),
+                session: self.session.clone(),
+                events: vec![pb::JobEvent {
+                    job_id,
+                    epoch,
+                    event: Some(pb::job_event::Event::Ended(pb::Ended {
+                        cause: cause.into(),
+                        exit_code: code,
+                        ..Default::default()
+                    })),
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.errors.iter().all(String::is_empty), "{r:?}");
+    }
+}
+
+async fn state_of(cluster: &Cluster, id: u64) -> String {
+    let leader = cluster.leader().await;
+    let mut c = cluster.jobs(leader).await;
+    let j = list(
+        &mut c,
+        "alice",
+        pb::ListJobsRequest {
+            job_ids: vec![id],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    j[0].state.clone()
+}
+
+async fn wait_state(cluster: &Cluster, id: u64, want: &str) {
+    let start = Instant::now();
+    loop {
+        let s = state_of(cluster, id).await;
+        if s == want {
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "job {id} is {s}, never {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn pinned(name: &str, node: &str) -> pb::JobSpec {
+    let mut j = job(name, "big");
+    j.nodelist = vec![node.into()];
+    j.cpus_per_task = 4;
+    j
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--agent-fence-ms",
+            "1500",
+            "--node-down-margin-ms",
+            "1000",
+            "--agent-heartbeat-ms",
+            "200",
+        ],
+    )
+    .await;
+    // A stale run the agent still holds from before (epoch 1 of a job that is not there).
+    let mut agent = FakeAgent::register(
+        &cluster,
+        "g01",
+        vec![pb::HeldJob {
+            job_id: 9999,
+            epoch: 1,
+            running: true,
+        }],
+    )
+    .await;
+    let pb::instruction::Kind::Kill(k) = agent.next().await else {
+        panic!("the stale run was not killed")
+    };
+    assert_eq!((k.job_id, k.epoch), (9999, 1));
+    assert!(k.reason.contains("stale"), "{k:?}");
+
+    // A job for g01 is launched there with its epoch, script and share.
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let r = submit(&mut jobs, "alice", vec![pinned("one", "g01")])
+        .await
+        .unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let pb::instruction::Kind::Launch(l) = agent.next().await else {
+        panic!("expected a launch")
+    };
+    assert_eq!(l.job_id, id);
+    assert!(l.epoch > 0);
+    assert_eq!(l.cpus, 4);
+    assert_eq!(l.node_list, "g01");
+    assert_eq!(l.user, "alice");
+    assert!(l.script.starts_with(b"#!/bin/sh"));
+    let epoch = l.epoch;
+    let held = vec![pb::HeldJob {
+        job_id: id,
+        epoch,
+        running: true,
+    }];
+    agent.heartbeat(held.clone()).await;
+
+    // Nodes nobody's agent speaks for are declared down after fence + margin; g01 is not.
+    let start = Instant::now();
+    let mut admin = cluster.admin(leader).await;
+    loop {
+        agent.heartbeat(held.clone()).await;
+        let nodes = admin
+            .list_nodes(as_user("alice", pb::ListNodesRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+            .nodes;
+        let down: Vec<&str> = nodes
+            .iter()
+            .filter(|n| n.state == "down")
+            .map(|n| n.name.as_str())
+            .collect();
+        if down.len() == nodes.len() - 1 {
+            assert!(!down.contains(&"g01"), "{down:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "silent nodes never went down: {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The leader dies. The agent registers with the new one, holding the run: the new
+    // leader reconciles and does not launch it again.
+    cluster.kill(leader);
+    let mut agent = FakeAgent::register(&cluster, "g01", held.clone()).await;
+    agent.heartbeat(held.clone()).await;
+    // Cancel it: the only instruction that comes is the kill of that run.
+    let new_leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(new_leader).await;
+    let r = act(&mut jobs, "alice", Act::Cancel, &[id]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    let pb::instruction::Kind::Kill(k) = agent.next().await else {
+        panic!("expected the kill, not a second launch")
+    };
+    assert_eq!((k.job_id, k.epoch), (id, epoch));
+    agent.ended(id, epoch, "cancelled", 0).await;
+    wait_state(&cluster, id, "CANCELLED").await;
+
+    // A report under an old epoch is ignored; a bad cause is named.
+    let r = agent
+        .client
+        .report_events(pb::ReportEventsRequest {
+            node: "g01".into(),
+            session: agent.session.clone(),
+            events: vec![pb::JobEvent {
+                job_id: id,
+                epoch,
+                event: Some(pb::job_event::Event::Ended(pb::Ended {
+                    cause: "exploded".into(),
+                    ..Default::default()
+                })),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.errors[0].contains("cause"), "{r:?}");
+
+    // A second job runs to completion.
+    let r = submit(&mut jobs, "alice", vec![pinned("two", "g01")])
+        .await
+        .unwrap();
+    let Some(pb::submit_result::Result::JobId(id2)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let pb::instruction::Kind::Launch(l) = agent.next().await else {
+        panic!("expected a launch")
+    };
+    assert_eq!(l.job_id, id2);
+    agent.ended(id2, l.epoch, "completed", 0).await;
+    wait_state(&cluster, id2, "COMPLETED").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_node_or_session_is_refused() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let mut c = client(&cluster.addrs[&leader]);
+    let e = c
+        .register(pb::RegisterRequest {
+            node: "nosuch".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = c
+        .heartbeat(pb::HeartbeatRequest {
+            node: "n01".into(),
+            session: "forged".into(),
+            jobs: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("register again"), "{e}");
+}
