@@ -63,7 +63,13 @@ pub async fn run(
         .proposer
         .max_batch_commands
         .min(MAX_BATCH_COMMANDS);
-    let fresh = CoreMachine::new(State::new(SchedConfig::default()));
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+    let archive = Arc::new(
+        crate::archive::Archive::open(config.data_dir.join("archive"))
+            .context("opening the accounting archive")?,
+    );
+    let fresh = CoreMachine::with_archive(State::new(SchedConfig::default()), archive.clone());
     let replica = Replica::open(replica_config, fresh)
         .await
         .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
@@ -102,6 +108,7 @@ pub async fn run(
                 replica.clone(),
                 config.read_timeout,
                 submitted.clone(),
+                Some(archive.clone()),
             ))
             .add_service(AdminService::new(
                 replica.clone(),

@@ -33,6 +33,7 @@ pub struct JobsService {
     read_timeout: Duration,
     /// Woken after a submission so the leader runs its direct pass.
     submitted: Arc<Notify>,
+    archive: Option<Arc<crate::archive::Archive>>,
 }
 
 impl JobsService {
@@ -40,11 +41,13 @@ impl JobsService {
         replica: Replica<CoreMachine>,
         read_timeout: Duration,
         submitted: Arc<Notify>,
+        archive: Option<Arc<crate::archive::Archive>>,
     ) -> JobsServer<Self> {
         JobsServer::new(JobsService {
             replica,
             read_timeout,
             submitted,
+            archive,
         })
     }
 
@@ -241,6 +244,119 @@ impl Jobs for JobsService {
             next_page_token,
         }))
     }
+
+    async fn accounting(
+        &self,
+        request: Request<pb::AccountingRequest>,
+    ) -> Result<TonicResponse<pb::AccountingResponse>, Status> {
+        caller(&request)?;
+        let req = request.into_inner();
+        let filter = Filter::new(&pb::ListJobsRequest {
+            users: req.users.clone(),
+            states: req.states.clone(),
+            job_ids: req.job_ids.clone(),
+            ..Default::default()
+        })?;
+        let page = match req.page_size as usize {
+            0 => DEFAULT_PAGE,
+            n if n > MAX_PAGE => {
+                return Err(Status::invalid_argument(format!(
+                    "page_size: {n} exceeds the limit of {MAX_PAGE}"
+                )));
+            }
+            n => n,
+        };
+        let bound = |field: &str, v: Option<i64>| -> Result<Option<u64>, Status> {
+            match v {
+                Some(ms) if ms < 0 => Err(Status::invalid_argument(format!(
+                    "{field}: {ms} is before 1970"
+                ))),
+                other => Ok(other.map(|ms| ms as u64)),
+            }
+        };
+        let (start, end) = (
+            bound("start_unix_ms", req.start_unix_ms)?,
+            bound("end_unix_ms", req.end_unix_ms)?,
+        );
+        let after = if req.page_token.is_empty() {
+            None
+        } else {
+            Some(JobId(req.page_token.parse().map_err(|_| {
+                Status::invalid_argument(format!(
+                    "page_token: {:?} is not a token this service returned",
+                    req.page_token
+                ))
+            })?))
+        };
+        // The queue's part (linearizable), then the archive's, merged by job id.
+        let (mut records, now) = read(&self.replica, false, self.read_timeout, |state| {
+            let now = state.applied.now;
+            let start_bound = after.map_or(Bound::Unbounded, Bound::Excluded);
+            let records: Vec<(u64, pb::AccountingRecord)> = state
+                .jobs
+                .range((start_bound, Bound::Unbounded))
+                .map(|(_, j)| j)
+                .filter(|j| filter.admits(j) && in_window(j, start, end, now.0))
+                .take(page + 1)
+                .map(|j| {
+                    let charged = state.charged_milli_su(&j.id);
+                    (j.id.0, accounting_record(j, charged, false, now))
+                })
+                .collect();
+            (records, now)
+        })
+        .await?;
+        if let Some(archive) = &self.archive {
+            let mut taken = 0;
+            archive
+                .scan(after, |a| {
+                    if filter.admits(&a.job) && in_window(&a.job, start, end, now.0) {
+                        records.push((
+                            a.job.id.0,
+                            accounting_record(&a.job, a.charged_milli_su, true, now),
+                        ));
+                        taken += 1;
+                    }
+                    taken <= page
+                })
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        records.sort_by_key(|(id, _)| *id);
+        records.dedup_by_key(|(id, _)| *id);
+        let more = records.len() > page;
+        records.truncate(page);
+        let next_page_token = match (more, records.last()) {
+            (true, Some((id, _))) => id.to_string(),
+            _ => String::new(),
+        };
+        Ok(TonicResponse::new(pb::AccountingResponse {
+            records: records.into_iter().map(|(_, r)| r).collect(),
+            next_page_token,
+        }))
+    }
+}
+
+/// One accounting record of `job` at `now`.
+fn accounting_record(
+    job: &docket_core::job::Job,
+    charged_milli_su: u64,
+    archived: bool,
+    now: docket_core::quantity::TimeMs,
+) -> pb::AccountingRecord {
+    pb::AccountingRecord {
+        job: Some(convert::job_info(job)),
+        alloc_cpus: job.alloc.as_ref().map_or(0, |a| a.cpus()),
+        elapsed_seconds: job.run_time(job.end_time.unwrap_or(now)).0,
+        charged_milli_su,
+        archived,
+    }
+}
+
+/// Whether `job` was queued, running or ended within `[start, end]`.
+fn in_window(job: &docket_core::job::Job, start: Option<u64>, end: Option<u64>, now: u64) -> bool {
+    let began = job.submit_time.0;
+    let ended = job.end_time.map_or(now, |t| t.0);
+    start.is_none_or(|s| ended >= s) && end.is_none_or(|e| began <= e)
 }
 
 /// The filters of a listing.

@@ -11,6 +11,7 @@
 
 pub mod admin;
 pub mod agents;
+pub mod archive;
 pub mod bench;
 pub mod convert;
 pub mod daemon;

@@ -21,15 +21,27 @@ pub fn core_position(index: u64, position: u32) -> u64 {
     (index << 20) | u64::from(position)
 }
 
-/// The replicated scheduler state.
+/// The replicated scheduler state, and where jobs go when the state purges them.
 #[derive(Debug)]
 pub struct CoreMachine {
     pub state: State,
+    pub archive: Option<std::sync::Arc<crate::archive::Archive>>,
 }
 
 impl CoreMachine {
     pub fn new(state: State) -> Self {
-        CoreMachine { state }
+        CoreMachine {
+            state,
+            archive: None,
+        }
+    }
+
+    /// A machine that archives purged jobs in `archive`.
+    pub fn with_archive(state: State, archive: std::sync::Arc<crate::archive::Archive>) -> Self {
+        CoreMachine {
+            state,
+            archive: Some(archive),
+        }
     }
 }
 
@@ -38,16 +50,30 @@ impl StateMachine for CoreMachine {
     type Response = Result<Response, Rejection>;
 
     fn apply(&mut self, ctx: ApplyContext, envelope: Envelope) -> Self::Response {
-        self.state.apply(
+        let response = self.state.apply(
             &envelope,
             ApplyCtx {
                 index: core_position(ctx.index, ctx.position),
                 time_ms: TimeMs(ctx.time_ms),
             },
-        )
+        );
+        let finished = self.state.take_finished();
+        if !finished.is_empty()
+            && let Some(archive) = &self.archive
+            && let Err(e) = archive.put(&finished)
+        {
+            // An I/O failure in apply is fatal (BRIEF §2): the replica stops rather than
+            // lose accounting records; it re-archives them when it replays the log.
+            panic!("archiving {} finished jobs failed: {e}", finished.len());
+        }
+        response
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
+        // Purges this snapshot covers must have durable archive records.
+        if let Some(archive) = &self.archive {
+            archive.sync().map_err(io::Error::other)?;
+        }
         let bytes = self.state.to_snapshot().map_err(io::Error::other)?;
         out.write_all(&bytes)
     }

@@ -104,6 +104,9 @@ pub struct State {
     /// configuration).
     #[serde(skip)]
     pub(crate) account_rules: crate::policy::AccountRules,
+    /// Jobs purged and not yet archived by the daemon (see [`crate::apply::purge`]).
+    #[serde(skip)]
+    pub(crate) finished: crate::apply::purge::Outbox,
 }
 
 impl Default for State {
@@ -132,6 +135,7 @@ impl State {
             holding: BTreeSet::new(),
             relations: Relations::default(),
             account_rules: crate::policy::AccountRules::default(),
+            finished: crate::apply::purge::Outbox::default(),
         };
         state.account_rules = crate::policy::AccountRules::of(&state);
         state

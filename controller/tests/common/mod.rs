@@ -35,6 +35,8 @@ fn free_addr() -> String {
 pub struct Cluster {
     /// Flags every replica gets besides the harness's own.
     pub extra: Vec<String>,
+    /// The site file every replica is started with.
+    pub config: PathBuf,
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, String>,
     /// Each replica's /metrics and /status address.
@@ -62,11 +64,17 @@ impl Cluster {
 
     /// Like [`Cluster::start`], every replica started with `extra` flags too.
     pub async fn start_with(n: u64, extra: &[&str]) -> Cluster {
+        Self::start_custom(n, site_config(), extra).await
+    }
+
+    /// `n` replicas configured by the site file at `config`, with `extra` flags.
+    pub async fn start_custom(n: u64, config: PathBuf, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u64, String> = (1..=n).map(|id| (id, free_addr())).collect();
         let http = (1..=n).map(|id| (id, free_addr())).collect();
         let mut cluster = Cluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            config,
             dir,
             addrs,
             http,
@@ -101,7 +109,7 @@ impl Cluster {
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("r{id}")))
             .arg("--config")
-            .arg(site_config())
+            .arg(&self.config)
             .args([
                 "--log",
                 &std::env::var("DOCKET_TEST_LOG").unwrap_or_else(|_| "off".into()),

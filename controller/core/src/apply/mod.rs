@@ -9,7 +9,7 @@ pub mod charging;
 mod control;
 mod lifecycle;
 mod preemption;
-mod purge;
+pub mod purge;
 mod submit;
 
 use serde::{Deserialize, Serialize};

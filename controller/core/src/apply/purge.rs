@@ -1,7 +1,9 @@
 //! Purging finished jobs, so the replicated state (and every snapshot) stays bounded.
 //!
 //! A terminal job stays `min_job_age` after its end, for `squeue` and dependency checks,
-//! then leaves state (accounting history is not kept here). A job that a live job's
+//! then leaves state. Accounting history is not kept here: each purged job, with the service
+//! units it was charged, goes to [`State::finished`], which the daemon drains after every
+//! apply into its archive (the `sacct` view). A job that a live job's
 //! dependency names stays until that job is done with it, and an array's record stays while
 //! any of its tasks is alive, so dependency outcomes never change by purging.
 
@@ -39,6 +41,7 @@ impl State {
             .map(|j| j.id)
             .collect();
         for id in old {
+            let charged_milli_su = self.charged_milli_su(&id);
             let Some(job) = self.jobs.remove(&id) else {
                 continue;
             };
@@ -51,6 +54,55 @@ impl State {
                     }
                 }
             }
+            self.finished.0.push(Finished {
+                job,
+                charged_milli_su,
+            });
         }
+    }
+
+    /// What a job is charged: its run time (so far, if it still runs) x cpus x its
+    /// partition's rate, nothing in the bonus QOS (the rule [`State::charge`] applies at its
+    /// end). Zero for a job not in the queue.
+    pub fn charged_milli_su(&self, id: &JobId) -> u64 {
+        let Some(job) = self.jobs.get(id) else {
+            return 0;
+        };
+        if self.config.bonus_qos.as_ref() == Some(&job.resolved.qos) {
+            return 0;
+        }
+        let rate = self
+            .partitions
+            .get(&job.resolved.partition)
+            .map_or(1000, |p| u64::from(p.charge_rate.0));
+        let end = job.end_time.unwrap_or(self.applied.now);
+        crate::apply::charging::service_units_milli(job.run_time(end).0, job.cpus(), rate)
+    }
+}
+
+/// A job purged from state, for the archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub job: Box<crate::job::Job>,
+    /// Thousandths of a service unit charged to its account.
+    pub charged_milli_su: u64,
+}
+
+/// Jobs purged by applies not yet drained by the daemon. Not replicated state: never
+/// serialized, and equal to any other outbox (so two replicas that drained at different
+/// moments still compare equal).
+#[derive(Debug, Clone, Default)]
+pub struct Outbox(pub Vec<Finished>);
+
+impl PartialEq for Outbox {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl State {
+    /// Takes the jobs purged since the last call.
+    pub fn take_finished(&mut self) -> Vec<Finished> {
+        std::mem::take(&mut self.finished.0)
     }
 }
