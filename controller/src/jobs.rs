@@ -156,6 +156,60 @@ impl Jobs for JobsService {
             .await
     }
 
+    async fn requeue_jobs(
+        &self,
+        request: Request<pb::JobsRequest>,
+    ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
+        self.per_job(request, |actor, jobs| Command::RequeueJobs { actor, jobs })
+            .await
+    }
+
+    async fn explain_priority(
+        &self,
+        request: Request<pb::ExplainPriorityRequest>,
+    ) -> Result<TonicResponse<pb::ExplainPriorityResponse>, Status> {
+        caller(&request)?;
+        let req = request.into_inner();
+        let ids: BTreeSet<u64> = req.job_ids.iter().copied().collect();
+        let users: BTreeSet<String> = req.users.iter().cloned().collect();
+        let response = read(&self.replica, false, self.read_timeout, |state| {
+            let inputs = state.priority_inputs(state.applied.now);
+            let jobs = state
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Pending)
+                .filter(|j| ids.is_empty() || ids.contains(&j.id.0))
+                .filter(|j| users.is_empty() || users.contains(j.spec.user.as_str()))
+                .take(MAX_PAGE)
+                .map(|j| {
+                    let e = docket_core::priority::explain(&inputs, j);
+                    pb::JobPriority {
+                        job_id: j.id.0,
+                        user: j.spec.user.to_string(),
+                        partition: j.resolved.partition.to_string(),
+                        priority: e.priority,
+                        factors: e
+                            .factors
+                            .iter()
+                            .map(|f| pb::PriorityFactor {
+                                name: f.name.to_owned(),
+                                value: f.value,
+                                weight: f.weight,
+                                contribution: f.contribution,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            pb::ExplainPriorityResponse {
+                formula: format!("{:?}", state.config.priority.formula).to_lowercase(),
+                jobs,
+            }
+        })
+        .await?;
+        Ok(TonicResponse::new(response))
+    }
+
     async fn suspend_jobs(
         &self,
         request: Request<pb::JobsRequest>,

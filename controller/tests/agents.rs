@@ -289,7 +289,28 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         panic!("expected a launch")
     };
     assert_eq!(l.job_id, id2);
-    agent.ended(id2, l.epoch, "completed", 0).await;
+    // Requeued by its owner: killed, back in the queue, and launched again under a new epoch.
+    let mut req = tonic::Request::new(pb::JobsRequest {
+        jobs: vec![pb::JobRef {
+            job_id: id2,
+            task: None,
+        }],
+    });
+    req.metadata_mut()
+        .insert("x-docket-user", "alice".parse().unwrap());
+    let r = jobs.requeue_jobs(req).await.unwrap().into_inner();
+    assert!(r.results[0].error.is_empty(), "{r:?}");
+    let pb::instruction::Kind::Kill(k) = agent.next().await else {
+        panic!("expected the requeue's kill")
+    };
+    assert_eq!((k.job_id, k.epoch), (id2, l.epoch));
+    agent.ended(id2, l.epoch, "cancelled", 0).await;
+    let pb::instruction::Kind::Launch(again) = agent.next().await else {
+        panic!("expected the requeued job's new launch")
+    };
+    assert_eq!(again.job_id, id2);
+    assert!(again.epoch > l.epoch, "{} <= {}", again.epoch, l.epoch);
+    agent.ended(id2, again.epoch, "completed", 0).await;
     wait_state(&cluster, id2, "COMPLETED").await;
 }
 

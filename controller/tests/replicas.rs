@@ -78,6 +78,24 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
         .filter(|j| ids.contains(&j.job_id))
         .map(|j| (j.name.as_str(), j.state.as_str()))
         .collect();
+    // Priority, factor by factor, for a pending job.
+    let mut held = job("waiting", "");
+    held.hold = true;
+    let r = submit(&mut client, "alice", vec![held]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(waiting)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let mut req = tonic::Request::new(pb::ExplainPriorityRequest {
+        job_ids: vec![waiting],
+        users: vec![],
+    });
+    req.metadata_mut()
+        .insert("x-docket-user", "alice".parse().unwrap());
+    let explained = client.explain_priority(req).await.unwrap().into_inner();
+    assert_eq!(explained.jobs.len(), 1, "{explained:?}");
+    assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");
+    assert!(!explained.formula.is_empty());
+
     // A cancelled running job completes when its agent confirms the kill (no agents here).
     assert_eq!(
         states,

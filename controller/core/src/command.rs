@@ -62,6 +62,8 @@ pub enum EndCause {
     Cancelled,
     /// Killed to make room for a preempting job (requeued or cancelled as its mode says).
     Preempted,
+    /// Killed to be requeued (`scontrol requeue`): it goes back to pending when it ends.
+    Requeued,
 }
 
 /// One start decision made by the planner: re-validated by apply against current state.
@@ -178,4 +180,9 @@ pub enum Command {
     EndJobs(Vec<EndReport>),
     /// Time passes: re-evaluate begin times, limits that depend on time, purge old jobs.
     Tick,
+    /// Stop running or suspended jobs and put them back in the queue (`scontrol requeue`).
+    RequeueJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+    },
 }

@@ -620,3 +620,38 @@ fn partition_submit_limit_refuses_more_jobs() {
         "jobs of user alice in partition work (MaxSubmitJobsPerUser) = 3 exceeds the limit of 2"
     );
 }
+
+#[test]
+fn requeue_stops_a_running_job_and_puts_it_back_for_a_new_run() {
+    let mut c = cluster();
+    let id = c.submit(vec![c.spec("alice")])[0];
+    let requeue = |actor: Actor| Command::RequeueJobs {
+        actor,
+        jobs: vec![jr(id)],
+    };
+    // A pending job has nothing to requeue.
+    let Response::PerJob(r) = c.ok(requeue(Actor::User(name("alice")))) else {
+        panic!()
+    };
+    assert!(matches!(r[0], Err(Rejection::WrongState { .. })), "{r:?}");
+    c.start(jr(id), &["n001"]).unwrap();
+    let first_epoch = c.job(id).alloc.as_ref().unwrap().epoch;
+    // Another user may not; the owner may.
+    let Response::PerJob(r) = c.ok(requeue(Actor::User(name("bob")))) else {
+        panic!()
+    };
+    assert!(matches!(r[0], Err(Rejection::NotPermitted(_))), "{r:?}");
+    let Response::PerJob(r) = c.ok(requeue(Actor::User(name("alice")))) else {
+        panic!()
+    };
+    assert!(r[0].is_ok(), "{r:?}");
+    assert_eq!(c.job(id).state, JobState::Completing);
+    // The agent kills it and reports; it is pending again, counted, for a new epoch.
+    c.end(id, EndCause::Cancelled, 0);
+    let job = c.job(id);
+    assert_eq!(job.state, JobState::Pending);
+    assert_eq!(job.requeue_count, 1);
+    assert!(job.alloc.is_none() && job.end_time.is_none());
+    c.start(jr(id), &["n001"]).unwrap();
+    assert!(c.job(id).alloc.as_ref().unwrap().epoch > first_epoch);
+}

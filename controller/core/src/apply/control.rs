@@ -20,6 +20,7 @@ enum Action {
     Release,
     Suspend,
     Resume,
+    Requeue,
 }
 
 impl Action {
@@ -30,6 +31,7 @@ impl Action {
             Action::Release => "release",
             Action::Suspend => "suspend",
             Action::Resume => "resume",
+            Action::Requeue => "requeue",
         }
     }
 }
@@ -65,6 +67,10 @@ fn check_action(job: &Job, target: JobRef, action: Action, admin: bool) -> Resul
         Action::Suspend if job.state != JobState::Running => Err(wrong_state(job.state.name())),
         Action::Resume if job.state != JobState::Suspended => Err(wrong_state(job.state.name())),
         Action::Suspend | Action::Resume => Ok(()),
+        Action::Requeue => match job.state {
+            JobState::Running | JobState::Suspended => Ok(()),
+            other => Err(wrong_state(other.name())),
+        },
         Action::Release => match job.hold {
             None => Err(wrong_state("not held")),
             Some(Hold::Admin) if !admin => Err(Rejection::NotPermitted(format!(
@@ -94,6 +100,10 @@ impl State {
 
     pub(crate) fn release_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
         self.act(actor, jobs, Action::Release, now)
+    }
+
+    pub(crate) fn requeue_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
+        self.act(actor, jobs, Action::Requeue, now)
     }
 
     fn act(&mut self, actor: &Actor, jobs: &[JobRef], action: Action, now: TimeMs) -> Response {
@@ -190,6 +200,15 @@ impl State {
                     job.state = JobState::Completing;
                     job.end_cause = Some(EndCause::Cancelled);
                 }
+            }
+            Action::Requeue => {
+                // Like a cancel of a running job, but it comes back: the agent kills it and
+                // reports, and its end puts it back in the queue for a new run (new epoch).
+                if let Some(since) = job.suspended_since.take() {
+                    job.suspended_total += now.since(since);
+                }
+                job.state = JobState::Completing;
+                job.end_cause = Some(EndCause::Requeued);
             }
             Action::Hold => job.hold = Some(if admin { Hold::Admin } else { Hold::User }),
             Action::Suspend => {

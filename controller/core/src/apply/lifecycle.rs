@@ -284,11 +284,13 @@ impl State {
         let alloc = job.alloc.take();
         let cancelled = job.end_cause == Some(EndCause::Cancelled);
         let preempted = job.end_cause == Some(EndCause::Preempted);
+        let requeue_asked = job.end_cause == Some(EndCause::Requeued);
         let preempt_requeue = preempted
             && job
                 .preempted
                 .is_some_and(|p| p.mode == crate::partition::PreemptMode::Requeue);
         let requeue = preempt_requeue
+            || requeue_asked
             || job.spec.requeue
                 && !cancelled
                 && !preempted
@@ -319,7 +321,7 @@ impl State {
                 EndCause::Timeout => JobState::Timeout,
                 EndCause::OutOfMemory => JobState::OutOfMemory,
                 EndCause::NodeFail => JobState::NodeFail,
-                EndCause::Cancelled => JobState::Cancelled,
+                EndCause::Cancelled | EndCause::Requeued => JobState::Cancelled,
                 EndCause::Preempted => JobState::Preempted,
             };
             job.end_time = Some(now);

@@ -168,6 +168,7 @@ impl State {
             Command::ResumeJobs { actor, jobs } => Ok(self.resume_jobs(actor, jobs, now)),
             Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
+            Command::RequeueJobs { actor, jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
             Command::SetSchedulerReasons(reasons) => {
