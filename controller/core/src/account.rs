@@ -63,6 +63,9 @@ pub struct Account {
     pub limits: AssocLimits,
     /// A project grant (NCI); `None` = not grant-limited.
     pub grant: Option<Grant>,
+    /// Users who may act on every job of this account and the accounts below it (Slurm's
+    /// account coordinators), without being administrators.
+    pub coordinators: BTreeSet<UserName>,
 }
 
 impl Account {
@@ -130,6 +133,7 @@ impl AccountTree {
                 users: BTreeMap::new(),
                 limits: AssocLimits::default(),
                 grant: None,
+                coordinators: BTreeSet::new(),
             },
         );
         AccountTree { accounts }

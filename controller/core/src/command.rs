@@ -185,4 +185,9 @@ pub enum Command {
         actor: Actor,
         jobs: Vec<JobRef>,
     },
+    /// Make exactly these users the coordinators of an account.
+    SetCoordinators {
+        account: AccountName,
+        users: Vec<UserName>,
+    },
 }

@@ -395,6 +395,7 @@ mod tests {
             t.accounts.insert(
                 n(name),
                 Account {
+                    coordinators: Default::default(),
                     name: n(name),
                     parent: Some(n("root")),
                     shares: *shares,

@@ -231,6 +231,21 @@ impl State {
     }
 
     /// Is the actor an administrator?
+    /// Whether `user` coordinates `account` or an account above it.
+    pub fn is_coordinator(&self, user: &UserName, account: &AccountName) -> bool {
+        let mut at = Some(account);
+        while let Some(name) = at {
+            let Some(a) = self.accounts.accounts.get(name) else {
+                return false;
+            };
+            if a.coordinators.contains(user) {
+                return true;
+            }
+            at = a.parent.as_ref();
+        }
+        false
+    }
+
     pub fn is_admin(&self, actor: &crate::command::Actor) -> bool {
         match actor {
             crate::command::Actor::Operator => true,

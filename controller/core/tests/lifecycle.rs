@@ -655,3 +655,43 @@ fn requeue_stops_a_running_job_and_puts_it_back_for_a_new_run() {
     c.start(jr(id), &["n001"]).unwrap();
     assert!(c.job(id).alloc.as_ref().unwrap().epoch > first_epoch);
 }
+
+#[test]
+fn an_account_coordinator_may_act_on_that_accounts_jobs_and_no_others() {
+    let mut c = cluster();
+    c.set_account("other", docket_core::account::AssocLimits::default(), None);
+    c.add_user("carol", "other");
+    let alices = c.submit(vec![c.spec("alice")])[0];
+    let hold = |user: &str, id| Command::HoldJobs {
+        actor: Actor::User(name(user)),
+        jobs: vec![jr(id)],
+    };
+    let Response::PerJob(r) = c.ok(hold("carol", alices)) else {
+        panic!()
+    };
+    assert!(matches!(r[0], Err(Rejection::NotPermitted(_))), "{r:?}");
+    // Carol coordinates proj: now she may act on alice's job there.
+    c.ok(Command::SetCoordinators {
+        account: name("proj"),
+        users: vec![name("carol")],
+    });
+    let Response::PerJob(r) = c.ok(hold("carol", alices)) else {
+        panic!()
+    };
+    assert!(r[0].is_ok(), "{r:?}");
+    // Not suspend (administrators only), and not an unknown coordinator.
+    let Response::PerJob(r) = c.ok(Command::SuspendJobs {
+        actor: Actor::User(name("carol")),
+        jobs: vec![jr(alices)],
+    }) else {
+        panic!()
+    };
+    assert!(r[0].is_err());
+    assert!(matches!(
+        c.apply(Command::SetCoordinators {
+            account: name("proj"),
+            users: vec![name("nobody")],
+        }),
+        Err(Rejection::Unknown { .. })
+    ));
+}

@@ -418,3 +418,35 @@ fn manifest_dir() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
+
+#[test]
+fn account_coordinators_come_from_the_file() {
+    let text = r#"
+[[accounts]]
+Name = "proj"
+Coordinators = ["carol"]
+
+[[users]]
+Name = "carol"
+DefaultAccount = "proj"
+
+[[users]]
+Name = "dave"
+DefaultAccount = "proj"
+"#;
+    let file = site::parse(text).unwrap();
+    let state = file.site.to_state(TimeMs(0)).unwrap();
+    let carol = "carol".parse().unwrap();
+    let dave = "dave".parse().unwrap();
+    let proj = "proj".parse().unwrap();
+    assert!(state.is_coordinator(&carol, &proj));
+    assert!(!state.is_coordinator(&dave, &proj));
+    // A coordinator who is not a user is refused, naming the object being built.
+    let bad = text.replace("[\"carol\"]", "[\"nobody\"]");
+    let err = site::parse(&bad)
+        .unwrap()
+        .site
+        .to_state(TimeMs(0))
+        .unwrap_err();
+    assert!(err.to_string().contains("nobody"), "{err}");
+}

@@ -251,6 +251,25 @@ impl State {
         Ok(Response::Done)
     }
 
+    /// Makes exactly `users` the coordinators of `account` (Slurm's `sacctmgr add
+    /// coordinator`); each must be a known user.
+    pub(crate) fn set_coordinators(
+        &mut self,
+        account: &AccountName,
+        users: &[crate::ids::UserName],
+    ) -> Result<Response, Rejection> {
+        if let Some(u) = users.iter().find(|u| !self.users.contains_key(*u)) {
+            return Err(Rejection::unknown("user", u));
+        }
+        let acct = self
+            .accounts
+            .accounts
+            .get_mut(account)
+            .ok_or_else(|| Rejection::unknown("account", account))?;
+        acct.coordinators = users.iter().cloned().collect();
+        Ok(Response::Done)
+    }
+
     pub(crate) fn upsert_account(
         &mut self,
         name: &AccountName,
@@ -288,10 +307,10 @@ impl State {
                 format!("{s} is above maxps_hard {h}"),
             ));
         }
-        let users = self
+        let (users, coordinators) = self
             .accounts
             .get(name)
-            .map(|a| a.users.clone())
+            .map(|a| (a.users.clone(), a.coordinators.clone()))
             .unwrap_or_default();
         self.accounts.accounts.insert(
             name.clone(),
@@ -302,6 +321,7 @@ impl State {
                 users,
                 limits: limits.clone(),
                 grant: *grant,
+                coordinators,
             },
         );
         let now = self.applied.now;

@@ -151,6 +151,7 @@ impl State {
         if let Actor::User(u) = actor
             && !admin
             && u != &head.spec.user
+            && !self.is_coordinator(u, &head.resolved.account)
         {
             return Err(Rejection::NotPermitted(format!(
                 "user {u} cannot {} job {target} of user {}",

@@ -169,6 +169,7 @@ impl State {
             Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::RequeueJobs { actor, jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
+            Command::SetCoordinators { account, users } => self.set_coordinators(account, users),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
             Command::SetSchedulerReasons(reasons) => {

@@ -710,6 +710,12 @@ fn accounts(raw: &[RawAccount]) -> Result<Vec<AccountDef>> {
                 a.max_ps.as_ref(),
             )?,
             grant,
+            coordinators: a
+                .coordinators
+                .iter()
+                .enumerate()
+                .map(|(j, u)| name(&format!("{key}.Coordinators[{j}]"), u))
+                .collect::<Result<_>>()?,
         });
     }
     Ok(out)

@@ -386,6 +386,9 @@ pub struct RawAccount {
     /// NCI: the project's grant in service units.
     #[serde(rename = "GrantSU")]
     pub grant_su: Option<f64>,
+    /// Users who may act on this account's jobs (Slurm's account coordinators).
+    #[serde(rename = "Coordinators", default)]
+    pub coordinators: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -57,6 +57,7 @@ pub struct AccountDef {
     pub shares: u32,
     pub limits: AssocLimits,
     pub grant: Option<Grant>,
+    pub coordinators: Vec<crate::ids::UserName>,
 }
 
 /// A user and the associations the file gives them.
@@ -141,6 +142,13 @@ impl SiteConfig {
             out.push(Command::UpsertUser {
                 user: u.user.clone(),
                 assocs: u.assocs.clone(),
+            });
+        }
+        // Coordinators name users, so they come last.
+        for a in self.accounts.iter().filter(|a| !a.coordinators.is_empty()) {
+            out.push(Command::SetCoordinators {
+                account: a.name.clone(),
+                users: a.coordinators.clone(),
             });
         }
         out
