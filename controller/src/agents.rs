@@ -71,6 +71,8 @@ struct Session {
     held: BTreeMap<JobId, (u64, bool)>,
     /// What was last sent per job on this stream: (epoch, want).
     sent: BTreeMap<JobId, (u64, Want)>,
+    /// The time limit each run was last told (seconds, 0 unlimited), per job: (epoch, limit).
+    limits: BTreeMap<JobId, (u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -238,6 +240,7 @@ impl AgentHub {
         let now = Instant::now();
         // Where each live run should be, and in which state.
         let mut want: BTreeMap<NodeName, BTreeMap<JobId, (u64, Want)>> = BTreeMap::new();
+        let mut limit_of: BTreeMap<JobId, u64> = BTreeMap::new();
         for job in state.jobs.values() {
             let Some(alloc) = &job.alloc else { continue };
             let Some(first) = alloc.shares.first() else {
@@ -252,6 +255,7 @@ impl AgentHub {
             want.entry(first.node.clone())
                 .or_default()
                 .insert(job.id, (alloc.epoch, w));
+            limit_of.insert(job.id, job.resolved.time_limit.map_or(0, |t| t.0));
         }
         let mut out = Vec::new();
         for (node, session) in hub.sessions.iter_mut() {
@@ -291,9 +295,43 @@ impl AgentHub {
                         _ => Some(control(pb::instruction::Kind::Kill, "cancelled")),
                     },
                 };
+                let launching = matches!(
+                    &instruction,
+                    Some(pb::Instruction {
+                        kind: Some(pb::instruction::Kind::Launch(_))
+                    })
+                );
+                let limit = limit_of.get(job_id).copied().unwrap_or(0);
                 if let Some(i) = instruction {
                     session.sent.insert(*job_id, (*epoch, *w));
                     out.push((node.clone(), i));
+                }
+                if launching {
+                    session.limits.insert(*job_id, (*epoch, limit));
+                } else if *w != Want::Kill {
+                    // A run the agent has: tell it a changed time limit.
+                    match session.limits.get(job_id) {
+                        Some((e, l)) if e == epoch && *l == limit => {}
+                        Some((e, _)) if e == epoch => {
+                            session.limits.insert(*job_id, (*epoch, limit));
+                            out.push((
+                                node.clone(),
+                                pb::Instruction {
+                                    kind: Some(pb::instruction::Kind::TimeLimit(pb::TimeLimit {
+                                        job_id: job_id.0,
+                                        epoch: *epoch,
+                                        time_limit_seconds: limit,
+                                    })),
+                                },
+                            ));
+                        }
+                        // Not launched by this leader: take the current limit as the
+                        // agent's (an update made while no leader was there reaches it only
+                        // with the next change).
+                        _ => {
+                            session.limits.insert(*job_id, (*epoch, limit));
+                        }
+                    }
                 }
             }
             // Anything the agent runs that is not a current run here: kill it.
@@ -441,6 +479,7 @@ impl Agents for AgentsService {
                     tx: None,
                     held: held_map(&req.jobs),
                     sent: BTreeMap::new(),
+                    limits: BTreeMap::new(),
                 },
             );
             hub.declared_down.remove(&node);
@@ -488,6 +527,7 @@ impl Agents for AgentsService {
                 s.tx = Some(tx);
                 // A new stream gets everything again; the agent ignores what it already has.
                 s.sent.clear();
+                s.limits.clear();
                 s.last_seen = Instant::now();
             }
         }

@@ -164,6 +164,58 @@ impl Jobs for JobsService {
             .await
     }
 
+    async fn update_jobs(
+        &self,
+        request: Request<pb::UpdateJobsRequest>,
+    ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
+        use docket_core::job::spec::TimeRequest;
+        let actor = caller(&request)?;
+        let req = request.into_inner();
+        let refs: Vec<_> = req.jobs.iter().map(convert::job_ref).collect();
+        if refs.is_empty() {
+            return Err(Status::invalid_argument("jobs: name at least one job"));
+        }
+        let time_limit = match req.time_limit_seconds {
+            None => None,
+            Some(0) => Some(TimeRequest::Unlimited),
+            Some(s) if s < 0 => {
+                return Err(Status::invalid_argument(format!(
+                    "time_limit_seconds: {s} is negative; give seconds > 0, or 0 for no limit"
+                )));
+            }
+            Some(s) => Some(TimeRequest::Limit(docket_core::quantity::Seconds(s as u64))),
+        };
+        if time_limit.is_none() && req.name.is_none() && req.nice.is_none() {
+            return Err(Status::invalid_argument(
+                "nothing to update: give time_limit_seconds, name or nice",
+            ));
+        }
+        let update = docket_core::apply::update::JobUpdate {
+            time_limit,
+            name: req.name.map(smol_str::SmolStr::from),
+            nice: req.nice,
+        };
+        let command = Command::UpdateJobs {
+            actor,
+            jobs: refs.clone(),
+            update,
+        };
+        let response = write(&self.replica, Envelope::new(command)).await?;
+        let Response::PerJob(results) = response else {
+            return Err(Status::internal(format!("unexpected answer {response:?}")));
+        };
+        Ok(TonicResponse::new(pb::PerJobResponse {
+            results: refs
+                .iter()
+                .zip(results)
+                .map(|(r, result)| pb::JobResult {
+                    job: Some(convert::job_ref_out(r)),
+                    error: result.err().map(|e| e.to_string()).unwrap_or_default(),
+                })
+                .collect(),
+        }))
+    }
+
     async fn explain_priority(
         &self,
         request: Request<pb::ExplainPriorityRequest>,

@@ -289,6 +289,40 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         panic!("expected a launch")
     };
     assert_eq!(l.job_id, id2);
+    assert_eq!(l.time_limit_seconds, 600);
+    // Its owner lowers its time limit: the agent is told.
+    let mut req = tonic::Request::new(pb::UpdateJobsRequest {
+        jobs: vec![pb::JobRef {
+            job_id: id2,
+            task: None,
+        }],
+        time_limit_seconds: Some(300),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-docket-user", "alice".parse().unwrap());
+    let r = jobs.update_jobs(req).await.unwrap().into_inner();
+    assert!(r.results[0].error.is_empty(), "{r:?}");
+    let pb::instruction::Kind::TimeLimit(t) = agent.next().await else {
+        panic!("expected the new time limit")
+    };
+    assert_eq!(
+        (t.job_id, t.epoch, t.time_limit_seconds),
+        (id2, l.epoch, 300)
+    );
+    // Raising it back is for administrators.
+    let mut req = tonic::Request::new(pb::UpdateJobsRequest {
+        jobs: vec![pb::JobRef {
+            job_id: id2,
+            task: None,
+        }],
+        time_limit_seconds: Some(900),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-docket-user", "alice".parse().unwrap());
+    let r = jobs.update_jobs(req).await.unwrap().into_inner();
+    assert!(r.results[0].error.contains("administrator"), "{r:?}");
     // Requeued by its owner: killed, back in the queue, and launched again under a new epoch.
     let mut req = tonic::Request::new(pb::JobsRequest {
         jobs: vec![pb::JobRef {

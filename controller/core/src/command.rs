@@ -190,4 +190,10 @@ pub enum Command {
         account: AccountName,
         users: Vec<UserName>,
     },
+    /// Change jobs' time limit, name or nice (`scontrol update job`).
+    UpdateJobs {
+        actor: Actor,
+        jobs: Vec<JobRef>,
+        update: crate::apply::update::JobUpdate,
+    },
 }

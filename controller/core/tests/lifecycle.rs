@@ -695,3 +695,117 @@ fn an_account_coordinator_may_act_on_that_accounts_jobs_and_no_others() {
         Err(Rejection::Unknown { .. })
     ));
 }
+
+#[test]
+fn updates_follow_slurms_rules_for_owners_and_administrators() {
+    use docket_core::apply::update::JobUpdate;
+    use docket_core::job::spec::TimeRequest;
+    use docket_core::quantity::Seconds;
+    let mut c = cluster();
+    let mut spec = c.spec("alice");
+    spec.time = TimeRequest::Limit(Seconds(3600));
+    let id = c.submit(vec![spec])[0];
+    let update = |actor: Actor, update: JobUpdate| Command::UpdateJobs {
+        actor,
+        jobs: vec![jr(id)],
+        update,
+    };
+    let alice = || Actor::User(name("alice"));
+    let one = |c: &mut Cluster, cmd| {
+        let Response::PerJob(mut r) = c.ok(cmd) else {
+            panic!()
+        };
+        r.remove(0)
+    };
+    // The owner lowers the limit, renames, raises nice.
+    let r = one(
+        &mut c,
+        update(
+            alice(),
+            JobUpdate {
+                time_limit: Some(TimeRequest::Limit(Seconds(1800))),
+                name: Some("renamed".into()),
+                nice: Some(10),
+            },
+        ),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1800)));
+    assert_eq!(c.job(id).spec.name, "renamed");
+    // Raising, unlimited and negative nice are for administrators.
+    for u in [
+        JobUpdate {
+            time_limit: Some(TimeRequest::Limit(Seconds(7200))),
+            ..Default::default()
+        },
+        JobUpdate {
+            time_limit: Some(TimeRequest::Unlimited),
+            ..Default::default()
+        },
+        JobUpdate {
+            nice: Some(-5),
+            ..Default::default()
+        },
+    ] {
+        let r = one(&mut c, update(alice(), u.clone()));
+        assert!(matches!(r, Err(Rejection::NotPermitted(_))), "{u:?}: {r:?}");
+        let r = one(&mut c, update(Actor::Operator, u.clone()));
+        assert!(r.is_ok(), "{u:?}: {r:?}");
+    }
+    // Someone else's job: no.
+    let r = one(
+        &mut c,
+        update(
+            Actor::User(name("bob")),
+            JobUpdate {
+                name: Some("mine".into()),
+                ..Default::default()
+            },
+        ),
+    );
+    assert!(matches!(r, Err(Rejection::NotPermitted(_))), "{r:?}");
+    // Running: only the time limit, and never below what it has run.
+    c.ok(update(
+        Actor::Operator,
+        JobUpdate {
+            time_limit: Some(TimeRequest::Limit(Seconds(3600))),
+            ..Default::default()
+        },
+    ));
+    c.start(jr(id), &["n001"]).unwrap();
+    c.apply_after(600, Command::Tick).unwrap();
+    let r = one(
+        &mut c,
+        update(
+            alice(),
+            JobUpdate {
+                name: Some("late".into()),
+                ..Default::default()
+            },
+        ),
+    );
+    assert!(matches!(r, Err(Rejection::WrongState { .. })), "{r:?}");
+    let r = one(
+        &mut c,
+        update(
+            alice(),
+            JobUpdate {
+                time_limit: Some(TimeRequest::Limit(Seconds(300))),
+                ..Default::default()
+            },
+        ),
+    );
+    assert!(matches!(r, Err(Rejection::Invalid { .. })), "{r:?}");
+    let r = one(
+        &mut c,
+        update(
+            alice(),
+            JobUpdate {
+                time_limit: Some(TimeRequest::Limit(Seconds(1200))),
+                ..Default::default()
+            },
+        ),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1200)));
+}

@@ -11,6 +11,7 @@ mod lifecycle;
 mod preemption;
 pub mod purge;
 mod submit;
+pub mod update;
 
 use serde::{Deserialize, Serialize};
 
@@ -170,6 +171,11 @@ impl State {
             Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
             Command::RequeueJobs { actor, jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
             Command::SetCoordinators { account, users } => self.set_coordinators(account, users),
+            Command::UpdateJobs {
+                actor,
+                jobs,
+                update,
+            } => Ok(self.update_jobs(actor, jobs, update, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
             Command::SetSchedulerReasons(reasons) => {

@@ -1,0 +1,217 @@
+//! Changing a job after submission (`scontrol update job=ID TimeLimit=... Name=... Nice=...`).
+//!
+//! Slurm's rules: the owner (or a coordinator of its account) may lower a job's time limit,
+//! rename it, and raise its nice value (lowering its own priority); only an administrator may
+//! raise a time limit, make it unlimited, or set a negative nice. A time limit is still capped
+//! by the partition's MaxTime, the QOS's MaxWall and the site's maximum walltime, for anyone.
+//! Pending, running and suspended jobs take a new time limit (the leader tells a running
+//! job's agent); only pending jobs change name and nice. Each job is accepted or refused on
+//! its own and a refusal changes nothing for that job.
+
+use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
+
+use crate::apply::{Rejection, Response};
+use crate::command::Actor;
+use crate::job::spec::TimeRequest;
+use crate::job::{JobRef, JobState};
+use crate::policy::Affected;
+use crate::quantity::{Seconds, TimeMs};
+use crate::state::State;
+
+/// The changes asked; `None` leaves a field alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobUpdate {
+    pub time_limit: Option<TimeRequest>,
+    pub name: Option<SmolStr>,
+    pub nice: Option<i32>,
+}
+
+/// Longest job name.
+const MAX_NAME: usize = 256;
+/// Slurm's nice range.
+const NICE_RANGE: std::ops::RangeInclusive<i32> = -2_147_483_645..=2_147_483_645;
+
+impl State {
+    pub(crate) fn update_jobs(
+        &mut self,
+        actor: &Actor,
+        jobs: &[JobRef],
+        update: &JobUpdate,
+        now: TimeMs,
+    ) -> Response {
+        let mut affected = Affected::default();
+        let results = jobs
+            .iter()
+            .map(|target| {
+                let r = self.update_one(actor, *target, update);
+                if r.is_ok() {
+                    self.note_changed(target.job, &mut affected);
+                }
+                r
+            })
+            .collect();
+        self.refresh_affected(affected, now);
+        Response::PerJob(results)
+    }
+
+    fn update_one(
+        &mut self,
+        actor: &Actor,
+        target: JobRef,
+        update: &JobUpdate,
+    ) -> Result<(), Rejection> {
+        if target.task.is_some() {
+            return Err(Rejection::invalid(
+                "job",
+                format!("{target}: update the array {} as a whole", target.job),
+            ));
+        }
+        let admin = self.is_admin(actor);
+        let job = self
+            .jobs
+            .get(&target.job)
+            .ok_or_else(|| Rejection::unknown("job", target))?;
+        if let Actor::User(u) = actor
+            && !admin
+            && u != &job.spec.user
+            && !self.is_coordinator(u, &job.resolved.account)
+        {
+            return Err(Rejection::NotPermitted(format!(
+                "user {u} cannot update job {target} of user {}",
+                job.spec.user
+            )));
+        }
+        let pending = job.state == JobState::Pending;
+        let live = pending || matches!(job.state, JobState::Running | JobState::Suspended);
+        if !live {
+            return Err(Rejection::WrongState {
+                job: target.to_string(),
+                state: job.state.name().to_owned(),
+                action: "update".into(),
+            });
+        }
+        if !pending && (update.name.is_some() || update.nice.is_some()) {
+            return Err(Rejection::WrongState {
+                job: target.to_string(),
+                state: job.state.name().to_owned(),
+                action: "change the name or nice of (only pending jobs)".into(),
+            });
+        }
+        // The new time limit, checked.
+        let new_limit: Option<Option<Seconds>> = match update.time_limit {
+            None => None,
+            Some(TimeRequest::Default) => {
+                return Err(Rejection::invalid(
+                    "time_limit",
+                    "give a limit, or Unlimited (administrators)",
+                ));
+            }
+            Some(TimeRequest::Limit(t)) if t.0 == 0 => {
+                return Err(Rejection::invalid(
+                    "time_limit",
+                    "a limit of 0 s; use Unlimited",
+                ));
+            }
+            Some(TimeRequest::Limit(t)) => Some(Some(t)),
+            Some(TimeRequest::Unlimited) => Some(None),
+        };
+        if let Some(limit) = new_limit {
+            let current = job.resolved.time_limit;
+            let raising = match (limit, current) {
+                (None, None) => false,
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some(new), Some(old)) => new > old,
+            };
+            if raising && !admin {
+                return Err(Rejection::NotPermitted(
+                    "only an administrator may raise a time limit".into(),
+                ));
+            }
+            let partition = self.partitions.get(&job.resolved.partition);
+            let qos = self.qos.get(&job.resolved.qos);
+            let caps = [
+                (
+                    "time_limit (partition MaxTime)",
+                    partition.and_then(|p| p.max_time),
+                ),
+                (
+                    "time_limit (QOS MaxWall)",
+                    qos.and_then(|q| q.limits.max_wall),
+                ),
+                (
+                    "time_limit (site maximum walltime)",
+                    self.config.max_walltime,
+                ),
+            ];
+            for (field, cap) in caps {
+                match (limit, cap) {
+                    (Some(t), Some(cap)) if t > cap => {
+                        return Err(Rejection::too_large(field, t.0, cap.0));
+                    }
+                    (None, Some(cap)) => {
+                        return Err(Rejection::too_large(field, u64::MAX, cap.0));
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(Some(t)) = Some(limit)
+                && !pending
+            {
+                // A running job cannot be given less than it has already run.
+                let ran = job.run_time(self.applied.now);
+                if t < ran {
+                    return Err(Rejection::invalid(
+                        "time_limit",
+                        format!("{} s is less than the {} s the job has run", t.0, ran.0),
+                    ));
+                }
+            }
+        }
+        if let Some(name) = &update.name
+            && (name.is_empty() || name.len() > MAX_NAME || name.contains('\0'))
+        {
+            return Err(Rejection::invalid(
+                "name",
+                format!("must be 1 to {MAX_NAME} bytes without NUL"),
+            ));
+        }
+        if let Some(nice) = update.nice {
+            if !NICE_RANGE.contains(&nice) {
+                return Err(Rejection::invalid(
+                    "nice",
+                    format!(
+                        "{nice} is outside {}..={}",
+                        NICE_RANGE.start(),
+                        NICE_RANGE.end()
+                    ),
+                ));
+            }
+            if nice < 0 && !admin {
+                return Err(Rejection::NotPermitted(
+                    "only an administrator may set a negative nice".into(),
+                ));
+            }
+        }
+        // Checked: apply.
+        let job = self
+            .jobs
+            .get_mut(&target.job)
+            .ok_or_else(|| Rejection::unknown("job", target))?;
+        if let Some(limit) = new_limit {
+            job.resolved.time_limit = limit;
+            job.spec.time = match limit {
+                Some(t) => TimeRequest::Limit(t),
+                None => TimeRequest::Unlimited,
+            };
+        }
+        if let Some(name) = &update.name {
+            job.spec.name = name.clone();
+        }
+        if let Some(nice) = update.nice {
+            job.spec.nice = nice;
+        }
+        Ok(())
+    }
+}
