@@ -238,10 +238,15 @@ impl AgentHub {
     fn plan(&self, state: &State) -> (Vec<(NodeName, pb::Instruction)>, Vec<NodeName>) {
         let mut hub = self.lock();
         let now = Instant::now();
+        let streaming = hub.sessions.values().any(|s| s.tx.is_some());
+        let liveness = !self.config.fence_timeout.is_zero();
+        if !streaming && !liveness {
+            return (Vec::new(), Vec::new());
+        }
         // Where each live run should be, and in which state.
         let mut want: BTreeMap<NodeName, BTreeMap<JobId, (u64, Want)>> = BTreeMap::new();
         let mut limit_of: BTreeMap<JobId, u64> = BTreeMap::new();
-        for job in state.jobs.values() {
+        for job in state.holding_jobs() {
             let Some(alloc) = &job.alloc else { continue };
             let Some(first) = alloc.shares.first() else {
                 continue;

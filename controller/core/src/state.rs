@@ -231,6 +231,14 @@ impl State {
     }
 
     /// Is the actor an administrator?
+    /// The jobs holding node resources (running, suspended, completing), from the index kept
+    /// for that: the daemon's dispatcher walks these, not the whole queue.
+    pub fn holding_jobs(&self) -> impl Iterator<Item = &Job> + '_ {
+        self.holding
+            .iter()
+            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+    }
+
     /// Whether `user` coordinates `account` or an account above it.
     pub fn is_coordinator(&self, user: &UserName, account: &AccountName) -> bool {
         let mut at = Some(account);
