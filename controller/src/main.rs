@@ -43,13 +43,18 @@ enum Cmd {
     /// binary on loopback (fsync on), and a queue listing's latency during the storm.
     Bench {
         /// Concurrent submitting clients per run, comma-separated.
-        #[arg(long, default_value = "1,16,64", value_delimiter = ',')]
+        #[arg(
+            long,
+            env = "DOCKET_BENCH_CLIENTS",
+            default_value = "1,16,64",
+            value_delimiter = ','
+        )]
         clients: Vec<usize>,
         /// Seconds per run.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, env = "DOCKET_BENCH_SECONDS", default_value_t = 5)]
         seconds: u64,
         /// Print one JSON object instead of a table.
-        #[arg(long)]
+        #[arg(long, env = "DOCKET_BENCH_JSON")]
         json: bool,
     },
 }
@@ -60,7 +65,7 @@ struct RunArgs {
     /// life of its data directory.
     #[arg(long, env = "DOCKET_ID")]
     id: u64,
-    /// Address the gRPC server (Raft, jobs, health) binds, host:port.
+    /// Address the gRPC server (Raft, jobs, admin, agents, health) binds, host:port.
     #[arg(long, env = "DOCKET_LISTEN", default_value = "127.0.0.1:6817")]
     listen: String,
     /// Address other replicas and clients reach this one at; default: the bound address.
