@@ -361,3 +361,36 @@ async fn configure_site(ctx: &LoopContext) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(inflight: usize, max_rpc_cnt: usize, leading: bool, time: Duration) -> LoopBudget {
+        LoopBudget {
+            deadline: Instant::now() + time,
+            leading: Arc::new(AtomicBool::new(leading)),
+            inflight: Arc::new(AtomicUsize::new(inflight)),
+            max_rpc_cnt,
+            stopped_by: None,
+        }
+    }
+
+    #[test]
+    fn a_pass_stops_on_rpc_pressure_lost_leadership_or_time_and_says_why() {
+        let mut b = budget(3, 5, true, Duration::from_secs(60));
+        assert!(!b.exhausted());
+        b.inflight.store(6, Ordering::Relaxed);
+        assert!(b.exhausted());
+        assert_eq!(b.stopped_by, Some("rpc pressure"));
+        // max_rpc_cnt 0: never yields for RPCs.
+        let mut b = budget(1_000, 0, true, Duration::from_secs(60));
+        assert!(!b.exhausted());
+        let mut b = budget(0, 0, false, Duration::from_secs(60));
+        assert!(b.exhausted());
+        assert_eq!(b.stopped_by, Some("leadership lost"));
+        let mut b = budget(0, 0, true, Duration::ZERO);
+        assert!(b.exhausted());
+        assert_eq!(b.stopped_by, Some("time"));
+    }
+}
