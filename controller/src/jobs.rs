@@ -66,7 +66,16 @@ impl JobsService {
         if refs.is_empty() {
             return Err(Status::invalid_argument("jobs: name at least one job"));
         }
-        let response = write(&self.replica, Envelope::new(make(actor, refs.clone()))).await?;
+        self.per_job_command(make(actor, refs.clone()), &refs).await
+    }
+
+    /// Proposes a command acting on `refs` and answers one result per job.
+    async fn per_job_command(
+        &self,
+        command: Command,
+        refs: &[docket_core::job::JobRef],
+    ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
+        let response = write(&self.replica, Envelope::new(command)).await?;
         let Response::PerJob(results) = response else {
             return Err(Status::internal(format!("unexpected answer {response:?}")));
         };
@@ -200,20 +209,7 @@ impl Jobs for JobsService {
             jobs: refs.clone(),
             update,
         };
-        let response = write(&self.replica, Envelope::new(command)).await?;
-        let Response::PerJob(results) = response else {
-            return Err(Status::internal(format!("unexpected answer {response:?}")));
-        };
-        Ok(TonicResponse::new(pb::PerJobResponse {
-            results: refs
-                .iter()
-                .zip(results)
-                .map(|(r, result)| pb::JobResult {
-                    job: Some(convert::job_ref_out(r)),
-                    error: result.err().map(|e| e.to_string()).unwrap_or_default(),
-                })
-                .collect(),
-        }))
+        self.per_job_command(command, &refs).await
     }
 
     async fn explain_priority(

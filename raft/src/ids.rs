@@ -42,6 +42,42 @@ impl fmt::Display for ReplicaAddr {
     }
 }
 
+/// A member list like `1=10.0.0.1:6817,2=10.0.0.2:6817` (the `--bootstrap` flag's syntax)
+/// could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}; expected ID=HOST:PORT,... (e.g. 1=10.0.0.1:6817,2=10.0.0.2:6817)")]
+pub struct MembersError(String);
+
+/// Reads a member list, `ID=HOST:PORT,...`.
+pub fn parse_members(
+    spec: &str,
+) -> Result<std::collections::BTreeMap<ReplicaId, String>, MembersError> {
+    let mut members = std::collections::BTreeMap::new();
+    for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| MembersError(format!("{part:?} has no '='")))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| MembersError(format!("replica id {id:?} is not a number")))?;
+        if id == 0 {
+            return Err(MembersError("replica ids start at 1".into()));
+        }
+        let addr = addr.trim();
+        if !addr.contains(':') {
+            return Err(MembersError(format!("address {addr:?} is not HOST:PORT")));
+        }
+        if members.insert(ReplicaId(id), addr.to_owned()).is_some() {
+            return Err(MembersError(format!("replica id {id} appears twice")));
+        }
+    }
+    if members.is_empty() {
+        return Err(MembersError("no replicas named".into()));
+    }
+    Ok(members)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +89,23 @@ mod tests {
     fn replica_types_fit_openraft() {
         assert_openraft_node_id::<ReplicaId>();
         assert_openraft_node::<ReplicaAddr>();
+    }
+
+    #[test]
+    fn member_lists_parse_and_bad_ones_say_why() {
+        let m = parse_members("1=a:1, 2=b:2").unwrap();
+        assert_eq!(m[&ReplicaId(2)], "b:2");
+        for (bad, why) in [
+            ("", "no replicas"),
+            ("1", "no '='"),
+            ("x=a:1", "not a number"),
+            ("0=a:1", "start at 1"),
+            ("1=a", "HOST:PORT"),
+            ("1=a:1,1=b:2", "twice"),
+        ] {
+            let e = parse_members(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -40,6 +40,6 @@ pub mod status;
 pub mod types;
 
 pub use db::{DataDir, DbError, FORMAT_VERSION, FaultInjection};
-pub use ids::{ReplicaAddr, ReplicaId};
+pub use ids::{MembersError, ReplicaAddr, ReplicaId, parse_members};
 pub use machine::{ApplyContext, StateMachine};
 pub use types::{Batch, TypeConfig};

@@ -100,20 +100,7 @@ fn main() -> Result<()> {
 }
 
 fn parse_members(spec: &str) -> Result<BTreeMap<ReplicaId, String>> {
-    let mut members = BTreeMap::new();
-    for part in spec.split(',').filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('=')
-            .with_context(|| format!("--bootstrap: {part:?} is not ID=HOST:PORT"))?;
-        let id: u64 = id
-            .parse()
-            .with_context(|| format!("--bootstrap: replica id {id:?} is not a number"))?;
-        members.insert(ReplicaId(id), addr.to_owned());
-    }
-    if members.is_empty() {
-        bail!("--bootstrap names no replicas; expected ID=HOST:PORT,...");
-    }
-    Ok(members)
+    docket_raft::parse_members(spec).map_err(|e| anyhow::anyhow!("--bootstrap: {e}"))
 }
 
 async fn serve(id: u64, listen: String, data: PathBuf, bootstrap: Option<String>) -> Result<()> {
