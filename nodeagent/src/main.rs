@@ -1,17 +1,19 @@
 //! `docket-nodeagent`: the daemon on every compute node.
-//!
-//! Its run mode (registration, the instruction stream, cgroup confinement, jobfs, walltime,
-//! suspend and resume) arrives with the node agent issue; for now the binary describes itself.
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use docket_nodeagent::runner::{Mode, Runner, RunnerConfig};
+use docket_nodeagent::session::{self, SessionConfig};
 
 /// Docket's agent on one compute node.
 ///
-/// Registers the node with the controllers, launches each job it is told to start inside its
-/// own cgroup (exclusive cpuset, memory and vmem limits, pids limit) with a size-capped jobfs
-/// scratch directory, enforces walltime, suspends and resumes jobs through the cgroup
-/// freezer, and reports every state change. Instructions older than the job's dispatch epoch
-/// are refused, so a job never runs twice.
+/// Registers the node with the leader, launches each job it is told to start as the
+/// submitting user, enforces walltime, suspends and resumes jobs, and reports every state
+/// change. Instructions older than the job's dispatch epoch are refused, so a job never runs
+/// twice.
 #[derive(Debug, Parser)]
 #[command(
     name = "docket-nodeagent",
@@ -20,8 +22,117 @@ use clap::Parser;
     long_about,
     arg_required_else_help = true
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
 
-fn main() {
-    Cli::parse();
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the agent until SIGTERM or Ctrl-C.
+    Run(Box<RunArgs>),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Execution {
+    /// Run the batch script.
+    Real,
+    /// Occupy the allocation for the script's `sleep N` without running anything.
+    Simulated,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// This node's name, as the configuration's [[nodes]] defines it.
+    #[arg(long, env = "DOCKET_NODE")]
+    node: String,
+    /// Controller replicas, host:port, comma-separated (any of them; the agent follows the
+    /// leader).
+    #[arg(
+        long,
+        env = "DOCKET_CONTROLLERS",
+        value_delimiter = ',',
+        required = true
+    )]
+    controllers: Vec<String>,
+    /// Where the agent keeps job scripts and state.
+    #[arg(long, env = "DOCKET_STATE_DIR")]
+    state_dir: PathBuf,
+    /// Cpus this agent declares.
+    #[arg(long, env = "DOCKET_CPUS")]
+    cpus: u32,
+    /// Memory this agent declares, MiB.
+    #[arg(long, env = "DOCKET_MEMORY_MIB")]
+    memory_mib: u64,
+    /// GPUs this agent declares.
+    #[arg(long, env = "DOCKET_GPUS", default_value_t = 0)]
+    gpus: u32,
+    /// Real or simulated execution.
+    #[arg(long, env = "DOCKET_EXECUTION", value_enum, default_value = "real")]
+    execution: Execution,
+    /// Seconds between SIGTERM and SIGKILL when a job is killed or reaches its limit.
+    #[arg(long, env = "DOCKET_KILL_GRACE_S", default_value_t = 30)]
+    kill_grace_s: u64,
+    /// Cluster name for SLURM_CLUSTER_NAME.
+    #[arg(long, env = "DOCKET_CLUSTER", default_value = "docket")]
+    cluster: String,
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "DOCKET_LOG", default_value = "info")]
+    log: String,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Cmd::Run(args) = cli.command;
+    match run(*args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("docket-nodeagent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log)
+                .with_context(|| format!("--log {:?}", args.log))?,
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    std::fs::create_dir_all(&args.state_dir)
+        .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let (runner, events) = Runner::new(RunnerConfig {
+        node: args.node.clone(),
+        cluster: args.cluster.clone(),
+        state_dir: args.state_dir.clone(),
+        mode: match args.execution {
+            Execution::Real => Mode::Real,
+            Execution::Simulated => Mode::Simulated,
+        },
+        kill_grace: Duration::from_secs(args.kill_grace_s),
+    });
+    let config = SessionConfig {
+        node: args.node,
+        controllers: args.controllers,
+        cpus: args.cpus,
+        memory_mib: args.memory_mib,
+        gpus: args.gpus,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        let agent = tokio::spawn(session::run(config, runner, events));
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        agent.abort();
+        Ok(())
+    })
 }
