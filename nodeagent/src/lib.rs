@@ -5,9 +5,13 @@
 //!   epochs, simulated runs.
 //! - [`session`]: the leader: registration, instructions, heartbeats, reports, the fence.
 //!
-//! Confinement (cgroups, jobfs mounts) and re-adoption after an agent restart are the next
-//! increment of this crate (issue 7).
+//! - [`cgroup`]: confinement on cgroup v2 and v1 hosts (cpuset, memory, vmem, pids, freezer).
+//! - [`shim`]: the job's first process, which joins the cgroups and becomes the user.
+//!
+//! jobfs mounts and re-adoption after an agent restart are the next increment (issue 7).
 
+pub mod cgroup;
 pub mod runner;
 pub mod session;
+pub mod shim;
 pub mod world;

@@ -31,6 +31,36 @@ struct Cli {
 enum Cmd {
     /// Run the agent until SIGTERM or Ctrl-C.
     Run(Box<RunArgs>),
+    /// (Internal) A job's first process: join cgroups, take the user's identity, exec.
+    #[command(hide = true)]
+    ExecJob(ExecJobArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ExecJobArgs {
+    /// A cgroup.procs file to join (repeated).
+    #[arg(long)]
+    join: Vec<PathBuf>,
+    #[arg(long)]
+    user: String,
+    #[arg(long)]
+    uid: u32,
+    #[arg(long)]
+    gid: u32,
+    /// RLIMIT_AS in bytes.
+    #[arg(long)]
+    rlimit_as: Option<u64>,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Confinement {
+    /// cgroup v2 or v1, whichever the host has; a clear error if neither is writable.
+    Auto,
+    /// No confinement (for hosts without cgroups, and for many agents on one test host).
+    None,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -73,6 +103,16 @@ struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when a job is killed or reaches its limit.
     #[arg(long, env = "DOCKET_KILL_GRACE_S", default_value_t = 30)]
     kill_grace_s: u64,
+    /// How jobs are confined.
+    #[arg(long, env = "DOCKET_CONFINEMENT", value_enum, default_value = "auto")]
+    confinement: Confinement,
+    /// Host cpus this agent gives jobs exclusively, as a list (`0-15`); default: the first
+    /// --cpus cpus of the agent's own cpuset.
+    #[arg(long, env = "DOCKET_CPUSET")]
+    cpuset: Option<String>,
+    /// Most processes one job may have.
+    #[arg(long, env = "DOCKET_JOB_PIDS_MAX", default_value_t = 4096)]
+    job_pids_max: u64,
     /// Cluster name for SLURM_CLUSTER_NAME.
     #[arg(long, env = "DOCKET_CLUSTER", default_value = "docket")]
     cluster: String,
@@ -83,7 +123,22 @@ struct RunArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let Cmd::Run(args) = cli.command;
+    let args = match cli.command {
+        Cmd::Run(args) => args,
+        Cmd::ExecJob(a) => {
+            let shim = docket_nodeagent::shim::ShimArgs {
+                join: a.join,
+                user: a.user,
+                uid: a.uid,
+                gid: a.gid,
+                rlimit_as: a.rlimit_as,
+                command: a.command,
+            };
+            let Err(e) = docket_nodeagent::shim::exec_job(&shim);
+            eprintln!("docket-nodeagent exec-job: {e:#}");
+            return std::process::ExitCode::from(127);
+        }
+    };
     match run(*args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -103,6 +158,17 @@ fn run(args: RunArgs) -> Result<()> {
         .init();
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    let cgroups = match (args.confinement, args.execution) {
+        (_, Execution::Simulated) | (Confinement::None, _) => None,
+        (Confinement::Auto, Execution::Real) => Some(
+            docket_nodeagent::cgroup::Cgroups::detect(&args.node).context("--confinement auto")?,
+        ),
+    };
+    let cpu_pool = match &args.cpuset {
+        Some(list) => parse_cpu_list(list).with_context(|| format!("--cpuset {list:?}"))?,
+        None => own_cpus().into_iter().take(args.cpus as usize).collect(),
+    };
+    let shim = std::env::current_exe().context("locating this binary (the job shim)")?;
     let (runner, events) = Runner::new(RunnerConfig {
         node: args.node.clone(),
         cluster: args.cluster.clone(),
@@ -112,6 +178,10 @@ fn run(args: RunArgs) -> Result<()> {
             Execution::Simulated => Mode::Simulated,
         },
         kill_grace: Duration::from_secs(args.kill_grace_s),
+        cgroups,
+        cpu_pool,
+        pids_max: args.job_pids_max,
+        shim,
     });
     let config = SessionConfig {
         node: args.node,
@@ -135,4 +205,36 @@ fn run(args: RunArgs) -> Result<()> {
         agent.abort();
         Ok(())
     })
+}
+
+/// `0-3,8` → [0, 1, 2, 3, 8].
+fn parse_cpu_list(text: &str) -> Result<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse()?, b.trim().parse()?);
+                anyhow::ensure!(a <= b, "{part}: the range runs backwards");
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.trim().parse()?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// The cpus this process may run on (`Cpus_allowed_list` in /proc/self/status).
+fn own_cpus() -> Vec<u32> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Cpus_allowed_list:")
+                    .map(|v| v.trim().to_owned())
+            })
+        })
+        .and_then(|list| parse_cpu_list(&list).ok())
+        .unwrap_or_default()
 }

@@ -38,6 +38,14 @@ pub struct RunnerConfig {
     pub mode: Mode,
     /// Between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// Confinement; None runs jobs unconfined (only when asked for).
+    pub cgroups: Option<crate::cgroup::Cgroups>,
+    /// The host cpus this agent hands out exclusively, lowest first; empty: no cpusets.
+    pub cpu_pool: Vec<u32>,
+    /// Most processes one job may have.
+    pub pids_max: u64,
+    /// The agent's own executable (it is also the job shim).
+    pub shim: PathBuf,
 }
 
 #[derive(Debug)]
@@ -53,6 +61,10 @@ struct Run {
     suspended_since: Option<Instant>,
     /// Why it is being stopped (cancelled, timeout, node_failure), if it is.
     stopping: Option<&'static str>,
+    /// Its cgroups, when confined.
+    cgroup: Option<crate::cgroup::JobCgroup>,
+    /// The cpus it holds from the pool.
+    cpus: Vec<u32>,
     /// Wakes the run's walltime watcher when its limit or suspension changes.
     changed: Arc<Notify>,
 }
@@ -205,6 +217,8 @@ impl Runner {
                 suspended_since: None,
                 stopping: None,
                 changed: changed.clone(),
+                cgroup: None,
+                cpus: Vec::new(),
             },
         );
         let this = self.clone();
@@ -279,22 +293,50 @@ impl Runner {
             None,
             &self.config.cluster,
         );
-        let shebang = l.script.starts_with(b"#!");
-        let mut cmd = if shebang {
-            tokio::process::Command::new(&script)
-        } else {
-            let mut c = tokio::process::Command::new("/bin/sh");
-            c.arg(&script);
-            c
-        };
-        cmd.current_dir(&l.work_dir)
+        // Confinement: the job's cgroups, which the shim joins before it becomes the user.
+        let mut join = Vec::new();
+        if let Some(cgroups) = &self.config.cgroups {
+            let cpus = self.take_cpus(l.job_id, l.cpus);
+            let limits = crate::cgroup::Limits {
+                cpus: (!cpus.is_empty()).then(|| cpu_list(&cpus)),
+                memory_bytes: (l.memory_mib > 0).then_some(l.memory_mib << 20),
+                vmem_bytes: l.vmem_mib.map(|v| v << 20),
+                pids: Some(self.config.pids_max),
+            };
+            let cg = cgroups
+                .create(l.job_id, l.epoch, &limits)
+                .map_err(|e| format!("confining the job: {e}"))?;
+            join = cg.procs_files();
+            if let Some(r) = self.lock().get_mut(&l.job_id) {
+                r.cgroup = Some(cg);
+            }
+        }
+        let mut argv: Vec<String> = Vec::new();
+        if !l.script.starts_with(b"#!") {
+            argv.push("/bin/sh".into());
+        }
+        argv.push(script.display().to_string());
+        let mut cmd = tokio::process::Command::new(&self.config.shim);
+        cmd.arg("exec-job")
+            .args(["--user", &l.user])
+            .args(["--uid", &user.uid.as_raw().to_string()])
+            .args(["--gid", &user.gid.as_raw().to_string()]);
+        for f in &join {
+            cmd.arg("--join").arg(f);
+        }
+        if l.address_space_limit
+            && let Some(v) = l.vmem_mib.or(Some(l.memory_mib)).filter(|v| *v > 0)
+        {
+            cmd.args(["--rlimit-as", &(v << 20).to_string()]);
+        }
+        cmd.arg("--")
+            .args(&argv)
+            .current_dir(&l.work_dir)
             .env_clear()
             .envs(env)
             .stdin(std::process::Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
-            .uid(user.uid.as_raw())
-            .gid(user.gid.as_raw())
             .process_group(0)
             .kill_on_drop(false);
         let mut child = cmd
@@ -311,8 +353,8 @@ impl Runner {
         // Instructions that came while the process was being started apply now.
         if stopping {
             signal_group(pgid, Signal::SIGTERM);
-        } else if suspended {
-            signal_group(pgid, Signal::SIGSTOP);
+        } else if suspended && let Some(r) = self.lock().get(&l.job_id) {
+            freeze(r, true);
         }
         let _ = self.events.send(pb::JobEvent {
             job_id: l.job_id,
@@ -385,6 +427,17 @@ impl Runner {
                 }
             }
         };
+        let mut ended = ended;
+        if let Some(cg) = run.cgroup.take() {
+            if cg.oom_killed() && run.stopping.is_none() {
+                ended.cause = "out_of_memory".into();
+            }
+            ended.cpu_time_ms = cg.cpu_time_ms();
+            ended.max_rss_mib = cg.peak_memory_mib();
+            cg.remove();
+        }
+        // Its cpus return to the pool (held cpus are read from running runs).
+        run.cpus.clear();
         run.running = false;
         run.ended = Some(ended.clone());
         run.changed.notify_one();
@@ -440,12 +493,12 @@ impl Runner {
         match (suspend, run.suspended_since) {
             (true, None) => {
                 run.suspended_since = Some(Instant::now());
-                signal_group(run.pgid, Signal::SIGSTOP);
+                freeze(run, true);
             }
             (false, Some(since)) => {
                 run.paused += since.elapsed();
                 run.suspended_since = None;
-                signal_group(run.pgid, Signal::SIGCONT);
+                freeze(run, false);
             }
             _ => {}
         }
@@ -495,6 +548,9 @@ impl Runner {
                 run.stopping = Some(why);
             }
             run.changed.notify_one();
+            if run.suspended_since.is_some() {
+                freeze(run, false);
+            }
             run.pgid
         };
         signal_group(pgid, Signal::SIGCONT);
@@ -503,14 +559,45 @@ impl Runner {
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            let still = this
+            let cgroup = this
                 .lock()
                 .get(&job)
-                .is_some_and(|r| r.epoch == epoch && r.running);
-            if still {
+                .filter(|r| r.epoch == epoch && r.running)
+                .map(|r| r.cgroup.clone());
+            if let Some(cgroup) = cgroup {
                 signal_group(pgid, Signal::SIGKILL);
+                // Processes that left the group are still in the cgroup.
+                if let Some(cg) = cgroup {
+                    cg.kill_all();
+                }
             }
         });
+    }
+
+    /// Takes `n` free cpus of the pool for `job` (lowest first). Fewer than `n` free (an agent
+    /// declaring more cpus than it owns, for tests): no exclusive set.
+    fn take_cpus(&self, job: u64, n: u32) -> Vec<u32> {
+        let mut runs = self.lock();
+        let used: std::collections::BTreeSet<u32> = runs
+            .values()
+            .filter(|r| r.running)
+            .flat_map(|r| r.cpus.iter().copied())
+            .collect();
+        let free: Vec<u32> = self
+            .config
+            .cpu_pool
+            .iter()
+            .copied()
+            .filter(|c| !used.contains(c))
+            .take(n as usize)
+            .collect();
+        if free.len() < n as usize {
+            return Vec::new();
+        }
+        if let Some(r) = runs.get_mut(&job) {
+            r.cpus = free.clone();
+        }
+        free
     }
 
     /// Stops every running job (the fence: no leader for too long).
@@ -525,6 +612,46 @@ impl Runner {
             self.stop(job, epoch, why);
         }
     }
+}
+
+/// Freezes or thaws a run: the cgroup freezer when confined, SIGSTOP/SIGCONT to its process
+/// group otherwise (or when the freezer fails).
+fn freeze(run: &Run, frozen: bool) {
+    if let Some(cg) = &run.cgroup {
+        match cg.freeze(frozen) {
+            Ok(()) => return,
+            Err(e) => tracing::warn!(error = %e, "freezer failed; signalling the process group"),
+        }
+    }
+    signal_group(
+        run.pgid,
+        if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        },
+    );
+}
+
+/// `0-3,8` from sorted cpu ids.
+fn cpu_list(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        let mut end = start;
+        while i + 1 < cpus.len() && cpus[i + 1] == end + 1 {
+            i += 1;
+            end = cpus[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(",")
 }
 
 fn signal_group(pgid: Option<i32>, signal: Signal) {

@@ -340,5 +340,105 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
                 m
             });
     assert!(!after.contains_key(&1), "relaunched: {after:?}");
+
+    // 8. Confinement (cgroups; v1 on the build machine): the job's cgroup exists while it
+    //    runs, with its exclusive cpuset, memory limit and pids limit, and is gone after.
+    let (memory_base, limit_file) = memory_cgroup_base();
+    let mut l = launch(
+        8,
+        1,
+        &work,
+        "#!/bin/sh
+grep Cpus_allowed_list /proc/self/status
+sleep 2
+",
+        60,
+    );
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+        x.memory_mib = 256;
+    }
+    leader.send(l).await;
+    let job_dir = memory_base.join("job_8_1");
+    let start = Instant::now();
+    while !job_dir.exists() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no cgroup {}",
+            job_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let limit = std::fs::read_to_string(job_dir.join(limit_file)).unwrap();
+    assert_eq!(limit.trim(), (256u64 << 20).to_string());
+    let (_, end) = leader.ended(8).await;
+    assert_eq!(end.cause, "completed", "{end:?}");
+    let out = std::fs::read_to_string(work.join("slurm-8.out")).unwrap();
+    assert!(out.contains("Cpus_allowed_list:\t0\n"), "{out:?}");
+    assert!(!job_dir.exists(), "the job's cgroup was not removed");
+    assert!(end.cpu_time_ms < 60_000);
+
+    // 9. Over its memory: killed by the OOM killer, reported as out of memory.
+    let mut l = launch(
+        9,
+        1,
+        &work,
+        "#!/bin/sh
+dd if=/dev/zero of=/dev/null bs=300M count=1
+",
+        60,
+    );
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+        x.memory_mib = 64;
+    }
+    leader.send(l).await;
+    let (_, end) = leader.ended(9).await;
+    assert_eq!(end.cause, "out_of_memory", "{end:?}");
+    assert!(end.max_rss_mib <= 64, "{end:?}");
     server.abort();
+}
+
+/// Where the agent (started by this process, so in its cgroups) puts job memory cgroups, and
+/// the memory limit's file name there: cgroup v2 when the unified hierarchy has the memory
+/// controller, else v1.
+fn memory_cgroup_base() -> (std::path::PathBuf, &'static str) {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    if v2 {
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = text
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap()
+            .to_owned();
+        let base = std::path::Path::new("/sys/fs/cgroup")
+            .join(path.trim_start_matches('/'))
+            .join("docket-n01");
+        (base, "memory.max")
+    } else {
+        (
+            own_cgroup_dir("memory").join("docket-n01"),
+            "memory.limit_in_bytes",
+        )
+    }
+}
+
+/// This process's cgroup directory in the v1 `controller` hierarchy (the agent it starts
+/// inherits it).
+fn own_cgroup_dir(controller: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let mut p = l.splitn(3, ':');
+            let (_, c, path) = (p.next()?, p.next()?, p.next()?);
+            c.split(',')
+                .any(|x| x == controller)
+                .then(|| path.to_owned())
+        })
+        .unwrap_or_else(|| panic!("no {controller} cgroup in {text}"));
+    std::path::Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join(path.trim_start_matches('/'))
 }

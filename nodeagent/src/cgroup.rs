@@ -1,0 +1,462 @@
+//! Job confinement with cgroups, on cgroup v2 hosts and on cgroup v1 hosts.
+//!
+//! The agent finds its own cgroup in each hierarchy (`/proc/self/cgroup`, mount points from
+//! `/proc/self/mountinfo`) and keeps its jobs below it, in `docket-<node>/job_<id>_<epoch>`:
+//! - **v2** (the `cgroup2` mount has the controllers): `cpuset.cpus`/`cpuset.mems`,
+//!   `memory.max`, `memory.swap.max` (swap only: vmem − memory), `memory.oom.group` (an OOM
+//!   kills the whole job), `pids.max`; suspend with `cgroup.freeze`. Because v2 forbids
+//!   processes in a cgroup that delegates controllers, the agent first moves itself into a
+//!   leaf `agent` cgroup next to its jobs.
+//! - **v1** (controllers mounted one per hierarchy, as on this build machine): `cpuset`,
+//!   `memory` (`limit_in_bytes`, `memsw.limit_in_bytes` for vmem when the kernel accounts
+//!   swap), `pids`, `freezer` (`FROZEN`/`THAWED`), `cpuacct` for cpu time.
+//!
+//! A process joins its job's cgroups before it runs anything of the job (see
+//! [`crate::shim`]), so nothing it forks escapes. Job cgroups are removed when the job ends,
+//! and stale ones (an agent killed mid-job) are reaped at start.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Confinement could not be set up or applied.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error(
+        "no usable cgroup hierarchy: {0}. Run the agent as root on a host with cgroup v2 (with \
+         the cpuset, memory and pids controllers) or the v1 memory and freezer controllers, \
+         or start it with --confinement none"
+    )]
+    Unavailable(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(io_err(path))
+}
+
+fn read(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// Which kind of hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// The limits of one job.
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// Exclusive cpus, as a list (`0-3,8`); None leaves the parent's.
+    pub cpus: Option<String>,
+    pub memory_bytes: Option<u64>,
+    /// Memory plus swap.
+    pub vmem_bytes: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// The agent's place in the cgroup hierarchies.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    version: Version,
+    /// controller (or "unified") -> the agent's base directory for jobs.
+    bases: BTreeMap<String, PathBuf>,
+}
+
+/// Controllers used on v1, and whether each is required.
+const V1_CONTROLLERS: [(&str, bool); 5] = [
+    ("memory", true),
+    ("freezer", true),
+    ("cpuset", false),
+    ("pids", false),
+    ("cpuacct", false),
+];
+
+impl Cgroups {
+    /// Finds the hierarchies and prepares `docket-<node>` under the agent's own cgroups.
+    pub fn detect(node: &str) -> Result<Self, CgroupError> {
+        let own = read(Path::new("/proc/self/cgroup"))
+            .ok_or_else(|| CgroupError::Unavailable("cannot read /proc/self/cgroup".into()))?;
+        let mounts = read(Path::new("/proc/self/mountinfo"))
+            .ok_or_else(|| CgroupError::Unavailable("cannot read /proc/self/mountinfo".into()))?;
+        // Mount points: "cgroup2" -> path; v1 controller -> path.
+        let mut v2_mount = None;
+        let mut v1_mounts: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for line in mounts.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let Some(sep) = fields.iter().position(|f| *f == "-") else {
+                continue;
+            };
+            let (Some(mount), Some(fstype), Some(opts)) =
+                (fields.get(4), fields.get(sep + 1), fields.get(sep + 3))
+            else {
+                continue;
+            };
+            match *fstype {
+                "cgroup2" => v2_mount = Some(PathBuf::from(mount)),
+                "cgroup" => {
+                    for opt in opts.split(',') {
+                        v1_mounts.insert(opt.to_owned(), PathBuf::from(mount));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut v1_paths: BTreeMap<String, String> = BTreeMap::new();
+        let mut v2_path = None;
+        for line in own.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if ctrls.is_empty() {
+                v2_path = Some(path.to_owned());
+            } else {
+                for c in ctrls.split(',') {
+                    v1_paths.insert(c.to_owned(), path.to_owned());
+                }
+            }
+        }
+        let dir_name = format!("docket-{node}");
+        // v2 with the controllers we need.
+        if let (Some(mount), Some(path)) = (&v2_mount, &v2_path) {
+            let own_dir = mount.join(path.trim_start_matches('/'));
+            let controllers = read(&own_dir.join("cgroup.controllers")).unwrap_or_default();
+            let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+            if has("memory") && has("pids") {
+                return Self::setup_v2(&own_dir, &dir_name, has("cpuset"));
+            }
+        }
+        // v1.
+        let mut bases = BTreeMap::new();
+        for (ctrl, required) in V1_CONTROLLERS {
+            match (v1_mounts.get(ctrl), v1_paths.get(ctrl)) {
+                (Some(mount), Some(path)) => {
+                    let base = mount.join(path.trim_start_matches('/')).join(&dir_name);
+                    if let Err(e) = std::fs::create_dir_all(&base) {
+                        if required {
+                            return Err(CgroupError::Unavailable(format!(
+                                "cannot create {}: {e}",
+                                base.display()
+                            )));
+                        }
+                        continue;
+                    }
+                    if ctrl == "cpuset" {
+                        // A v1 cpuset cgroup takes no task until it has cpus and mems.
+                        let parent = base.parent().unwrap_or(mount);
+                        for f in ["cpuset.cpus", "cpuset.mems"] {
+                            if read(&base.join(f)).is_none_or(|v| v.trim().is_empty()) {
+                                let v = read(&parent.join(f)).unwrap_or_default();
+                                write(&base.join(f), v.trim())?;
+                            }
+                        }
+                    }
+                    bases.insert(ctrl.to_owned(), base);
+                }
+                _ if required => {
+                    return Err(CgroupError::Unavailable(format!(
+                        "the v1 {ctrl} controller is not mounted, and cgroup v2 has no memory/pids controllers"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let this = Cgroups {
+            version: Version::V1,
+            bases,
+        };
+        this.reap_stale();
+        Ok(this)
+    }
+
+    fn setup_v2(own: &Path, dir_name: &str, cpuset: bool) -> Result<Self, CgroupError> {
+        // Leave our own cgroup for a leaf, so ours can delegate controllers.
+        let agent = own.join("agent");
+        std::fs::create_dir_all(&agent).map_err(io_err(&agent))?;
+        write(&agent.join("cgroup.procs"), &std::process::id().to_string())?;
+        let enable = if cpuset {
+            "+cpuset +memory +pids"
+        } else {
+            "+memory +pids"
+        };
+        write(&own.join("cgroup.subtree_control"), enable)?;
+        let base = own.join(dir_name);
+        std::fs::create_dir_all(&base).map_err(io_err(&base))?;
+        write(&base.join("cgroup.subtree_control"), enable)?;
+        let this = Cgroups {
+            version: Version::V2,
+            bases: BTreeMap::from([("unified".to_owned(), base)]),
+        };
+        this.reap_stale();
+        Ok(this)
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Removes job cgroups left by an agent that died mid-job (killing what is in them).
+    fn reap_stale(&self) {
+        for base in self.bases.values() {
+            let Ok(entries) = std::fs::read_dir(base) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                if name.to_string_lossy().starts_with("job_") {
+                    tracing::warn!(path = %e.path().display(), "reaping a stale job cgroup");
+                    kill_all(&e.path());
+                    let _ = remove_dir_retrying(&e.path());
+                }
+            }
+        }
+    }
+
+    /// Creates job `(job, epoch)`'s cgroups with `limits`.
+    pub fn create(&self, job: u64, epoch: u64, limits: &Limits) -> Result<JobCgroup, CgroupError> {
+        let name = format!("job_{job}_{epoch}");
+        let mut dirs = BTreeMap::new();
+        for (ctrl, base) in &self.bases {
+            let dir = base.join(&name);
+            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            dirs.insert(ctrl.clone(), dir);
+        }
+        let cg = JobCgroup {
+            version: self.version,
+            dirs,
+        };
+        cg.limit(limits)?;
+        Ok(cg)
+    }
+}
+
+/// One job's cgroups.
+#[derive(Debug, Clone)]
+pub struct JobCgroup {
+    version: Version,
+    dirs: BTreeMap<String, PathBuf>,
+}
+
+impl JobCgroup {
+    fn dir(&self, ctrl: &str) -> Option<&Path> {
+        let key = if self.version == Version::V2 {
+            "unified"
+        } else {
+            ctrl
+        };
+        self.dirs.get(key).map(PathBuf::as_path)
+    }
+
+    fn limit(&self, l: &Limits) -> Result<(), CgroupError> {
+        match self.version {
+            Version::V2 => {
+                let Some(d) = self.dir("unified") else {
+                    return Ok(());
+                };
+                if let Some(cpus) = &l.cpus
+                    && d.join("cpuset.cpus").exists()
+                {
+                    write(&d.join("cpuset.cpus"), cpus)?;
+                }
+                if let Some(m) = l.memory_bytes {
+                    write(&d.join("memory.max"), &m.to_string())?;
+                    let swap = l.vmem_bytes.map_or(0, |v| v.saturating_sub(m));
+                    if d.join("memory.swap.max").exists() {
+                        write(&d.join("memory.swap.max"), &swap.to_string())?;
+                    }
+                }
+                write(&d.join("memory.oom.group"), "1")?;
+                if let Some(p) = l.pids {
+                    write(&d.join("pids.max"), &p.to_string())?;
+                }
+            }
+            Version::V1 => {
+                if let Some(d) = self.dir("cpuset") {
+                    let parent_mems = d
+                        .parent()
+                        .and_then(|p| read(&p.join("cpuset.mems")))
+                        .unwrap_or_default();
+                    let cpus = match &l.cpus {
+                        Some(c) => c.clone(),
+                        None => d
+                            .parent()
+                            .and_then(|p| read(&p.join("cpuset.cpus")))
+                            .unwrap_or_default(),
+                    };
+                    write(&d.join("cpuset.cpus"), cpus.trim())?;
+                    write(&d.join("cpuset.mems"), parent_mems.trim())?;
+                }
+                if let Some(d) = self.dir("memory")
+                    && let Some(m) = l.memory_bytes
+                {
+                    write(&d.join("memory.limit_in_bytes"), &m.to_string())?;
+                    let memsw = d.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        let v = l.vmem_bytes.unwrap_or(m).max(m);
+                        write(&memsw, &v.to_string())?;
+                    }
+                }
+                if let Some(d) = self.dir("pids")
+                    && let Some(p) = l.pids
+                {
+                    write(&d.join("pids.max"), &p.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files a process writes its pid into to join this job.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.values().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Freezes or thaws every process of the job, waiting (up to 5 s) until it took effect.
+    pub fn freeze(&self, frozen: bool) -> Result<(), CgroupError> {
+        let (file, value, check, want) = match self.version {
+            Version::V2 => (
+                "cgroup.freeze",
+                if frozen { "1" } else { "0" },
+                "cgroup.events",
+                if frozen { "frozen 1" } else { "frozen 0" },
+            ),
+            Version::V1 => (
+                "freezer.state",
+                if frozen { "FROZEN" } else { "THAWED" },
+                "freezer.state",
+                if frozen { "FROZEN" } else { "THAWED" },
+            ),
+        };
+        let Some(d) = self.dir("freezer") else {
+            return Err(CgroupError::Unavailable("no freezer for this job".into()));
+        };
+        write(&d.join(file), value)?;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if read(&d.join(check)).is_some_and(|s| s.contains(want)) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(CgroupError::Io {
+            path: d.join(check),
+            source: io::Error::other(format!("did not reach {want} within 5 s")),
+        })
+    }
+
+    /// Whether the kernel's OOM killer killed something of the job.
+    pub fn oom_killed(&self) -> bool {
+        let (file, key) = match self.version {
+            Version::V2 => ("memory.events", "oom_kill"),
+            Version::V1 => ("memory.oom_control", "oom_kill"),
+        };
+        self.dir("memory")
+            .and_then(|d| read(&d.join(file)))
+            .is_some_and(|text| {
+                text.lines().any(|l| {
+                    let mut it = l.split_whitespace();
+                    it.next() == Some(key)
+                        && it.next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
+                })
+            })
+    }
+
+    /// Peak memory, MiB.
+    pub fn peak_memory_mib(&self) -> u64 {
+        let file = match self.version {
+            Version::V2 => "memory.peak",
+            Version::V1 => "memory.max_usage_in_bytes",
+        };
+        self.dir("memory")
+            .and_then(|d| read(&d.join(file)))
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map_or(0, |b| b >> 20)
+    }
+
+    /// CPU time used, milliseconds.
+    pub fn cpu_time_ms(&self) -> u64 {
+        match self.version {
+            Version::V2 => self
+                .dir("cpu")
+                .and_then(|d| read(&d.join("cpu.stat")))
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("usage_usec ").map(|v| v.trim().to_owned()))
+                })
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(0, |us| us / 1000),
+            Version::V1 => self
+                .dir("cpuacct")
+                .and_then(|d| read(&d.join("cpuacct.usage")))
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .map_or(0, |ns| ns / 1_000_000),
+        }
+    }
+
+    /// SIGKILLs everything still in the job's cgroups.
+    pub fn kill_all(&self) {
+        for d in self.dirs.values() {
+            kill_all(d);
+        }
+    }
+
+    /// Removes the job's cgroups (killing stragglers first).
+    pub fn remove(&self) {
+        self.kill_all();
+        for d in self.dirs.values() {
+            if let Err(e) = remove_dir_retrying(d) {
+                tracing::warn!(path = %d.display(), error = %e, "could not remove a job cgroup");
+            }
+        }
+    }
+}
+
+fn kill_all(dir: &Path) {
+    // A frozen v1 cgroup must be thawed for its processes to die.
+    if let Some(state) = read(&dir.join("freezer.state"))
+        && state.contains("FROZEN")
+    {
+        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    }
+    let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+    if let Some(procs) = read(&dir.join("cgroup.procs")) {
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
+    let start = Instant::now();
+    loop {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if start.elapsed() > Duration::from_secs(5) => return Err(e),
+            Err(_) => {
+                kill_all(dir);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
