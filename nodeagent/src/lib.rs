@@ -8,9 +8,12 @@
 //! - [`cgroup`]: confinement on cgroup v2 and v1 hosts (cpuset, memory, vmem, pids, freezer).
 //! - [`shim`]: the job's first process, which joins the cgroups and becomes the user.
 //!
-//! jobfs mounts and re-adoption after an agent restart are the next increment (issue 7).
+//! - [`jobfs`]: each job's size-capped scratch mount.
+//!
+//! Re-adoption of running jobs after an agent restart is the next increment (issue 7).
 
 pub mod cgroup;
+pub mod jobfs;
 pub mod runner;
 pub mod session;
 pub mod shim;

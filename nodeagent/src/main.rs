@@ -56,6 +56,12 @@ struct ExecJobArgs {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum JobfsArg {
+    Loop,
+    Tmpfs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum Confinement {
     /// cgroup v2 or v1, whichever the host has; a clear error if neither is writable.
     Auto,
@@ -110,6 +116,12 @@ struct RunArgs {
     /// --cpus cpus of the agent's own cpuset.
     #[arg(long, env = "DOCKET_CPUSET")]
     cpuset: Option<String>,
+    /// Where each job's scratch (jobfs) is mounted; default: STATE_DIR/jobfs.
+    #[arg(long, env = "DOCKET_JOBFS_DIR")]
+    jobfs_dir: Option<PathBuf>,
+    /// How jobfs is mounted: a loop-mounted ext4 image on local disk, or tmpfs (in RAM).
+    #[arg(long, env = "DOCKET_JOBFS", value_enum, default_value = "loop")]
+    jobfs: JobfsArg,
     /// Most processes one job may have.
     #[arg(long, env = "DOCKET_JOB_PIDS_MAX", default_value_t = 4096)]
     job_pids_max: u64,
@@ -169,6 +181,21 @@ fn run(args: RunArgs) -> Result<()> {
         None => own_cpus().into_iter().take(args.cpus as usize).collect(),
     };
     let shim = std::env::current_exe().context("locating this binary (the job shim)")?;
+    let jobfs = match args.execution {
+        Execution::Simulated => None,
+        Execution::Real => Some(
+            docket_nodeagent::jobfs::Jobfs::open(
+                args.jobfs_dir
+                    .clone()
+                    .unwrap_or_else(|| args.state_dir.join("jobfs")),
+                match args.jobfs {
+                    JobfsArg::Loop => docket_nodeagent::jobfs::JobfsKind::Loop,
+                    JobfsArg::Tmpfs => docket_nodeagent::jobfs::JobfsKind::Tmpfs,
+                },
+            )
+            .context("--jobfs-dir")?,
+        ),
+    };
     let (runner, events) = Runner::new(RunnerConfig {
         node: args.node.clone(),
         cluster: args.cluster.clone(),
@@ -182,6 +209,7 @@ fn run(args: RunArgs) -> Result<()> {
         cpu_pool,
         pids_max: args.job_pids_max,
         shim,
+        jobfs,
     });
     let config = SessionConfig {
         node: args.node,

@@ -46,6 +46,8 @@ pub struct RunnerConfig {
     pub pids_max: u64,
     /// The agent's own executable (it is also the job shim).
     pub shim: PathBuf,
+    /// Where job scratch is mounted; None: no jobfs (simulated runs).
+    pub jobfs: Option<crate::jobfs::Jobfs>,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,8 @@ struct Run {
     cgroup: Option<crate::cgroup::JobCgroup>,
     /// The cpus it holds from the pool.
     cpus: Vec<u32>,
+    /// Its scratch, when it has one.
+    scratch: Option<crate::jobfs::JobScratch>,
     /// Wakes the run's walltime watcher when its limit or suspension changes.
     changed: Arc<Notify>,
 }
@@ -219,6 +223,7 @@ impl Runner {
                 changed: changed.clone(),
                 cgroup: None,
                 cpus: Vec::new(),
+                scratch: None,
             },
         );
         let this = self.clone();
@@ -285,12 +290,30 @@ impl Runner {
             home: user.dir.display().to_string(),
             shell: user.shell.display().to_string(),
         };
+        let scratch = match &self.config.jobfs {
+            Some(jobfs) if l.jobfs_mib > 0 => {
+                let s = jobfs
+                    .create(
+                        l.job_id,
+                        l.epoch,
+                        l.jobfs_mib,
+                        user.uid.as_raw(),
+                        user.gid.as_raw(),
+                    )
+                    .map_err(|e| e.to_string())?;
+                if let Some(r) = self.lock().get_mut(&l.job_id) {
+                    r.scratch = Some(s.clone());
+                }
+                Some(s)
+            }
+            _ => None,
+        };
         let env = world::environment(
             l,
             &self.config.node,
             &who,
             &nodefile,
-            None,
+            scratch.as_ref().map(|s| s.path.as_path()),
             &self.config.cluster,
         );
         // Confinement: the job's cgroups, which the shim joins before it becomes the user.
@@ -428,6 +451,13 @@ impl Runner {
             }
         };
         let mut ended = ended;
+        if let Some(scratch) = run.scratch.take() {
+            let unsuccessful = ended.cause == "failed";
+            if unsuccessful && scratch.full() {
+                ended.cause = "jobfs_exceeded".into();
+            }
+            scratch.remove();
+        }
         if let Some(cg) = run.cgroup.take() {
             if cg.oom_killed() && run.stopping.is_none() {
                 ended.cause = "out_of_memory".into();

@@ -396,6 +396,33 @@ dd if=/dev/zero of=/dev/null bs=300M count=1
     let (_, end) = leader.ended(9).await;
     assert_eq!(end.cause, "out_of_memory", "{end:?}");
     assert!(end.max_rss_mib <= 64, "{end:?}");
+
+    // 10. jobfs: a 16 MiB scratch exported as TMPDIR/PBS_JOBFS; 8 MiB fit, filling it fails
+    //     with ENOSPC and the job is reported as jobfs exceeded; the mount is gone after.
+    let script = "#!/bin/sh
+[ \"$TMPDIR\" = \"$PBS_JOBFS\" ] || exit 9
+echo \"jobfs=$TMPDIR\"
+dd if=/dev/zero of=$TMPDIR/a bs=1M count=8 2>/dev/null || exit 8
+dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
+";
+    let mut l = launch(10, 1, &work, script, 60);
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+        x.jobfs_mib = 16;
+    }
+    leader.send(l).await;
+    let (_, end) = leader.ended(10).await;
+    assert_eq!(end.cause, "jobfs_exceeded", "{end:?}");
+    let out = std::fs::read_to_string(work.join("slurm-10.out")).unwrap();
+    let mount = out
+        .lines()
+        .find_map(|l| l.strip_prefix("jobfs="))
+        .expect("the job saw its jobfs")
+        .to_owned();
+    assert!(mount.ends_with("/10.1"), "{mount}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&mount), "jobfs {mount} still mounted");
+    assert!(!std::path::Path::new(&mount).exists());
     server.abort();
 }
 

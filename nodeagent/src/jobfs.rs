@@ -1,0 +1,182 @@
+//! jobfs: each job's scratch directory with a real size cap.
+//!
+//! A size-limited mount per job under the agent's jobfs directory, `<dir>/<job>.<epoch>`:
+//! - **loop** (default): a sparse ext4 image of the job's size on local disk, loop-mounted
+//!   `nosuid,nodev` (mke2fs and mount from e2fsprogs and util-linux do the formatting and the
+//!   loop device);
+//! - **tmpfs** (when configured): `tmpfs` with `size=` — in RAM, counted against nothing else.
+//!
+//! The directory belongs to the job's user, is exported as `TMPDIR`, `PBS_JOBFS` and
+//! `DOCKET_JOBFS`, and is unmounted and removed when the job ends. A job that fills it sees
+//! ENOSPC; one that ended unsuccessfully with its jobfs full is reported as "jobfs exceeded".
+//! Mounts left by an agent that died mid-job are removed at start.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// How job scratch is mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobfsKind {
+    Loop,
+    Tmpfs,
+}
+
+/// A jobfs could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum JobfsError {
+    #[error("jobfs {path}: {message}")]
+    Failed { path: PathBuf, message: String },
+}
+
+fn failed(path: &Path, message: impl Into<String>) -> JobfsError {
+    JobfsError::Failed {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn run(cmd: &mut Command, path: &Path) -> Result<(), JobfsError> {
+    let out = cmd
+        .output()
+        .map_err(|e| failed(path, format!("running {cmd:?}: {e}")))?;
+    if !out.status.success() {
+        return Err(failed(
+            path,
+            format!(
+                "{cmd:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The agent's jobfs area.
+#[derive(Debug, Clone)]
+pub struct Jobfs {
+    dir: PathBuf,
+    kind: JobfsKind,
+}
+
+/// One job's mounted scratch.
+#[derive(Debug, Clone)]
+pub struct JobScratch {
+    pub path: PathBuf,
+    image: Option<PathBuf>,
+}
+
+impl Jobfs {
+    /// The area at `dir` (created), with stale mounts from a previous agent removed.
+    pub fn open(dir: PathBuf, kind: JobfsKind) -> Result<Self, JobfsError> {
+        std::fs::create_dir_all(&dir).map_err(|e| failed(&dir, e.to_string()))?;
+        let this = Jobfs { dir, kind };
+        this.reap_stale();
+        Ok(this)
+    }
+
+    fn reap_stale(&self) {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = self.dir.display().to_string();
+        for line in mounts.lines() {
+            if let Some(mount) = line.split(' ').nth(4)
+                && mount.starts_with(&prefix)
+                && mount != prefix
+            {
+                tracing::warn!(mount, "removing a stale jobfs mount");
+                let _ = Command::new("umount").args(["-l", mount]).output();
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let p = e.path();
+                let _ = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+            }
+        }
+    }
+
+    /// Mounts a scratch of `size_mib` for run (job, epoch), owned by uid:gid.
+    pub fn create(
+        &self,
+        job: u64,
+        epoch: u64,
+        size_mib: u64,
+        uid: u32,
+        gid: u32,
+    ) -> Result<JobScratch, JobfsError> {
+        let path = self.dir.join(format!("{job}.{epoch}"));
+        std::fs::create_dir_all(&path).map_err(|e| failed(&path, e.to_string()))?;
+        let image = match self.kind {
+            JobfsKind::Tmpfs => {
+                run(
+                    Command::new("mount")
+                        .args(["-t", "tmpfs", "-o"])
+                        .arg(format!("size={size_mib}m,mode=0700,nosuid,nodev"))
+                        .arg("tmpfs")
+                        .arg(&path),
+                    &path,
+                )?;
+                None
+            }
+            JobfsKind::Loop => {
+                let image = self.dir.join(format!("{job}.{epoch}.img"));
+                let file =
+                    std::fs::File::create(&image).map_err(|e| failed(&image, e.to_string()))?;
+                file.set_len(size_mib << 20)
+                    .map_err(|e| failed(&image, e.to_string()))?;
+                drop(file);
+                run(
+                    Command::new("mkfs.ext4")
+                        .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
+                        .arg(&image),
+                    &image,
+                )?;
+                run(
+                    Command::new("mount")
+                        .args(["-o", "loop,nosuid,nodev"])
+                        .arg(&image)
+                        .arg(&path),
+                    &path,
+                )?;
+                Some(image)
+            }
+        };
+        let scratch = JobScratch { path, image };
+        if let Err(e) = std::os::unix::fs::chown(&scratch.path, Some(uid), Some(gid)) {
+            scratch.remove();
+            return Err(failed(&scratch.path, format!("chown: {e}")));
+        }
+        Ok(scratch)
+    }
+}
+
+impl JobScratch {
+    /// Whether it is full: less than 2% (at least 1 MiB) left, which is what a writer that got
+    /// ENOSPC leaves (the filesystem keeps a little back for its own metadata).
+    pub fn full(&self) -> bool {
+        nix::sys::statvfs::statvfs(&self.path)
+            .map(|s| {
+                let unit = s.fragment_size().max(1) as u128;
+                let total = s.blocks() as u128 * unit;
+                let free = s.blocks_available() as u128 * unit;
+                free < (total / 50).max(1 << 20)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Unmounts and removes it.
+    pub fn remove(&self) {
+        let out = Command::new("umount").arg(&self.path).output();
+        if !out.as_ref().is_ok_and(|o| o.status.success()) {
+            // Something still holds it open: detach it lazily.
+            let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+        }
+        let _ = std::fs::remove_dir(&self.path);
+        if let Some(image) = &self.image {
+            let _ = std::fs::remove_file(image);
+        }
+    }
+}
