@@ -423,6 +423,95 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&mount), "jobfs {mount} still mounted");
     assert!(!std::path::Path::new(&mount).exists());
+
+    // 11. The job runs as its user, not as the agent's root.
+    let mut l = launch(
+        11,
+        1,
+        &work,
+        "#!/bin/sh\necho \"uid=$(id -u) user=$USER\"\n",
+        60,
+    );
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.user = "nobody".into();
+        x.cpus = 1;
+    }
+    leader.send(l).await;
+    let (_, end) = leader.ended(11).await;
+    assert_eq!(end.cause, "completed", "{end:?}");
+    let out = std::fs::read_to_string(work.join("slurm-11.out")).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    assert!(
+        out.contains(&format!("uid={} user=nobody", nobody.uid)),
+        "{out}"
+    );
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulated_runs_occupy_their_time_without_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    // Simulated agents need neither root nor cgroups, and many can share a host.
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args([
+                "run",
+                "--node",
+                "sim001",
+                "--controllers",
+                &addr,
+                "--cpus",
+                "128",
+            ])
+            .args([
+                "--memory-mib",
+                "524288",
+                "--execution",
+                "simulated",
+                "--log",
+                "warn",
+            ])
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let work = dir.path();
+    let began = Instant::now();
+    leader
+        .send(launch(1, 1, work, "#!/bin/sh\nsleep 1\n", 60))
+        .await;
+    let (_, end) = leader.ended(1).await;
+    assert_eq!(end.cause, "completed");
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "ended before its simulated runtime"
+    );
+    assert!(
+        !work.join("slurm-1.out").exists(),
+        "a simulated run wrote output"
+    );
+    // Killed, and timed out, like real runs.
+    leader
+        .send(launch(2, 1, work, "#!/bin/sh\nsleep 600\n", 60))
+        .await;
+    leader
+        .send(pb::instruction::Kind::Kill(control(2, 1)))
+        .await;
+    assert_eq!(leader.ended(2).await.1.cause, "cancelled");
+    leader
+        .send(launch(3, 1, work, "#!/bin/sh\nsleep 600\n", 1))
+        .await;
+    assert_eq!(leader.ended(3).await.1.cause, "timeout");
     server.abort();
 }
 
