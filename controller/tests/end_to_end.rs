@@ -1,0 +1,171 @@
+//! The whole path with real processes: three `docket-controller` replicas and a real
+//! `docket-nodeagent` — a job submitted through the jobs API runs on the agent's node and
+//! completes; the leader is killed while a job runs, the agent follows the new leader, which
+//! adopts the run without launching it again, and a cancel reaches it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Act, Cluster, DEADLINE, act, job, list, submit};
+use docket_proto::v1 as pb;
+
+/// The agent binary, next to this package's binaries (the workspace test run builds it; a
+/// run of this package alone builds it here).
+fn agent_binary() -> PathBuf {
+    let path =
+        PathBuf::from(env!("CARGO_BIN_EXE_docket-controller")).with_file_name("docket-nodeagent");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "docket-nodeagent"])
+            .status()
+            .expect("running cargo to build docket-nodeagent");
+        assert!(status.success(), "building docket-nodeagent failed");
+    }
+    assert!(path.exists(), "no agent binary at {}", path.display());
+    path
+}
+
+struct Agent(Child);
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_state(cluster: &Cluster, id: u64, want: &str) -> pb::JobInfo {
+    let start = Instant::now();
+    loop {
+        let leader = cluster.leader().await;
+        let mut c = cluster.jobs(leader).await;
+        if let Ok(j) = list(
+            &mut c,
+            "nobody",
+            pb::ListJobsRequest {
+                job_ids: vec![id],
+                ..Default::default()
+            },
+        )
+        .await
+            && let Some(j) = j.into_iter().next()
+        {
+            if j.state == want {
+                return j;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "job {id} is {} ({}), never {want}",
+                j.state,
+                j.reason
+            );
+        }
+        assert!(start.elapsed() < DEADLINE, "job {id} never {want}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
+    let agent_bin = agent_binary();
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--agent-fence-ms",
+            "4000",
+            "--node-down-margin-ms",
+            "2000",
+            "--agent-heartbeat-ms",
+            "200",
+        ],
+    )
+    .await;
+    let work = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        work.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let controllers = cluster
+        .addrs
+        .values()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    let _agent = Agent(
+        Command::new(&agent_bin)
+            .args(["run", "--node", "n01", "--controllers", &controllers])
+            .args([
+                "--cpus",
+                "8",
+                "--memory-mib",
+                "16384",
+                "--kill-grace-s",
+                "1",
+            ])
+            .args(["--confinement", "none", "--log", "warn"])
+            .arg("--state-dir")
+            .arg(work.path().join("agent"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    // 1. Submitted through the API, run by the agent as the user nobody, completed.
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let mut spec = job("hello", "batch");
+    spec.nodelist = vec!["n01".into()];
+    spec.work_dir = work.path().display().to_string();
+    spec.script = b"#!/bin/sh\necho \"hello from $SLURM_JOB_ID on $SLURMD_NODENAME\"\n".to_vec();
+    let r = submit(&mut jobs, "nobody", vec![spec]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let done = wait_state(&cluster, id, "COMPLETED").await;
+    assert_eq!(done.exit_code, Some(0));
+    let out = std::fs::read_to_string(work.path().join(format!("slurm-{id}.out"))).unwrap();
+    assert_eq!(out.trim(), format!("hello from {id} on n01"));
+
+    // 2. A long job runs; the leader dies; the agent re-registers with the new leader, which
+    //    neither relaunches nor loses it; a cancel then reaches it.
+    let mut spec = job("long", "batch");
+    spec.nodelist = vec!["n01".into()];
+    spec.work_dir = work.path().display().to_string();
+    spec.script = b"#!/bin/sh\necho started >> marks\nsleep 60\n".to_vec();
+    let r = submit(&mut jobs, "nobody", vec![spec]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(long)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    wait_state(&cluster, long, "RUNNING").await;
+    let marks = work.path().join("marks");
+    let start = Instant::now();
+    while !marks.exists() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the job never started on the agent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.kill(leader);
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    // Give the agent time to find the new leader and be reconciled.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_state(&cluster, long, "RUNNING").await;
+    let mut jobs = cluster.jobs(new_leader).await;
+    let r = act(&mut jobs, "nobody", Act::Cancel, &[long]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    wait_state(&cluster, long, "CANCELLED").await;
+    let started = std::fs::read_to_string(&marks).unwrap();
+    assert_eq!(
+        started.lines().count(),
+        1,
+        "the job ran more than once: {started:?}"
+    );
+}
