@@ -159,7 +159,9 @@ async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     wait_state(&cluster, long, "RUNNING").await;
     let mut jobs = cluster.jobs(new_leader).await;
-    let r = act(&mut jobs, "nobody", Act::Cancel, &[long]).await.unwrap();
+    let r = act(&mut jobs, "nobody", Act::Cancel, &[long])
+        .await
+        .unwrap();
     assert!(r[0].error.is_empty(), "{r:?}");
     wait_state(&cluster, long, "CANCELLED").await;
     let started = std::fs::read_to_string(&marks).unwrap();

@@ -20,6 +20,10 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
 struct Shared {
+    /// The fence timeout handed out (0: 60 s).
+    fence_ms: u64,
+    /// Unreachable: every call fails as a dead leader's would.
+    dark: bool,
     registered: Vec<pb::RegisterRequest>,
     events: Vec<pb::JobEvent>,
     held: Vec<pb::HeldJob>,
@@ -35,18 +39,31 @@ impl Agents for FakeLeader {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        self.0.lock().unwrap().registered.push(request.into_inner());
+        let mut shared = self.0.lock().unwrap();
+        if shared.dark {
+            return Err(Status::unavailable("gone"));
+        }
+        shared.registered.push(request.into_inner());
+        let fence = if shared.fence_ms == 0 {
+            60_000
+        } else {
+            shared.fence_ms
+        };
         Ok(Response::new(pb::RegisterResponse {
             session: "s1".into(),
             heartbeat_ms: 100,
-            fence_timeout_ms: 60_000,
+            fence_timeout_ms: fence,
         }))
     }
     async fn heartbeat(
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.0.lock().unwrap().held = request.into_inner().jobs;
+        let mut shared = self.0.lock().unwrap();
+        if shared.dark {
+            return Err(Status::unavailable("gone"));
+        }
+        shared.held = request.into_inner().jobs;
         Ok(Response::new(pb::HeartbeatResponse {}))
     }
     type InstructionsStream = ReceiverStream<Result<pb::Instruction, Status>>;
@@ -557,4 +574,96 @@ fn own_cgroup_dir(controller: &str) -> std::path::PathBuf {
     std::path::Path::new("/sys/fs/cgroup")
         .join(controller)
         .join(path.trim_start_matches('/'))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_later() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
+        eprintln!("skipped: running jobs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    leader.0.lock().unwrap().fence_ms = 1_000;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args([
+                "run",
+                "--node",
+                "n02",
+                "--controllers",
+                &addr,
+                "--cpus",
+                "1",
+            ])
+            .args([
+                "--memory-mib",
+                "1024",
+                "--kill-grace-s",
+                "1",
+                "--log",
+                "warn",
+            ])
+            .args(["--confinement", "none"])
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    leader
+        .send(launch(
+            1,
+            1,
+            &work,
+            "#!/bin/sh\necho $$ > pid\nexec sleep 60\n",
+            0,
+        ))
+        .await;
+    let pid_file = work.join("pid");
+    let start = Instant::now();
+    while std::fs::read_to_string(&pid_file).map_or(true, |s| s.trim().is_empty()) {
+        assert!(start.elapsed() < DEADLINE, "the job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = |pid: i32| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+    assert!(alive(pid));
+
+    // The leader goes away (every call fails, its stream ends): past the 1 s fence the agent
+    // stops the job itself.
+    {
+        let mut shared = leader.0.lock().unwrap();
+        shared.dark = true;
+        shared.tx = None;
+    }
+    let start = Instant::now();
+    while alive(pid) {
+        assert!(start.elapsed() < DEADLINE, "the job outlived the fence");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(500),
+        "stopped before the fence"
+    );
+
+    // A leader comes back: the agent reports the run's end (node failure) to it.
+    leader.0.lock().unwrap().dark = false;
+    let (epoch, end) = leader.ended(1).await;
+    assert_eq!((epoch, end.cause.as_str()), (1, "node_failure"), "{end:?}");
+    server.abort();
 }
