@@ -53,7 +53,7 @@ fn read(path: &Path) -> Option<String> {
 }
 
 /// Which kind of hierarchy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Version {
     V1,
     V2,
@@ -178,12 +178,10 @@ impl Cgroups {
                 _ => {}
             }
         }
-        let this = Cgroups {
+        Ok(Cgroups {
             version: Version::V1,
             bases,
-        };
-        this.reap_stale();
-        Ok(this)
+        })
     }
 
     fn setup_v2(own: &Path, dir_name: &str, cpuset: bool) -> Result<Self, CgroupError> {
@@ -200,27 +198,26 @@ impl Cgroups {
         let base = own.join(dir_name);
         std::fs::create_dir_all(&base).map_err(io_err(&base))?;
         write(&base.join("cgroup.subtree_control"), enable)?;
-        let this = Cgroups {
+        Ok(Cgroups {
             version: Version::V2,
             bases: BTreeMap::from([("unified".to_owned(), base)]),
-        };
-        this.reap_stale();
-        Ok(this)
+        })
     }
 
     pub fn version(&self) -> Version {
         self.version
     }
 
-    /// Removes job cgroups left by an agent that died mid-job (killing what is in them).
-    fn reap_stale(&self) {
+    /// Removes job cgroups left by an agent that died mid-job (killing what is in them),
+    /// except those of runs it re-adopted (`keep`: `job_<id>_<epoch>` names).
+    pub fn reap_stale(&self, keep: &std::collections::BTreeSet<String>) {
         for base in self.bases.values() {
             let Ok(entries) = std::fs::read_dir(base) else {
                 continue;
             };
             for e in entries.flatten() {
-                let name = e.file_name();
-                if name.to_string_lossy().starts_with("job_") {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("job_") && !keep.contains(&name) {
                     tracing::warn!(path = %e.path().display(), "reaping a stale job cgroup");
                     kill_all(&e.path());
                     let _ = remove_dir_retrying(&e.path());
@@ -247,8 +244,8 @@ impl Cgroups {
     }
 }
 
-/// One job's cgroups.
-#[derive(Debug, Clone)]
+/// One job's cgroups (serializable, so a restarted agent finds them again).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobCgroup {
     version: Version,
     dirs: BTreeMap<String, PathBuf>,

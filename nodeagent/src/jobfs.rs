@@ -58,8 +58,8 @@ pub struct Jobfs {
     kind: JobfsKind,
 }
 
-/// One job's mounted scratch.
-#[derive(Debug, Clone)]
+/// One job's mounted scratch (serializable, so a restarted agent finds it again).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobScratch {
     pub path: PathBuf,
     image: Option<PathBuf>,
@@ -69,18 +69,19 @@ impl Jobfs {
     /// The area at `dir` (created), with stale mounts from a previous agent removed.
     pub fn open(dir: PathBuf, kind: JobfsKind) -> Result<Self, JobfsError> {
         std::fs::create_dir_all(&dir).map_err(|e| failed(&dir, e.to_string()))?;
-        let this = Jobfs { dir, kind };
-        this.reap_stale();
-        Ok(this)
+        Ok(Jobfs { dir, kind })
     }
 
-    fn reap_stale(&self) {
+    /// Unmounts and removes scratch left by an agent that died mid-job, except the scratch of
+    /// runs it re-adopted (`keep`: their mount paths).
+    pub fn reap_stale(&self, keep: &std::collections::BTreeSet<PathBuf>) {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let prefix = self.dir.display().to_string();
         for line in mounts.lines() {
             if let Some(mount) = line.split(' ').nth(4)
                 && mount.starts_with(&prefix)
                 && mount != prefix
+                && !keep.contains(Path::new(mount))
             {
                 tracing::warn!(mount, "removing a stale jobfs mount");
                 let _ = Command::new("umount").args(["-l", mount]).output();
@@ -89,6 +90,13 @@ impl Jobfs {
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let p = e.path();
+                let image_of_kept = p
+                    .to_str()
+                    .and_then(|s| s.strip_suffix(".img"))
+                    .is_some_and(|m| keep.contains(Path::new(m)));
+                if keep.contains(&p) || image_of_kept {
+                    continue;
+                }
                 let _ = if p.is_dir() {
                     std::fs::remove_dir_all(&p)
                 } else {

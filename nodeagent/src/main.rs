@@ -31,13 +31,19 @@ struct Cli {
 enum Cmd {
     /// Run the agent until SIGTERM or Ctrl-C.
     Run(Box<RunArgs>),
-    /// (Internal) A job's first process: join cgroups, take the user's identity, exec.
+    /// (Internal) A job's monitor: runs the job and records how it ended.
     #[command(hide = true)]
     ExecJob(ExecJobArgs),
+    /// (Internal) Becomes the job: joins its cgroups, takes the user's identity, execs.
+    #[command(hide = true)]
+    ExecAsUser(ExecJobArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct ExecJobArgs {
+    /// The run's directory, where the monitor records the job's process group and exit.
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
     /// A cgroup.procs file to join (repeated).
     #[arg(long)]
     join: Vec<PathBuf>,
@@ -138,16 +144,21 @@ fn main() -> std::process::ExitCode {
     let args = match cli.command {
         Cmd::Run(args) => args,
         Cmd::ExecJob(a) => {
-            let shim = docket_nodeagent::shim::ShimArgs {
-                join: a.join,
-                user: a.user,
-                uid: a.uid,
-                gid: a.gid,
-                rlimit_as: a.rlimit_as,
-                command: a.command,
+            let Some(run_dir) = a.run_dir.clone() else {
+                eprintln!("docket-nodeagent exec-job: --run-dir is required");
+                return std::process::ExitCode::from(2);
             };
-            let Err(e) = docket_nodeagent::shim::exec_job(&shim);
-            eprintln!("docket-nodeagent exec-job: {e:#}");
+            return match docket_nodeagent::shim::monitor(&run_dir, &shim_args(a)) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("docket-nodeagent exec-job: {e:#}");
+                    std::process::ExitCode::from(127)
+                }
+            };
+        }
+        Cmd::ExecAsUser(a) => {
+            let Err(e) = docket_nodeagent::shim::exec_as_user(&shim_args(a));
+            eprintln!("docket-nodeagent exec-as-user: {e:#}");
             return std::process::ExitCode::from(127);
         }
     };
@@ -196,6 +207,8 @@ fn run(args: RunArgs) -> Result<()> {
             .context("--jobfs-dir")?,
         ),
     };
+    let cgroups_for_reaping = cgroups.clone();
+    let jobfs_for_reaping = jobfs.clone();
     let (runner, events) = Runner::new(RunnerConfig {
         node: args.node.clone(),
         cluster: args.cluster.clone(),
@@ -225,6 +238,14 @@ fn run(args: RunArgs) -> Result<()> {
     runtime.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
+        // Runs a previous agent left: re-adopt them, then reap what nobody owns.
+        let (keep_cgroups, keep_scratch) = runner.restore();
+        if let Some(cg) = &cgroups_for_reaping {
+            cg.reap_stale(&keep_cgroups);
+        }
+        if let Some(j) = &jobfs_for_reaping {
+            j.reap_stale(&keep_scratch);
+        }
         let agent = tokio::spawn(session::run(config, runner, events));
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -233,6 +254,17 @@ fn run(args: RunArgs) -> Result<()> {
         agent.abort();
         Ok(())
     })
+}
+
+fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
+    docket_nodeagent::shim::ShimArgs {
+        join: a.join,
+        user: a.user,
+        uid: a.uid,
+        gid: a.gid,
+        rlimit_as: a.rlimit_as,
+        command: a.command,
+    }
 }
 
 /// `0-3,8` → [0, 1, 2, 3, 8].

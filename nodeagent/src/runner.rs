@@ -71,6 +71,13 @@ struct Run {
     scratch: Option<crate::jobfs::JobScratch>,
     /// Wakes the run's walltime watcher when its limit or suspension changes.
     changed: Arc<Notify>,
+    /// Its monitor process (real runs) and the directory it records into.
+    monitor: Option<i32>,
+    run_dir: Option<PathBuf>,
+    /// A simulated run's length (its script's `sleep N`), None: until stopped.
+    sim_runtime: Option<Duration>,
+    /// When it started, on the wall clock (for a restarted agent).
+    started_unix_ms: u64,
 }
 
 impl Run {
@@ -156,6 +163,9 @@ impl Runner {
             while finished.len() > FINISHED_MEMORY {
                 finished.pop_first();
             }
+            drop(finished);
+            drop(runs);
+            self.persist();
         }
     }
 
@@ -169,6 +179,166 @@ impl Runner {
             .get(&job)
             .copied();
         running.max(finished)
+    }
+
+    fn state_file(&self) -> PathBuf {
+        self.config.state_dir.join("state.json")
+    }
+
+    /// Writes every run to the state file (atomically), so a restarted agent finds them.
+    fn persist(&self) {
+        let now = Instant::now();
+        let saved: Vec<SavedRun> = self
+            .lock()
+            .iter()
+            .map(|(job, r)| SavedRun {
+                job: *job,
+                epoch: r.epoch,
+                running: r.running,
+                ended: r.ended.as_ref().map(|e| {
+                    (
+                        e.cause.clone(),
+                        e.exit_code,
+                        e.signal,
+                        e.cpu_time_ms,
+                        e.max_rss_mib,
+                    )
+                }),
+                started_unix_ms: r.started_unix_ms,
+                limit_s: r.limit.map(|l| l.as_secs()),
+                paused_ms: (r.paused
+                    + r.suspended_since
+                        .map_or(Duration::ZERO, |s| now.duration_since(s)))
+                .as_millis() as u64,
+                suspended: r.suspended_since.is_some(),
+                stopping: r.stopping.map(str::to_owned),
+                monitor: r.monitor,
+                pgid: r.pgid,
+                run_dir: r.run_dir.clone(),
+                cgroup: r.cgroup.clone(),
+                scratch: r.scratch.clone(),
+                cpus: r.cpus.clone(),
+                sim_runtime_ms: r.sim_runtime.map(|d| d.as_millis() as u64),
+            })
+            .collect();
+        let text = match serde_json::to_string(&saved) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "encoding the agent state");
+                return;
+            }
+        };
+        if let Err(e) = crate::shim::write_atomically(&self.state_file(), &text) {
+            tracing::error!(error = %e, path = %self.state_file().display(), "saving the agent state");
+        }
+    }
+
+    /// Reads the state file a previous agent left and re-adopts its runs: ends not yet
+    /// reported are reported; runs whose monitor still lives are watched to their end (with
+    /// their walltime); runs whose monitor is gone without a recorded exit are reported as
+    /// node failures. Returns the cgroup names and scratch mounts to keep when reaping.
+    pub fn restore(
+        &self,
+    ) -> (
+        std::collections::BTreeSet<String>,
+        std::collections::BTreeSet<PathBuf>,
+    ) {
+        let mut keep_cgroups = std::collections::BTreeSet::new();
+        let mut keep_scratch = std::collections::BTreeSet::new();
+        let Ok(text) = std::fs::read_to_string(self.state_file()) else {
+            return (keep_cgroups, keep_scratch);
+        };
+        let saved: Vec<SavedRun> = match serde_json::from_str(&text) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "the agent state file is unreadable; starting afresh");
+                return (keep_cgroups, keep_scratch);
+            }
+        };
+        let now = Instant::now();
+        let now_unix = now_ms();
+        for s in saved {
+            let ago = Duration::from_millis(now_unix.saturating_sub(s.started_unix_ms));
+            let changed = Arc::new(Notify::new());
+            let run = Run {
+                epoch: s.epoch,
+                pgid: s.pgid,
+                running: s.running,
+                ended: s
+                    .ended
+                    .map(
+                        |(cause, exit_code, signal, cpu_time_ms, max_rss_mib)| pb::Ended {
+                            cause,
+                            exit_code,
+                            signal,
+                            cpu_time_ms,
+                            max_rss_mib,
+                        },
+                    ),
+                started: now.checked_sub(ago).unwrap_or(now),
+                limit: s.limit_s.map(Duration::from_secs),
+                paused: Duration::from_millis(s.paused_ms),
+                suspended_since: s.suspended.then_some(now),
+                stopping: s.stopping.as_deref().map(stop_reason),
+                changed: changed.clone(),
+                cgroup: s.cgroup.clone(),
+                cpus: s.cpus.clone(),
+                scratch: s.scratch.clone(),
+                monitor: s.monitor,
+                run_dir: s.run_dir.clone(),
+                sim_runtime: s.sim_runtime_ms.map(Duration::from_millis),
+                started_unix_ms: s.started_unix_ms,
+            };
+            if !s.running {
+                self.lock().insert(s.job, run);
+                continue;
+            }
+            if let Some(cg) = &s.cgroup {
+                keep_cgroups.insert(format!("job_{}_{}", s.job, s.epoch));
+                let _ = cg;
+            }
+            if let Some(sc) = &s.scratch {
+                keep_scratch.insert(sc.path.clone());
+            }
+            self.lock().insert(s.job, run);
+            tracing::info!(job = s.job, epoch = s.epoch, "re-adopting a run");
+            let (job, epoch) = (s.job, s.epoch);
+            let this = self.clone();
+            match (self.config.mode, s.monitor, s.run_dir) {
+                (Mode::Simulated, _, _) => {
+                    tokio::spawn(async move {
+                        let status = this.simulate(job, epoch).await;
+                        this.finish(job, epoch, Ok(status));
+                    });
+                }
+                (Mode::Real, Some(monitor), Some(dir)) => {
+                    tokio::spawn(async move {
+                        loop {
+                            let alive =
+                                nix::sys::signal::kill(Pid::from_raw(monitor), None).is_ok();
+                            if crate::shim::read_exit(&dir).is_some() || !alive {
+                                let status = this.recorded_exit(job, &dir, None);
+                                this.finish(job, epoch, Ok(status));
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    });
+                }
+                (Mode::Real, _, _) => {
+                    // Started before its monitor was recorded: lost.
+                    if let Some(r) = self.lock().get_mut(&job) {
+                        r.stopping = Some("node_failure");
+                    }
+                    use std::os::unix::process::ExitStatusExt;
+                    self.finish(job, epoch, Ok(std::process::ExitStatus::from_raw(9)));
+                    continue;
+                }
+            }
+            let this = self.clone();
+            tokio::spawn(async move { this.watch_walltime(job, epoch, changed).await });
+        }
+        (keep_cgroups, keep_scratch)
     }
 
     /// Carries out one instruction.
@@ -224,8 +394,13 @@ impl Runner {
                 cgroup: None,
                 cpus: Vec::new(),
                 scratch: None,
+                monitor: None,
+                run_dir: None,
+                sim_runtime: simulated_runtime(&l.script),
+                started_unix_ms: now_ms(),
             },
         );
+        self.persist();
         let this = self.clone();
         tokio::spawn(async move {
             let outcome = match this.config.mode {
@@ -341,6 +516,8 @@ impl Runner {
         argv.push(script.display().to_string());
         let mut cmd = tokio::process::Command::new(&self.config.shim);
         cmd.arg("exec-job")
+            .arg("--run-dir")
+            .arg(&dir)
             .args(["--user", &l.user])
             .args(["--uid", &user.uid.as_raw().to_string()])
             .args(["--gid", &user.gid.as_raw().to_string()]);
@@ -365,7 +542,23 @@ impl Runner {
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("starting {} in {}: {e}", script.display(), l.work_dir))?;
-        let pgid = child.id().map(|p| p as i32);
+        let monitor = child.id().map(|p| p as i32);
+        if let Some(r) = self.lock().get_mut(&l.job_id) {
+            r.monitor = monitor;
+            r.run_dir = Some(dir.clone());
+        }
+        self.persist();
+        // The job's own process group, once the monitor has started it.
+        let start = Instant::now();
+        let pgid = loop {
+            if let Some(p) = crate::shim::read_pgid(&dir) {
+                break Some(p);
+            }
+            if start.elapsed() > Duration::from_secs(10) || crate::shim::read_exit(&dir).is_some() {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
         let (suspended, stopping) = match self.lock().get_mut(&l.job_id) {
             Some(r) => {
                 r.pgid = pgid;
@@ -373,6 +566,7 @@ impl Runner {
             }
             None => (false, false),
         };
+        self.persist();
         // Instructions that came while the process was being started apply now.
         if stopping {
             signal_group(pgid, Signal::SIGTERM);
@@ -386,33 +580,61 @@ impl Runner {
                 time_unix_ms: now_ms(),
             })),
         });
-        child
-            .wait()
-            .await
-            .map_err(|e| format!("waiting for the job: {e}"))
+        let status = child.wait().await;
+        Ok(self.recorded_exit(l.job_id, &dir, status.ok()))
+    }
+
+    /// How a run ended, as its monitor recorded it; a monitor that died without recording
+    /// anything means the run was lost (counted as a node failure).
+    fn recorded_exit(
+        &self,
+        job: u64,
+        dir: &std::path::Path,
+        monitor_status: Option<std::process::ExitStatus>,
+    ) -> std::process::ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        match crate::shim::read_exit(dir) {
+            Some((code, signal)) => {
+                std::process::ExitStatus::from_raw(if signal != 0 { signal } else { code << 8 })
+            }
+            None => {
+                tracing::warn!(job, ?monitor_status, "the job's monitor recorded no exit");
+                if let Some(r) = self.lock().get_mut(&job) {
+                    r.stopping.get_or_insert("node_failure");
+                }
+                std::process::ExitStatus::from_raw(9)
+            }
+        }
     }
 
     /// A simulated run: as long as the script's first `sleep N`, or until stopped.
     async fn run_simulated(&self, l: &pb::Launch) -> Result<std::process::ExitStatus, String> {
+        Ok(self.simulate(l.job_id, l.epoch).await)
+    }
+
+    /// Waits out a simulated run (also one re-adopted after a restart).
+    async fn simulate(&self, job: u64, epoch: u64) -> std::process::ExitStatus {
         use std::os::unix::process::ExitStatusExt;
-        let runtime = String::from_utf8_lossy(&l.script)
-            .lines()
-            .filter_map(|line| line.trim().strip_prefix("sleep "))
-            .find_map(|n| n.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let started = Instant::now();
         loop {
-            let (stopping, paused, suspended) = match self.lock().get(&l.job_id) {
-                Some(r) if r.epoch == l.epoch => (r.stopping, r.paused, r.suspended_since),
-                _ => return Ok(std::process::ExitStatus::from_raw(9)),
+            let (stopping, remaining, runtime) = match self.lock().get(&job) {
+                Some(r) if r.epoch == epoch => {
+                    let ran = Instant::now()
+                        .duration_since(r.started)
+                        .saturating_sub(r.paused)
+                        .saturating_sub(r.suspended_since.map_or(Duration::ZERO, |s| s.elapsed()));
+                    (
+                        r.stopping,
+                        r.sim_runtime.map(|t| t.saturating_sub(ran)),
+                        r.suspended_since.is_none(),
+                    )
+                }
+                _ => return std::process::ExitStatus::from_raw(9),
             };
             if stopping.is_some() {
-                return Ok(std::process::ExitStatus::from_raw(15));
+                return std::process::ExitStatus::from_raw(15);
             }
-            let ran = started.elapsed().saturating_sub(paused)
-                - suspended.map_or(Duration::ZERO, |s| s.elapsed());
-            if runtime.is_some_and(|r| ran >= r) && suspended.is_none() {
-                return Ok(std::process::ExitStatus::from_raw(0));
+            if runtime && remaining.is_some_and(|r| r.is_zero()) {
+                return std::process::ExitStatus::from_raw(0);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -472,6 +694,7 @@ impl Runner {
         run.ended = Some(ended.clone());
         run.changed.notify_one();
         drop(runs);
+        self.persist();
         let _ = self.events.send(pb::JobEvent {
             job_id: job,
             epoch,
@@ -533,6 +756,8 @@ impl Runner {
             _ => {}
         }
         run.changed.notify_one();
+        drop(runs);
+        self.persist();
     }
 
     fn kill(&self, c: &pb::JobControl) {
@@ -565,6 +790,8 @@ impl Runner {
                 (t.time_limit_seconds > 0).then(|| Duration::from_secs(t.time_limit_seconds));
             run.changed.notify_one();
         }
+        drop(runs);
+        self.persist();
     }
 
     /// Stops a run: SIGTERM to its process group (thawed first), SIGKILL after the grace.
@@ -583,6 +810,7 @@ impl Runner {
             }
             run.pgid
         };
+        self.persist();
         signal_group(pgid, Signal::SIGCONT);
         signal_group(pgid, Signal::SIGTERM);
         let grace = self.config.kill_grace;
@@ -690,6 +918,46 @@ fn signal_group(pgid: Option<i32>, signal: Signal) {
         && e != nix::errno::Errno::ESRCH
     {
         tracing::warn!(pgid, ?signal, error = %e, "signalling a job's process group");
+    }
+}
+
+/// A simulated run's length: its script's first `sleep N`.
+fn simulated_runtime(script: &[u8]) -> Option<Duration> {
+    String::from_utf8_lossy(script)
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("sleep "))
+        .find_map(|n| n.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// A run as the state file keeps it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedRun {
+    job: u64,
+    epoch: u64,
+    running: bool,
+    /// (cause, exit code, signal, cpu ms, peak MiB) once ended.
+    ended: Option<(String, i32, i32, u64, u64)>,
+    started_unix_ms: u64,
+    limit_s: Option<u64>,
+    paused_ms: u64,
+    suspended: bool,
+    stopping: Option<String>,
+    monitor: Option<i32>,
+    pgid: Option<i32>,
+    run_dir: Option<PathBuf>,
+    cgroup: Option<crate::cgroup::JobCgroup>,
+    scratch: Option<crate::jobfs::JobScratch>,
+    cpus: Vec<u32>,
+    sim_runtime_ms: Option<u64>,
+}
+
+/// The stop reasons a run can carry, as static strings again.
+fn stop_reason(text: &str) -> &'static str {
+    match text {
+        "timeout" => "timeout",
+        "node_failure" => "node_failure",
+        _ => "cancelled",
     }
 }
 

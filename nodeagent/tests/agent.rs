@@ -667,3 +667,107 @@ async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_lat
     assert_eq!((epoch, end.cause.as_str()), (1, "node_failure"), "{end:?}");
     server.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhile() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
+        eprintln!("skipped: running jobs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let spawn_agent = || {
+        Agent(
+            Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+                .args([
+                    "run",
+                    "--node",
+                    "n03",
+                    "--controllers",
+                    &addr,
+                    "--cpus",
+                    "2",
+                ])
+                .args([
+                    "--memory-mib",
+                    "1024",
+                    "--kill-grace-s",
+                    "1",
+                    "--log",
+                    "warn",
+                ])
+                .arg("--state-dir")
+                .arg(dir.path().join("state"))
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let agent = spawn_agent();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut a = launch(1, 3, &work, "#!/bin/sh\nsleep 3\nexit 7\n", 60);
+    let mut b = launch(2, 1, &work, "#!/bin/sh\nsleep 1\nexit 5\n", 60);
+    for l in [&mut a, &mut b] {
+        if let pb::instruction::Kind::Launch(x) = l {
+            x.cpus = 1;
+        }
+    }
+    leader.send(a).await;
+    leader.send(b).await;
+    let start = Instant::now();
+    while !(leader.started(1) && leader.started(2)) {
+        assert!(start.elapsed() < DEADLINE, "the jobs never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The agent dies hard; job 2 ends while it is down.
+    drop(agent);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    leader.0.lock().unwrap().tx = None;
+    let before = leader.0.lock().unwrap().registered.len();
+    let _agent = spawn_agent();
+    // It registers holding job 1's run, and reports job 2's end and, later, job 1's.
+    let start = Instant::now();
+    while leader.0.lock().unwrap().registered.len() == before {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the restarted agent never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held = leader
+        .0
+        .lock()
+        .unwrap()
+        .registered
+        .last()
+        .unwrap()
+        .jobs
+        .clone();
+    assert!(
+        held.iter()
+            .any(|h| h.job_id == 1 && h.epoch == 3 && h.running),
+        "{held:?}"
+    );
+    let (epoch, end) = leader.ended(2).await;
+    assert_eq!(
+        (epoch, end.cause.as_str(), end.exit_code),
+        (1, "failed", 5),
+        "{end:?}"
+    );
+    let (epoch, end) = leader.ended(1).await;
+    assert_eq!(
+        (epoch, end.cause.as_str(), end.exit_code),
+        (3, "failed", 7),
+        "{end:?}"
+    );
+    server.abort();
+}
