@@ -771,3 +771,46 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     );
     server.abort();
 }
+
+#[test]
+fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confine() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
+        eprintln!("skipped: needs root to start the agent as another user");
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    // A copy nobody can execute (the build directory may be private to root).
+    let bin = dir.path().join("docket-nodeagent");
+    std::fs::copy(env!("CARGO_BIN_EXE_docket-nodeagent"), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // As an unprivileged user no cgroup is writable: a clear error, not a silent agent.
+    let out = Command::new(&bin)
+        .args([
+            "run",
+            "--node",
+            "n09",
+            "--controllers",
+            "127.0.0.1:1",
+            "--cpus",
+            "1",
+        ])
+        .args(["--memory-mib", "64"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--confinement none"), "{err}");
+    assert!(err.contains("cgroup"), "{err}");
+}
