@@ -814,3 +814,61 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
     assert!(err.contains("--confinement none"), "{err}");
     assert!(err.contains("cgroup"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tmpfs_jobfs_is_capped_too() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
+        eprintln!("skipped: mounting needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let _agent = Agent(
+        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args([
+                "run",
+                "--node",
+                "n04",
+                "--controllers",
+                &addr,
+                "--cpus",
+                "1",
+            ])
+            .args([
+                "--memory-mib",
+                "1024",
+                "--jobfs",
+                "tmpfs",
+                "--confinement",
+                "none",
+            ])
+            .args(["--log", "warn"])
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let script = "#!/bin/sh\nstat -f -c 'type=%T' \"$TMPDIR\"\ndd if=/dev/zero of=$TMPDIR/big bs=1M count=16 2>/dev/null\n";
+    let mut l = launch(1, 1, &work, script, 60);
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+        x.jobfs_mib = 8;
+    }
+    leader.send(l).await;
+    let (_, end) = leader.ended(1).await;
+    assert_eq!(end.cause, "jobfs_exceeded", "{end:?}");
+    let out = std::fs::read_to_string(work.join("slurm-1.out")).unwrap();
+    assert!(out.contains("type=tmpfs"), "{out}");
+    server.abort();
+}
