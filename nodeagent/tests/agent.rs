@@ -88,6 +88,28 @@ impl Agents for FakeLeader {
     }
 }
 
+/// Removes the agent's (empty) `docket-<node>` cgroups, so a test leaves nothing behind.
+fn remove_agent_cgroups(node: &str) {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for line in own.lines() {
+        let mut p = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (p.next(), p.next(), p.next()) else {
+            continue;
+        };
+        let mount = if ctrls.is_empty() {
+            "/sys/fs/cgroup".to_owned()
+        } else if let Some(c) = ctrls.split(',').find(|c| !c.starts_with("name=")) {
+            format!("/sys/fs/cgroup/{c}")
+        } else {
+            continue;
+        };
+        let dir = std::path::Path::new(&mount)
+            .join(path.trim_start_matches('/'))
+            .join(format!("docket-{node}"));
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
 struct Agent(Child);
 impl Drop for Agent {
     fn drop(&mut self) {
@@ -463,6 +485,8 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
         "{out}"
     );
     server.abort();
+    drop(_agent);
+    remove_agent_cgroups("n01");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -770,6 +794,8 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
         "{end:?}"
     );
     server.abort();
+    drop(_agent);
+    remove_agent_cgroups("n03");
 }
 
 #[test]
