@@ -88,6 +88,45 @@ impl Agents for FakeLeader {
     }
 }
 
+/// Serves `leader` on a fresh loopback port; its address and the server task.
+async fn serve(
+    leader: &FakeLeader,
+) -> (
+    String,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    (addr, server)
+}
+
+/// Starts the agent binary for `node` talking to `addr`, state in `state`, with `extra` flags.
+fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) -> Agent {
+    Agent(
+        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args([
+                "run",
+                "--node",
+                node,
+                "--controllers",
+                addr,
+                "--log",
+                "warn",
+            ])
+            .arg("--state-dir")
+            .arg(state)
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// Removes the agent's (empty) `docket-<node>` cgroups, so a test leaves nothing behind.
 fn remove_agent_cgroups(node: &str) {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
@@ -217,37 +256,12 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
     }
     let dir = tempfile::tempdir().unwrap();
     let leader = FakeLeader::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-            .args([
-                "run",
-                "--node",
-                "n01",
-                "--controllers",
-                &addr,
-                "--cpus",
-                "2",
-            ])
-            .args([
-                "--memory-mib",
-                "1024",
-                "--kill-grace-s",
-                "1",
-                "--log",
-                "warn",
-            ])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (addr, server) = serve(&leader).await;
+    let _agent = agent(
+        "n01",
+        &addr,
+        &dir.path().join("state"),
+        &["--cpus", "2", "--memory-mib", "1024", "--kill-grace-s", "1"],
     );
 
     // 1. A job runs in its directory with the scheduler's environment; its output goes to
@@ -493,38 +507,20 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
 async fn simulated_runs_occupy_their_time_without_processes() {
     let dir = tempfile::tempdir().unwrap();
     let leader = FakeLeader::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let (addr, server) = serve(&leader).await;
     // Simulated agents need neither root nor cgroups, and many can share a host.
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-            .args([
-                "run",
-                "--node",
-                "sim001",
-                "--controllers",
-                &addr,
-                "--cpus",
-                "128",
-            ])
-            .args([
-                "--memory-mib",
-                "524288",
-                "--execution",
-                "simulated",
-                "--log",
-                "warn",
-            ])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let _agent = agent(
+        "sim001",
+        &addr,
+        &dir.path().join("state"),
+        &[
+            "--cpus",
+            "128",
+            "--memory-mib",
+            "524288",
+            "--execution",
+            "simulated",
+        ],
     );
     let work = dir.path();
     let began = Instant::now();
@@ -610,38 +606,21 @@ async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_lat
     let dir = tempfile::tempdir().unwrap();
     let leader = FakeLeader::default();
     leader.0.lock().unwrap().fence_ms = 1_000;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-            .args([
-                "run",
-                "--node",
-                "n02",
-                "--controllers",
-                &addr,
-                "--cpus",
-                "1",
-            ])
-            .args([
-                "--memory-mib",
-                "1024",
-                "--kill-grace-s",
-                "1",
-                "--log",
-                "warn",
-            ])
-            .args(["--confinement", "none"])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (addr, server) = serve(&leader).await;
+    let _agent = agent(
+        "n02",
+        &addr,
+        &dir.path().join("state"),
+        &[
+            "--cpus",
+            "1",
+            "--memory-mib",
+            "1024",
+            "--kill-grace-s",
+            "1",
+            "--confinement",
+            "none",
+        ],
     );
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
@@ -701,38 +680,13 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     }
     let dir = tempfile::tempdir().unwrap();
     let leader = FakeLeader::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let (addr, server) = serve(&leader).await;
     let spawn_agent = || {
-        Agent(
-            Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-                .args([
-                    "run",
-                    "--node",
-                    "n03",
-                    "--controllers",
-                    &addr,
-                    "--cpus",
-                    "2",
-                ])
-                .args([
-                    "--memory-mib",
-                    "1024",
-                    "--kill-grace-s",
-                    "1",
-                    "--log",
-                    "warn",
-                ])
-                .arg("--state-dir")
-                .arg(dir.path().join("state"))
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
+        agent(
+            "n03",
+            &addr,
+            &dir.path().join("state"),
+            &["--cpus", "2", "--memory-mib", "1024", "--kill-grace-s", "1"],
         )
     };
     let agent = spawn_agent();
@@ -850,38 +804,21 @@ async fn tmpfs_jobfs_is_capped_too() {
     }
     let dir = tempfile::tempdir().unwrap();
     let leader = FakeLeader::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
-    let _agent = Agent(
-        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-            .args([
-                "run",
-                "--node",
-                "n04",
-                "--controllers",
-                &addr,
-                "--cpus",
-                "1",
-            ])
-            .args([
-                "--memory-mib",
-                "1024",
-                "--jobfs",
-                "tmpfs",
-                "--confinement",
-                "none",
-            ])
-            .args(["--log", "warn"])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let (addr, server) = serve(&leader).await;
+    let _agent = agent(
+        "n04",
+        &addr,
+        &dir.path().join("state"),
+        &[
+            "--cpus",
+            "1",
+            "--memory-mib",
+            "1024",
+            "--jobfs",
+            "tmpfs",
+            "--confinement",
+            "none",
+        ],
     );
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
