@@ -3,8 +3,13 @@
 //! Its cluster subcommands and the Slurm/PBS entry points (`sbatch`, `squeue`, `qsub`, ...)
 //! arrive with the CLI issue; `docket sim` replays a workload trace offline.
 
+mod client;
 mod plot;
+mod sbatch;
+mod scancel;
 mod sim;
+mod slurmtime;
+mod squeue;
 
 use std::process::ExitCode;
 
@@ -32,17 +37,46 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Sim(sim::SimArgs),
+    /// Submit a batch script (as sbatch).
+    Submit(Box<sbatch::SbatchArgs>),
+    /// Show the queue (as squeue).
+    Queue(squeue::SqueueArgs),
+    /// Cancel jobs (as scancel).
+    Cancel(scancel::ScancelArgs),
+}
+
+/// The command this binary was invoked as (`sbatch` through a symlink, ...).
+fn invoked_as() -> String {
+    std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match &cli.command {
-        Command::Sim(args) => sim::run(args),
+    let (name, result) = match invoked_as().as_str() {
+        "sbatch" => ("sbatch", sbatch::run(sbatch::SbatchArgs::parse())),
+        "squeue" => ("squeue", squeue::run(squeue::SqueueArgs::parse())),
+        "scancel" => ("scancel", scancel::run(scancel::ScancelArgs::parse())),
+        _ => {
+            let cli = Cli::parse();
+            let r = match cli.command {
+                Command::Sim(args) => sim::run(&args),
+                Command::Submit(args) => sbatch::run(*args),
+                Command::Queue(args) => squeue::run(args),
+                Command::Cancel(args) => scancel::run(args),
+            };
+            ("docket", r)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("docket: {e:#}");
+            eprintln!("{name}: error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -1,0 +1,114 @@
+//! Talking to the controllers.
+//!
+//! Endpoints come from `--addr`, else `DOCKET_ADDR` (comma-separated `host:port`), else
+//! `127.0.0.1:6817`. A request goes to the first endpoint that answers; UNAVAILABLE (no
+//! leader yet: the request was not applied) is retried, on the next endpoint, for up to
+//! 30 seconds, so an election is invisible to the user. The caller's identity is the login
+//! name of the effective user.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow};
+use docket_proto::v1::jobs_client::JobsClient;
+use tonic::transport::Channel;
+
+/// Where the controllers are and who is asking.
+#[derive(Debug, Clone)]
+pub struct Client {
+    endpoints: Vec<String>,
+    user: String,
+}
+
+const RETRY_FOR: Duration = Duration::from_secs(30);
+
+impl Client {
+    /// From an explicit address list, or `DOCKET_ADDR`, or the local default.
+    pub fn new(addr: Option<&str>) -> Result<Self> {
+        let spec = match addr {
+            Some(a) => a.to_owned(),
+            None => std::env::var("DOCKET_ADDR").unwrap_or_else(|_| "127.0.0.1:6817".into()),
+        };
+        let endpoints: Vec<String> = spec
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err(anyhow!(
+                "no controller address: set DOCKET_ADDR=host:port[,host:port...] or pass --addr"
+            ));
+        }
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .or_else(|| std::env::var("USER").ok())
+            .ok_or_else(|| anyhow!("cannot tell who you are: no passwd entry and no $USER"))?;
+        Ok(Client { endpoints, user })
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    fn jobs(&self, addr: &str) -> Result<JobsClient<Channel>> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(30));
+        Ok(JobsClient::new(endpoint.connect_lazy()))
+    }
+
+    /// `request` with the caller's identity.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Ok(v) = self.user.parse() {
+            r.metadata_mut().insert("x-docket-user", v);
+        }
+        r
+    }
+
+    /// Calls `f` on the jobs service of the endpoints in turn until one answers with
+    /// something other than UNAVAILABLE, for up to 30 s.
+    pub async fn jobs_call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(JobsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let mut last = None;
+        loop {
+            for addr in &self.endpoints {
+                match f(self.jobs(addr)?).await {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
+                    Err(s) => return Err(status_error(&s)),
+                }
+            }
+            if start.elapsed() > RETRY_FOR {
+                let why = last.map(|s| s.message().to_owned()).unwrap_or_default();
+                return Err(anyhow!(
+                    "no controller answered at {} within {} s ({why}); check DOCKET_ADDR and that the controllers run",
+                    self.endpoints.join(","),
+                    RETRY_FOR.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// One line saying what went wrong and, where it helps, what to do.
+pub fn status_error(s: &tonic::Status) -> anyhow::Error {
+    match s.code() {
+        tonic::Code::PermissionDenied => anyhow!("permission denied: {}", s.message()),
+        tonic::Code::Unauthenticated => anyhow!("not authenticated: {}", s.message()),
+        tonic::Code::InvalidArgument => anyhow!("invalid request: {}", s.message()),
+        tonic::Code::NotFound => anyhow!("{}", s.message()),
+        tonic::Code::Aborted => anyhow!(
+            "{} (check with squeue before submitting again)",
+            s.message()
+        ),
+        _ => anyhow!("{}: {}", s.code(), s.message()),
+    }
+}

@@ -1,0 +1,241 @@
+//! `squeue`: the queue in Slurm's default columns
+//! (`JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)`), `-l` for the long form,
+//! `--json` for scripts.
+
+use anyhow::Result;
+use clap::Parser;
+use docket_proto::v1 as pb;
+
+use crate::client::Client;
+use crate::slurmtime;
+
+/// Show the queue.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "squeue", version, disable_help_flag = true)]
+pub struct SqueueArgs {
+    /// Print help (`-h` is --noheader, as in Slurm).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// Only these users' jobs (comma-separated).
+    #[arg(short = 'u', long = "user", value_delimiter = ',')]
+    pub users: Vec<String>,
+    /// Only my jobs.
+    #[arg(long)]
+    pub me: bool,
+    /// Only these jobs.
+    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    pub jobs: Vec<u64>,
+    /// Only these partitions.
+    #[arg(short = 'p', long = "partition", value_delimiter = ',')]
+    pub partitions: Vec<String>,
+    /// Only these states (PD, R, PENDING, ...).
+    #[arg(short = 't', long = "states", value_delimiter = ',')]
+    pub states: Vec<String>,
+    /// No header.
+    #[arg(short = 'h', long = "noheader")]
+    pub noheader: bool,
+    /// Long form: STATE and TIME_LIMIT columns.
+    #[arg(short = 'l', long)]
+    pub long: bool,
+    /// JSON (one object with a `jobs` array).
+    #[arg(long)]
+    pub json: bool,
+    /// Controllers, host:port,... (default: DOCKET_ADDR).
+    #[arg(long)]
+    pub addr: Option<String>,
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// The rows, formatted like `squeue`'s default (or `-l`) output, at `now_ms`.
+pub fn format(jobs: &[pb::JobInfo], long: bool, header: bool, now_ms: u64) -> String {
+    let mut out = String::new();
+    if header {
+        if long {
+            out.push_str(&format!(
+                "{:>18} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {}\n",
+                "JOBID",
+                "PARTITION",
+                "NAME",
+                "USER",
+                "STATE",
+                "TIME",
+                "TIME_LIMI",
+                "NODES",
+                "NODELIST(REASON)"
+            ));
+        } else {
+            out.push_str(&format!(
+                "{:>18} {:>9} {:>8} {:>8} {:>2} {:>10} {:>6} {}\n",
+                "JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"
+            ));
+        }
+    }
+    for j in jobs {
+        let id = match j.array_task {
+            Some(t) => format!("{}_{t}", j.job_id),
+            None if !j.array.is_empty() => format!("{}_[{}]", j.job_id, j.array),
+            None => j.job_id.to_string(),
+        };
+        let elapsed = match (j.start_time_ms, j.end_time_ms) {
+            (Some(s), Some(e)) => e.saturating_sub(s) / 1000,
+            (Some(s), None) => now_ms.saturating_sub(s) / 1000,
+            _ => 0,
+        };
+        let where_ = if j.state_code == "PD" {
+            format!("({})", j.reason)
+        } else {
+            j.node_list.clone()
+        };
+        if long {
+            out.push_str(&format!(
+                "{:>18} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {}\n",
+                id,
+                trunc(&j.partition, 9),
+                trunc(&j.name, 8),
+                trunc(&j.user, 8),
+                trunc(&j.state, 8),
+                slurmtime::duration(elapsed),
+                slurmtime::limit(j.time_limit_seconds),
+                j.nodes,
+                where_
+            ));
+        } else {
+            out.push_str(&format!(
+                "{:>18} {:>9} {:>8} {:>8} {:>2} {:>10} {:>6} {}\n",
+                id,
+                trunc(&j.partition, 9),
+                trunc(&j.name, 8),
+                trunc(&j.user, 8),
+                j.state_code,
+                slurmtime::duration(elapsed),
+                j.nodes,
+                where_
+            ));
+        }
+    }
+    out
+}
+
+pub fn run(a: SqueueArgs) -> Result<()> {
+    let client = Client::new(a.addr.as_deref())?;
+    let mut users = a.users.clone();
+    if a.me {
+        users.push(client.user().to_owned());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut jobs = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = runtime.block_on(client.jobs_call(|mut c| {
+            let req = client.request(pb::ListJobsRequest {
+                users: users.clone(),
+                partitions: a.partitions.clone(),
+                states: a.states.clone(),
+                job_ids: a.jobs.clone(),
+                page_size: 10_000,
+                page_token: token.clone(),
+                ..Default::default()
+            });
+            async move { c.list_jobs(req).await }
+        }))?;
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    // squeue shows the queue: finished jobs only when asked for by state.
+    if a.states.is_empty() {
+        jobs.retain(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"));
+    }
+    if a.json {
+        let rows: Vec<serde_json::Value> = jobs
+            .iter()
+            .map(|j| {
+                serde_json::json!({
+                    "job_id": j.job_id, "array_task": j.array_task, "name": j.name,
+                    "user": j.user, "account": j.account, "partition": j.partition,
+                    "state": j.state, "reason": j.reason, "nodes": j.nodes,
+                    "node_list": j.node_list, "cpus": j.cpus,
+                    "time_limit_seconds": j.time_limit_seconds,
+                    "submit_time_ms": j.submit_time_ms, "start_time_ms": j.start_time_ms,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "jobs": rows }));
+        return Ok(());
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    print!("{}", format(&jobs, a.long, !a.noheader, now_ms));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_options_are_consistent() {
+        use clap::CommandFactory;
+        SqueueArgs::command().debug_assert();
+        crate::sbatch::SbatchArgs::command().debug_assert();
+        crate::scancel::ScancelArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn the_default_columns_match_slurms() {
+        let jobs = vec![
+            pb::JobInfo {
+                job_id: 12,
+                name: "a-very-long-name".into(),
+                user: "alice".into(),
+                partition: "batch".into(),
+                state: "RUNNING".into(),
+                state_code: "R".into(),
+                start_time_ms: Some(1_000_000),
+                nodes: 2,
+                node_list: "n[01-02]".into(),
+                time_limit_seconds: 3600,
+                ..Default::default()
+            },
+            pb::JobInfo {
+                job_id: 13,
+                name: "w".into(),
+                user: "bob".into(),
+                partition: "big".into(),
+                state: "PENDING".into(),
+                state_code: "PD".into(),
+                reason: "Priority".into(),
+                nodes: 1,
+                array: "0-7%2".into(),
+                ..Default::default()
+            },
+        ];
+        let text = format(&jobs, false, true, 1_000_000 + 323_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+        );
+        assert_eq!(
+            lines[1],
+            "                12     batch a-very-l    alice  R       5:23      2 n[01-02]"
+        );
+        assert_eq!(
+            lines[2],
+            "        13_[0-7%2]       big        w      bob PD       0:00      1 (Priority)"
+        );
+        let long = format(&jobs, true, true, 1_000_000);
+        assert!(long.lines().next().unwrap().contains("TIME_LIMI"));
+        assert!(long.contains("1:00:00"));
+        assert!(!format(&jobs, false, false, 0).contains("JOBID"));
+    }
+}

@@ -1,0 +1,244 @@
+//! `sbatch`, `squeue` and `scancel` (the `docket` binary through symlinks) against three real
+//! `docket-controller` processes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+const SITE: &str = r#"
+[[nodes]]
+NodeName = "n[01-02]"
+CPUs = 4
+RealMemory = "8G"
+
+[[partitions]]
+PartitionName = "batch"
+Nodes = "ALL"
+Default = true
+MaxTime = "1-00:00:00"
+
+[[accounts]]
+Name = "ops"
+
+[[users]]
+Name = "root"
+DefaultAccount = "ops"
+"#;
+
+/// The controller binary next to ours (built here when this package is tested alone).
+fn controller_binary() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_docket")).with_file_name("docket-controller");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let ok = Command::new(cargo)
+            .args(["build", "-p", "docket-controller"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "building docket-controller failed");
+    }
+    path
+}
+
+struct Procs(Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// Runs `name` (a symlink to `docket`) with `args` in `dir`, DOCKET_ADDR set.
+fn run(dir: &Path, addr: &str, name: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(dir.join(name));
+    cmd.args(args)
+        .current_dir(dir)
+        .env("DOCKET_ADDR", addr)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn sbatch_squeue_and_scancel_speak_slurm() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test site defines only the user root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("site.toml"), SITE).unwrap();
+    for name in ["sbatch", "squeue", "scancel"] {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.path().join(name)).unwrap();
+    }
+    let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
+    let bootstrap = addrs
+        .iter()
+        .map(|(id, a)| format!("{id}={a}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let controller = controller_binary();
+    let mut procs = Procs(Vec::new());
+    for (id, a) in &addrs {
+        let mut cmd = Command::new(&controller);
+        cmd.args([
+            "run",
+            "--id",
+            &id.to_string(),
+            "--listen",
+            a,
+            "--agent-fence-ms",
+            "0",
+        ])
+        .args(["--log", "off"])
+        .arg("--data-dir")
+        .arg(dir.path().join(format!("r{id}")))
+        .arg("--config")
+        .arg(dir.path().join("site.toml"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        if *id == 1 {
+            cmd.args(["--bootstrap", &bootstrap]);
+        }
+        procs.0.push(cmd.spawn().unwrap());
+    }
+    let addr = addrs.values().cloned().collect::<Vec<_>>().join(",");
+
+    // sbatch: directives, command line over directives, --parsable; retried through the
+    // first election without the user noticing.
+    let script = "#!/bin/sh\n#SBATCH -J hello\n#SBATCH --hold\n#SBATCH -t 10\necho hi\n";
+    std::fs::write(dir.path().join("job.sh"), script).unwrap();
+    let start = Instant::now();
+    let id: u64 = loop {
+        let o = run(dir.path(), &addr, "sbatch", &["--parsable", "job.sh"], None);
+        if o.status.success() {
+            break text(&o).trim().parse().unwrap();
+        }
+        // Before the first leader has applied the site, the user is unknown: wait.
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let o = run(dir.path(), &addr, "sbatch", &["-J", "second"], Some(script));
+    assert!(o.status.success(), "{o:?}");
+    let second: u64 = text(&o)
+        .trim()
+        .strip_prefix("Submitted batch job ")
+        .expect("Slurm's words")
+        .parse()
+        .unwrap();
+
+    // squeue: Slurm's columns, pending with the hold reason.
+    let o = run(dir.path(), &addr, "squeue", &[], None);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        [
+            "JOBID",
+            "PARTITION",
+            "NAME",
+            "USER",
+            "ST",
+            "TIME",
+            "NODES",
+            "NODELIST(REASON)"
+        ]
+    );
+    let row = out
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+        .unwrap();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[1..5], ["batch", "hello", "root", "PD"], "{row}");
+    assert!(
+        cols[7].starts_with("(Job") || cols[7].contains("Held"),
+        "{row}"
+    );
+    assert!(out.contains("second"), "{out}");
+    let o = run(
+        dir.path(),
+        &addr,
+        "squeue",
+        &["--json", "-j", &second.to_string()],
+        None,
+    );
+    let v: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
+    assert_eq!(v["jobs"][0]["name"], "second");
+
+    // scancel: by id; then it is gone from the queue and shown among the cancelled.
+    let o = run(dir.path(), &addr, "scancel", &[&id.to_string()], None);
+    assert!(o.status.success(), "{o:?}");
+    let first_columns = |o: &Output| -> Vec<String> {
+        text(o)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(String::from))
+            .collect()
+    };
+    let o = run(dir.path(), &addr, "squeue", &["-h", "-t", "CA"], None);
+    assert_eq!(first_columns(&o), vec![id.to_string()], "{}", text(&o));
+    let o = run(dir.path(), &addr, "squeue", &["-h"], None);
+    assert!(!first_columns(&o).contains(&id.to_string()), "{}", text(&o));
+    // ... and by filter.
+    let o = run(
+        dir.path(),
+        &addr,
+        "scancel",
+        &["-n", "second", "-u", "root"],
+        None,
+    );
+    assert!(o.status.success(), "{o:?}");
+
+    // Errors: one line on stderr saying what is wrong; a non-zero exit.
+    let o = run(
+        dir.path(),
+        &addr,
+        "sbatch",
+        &["-t", "5 days", "job.sh"],
+        None,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("sbatch: error:") && err.contains("--time"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let o = run(dir.path(), &addr, "scancel", &["999999"], None);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("999999"));
+}
