@@ -10,6 +10,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
+use docket_proto::v1::admin_client::AdminClient;
 use docket_proto::v1::jobs_client::JobsClient;
 use tonic::transport::Channel;
 
@@ -57,6 +58,55 @@ impl Client {
             .connect_timeout(Duration::from_secs(2))
             .timeout(Duration::from_secs(30));
         Ok(JobsClient::new(endpoint.connect_lazy()))
+    }
+
+    fn admin(&self, addr: &str) -> Result<AdminClient<Channel>> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(60));
+        Ok(AdminClient::new(endpoint.connect_lazy()))
+    }
+
+    /// Like [`Client::jobs_call`] for the admin service; a call only the leader may serve is
+    /// sent again to the leader it names (`x-docket-leader`).
+    pub async fn admin_call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    where
+        F: FnMut(AdminClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let start = Instant::now();
+        let mut last = None;
+        let mut queue: Vec<String> = self.endpoints.clone();
+        loop {
+            while let Some(addr) = queue.first().cloned() {
+                queue.remove(0);
+                match f(self.admin(&addr)?).await {
+                    Ok(r) => return Ok(r.into_inner()),
+                    Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
+                    Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                        match s
+                            .metadata()
+                            .get("x-docket-leader")
+                            .and_then(|v| v.to_str().ok())
+                        {
+                            Some(leader) if leader != addr => queue.insert(0, leader.to_owned()),
+                            _ => return Err(status_error(&s)),
+                        }
+                    }
+                    Err(s) => return Err(status_error(&s)),
+                }
+            }
+            if start.elapsed() > RETRY_FOR {
+                let why = last.map(|s| s.message().to_owned()).unwrap_or_default();
+                return Err(anyhow!(
+                    "no controller answered at {} within {} s ({why})",
+                    self.endpoints.join(","),
+                    RETRY_FOR.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            queue = self.endpoints.clone();
+        }
     }
 
     /// `request` with the caller's identity.

@@ -8,6 +8,7 @@ mod plot;
 mod sbatch;
 mod scancel;
 mod sim;
+mod slurm_more;
 mod slurmtime;
 mod squeue;
 
@@ -43,6 +44,11 @@ enum Command {
     Queue(squeue::SqueueArgs),
     /// Cancel jobs (as scancel).
     Cancel(scancel::ScancelArgs),
+    /// Create DIR/sbatch, DIR/squeue, ... as symlinks to this binary.
+    InstallAliases {
+        /// Where to put the links (e.g. /usr/local/bin).
+        dir: std::path::PathBuf,
+    },
 }
 
 /// The command this binary was invoked as (`sbatch` through a symlink, ...).
@@ -62,6 +68,12 @@ fn main() -> ExitCode {
         "sbatch" => ("sbatch", sbatch::run(sbatch::SbatchArgs::parse())),
         "squeue" => ("squeue", squeue::run(squeue::SqueueArgs::parse())),
         "scancel" => ("scancel", scancel::run(scancel::ScancelArgs::parse())),
+        "sinfo" => ("sinfo", slurm_more::sinfo(slurm_more::SinfoArgs::parse())),
+        "sacct" => ("sacct", slurm_more::sacct(slurm_more::SacctArgs::parse())),
+        "scontrol" => (
+            "scontrol",
+            slurm_more::scontrol(slurm_more::ScontrolArgs::parse()),
+        ),
         _ => {
             let cli = Cli::parse();
             let r = match cli.command {
@@ -69,6 +81,7 @@ fn main() -> ExitCode {
                 Command::Submit(args) => sbatch::run(*args),
                 Command::Queue(args) => squeue::run(args),
                 Command::Cancel(args) => scancel::run(args),
+                Command::InstallAliases { dir } => slurm_more::install_aliases(&dir),
             };
             ("docket", r)
         }

@@ -188,6 +188,9 @@ mod tests {
         SqueueArgs::command().debug_assert();
         crate::sbatch::SbatchArgs::command().debug_assert();
         crate::scancel::ScancelArgs::command().debug_assert();
+        crate::slurm_more::SinfoArgs::command().debug_assert();
+        crate::slurm_more::SacctArgs::command().debug_assert();
+        crate::slurm_more::ScontrolArgs::command().debug_assert();
     }
 
     #[test]

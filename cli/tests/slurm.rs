@@ -98,7 +98,7 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("site.toml"), SITE).unwrap();
-    for name in ["sbatch", "squeue", "scancel"] {
+    for name in ["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"] {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.path().join(name)).unwrap();
     }
     let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
@@ -241,4 +241,90 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     let o = run(dir.path(), &addr, "scancel", &["999999"], None);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("999999"));
+
+    // sinfo: partitions with their nodes folded; -N one line per node.
+    let o = run(dir.path(), &addr, "sinfo", &[], None);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    assert!(out.starts_with("PARTITION"), "{out}");
+    assert!(out.contains("n[01-02]"), "{out}");
+    let o = run(dir.path(), &addr, "sinfo", &["-N", "-h"], None);
+    assert_eq!(text(&o).lines().count(), 2, "{}", text(&o));
+
+    // scontrol: ping in Slurm's words, show job, update, hold/release.
+    let o = run(dir.path(), &addr, "scontrol", &["ping"], None);
+    let out = text(&o);
+    assert_eq!(out.matches("Slurmctld(primary) at ").count(), 1, "{out}");
+    assert_eq!(out.matches("is UP").count(), 3, "{out}");
+    let o = run(
+        dir.path(),
+        &addr,
+        "sbatch",
+        &["--parsable", "-t", "30", "job.sh"],
+        None,
+    );
+    let third = text(&o).trim().to_owned();
+    let o = run(
+        dir.path(),
+        &addr,
+        "scontrol",
+        &[
+            "update",
+            &format!("job={third}"),
+            "TimeLimit=20",
+            "Name=renamed",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{o:?}");
+    let o = run(
+        dir.path(),
+        &addr,
+        "scontrol",
+        &["show", "job", &third],
+        None,
+    );
+    let out = text(&o);
+    assert!(
+        out.contains("JobName=renamed") && out.contains("TimeLimit=20:00"),
+        "{out}"
+    );
+    let o = run(dir.path(), &addr, "scontrol", &["release", &third], None);
+    assert!(o.status.success(), "{o:?}");
+
+    // sacct: Slurm's default columns, code:signal, -P.
+    let o = run(
+        dir.path(),
+        &addr,
+        "sacct",
+        &["-P", "-j", &id.to_string()],
+        None,
+    );
+    let out = text(&o);
+    let mut lines = out.lines();
+    assert_eq!(
+        lines.next(),
+        Some("JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode")
+    );
+    assert_eq!(
+        lines.next(),
+        Some(format!("{id}|hello|batch|ops|0|CANCELLED|0:0").as_str())
+    );
+
+    // install-aliases makes the links.
+    let links = dir.path().join("bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .arg("install-aliases")
+        .arg(&links)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    for name in ["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"] {
+        assert!(
+            std::fs::symlink_metadata(links.join(name))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
 }
