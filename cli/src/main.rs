@@ -4,6 +4,7 @@
 //! arrive with the CLI issue; `docket sim` replays a workload trace offline.
 
 mod client;
+mod pbs;
 mod plot;
 mod sbatch;
 mod scancel;
@@ -64,7 +65,8 @@ fn invoked_as() -> String {
 }
 
 fn main() -> ExitCode {
-    let (name, result) = match invoked_as().as_str() {
+    let invoked = invoked_as();
+    let (name, result) = match invoked.as_str() {
         "sbatch" => ("sbatch", sbatch::run(sbatch::SbatchArgs::parse())),
         "squeue" => ("squeue", squeue::run(squeue::SqueueArgs::parse())),
         "scancel" => ("scancel", scancel::run(scancel::ScancelArgs::parse())),
@@ -74,6 +76,9 @@ fn main() -> ExitCode {
             "scontrol",
             slurm_more::scontrol(slurm_more::ScontrolArgs::parse()),
         ),
+        "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
+        "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
+        verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),
         _ => {
             let cli = Cli::parse();
             let r = match cli.command {

@@ -11,9 +11,12 @@ use crate::client::Client;
 use crate::scancel::job_ref;
 use crate::slurmtime;
 
-/// The names `docket` answers to so far (the PBS names, sprio and sshare come with the rest
-/// of the CLI).
-pub const ALIASES: [&str; 6] = ["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"];
+/// The names `docket` answers to so far (sprio, sshare and pbsnodes come with the rest of
+/// the CLI).
+pub const ALIASES: [&str; 11] = [
+    "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "qsub", "qstat", "qdel", "qhold",
+    "qrls",
+];
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()

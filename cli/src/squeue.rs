@@ -191,6 +191,8 @@ mod tests {
         crate::slurm_more::SinfoArgs::command().debug_assert();
         crate::slurm_more::SacctArgs::command().debug_assert();
         crate::slurm_more::ScontrolArgs::command().debug_assert();
+        crate::pbs::QsubArgs::command().debug_assert();
+        crate::pbs::QstatArgs::command().debug_assert();
     }
 
     #[test]

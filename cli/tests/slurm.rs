@@ -98,7 +98,9 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     }
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("site.toml"), SITE).unwrap();
-    for name in ["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"] {
+    for name in [
+        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "qsub", "qstat", "qdel",
+    ] {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.path().join(name)).unwrap();
     }
     let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
@@ -311,6 +313,32 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         Some(format!("{id}|hello|batch|ops|0|CANCELLED|0:0").as_str())
     );
 
+    // PBS: qsub with #PBS directives and -l, qstat, qdel.
+    let pbs_script = "#PBS -N pbsjob -h\n#PBS -l select=1:ncpus=2,walltime=00:10:00\necho hi\n";
+    std::fs::write(dir.path().join("pbs.sh"), pbs_script).unwrap();
+    let o = run(dir.path(), &addr, "qsub", &["pbs.sh"], None);
+    assert!(o.status.success(), "{o:?}");
+    let pbs_id = text(&o).trim().to_owned();
+    assert!(pbs_id.ends_with(".docket"), "{pbs_id}");
+    let o = run(dir.path(), &addr, "qstat", &[], None);
+    let out = text(&o);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(&pbs_id))
+        .unwrap_or_else(|| panic!("{out}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[1..], ["pbsjob", "root", "0", "H", "batch"], "{row}");
+    let o = run(dir.path(), &addr, "qdel", &[&pbs_id], None);
+    assert!(o.status.success(), "{o:?}");
+    let o = run(dir.path(), &addr, "qstat", &["-x", &pbs_id], None);
+    assert!(
+        text(&o)
+            .lines()
+            .any(|l| l.starts_with(&pbs_id) && l.contains(" F ")),
+        "{}",
+        text(&o)
+    );
+
     // install-aliases makes the links.
     let links = dir.path().join("bin");
     let o = Command::new(env!("CARGO_BIN_EXE_docket"))
@@ -319,7 +347,9 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
-    for name in ["sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct"] {
+    for name in [
+        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "qsub", "qdel",
+    ] {
         assert!(
             std::fs::symlink_metadata(links.join(name))
                 .unwrap()

@@ -1,0 +1,516 @@
+//! PBS's dialect: `qsub`, `qstat`, `qdel`, `qhold`, `qrls`.
+//!
+//! `qsub` reads `#PBS` directives (up to the first command) under the command line, and
+//! takes PBS Pro's resource syntax: `-l select=N:ncpus=C:mem=M[:ngpus=G]`,
+//! `-l walltime=H:M:S`, `-l jobfs=SIZE` (NCI), `-N -q -P -A -J -W depend= -h -j oe -o -e -v -V`.
+//! It prints `ID.server` (the server name from `DOCKET_PBS_SERVER`, default `docket`).
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Parser;
+use docket_core::quantity::{SlurmDuration, parse_duration, parse_size};
+use docket_proto::v1 as pb;
+
+use crate::client::Client;
+use crate::slurmtime;
+
+/// Submit a PBS job script.
+#[derive(Debug, Clone, Default, Parser)]
+#[command(
+    name = "qsub",
+    version,
+    disable_help_flag = true,
+    disable_version_flag = true
+)]
+pub struct QsubArgs {
+    /// Print help (`-h` is hold, as in PBS).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    /// Print the version (`-V` passes the environment, as in PBS).
+    #[arg(long, action = clap::ArgAction::Version)]
+    pub version: Option<bool>,
+    /// Resources: select=N:ncpus=C:mem=M[:ngpus=G], walltime=H:M:S, jobfs=SIZE (repeatable,
+    /// comma-separated).
+    #[arg(short = 'l')]
+    pub resources: Vec<String>,
+    #[arg(short = 'N')]
+    pub name: Option<String>,
+    /// Queue (a partition).
+    #[arg(short = 'q')]
+    pub queue: Option<String>,
+    /// Project (an account, as at NCI).
+    #[arg(short = 'P')]
+    pub project: Option<String>,
+    #[arg(short = 'A')]
+    pub account: Option<String>,
+    /// Array: 1-10[:step][%max].
+    #[arg(short = 'J')]
+    pub array: Option<String>,
+    /// Attributes: depend=afterok:ID[:ID].
+    #[arg(short = 'W')]
+    pub attributes: Vec<String>,
+    /// Submit held.
+    #[arg(short = 'h')]
+    pub hold: bool,
+    /// oe: stderr into stdout.
+    #[arg(short = 'j')]
+    pub join: Option<String>,
+    #[arg(short = 'o')]
+    pub output: Option<String>,
+    #[arg(short = 'e')]
+    pub error: Option<String>,
+    /// Variables to pass, VAR=value,...
+    #[arg(short = 'v')]
+    pub variables: Option<String>,
+    /// Pass the whole environment.
+    #[arg(short = 'V')]
+    pub all_env: bool,
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// The script (default: stdin).
+    pub script: Option<std::path::PathBuf>,
+}
+
+/// `4gb`, `100GB`, `512mb` → MiB.
+fn pbs_size(key: &str, v: &str) -> Result<u64> {
+    let t = v.trim().to_ascii_uppercase();
+    let t = t.strip_suffix('B').unwrap_or(&t);
+    Ok(parse_size(t).map_err(|e| anyhow!("-l {key}: {e}"))?.0)
+}
+
+/// Fills `spec` from one `-l` value (which may hold several comma-separated resources).
+pub fn apply_resources(spec: &mut pb::JobSpec, l: &str) -> Result<()> {
+    for item in l.split(',').filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| anyhow!("-l {item:?} is not resource=value"))?;
+        match k {
+            "select" => {
+                let mut parts = v.split(':');
+                let first = parts.next().unwrap_or("1");
+                let (chunks, rest): (u32, Option<&str>) = match first.parse() {
+                    Ok(n) => (n, None),
+                    Err(_) => (1, Some(first)),
+                };
+                spec.nodes = chunks;
+                spec.ntasks = chunks;
+                for kv in rest.into_iter().chain(parts) {
+                    let (rk, rv) = kv
+                        .split_once('=')
+                        .ok_or_else(|| anyhow!("-l select: {kv:?} is not resource=value"))?;
+                    match rk {
+                        "ncpus" => {
+                            spec.cpus_per_task = rv
+                                .parse()
+                                .map_err(|_| anyhow!("-l select ncpus: {rv:?} is not a number"))?
+                        }
+                        "mem" => {
+                            spec.memory =
+                                Some(pb::job_spec::Memory::MemPerNodeMib(pbs_size("mem", rv)?))
+                        }
+                        "ngpus" => {
+                            spec.gpus_per_node = rv
+                                .parse()
+                                .map_err(|_| anyhow!("-l select ngpus: {rv:?} is not a number"))?
+                        }
+                        "mpiprocs" => {}
+                        other => bail!("-l select: {other} is not ncpus, mem, ngpus or mpiprocs"),
+                    }
+                }
+            }
+            "ncpus" => {
+                spec.cpus_per_task = v
+                    .parse()
+                    .map_err(|_| anyhow!("-l ncpus: {v:?} is not a number"))?
+            }
+            "mem" => spec.memory = Some(pb::job_spec::Memory::MemPerNodeMib(pbs_size("mem", v)?)),
+            "ngpus" => {
+                spec.gpus_per_node = v
+                    .parse()
+                    .map_err(|_| anyhow!("-l ngpus: {v:?} is not a number"))?
+            }
+            "jobfs" => spec.jobfs_mib = Some(pbs_size("jobfs", v)?),
+            "walltime" => {
+                spec.time_limit_seconds = Some(
+                    match parse_duration(v).map_err(|e| anyhow!("-l walltime: {e}"))? {
+                        SlurmDuration::Unlimited => 0,
+                        SlurmDuration::Limit(s) => s.0 as i64,
+                    },
+                )
+            }
+            other => bail!(
+                "-l {other}: not a resource qsub knows (select, ncpus, mem, ngpus, jobfs, walltime)"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// The `#PBS` directive arguments of `script`.
+pub fn directives(script: &str) -> Result<Vec<String>> {
+    let mut args = Vec::new();
+    for (n, line) in script.lines().enumerate() {
+        let t = line.trim();
+        if (n == 0 && t.starts_with("#!")) || t.is_empty() {
+            continue;
+        }
+        if !t.starts_with('#') {
+            break;
+        }
+        if let Some(rest) = t.strip_prefix("#PBS") {
+            args.extend(
+                shlex::split(rest).ok_or_else(|| anyhow!("line {}: unbalanced quotes", n + 1))?,
+            );
+        }
+    }
+    Ok(args)
+}
+
+/// The job spec from the command line over the directives.
+pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> {
+    let dir =
+        QsubArgs::try_parse_from(std::iter::once("qsub".to_owned()).chain(directives(script)?))
+            .map_err(|e| {
+                anyhow!(
+                    "#PBS directives: {}",
+                    e.to_string().lines().next().unwrap_or_default()
+                )
+            })?;
+    let mut spec = pb::JobSpec {
+        nodes: 1,
+        ntasks: 1,
+        cpus_per_task: 1,
+        work_dir: cwd.to_owned(),
+        script: script.as_bytes().to_vec(),
+        ..Default::default()
+    };
+    // Directives first, then the command line over them.
+    for src in [&dir, cli] {
+        for l in &src.resources {
+            apply_resources(&mut spec, l)?;
+        }
+        if let Some(n) = &src.name {
+            spec.name = n.clone();
+        }
+        if let Some(q) = &src.queue {
+            spec.partition = q.clone();
+        }
+        if let Some(a) = src.project.as_ref().or(src.account.as_ref()) {
+            spec.account = a.clone();
+        }
+        if let Some(j) = &src.array {
+            spec.array = j.clone();
+        }
+        for w in &src.attributes {
+            match w.split_once('=') {
+                Some(("depend", d)) => spec.dependency = d.to_owned(),
+                _ => bail!("-W {w:?}: only depend=... is supported"),
+            }
+        }
+        spec.hold |= src.hold;
+        if let Some(o) = &src.output {
+            spec.stdout = o.clone();
+        }
+        if let Some(e) = &src.error {
+            spec.stderr = e.clone();
+        }
+        match src.join.as_deref() {
+            Some("oe") => spec.stderr = String::new(),
+            Some("n") | None => {}
+            Some(other) => bail!("-j {other}: only oe or n"),
+        }
+    }
+    if spec.name.is_empty() {
+        spec.name = cli
+            .script
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "STDIN".into());
+    }
+    let mut env: Vec<u8> = Vec::new();
+    let mut push = |k: &str, v: &str| {
+        env.extend_from_slice(format!("{k}={v}").as_bytes());
+        env.push(0);
+    };
+    if cli.all_env || dir.all_env {
+        for (k, v) in std::env::vars() {
+            push(&k, &v);
+        }
+    }
+    for list in [&dir.variables, &cli.variables].into_iter().flatten() {
+        for kv in list.split(',') {
+            match kv.split_once('=') {
+                Some((k, v)) => push(k, v),
+                None => {
+                    if let Ok(v) = std::env::var(kv) {
+                        push(kv, &v)
+                    }
+                }
+            }
+        }
+    }
+    if !env.is_empty() {
+        spec.environment = Some(env);
+    }
+    // PBS scripts need not start with #!; run them with /bin/sh like PBS does.
+    if !script.starts_with("#!") {
+        spec.script = format!("#!/bin/sh\n{script}").into_bytes();
+    }
+    Ok(spec)
+}
+
+fn server() -> String {
+    std::env::var("DOCKET_PBS_SERVER").unwrap_or_else(|_| "docket".into())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+pub fn qsub(cli: QsubArgs) -> Result<()> {
+    let script = match &cli.script {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+            s
+        }
+    };
+    let cwd = std::env::current_dir()?.display().to_string();
+    let spec = job_spec(&cli, &script, &cwd)?;
+    let client = Client::new(cli.addr.as_deref())?;
+    let r = runtime()?.block_on(client.jobs_call(|mut c| {
+        let req = client.request(pb::SubmitJobsRequest {
+            jobs: vec![spec.clone()],
+        });
+        async move { c.submit_jobs(req).await }
+    }))?;
+    match r.results.first().and_then(|r| r.result.clone()) {
+        Some(pb::submit_result::Result::JobId(id)) => {
+            println!("{id}.{}", server());
+            Ok(())
+        }
+        Some(pb::submit_result::Result::Error(e)) => Err(anyhow!("{e}")),
+        None => Err(anyhow!("no answer for the job")),
+    }
+}
+
+/// Show jobs, PBS style.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "qstat", version)]
+pub struct QstatArgs {
+    /// Full output, one block per job.
+    #[arg(short = 'f')]
+    pub full: bool,
+    /// Include finished jobs.
+    #[arg(short = 'x')]
+    pub finished: bool,
+    #[arg(short = 'u')]
+    pub user: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// Job ids (`123` or `123.server`).
+    pub jobs: Vec<String>,
+}
+
+/// A job id as PBS prints it, without the server: `123`, `123.server`.
+fn pbs_id(text: &str) -> Result<u64> {
+    text.split('.')
+        .next()
+        .and_then(|n| n.trim_end_matches("[]").parse().ok())
+        .ok_or_else(|| anyhow!("{text:?} is not a job id"))
+}
+
+/// PBS's state letter for a Slurm-style state code.
+pub fn pbs_state(j: &pb::JobInfo) -> &'static str {
+    match j.state_code.as_str() {
+        "PD" if j.held => "H",
+        "PD" => "Q",
+        "R" => "R",
+        "S" => "S",
+        "CG" => "E",
+        _ => "F",
+    }
+}
+
+pub fn qstat(a: QstatArgs) -> Result<()> {
+    let client = Client::new(a.addr.as_deref())?;
+    let ids: Vec<u64> = a.jobs.iter().map(|j| pbs_id(j)).collect::<Result<_>>()?;
+    let jobs = runtime()?
+        .block_on(client.jobs_call(|mut c| {
+            let req = client.request(pb::ListJobsRequest {
+                users: a.user.iter().cloned().collect(),
+                job_ids: ids.clone(),
+                page_size: 10_000,
+                ..Default::default()
+            });
+            async move { c.list_jobs(req).await }
+        }))?
+        .jobs;
+    let jobs: Vec<_> = jobs
+        .into_iter()
+        .filter(|j| a.finished || pbs_state(j) != "F")
+        .collect();
+    let server = server();
+    if a.json {
+        let rows: Vec<_> = jobs
+            .iter()
+            .map(|j| {
+                serde_json::json!({"id": format!("{}.{server}", j.job_id), "name": j.name,
+                "owner": j.user, "state": pbs_state(j), "queue": j.partition})
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "jobs": rows }));
+        return Ok(());
+    }
+    if a.full {
+        for j in &jobs {
+            println!("Job Id: {}.{server}", j.job_id);
+            println!("    Job_Name = {}", j.name);
+            println!("    Job_Owner = {}", j.user);
+            println!("    job_state = {}", pbs_state(j));
+            println!("    queue = {}", j.partition);
+            println!("    project = {}", j.account);
+            println!(
+                "    Resource_List.walltime = {}",
+                slurmtime::limit(j.time_limit_seconds)
+            );
+            println!("    Resource_List.ncpus = {}", j.cpus);
+            println!("    exec_host = {}", j.node_list);
+            println!(
+                "    Exit_status = {}",
+                j.exit_code.map_or("-".into(), |c| c.to_string())
+            );
+            println!("    PBS_O_WORKDIR = {}", j.work_dir);
+            println!();
+        }
+        return Ok(());
+    }
+    println!(
+        "{:<17} {:<16} {:<16} {:>8} S {:<8}",
+        "Job id", "Name", "User", "Time Use", "Queue"
+    );
+    println!(
+        "{} {} {} {} - {}",
+        "-".repeat(17),
+        "-".repeat(16),
+        "-".repeat(16),
+        "-".repeat(8),
+        "-".repeat(8)
+    );
+    for j in &jobs {
+        let used = match (j.start_time_ms, j.end_time_ms) {
+            (Some(s), Some(e)) => slurmtime::duration(e.saturating_sub(s) / 1000),
+            (Some(_), None) => "--".into(),
+            _ => "0".into(),
+        };
+        println!(
+            "{:<17} {:<16} {:<16} {:>8} {} {:<8}",
+            format!("{}.{server}", j.job_id)
+                .chars()
+                .take(17)
+                .collect::<String>(),
+            j.name.chars().take(16).collect::<String>(),
+            j.user.chars().take(16).collect::<String>(),
+            used,
+            pbs_state(j),
+            j.partition
+        );
+    }
+    Ok(())
+}
+
+/// qdel / qhold / qrls: job ids (`123` or `123.server`).
+#[derive(Debug, Clone, Parser)]
+pub struct QctlArgs {
+    #[arg(long)]
+    pub addr: Option<String>,
+    #[arg(required = true)]
+    pub jobs: Vec<String>,
+}
+
+pub fn qctl(verb: &str, a: QctlArgs) -> Result<()> {
+    let client = Client::new(a.addr.as_deref())?;
+    let refs: Vec<pb::JobRef> = a
+        .jobs
+        .iter()
+        .map(|j| pbs_id(j).map(|job_id| pb::JobRef { job_id, task: None }))
+        .collect::<Result<_>>()?;
+    let verb = verb.to_owned();
+    let r = runtime()?.block_on(client.jobs_call(|mut c| {
+        let req = client.request(pb::JobsRequest { jobs: refs.clone() });
+        let verb = verb.clone();
+        async move {
+            match verb.as_str() {
+                "qhold" => c.hold_jobs(req).await,
+                "qrls" => c.release_jobs(req).await,
+                _ => c.cancel_jobs(req).await,
+            }
+        }
+    }))?;
+    let bad: Vec<String> = r
+        .results
+        .iter()
+        .filter(|x| !x.error.is_empty())
+        .map(|x| format!("{}: {}", x.job.as_ref().map_or(0, |j| j.job_id), x.error))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!(bad.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pbs_resources_and_directives_map_to_the_spec() {
+        let script = "#!/bin/bash\n#PBS -N mc -q express -P ab12\n#PBS -l select=2:ncpus=8:mem=16gb,walltime=02:00:00\n#PBS -l jobfs=100GB\n#PBS -W depend=afterok:12\n#PBS -j oe\ncd $PBS_O_WORKDIR\n#PBS -N ignored\n";
+        let cli = QsubArgs::try_parse_from(["qsub", "-q", "normal", "-h"]).unwrap();
+        let spec = job_spec(&cli, script, "/scratch").unwrap();
+        assert_eq!(spec.name, "mc");
+        assert_eq!(spec.partition, "normal");
+        assert_eq!(spec.account, "ab12");
+        assert_eq!((spec.nodes, spec.cpus_per_task), (2, 8));
+        assert_eq!(
+            spec.memory,
+            Some(pb::job_spec::Memory::MemPerNodeMib(16 * 1024))
+        );
+        assert_eq!(spec.time_limit_seconds, Some(7200));
+        assert_eq!(spec.jobfs_mib, Some(100 * 1024));
+        assert_eq!(spec.dependency, "afterok:12");
+        assert!(spec.hold);
+        assert_eq!(spec.work_dir, "/scratch");
+    }
+
+    #[test]
+    fn bad_resources_name_themselves_and_ids_parse() {
+        let mut spec = pb::JobSpec::default();
+        for (l, key) in [
+            ("select=2:cores=4", "select"),
+            ("walltime=soon", "walltime"),
+            ("mem=lots", "mem"),
+            ("disk=1gb", "disk"),
+        ] {
+            let e = apply_resources(&mut spec, l).unwrap_err().to_string();
+            assert!(e.contains(key), "{l}: {e}");
+        }
+        assert_eq!(pbs_id("123.gadi-pbs").unwrap(), 123);
+        assert_eq!(pbs_id("77").unwrap(), 77);
+        assert!(pbs_id("x.y").is_err());
+        let j = pb::JobInfo {
+            state_code: "PD".into(),
+            held: true,
+            ..Default::default()
+        };
+        assert_eq!(pbs_state(&j), "H");
+    }
+}
