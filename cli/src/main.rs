@@ -4,6 +4,7 @@
 //! arrive with the CLI issue; `docket sim` replays a workload trace offline.
 
 mod client;
+mod cluster;
 mod pbs;
 mod plot;
 mod sbatch;
@@ -45,6 +46,8 @@ enum Command {
     Queue(squeue::SqueueArgs),
     /// Cancel jobs (as scancel).
     Cancel(scancel::ScancelArgs),
+    /// The controller replicas: status, add, remove.
+    Cluster(cluster::ClusterArgs),
     /// Create DIR/sbatch, DIR/squeue, ... as symlinks to this binary.
     InstallAliases {
         /// Where to put the links (e.g. /usr/local/bin).
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
                 Command::Queue(args) => squeue::run(args),
                 Command::Cancel(args) => scancel::run(args),
                 Command::InstallAliases { dir } => slurm_more::install_aliases(&dir),
+                Command::Cluster(args) => cluster::run(args),
             };
             ("docket", r)
         }

@@ -339,6 +339,19 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         text(&o)
     );
 
+    // docket cluster status: every replica, one leader.
+    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["cluster", "status"])
+        .env("DOCKET_ADDR", &addr)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    assert!(out.starts_with("ID"), "{out}");
+    assert_eq!(out.lines().count(), 4, "{out}");
+    assert_eq!(out.matches(" leader ").count(), 1, "{out}");
+    assert_eq!(out.matches(" follower ").count(), 2, "{out}");
+
     // install-aliases makes the links.
     let links = dir.path().join("bin");
     let o = Command::new(env!("CARGO_BIN_EXE_docket"))

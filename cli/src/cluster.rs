@@ -1,0 +1,121 @@
+//! `docket cluster`: the controller replicas, like Nomad's `operator raft list-peers`.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use docket_proto::v1 as pb;
+
+use crate::client::Client;
+
+/// The controller replicas.
+#[derive(Debug, Clone, Parser)]
+pub struct ClusterArgs {
+    #[arg(long)]
+    pub addr: Option<String>,
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ClusterCommand {
+    /// Every replica: address, role, term, applied index, lag.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a replica (started empty with `docket-controller run --id ID`) as a voter.
+    AddReplica {
+        id: u64,
+        /// host:port
+        addr: String,
+        /// As a learner only.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a replica from the cluster.
+    RemoveReplica { id: u64 },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// The status table.
+pub fn table(s: &pb::ClusterStatusResponse) -> String {
+    let mut out = format!(
+        "{:<4} {:<22} {:<11} {:<6} {:>8} {:>8} {:>6}  {}\n",
+        "ID", "ADDRESS", "ROLE", "VOTER", "TERM", "APPLIED", "LAG", "NOTE"
+    );
+    for r in &s.replicas {
+        let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+        out.push_str(&format!(
+            "{:<4} {:<22} {:<11} {:<6} {:>8} {:>8} {:>6}  {}\n",
+            r.id,
+            r.addr,
+            r.role,
+            if r.voter { "true" } else { "false" },
+            if r.reachable {
+                r.term.to_string()
+            } else {
+                "-".into()
+            },
+            opt(r.applied_index),
+            opt(r.lag),
+            r.error
+        ));
+    }
+    out
+}
+
+pub fn run(a: ClusterArgs) -> Result<()> {
+    let client = Client::new(a.addr.as_deref())?;
+    let rt = runtime()?;
+    match a.command {
+        ClusterCommand::Status { json } => {
+            let s = rt.block_on(client.admin_call(|mut c| {
+                let req = client.request(pb::ClusterStatusRequest {});
+                async move { c.cluster_status(req).await }
+            }))?;
+            if json {
+                let rows: Vec<_> = s
+                    .replicas
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({"id": r.id, "addr": r.addr, "role": r.role,
+                        "voter": r.voter, "term": r.term, "applied_index": r.applied_index,
+                        "last_log_index": r.last_log_index, "lag": r.lag,
+                        "reachable": r.reachable, "error": r.error})
+                    })
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"leader_id": s.leader_id, "term": s.term, "replicas": rows})
+                );
+            } else {
+                print!("{}", table(&s));
+            }
+            Ok(())
+        }
+        ClusterCommand::AddReplica { id, addr, learner } => {
+            let r = rt.block_on(client.admin_call(|mut c| {
+                let req = client.request(pb::AddReplicaRequest {
+                    id,
+                    addr: addr.clone(),
+                    learner,
+                });
+                async move { c.add_replica(req).await }
+            }))?;
+            println!("{}", r.message);
+            Ok(())
+        }
+        ClusterCommand::RemoveReplica { id } => {
+            let r = rt.block_on(client.admin_call(|mut c| {
+                let req = client.request(pb::RemoveReplicaRequest { id });
+                async move { c.remove_replica(req).await }
+            }))?;
+            println!("{}", r.message);
+            Ok(())
+        }
+    }
+}
