@@ -79,6 +79,7 @@ fn main() -> ExitCode {
             "scontrol",
             slurm_more::scontrol(slurm_more::ScontrolArgs::parse()),
         ),
+        "sprio" => ("sprio", slurm_more::sprio(slurm_more::SprioArgs::parse())),
         "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
         "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
         verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),

@@ -11,11 +11,10 @@ use crate::client::Client;
 use crate::scancel::job_ref;
 use crate::slurmtime;
 
-/// The names `docket` answers to so far (sprio, sshare and pbsnodes come with the rest of
-/// the CLI).
-pub const ALIASES: [&str; 11] = [
-    "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "qsub", "qstat", "qdel", "qhold",
-    "qrls",
+/// The names `docket` answers to so far (sshare and pbsnodes come with the rest of the CLI).
+pub const ALIASES: [&str; 12] = [
+    "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "qsub", "qstat", "qdel",
+    "qhold", "qrls",
 ];
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -423,4 +422,83 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// Why pending jobs have their priority.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "sprio", version, disable_help_flag = true)]
+pub struct SprioArgs {
+    /// Print help (`-h` is --noheader, as in Slurm).
+    #[arg(long, action = clap::ArgAction::Help)]
+    pub help: Option<bool>,
+    #[arg(short = 'j', long = "jobs", value_delimiter = ',')]
+    pub jobs: Vec<u64>,
+    #[arg(short = 'u', long = "user", value_delimiter = ',')]
+    pub users: Vec<String>,
+    #[arg(short = 'h', long = "noheader")]
+    pub noheader: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub addr: Option<String>,
+}
+
+/// The table: JOBID PARTITION PRIORITY, then each factor's weighted contribution, as sprio
+/// shows them (the formula in force decides which factors there are).
+pub fn sprio_table(r: &pb::ExplainPriorityResponse, header: bool) -> String {
+    let names: Vec<String> = r
+        .jobs
+        .first()
+        .map(|j| j.factors.iter().map(|f| f.name.to_uppercase()).collect())
+        .unwrap_or_default();
+    let mut out = String::new();
+    if header {
+        out.push_str(&format!(
+            "{:>15} {:<9} {:>10}",
+            "JOBID", "PARTITION", "PRIORITY"
+        ));
+        for n in &names {
+            out.push_str(&format!(" {:>10}", n.chars().take(10).collect::<String>()));
+        }
+        out.push('\n');
+    }
+    for j in &r.jobs {
+        out.push_str(&format!(
+            "{:>15} {:<9} {:>10.0}",
+            j.job_id, j.partition, j.priority
+        ));
+        for f in &j.factors {
+            out.push_str(&format!(" {:>10.0}", f.contribution));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+pub fn sprio(a: SprioArgs) -> Result<()> {
+    let client = Client::new(a.addr.as_deref())?;
+    let r = runtime()?.block_on(client.jobs_call(|mut c| {
+        let req = client.request(pb::ExplainPriorityRequest {
+            job_ids: a.jobs.clone(),
+            users: a.users.clone(),
+        });
+        async move { c.explain_priority(req).await }
+    }))?;
+    if a.json {
+        let rows: Vec<_> = r
+            .jobs
+            .iter()
+            .map(|j| serde_json::json!({"job_id": j.job_id, "user": j.user, "partition": j.partition,
+                "priority": j.priority, "factors": j.factors.iter().map(|f| serde_json::json!({
+                    "name": f.name, "value": f.value, "weight": f.weight, "contribution": f.contribution}))
+                    .collect::<Vec<_>>()}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"formula": r.formula, "jobs": rows})
+        );
+        return Ok(());
+    }
+    print!("{}", sprio_table(&r, !a.noheader));
+    Ok(())
 }

@@ -192,6 +192,7 @@ mod tests {
         crate::slurm_more::SacctArgs::command().debug_assert();
         crate::slurm_more::ScontrolArgs::command().debug_assert();
         crate::pbs::QsubArgs::command().debug_assert();
+        crate::slurm_more::SprioArgs::command().debug_assert();
         crate::pbs::QstatArgs::command().debug_assert();
     }
 

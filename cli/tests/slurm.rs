@@ -99,7 +99,8 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("site.toml"), SITE).unwrap();
     for name in [
-        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "qsub", "qstat", "qdel",
+        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "qsub", "qstat",
+        "qdel",
     ] {
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.path().join(name)).unwrap();
     }
@@ -337,6 +338,21 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
             .any(|l| l.starts_with(&pbs_id) && l.contains(" F ")),
         "{}",
         text(&o)
+    );
+
+    // sprio: the pending jobs' priority, factor by factor.
+    let o = run(dir.path(), &addr, "sbatch", &["--parsable", "job.sh"], None);
+    let fourth = text(&o).trim().to_owned();
+    let o = run(dir.path(), &addr, "sprio", &[], None);
+    assert!(o.status.success(), "{o:?}");
+    let out = text(&o);
+    let head: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(&head[..3], ["JOBID", "PARTITION", "PRIORITY"], "{out}");
+    assert!(head.len() > 3, "no factor columns: {out}");
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().next() == Some(fourth.as_str())),
+        "{out}"
     );
 
     // docket cluster status: every replica, one leader.
