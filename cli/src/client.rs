@@ -148,6 +148,21 @@ impl Client {
     }
 }
 
+/// The small runtime each command's calls run on.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Milliseconds since the Unix epoch on this host's clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// One line saying what went wrong and, where it helps, what to do.
 pub fn status_error(s: &tonic::Status) -> anyhow::Error {
     match s.code() {

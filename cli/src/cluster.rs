@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use docket_proto::v1 as pb;
 
-use crate::client::Client;
+use crate::client::{Client, runtime};
 
 /// The controller replicas.
 #[derive(Debug, Clone, Parser)]
@@ -33,12 +33,6 @@ pub enum ClusterCommand {
     },
     /// Remove a replica from the cluster.
     RemoveReplica { id: u64 },
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
 }
 
 /// The status table.

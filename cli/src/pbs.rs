@@ -10,7 +10,7 @@ use clap::Parser;
 use docket_core::quantity::{SlurmDuration, parse_duration, parse_size};
 use docket_proto::v1 as pb;
 
-use crate::client::Client;
+use crate::client::{Client, runtime};
 use crate::slurmtime;
 
 /// Submit a PBS job script.
@@ -261,12 +261,6 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
 
 fn server() -> String {
     std::env::var("DOCKET_PBS_SERVER").unwrap_or_else(|_| "docket".into())
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
 }
 
 pub fn qsub(cli: QsubArgs) -> Result<()> {

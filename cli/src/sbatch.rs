@@ -383,15 +383,10 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
         .context("the current directory")?
         .display()
         .to_string();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now_ms = crate::client::now_ms();
     let spec = job_spec(&options, &script, &cwd, now_ms)?;
     let client = Client::new(options.addr.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::client::runtime()?;
     let results = runtime.block_on(client.jobs_call(|mut c| {
         let req = client.request(pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],

@@ -40,9 +40,7 @@ pub fn job_ref(text: &str) -> Result<pb::JobRef> {
 
 pub fn run(a: ScancelArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::client::runtime()?;
     let mut refs: Vec<pb::JobRef> = a.jobs.iter().map(|j| job_ref(j)).collect::<Result<_>>()?;
     let filtered =
         a.user.is_some() || a.partition.is_some() || a.state.is_some() || a.name.is_some();

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::Client;
+use crate::client::{Client, now_ms, runtime};
 use crate::scancel::job_ref;
 use crate::slurmtime;
 
@@ -16,12 +16,6 @@ pub const ALIASES: [&str; 12] = [
     "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "qsub", "qstat", "qdel",
     "qhold", "qrls",
 ];
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
-}
 
 /// `docket install-aliases DIR`: symlinks DIR/sbatch, ... to this binary.
 pub fn install_aliases(dir: &PathBuf) -> Result<()> {
@@ -415,13 +409,6 @@ fn per_job_errors(r: &pb::PerJobResponse) -> Result<()> {
     } else {
         Err(anyhow!(bad.join("; ")))
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Why pending jobs have their priority.

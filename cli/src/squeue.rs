@@ -125,9 +125,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     if a.me {
         users.push(client.user().to_owned());
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let runtime = crate::client::runtime()?;
     let mut jobs = Vec::new();
     let mut token = String::new();
     loop {
@@ -170,10 +168,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
         println!("{}", serde_json::json!({ "jobs": rows }));
         return Ok(());
     }
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0);
+    let now_ms = crate::client::now_ms();
     print!("{}", format(&jobs, a.long, !a.noheader, now_ms));
     Ok(())
 }

@@ -88,6 +88,20 @@ impl Agents for FakeLeader {
     }
 }
 
+/// True when running as root. Otherwise the test is skipped with `why` printed, unless
+/// DOCKET_REQUIRE_PRIVILEGED is set, which turns the skip into a failure.
+fn privileged(why: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+        "DOCKET_REQUIRE_PRIVILEGED is set but this test runs as a user ({why})"
+    );
+    eprintln!("skipped: {why}");
+    false
+}
+
 /// Serves `leader` on a fresh loopback port; its address and the server task.
 async fn serve(
     leader: &FakeLeader,
@@ -246,12 +260,7 @@ fn control(job: u64, epoch: u64) -> pb::JobControl {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_runs_reports_and_controls_real_jobs() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
-            "DOCKET_REQUIRE_PRIVILEGED is set but this test runs as a user"
-        );
-        eprintln!("skipped: running jobs as another user needs root");
+    if !privileged("running jobs as another user needs root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -598,9 +607,7 @@ fn own_cgroup_dir(controller: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_later() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
-        eprintln!("skipped: running jobs needs root");
+    if !privileged("running jobs needs root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -673,9 +680,7 @@ async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_lat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhile() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
-        eprintln!("skipped: running jobs needs root");
+    if !privileged("running jobs needs root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -754,9 +759,7 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
 
 #[test]
 fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confine() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
-        eprintln!("skipped: needs root to start the agent as another user");
+    if !privileged("needs root to start the agent as another user") {
         return;
     }
     use std::os::unix::process::CommandExt;
@@ -797,9 +800,7 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tmpfs_jobfs_is_capped_too() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none());
-        eprintln!("skipped: mounting needs root");
+    if !privileged("mounting needs root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
