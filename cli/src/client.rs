@@ -21,7 +21,13 @@ pub struct Client {
     user: String,
 }
 
-const RETRY_FOR: Duration = Duration::from_secs(30);
+/// How long an unavailable cluster is retried: `DOCKET_RETRY_SECONDS`, else 30 s.
+fn retry_for() -> Duration {
+    std::env::var("DOCKET_RETRY_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(30), Duration::from_secs)
+}
 
 impl Client {
     /// From an explicit address list, or `DOCKET_ADDR`, or the local default.
@@ -75,6 +81,7 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let start = Instant::now();
+        let retry_for = retry_for();
         let mut last = None;
         let mut queue: Vec<String> = self.endpoints.clone();
         loop {
@@ -96,12 +103,15 @@ impl Client {
                     Err(s) => return Err(status_error(&s)),
                 }
             }
-            if start.elapsed() > RETRY_FOR {
+            if start.elapsed() > retry_for {
                 let why = last.map(|s| s.message().to_owned()).unwrap_or_default();
-                return Err(anyhow!(
-                    "no controller answered at {} within {} s ({why})",
-                    self.endpoints.join(","),
-                    RETRY_FOR.as_secs()
+                return Err(Failure::error(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "no controller answered at {} within {} s ({why})",
+                        self.endpoints.join(","),
+                        retry_for.as_secs()
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -126,6 +136,7 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let start = Instant::now();
+        let retry_for = retry_for();
         let mut last = None;
         loop {
             for addr in &self.endpoints {
@@ -135,12 +146,15 @@ impl Client {
                     Err(s) => return Err(status_error(&s)),
                 }
             }
-            if start.elapsed() > RETRY_FOR {
+            if start.elapsed() > retry_for {
                 let why = last.map(|s| s.message().to_owned()).unwrap_or_default();
-                return Err(anyhow!(
-                    "no controller answered at {} within {} s ({why}); check DOCKET_ADDR and that the controllers run",
-                    self.endpoints.join(","),
-                    RETRY_FOR.as_secs()
+                return Err(Failure::error(
+                    exit::UNAVAILABLE,
+                    format!(
+                        "no controller answered at {} within {} s ({why}); check DOCKET_ADDR and that the controllers run",
+                        self.endpoints.join(","),
+                        retry_for.as_secs()
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -163,16 +177,60 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The documented exit statuses of every command (README, "Exit status").
+pub mod exit {
+    /// Done.
+    pub const OK: u8 = 0;
+    /// The request was refused (invalid, not permitted, no such job) or failed.
+    pub const REFUSED: u8 = 1;
+    /// The command line was wrong (clap's usage errors).
+    pub const USAGE: u8 = 2;
+    /// No controller answered, or none led, within the retry window: nothing was done.
+    pub const UNAVAILABLE: u8 = 3;
+    /// The controller lost leadership while applying: the request may or may not have been
+    /// applied; look before repeating it.
+    pub const UNKNOWN_OUTCOME: u8 = 4;
+}
+
+/// An error that ends the command with a particular exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// The error to return.
+    pub fn error(code: u8, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Failure {
+            code,
+            message: message.into(),
+        })
+    }
+}
+
+/// The exit status an error ends the command with.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    e.chain()
+        .find_map(|c| c.downcast_ref::<Failure>())
+        .map_or(exit::REFUSED, |f| f.code)
+}
+
 /// One line saying what went wrong and, where it helps, what to do.
 pub fn status_error(s: &tonic::Status) -> anyhow::Error {
     match s.code() {
+        tonic::Code::Unavailable => Failure::error(exit::UNAVAILABLE, s.message()),
         tonic::Code::PermissionDenied => anyhow!("permission denied: {}", s.message()),
         tonic::Code::Unauthenticated => anyhow!("not authenticated: {}", s.message()),
         tonic::Code::InvalidArgument => anyhow!("invalid request: {}", s.message()),
         tonic::Code::NotFound => anyhow!("{}", s.message()),
-        tonic::Code::Aborted => anyhow!(
-            "{} (check with squeue before submitting again)",
-            s.message()
+        tonic::Code::Aborted => Failure::error(
+            exit::UNKNOWN_OUTCOME,
+            format!(
+                "{} (check with squeue before submitting again)",
+                s.message()
+            ),
         ),
         _ => anyhow!("{}: {}", s.code(), s.message()),
     }

@@ -1,18 +1,29 @@
 //! `docket`: the command users and admins live in.
 //!
-//! Its cluster subcommands and the Slurm/PBS entry points (`sbatch`, `squeue`, `qsub`, ...)
-//! arrive with the CLI issue; `docket sim` replays a workload trace offline.
+//! One binary: invoked through a symlink named `sbatch`, `squeue`, `qsub`, ... (see
+//! `docket install-aliases`) it speaks that command's dialect; as `docket` it has its own
+//! subcommands (cluster, config, node) and `docket sim`, which replays a workload trace
+//! offline. Every command finds the controllers in `--addr` or `DOCKET_ADDR`, follows the
+//! leader and waits out elections; its exit status says what happened (see `exit` below).
 
+mod admin;
+mod aliases;
 mod client;
 mod cluster;
 mod pbs;
+mod pbsnodes;
 mod plot;
+mod sacct;
 mod sbatch;
 mod scancel;
+mod scontrol;
 mod sim;
-mod slurm_more;
+mod sinfo;
 mod slurmtime;
+mod sprio;
 mod squeue;
+mod squeue_format;
+mod sshare;
 
 use std::process::ExitCode;
 
@@ -21,9 +32,14 @@ use clap::{Parser, Subcommand};
 /// The Docket command line.
 ///
 /// Submit and control jobs, look at queues, nodes and fair-share, administer the cluster.
-/// Invoked as sbatch, squeue, scancel, sinfo, scontrol, sprio, sshare, sacct, qsub, qstat or
-/// qdel it speaks that command's dialect. `docket sim` replays a workload trace through the
-/// scheduler offline.
+/// Invoked as sbatch, squeue, scancel, sinfo, scontrol, sprio, sshare, sacct, qsub, qstat,
+/// qdel, qhold, qrls or pbsnodes it speaks that command's dialect. `docket sim` replays a
+/// workload trace through the scheduler offline.
+///
+/// Exit status: 0 done; 1 refused or failed (the message says why); 2 wrong command line;
+/// 3 no controller answered or none led within DOCKET_RETRY_SECONDS (30): nothing was done;
+/// 4 leadership was lost while applying: the outcome is unknown, look before repeating.
+/// `sbatch -W` exits with the job's exit code.
 #[derive(Debug, Parser)]
 #[command(
     name = "docket",
@@ -48,6 +64,10 @@ enum Command {
     Cancel(scancel::ScancelArgs),
     /// The controller replicas: status, add, remove.
     Cluster(cluster::ClusterArgs),
+    /// The replicated configuration: show, apply (with a dry run), remove objects.
+    Config(admin::ConfigArgs),
+    /// Compute nodes: list, drain, resume.
+    Node(admin::NodeArgs),
     /// Create DIR/sbatch, DIR/squeue, ... as symlinks to this binary.
     InstallAliases {
         /// Where to put the links (e.g. /usr/local/bin).
@@ -73,13 +93,18 @@ fn main() -> ExitCode {
         "sbatch" => ("sbatch", sbatch::run(sbatch::SbatchArgs::parse())),
         "squeue" => ("squeue", squeue::run(squeue::SqueueArgs::parse())),
         "scancel" => ("scancel", scancel::run(scancel::ScancelArgs::parse())),
-        "sinfo" => ("sinfo", slurm_more::sinfo(slurm_more::SinfoArgs::parse())),
-        "sacct" => ("sacct", slurm_more::sacct(slurm_more::SacctArgs::parse())),
+        "sinfo" => ("sinfo", sinfo::sinfo(sinfo::SinfoArgs::parse())),
+        "sacct" => ("sacct", sacct::sacct(sacct::SacctArgs::parse())),
+        "sshare" => ("sshare", sshare::sshare(sshare::SshareArgs::parse())),
+        "pbsnodes" => (
+            "pbsnodes",
+            pbsnodes::pbsnodes(pbsnodes::PbsnodesArgs::parse()),
+        ),
         "scontrol" => (
             "scontrol",
-            slurm_more::scontrol(slurm_more::ScontrolArgs::parse()),
+            scontrol::scontrol(scontrol::ScontrolArgs::parse()),
         ),
-        "sprio" => ("sprio", slurm_more::sprio(slurm_more::SprioArgs::parse())),
+        "sprio" => ("sprio", sprio::sprio(sprio::SprioArgs::parse())),
         "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
         "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
         verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),
@@ -90,17 +115,19 @@ fn main() -> ExitCode {
                 Command::Submit(args) => sbatch::run(*args),
                 Command::Queue(args) => squeue::run(args),
                 Command::Cancel(args) => scancel::run(args),
-                Command::InstallAliases { dir } => slurm_more::install_aliases(&dir),
+                Command::InstallAliases { dir } => aliases::install_aliases(&dir),
                 Command::Cluster(args) => cluster::run(args),
+                Command::Config(args) => admin::config(args),
+                Command::Node(args) => admin::node(args),
             };
             ("docket", r)
         }
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(client::exit::OK),
         Err(e) => {
             eprintln!("{name}: error: {e:#}");
-            ExitCode::FAILURE
+            ExitCode::from(client::exit_code(&e))
         }
     }
 }

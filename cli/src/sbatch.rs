@@ -89,6 +89,9 @@ pub struct SbatchArgs {
     /// Print only the job id.
     #[arg(long)]
     pub parsable: bool,
+    /// Wait for the job to end, then exit with its exit code.
+    #[arg(short = 'W', long)]
+    pub wait: bool,
     /// Accepted and ignored (old scripts carry them).
     #[arg(long = "mail-type")]
     pub mail_type: Option<String>,
@@ -111,6 +114,7 @@ impl SbatchArgs {
                 requeue: self.requeue || other.requeue,
                 no_requeue: self.no_requeue || other.no_requeue,
                 parsable: self.parsable || other.parsable,
+                wait: self.wait || other.wait,
             } };
         }
         pick!(
@@ -400,6 +404,9 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
             } else {
                 println!("Submitted batch job {id}");
             }
+            if options.wait {
+                return wait_for(&client, &runtime, id);
+            }
             Ok(())
         }
         Some(pb::submit_result::Result::Error(e)) => {
@@ -408,6 +415,43 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
         None => Err(anyhow!(
             "Batch job submission failed: no answer for the job"
         )),
+    }
+}
+
+/// Whether a job in state `code` (PD, R, CD, ...) has ended for good.
+pub fn is_final(code: &str) -> bool {
+    !matches!(code, "PD" | "R" | "S" | "CG" | "RQ" | "")
+}
+
+/// `sbatch -W`: polls the job until it ends; Ok for exit code 0, else a failure carrying
+/// the job's exit code (1 when it ended without one: cancelled, node failure, ...).
+fn wait_for(client: &Client, runtime: &tokio::runtime::Runtime, id: u64) -> Result<()> {
+    let mut pause = std::time::Duration::from_millis(200);
+    loop {
+        let j = runtime.block_on(client.jobs_call(|mut c| {
+            let req = client.request(pb::GetJobRequest {
+                job_id: id,
+                consistency: 0,
+            });
+            async move { c.get_job(req).await }
+        }))?;
+        if is_final(&j.state_code) {
+            let code = j.exit_code.unwrap_or(0);
+            return match (j.state_code.as_str(), code) {
+                ("CD", 0) => Ok(()),
+                (_, c) => Err(crate::client::Failure::error(
+                    u8::try_from(c).ok().filter(|c| *c > 0).unwrap_or(1),
+                    format!(
+                        "job {id} ended {} with exit code {}:{}",
+                        j.state,
+                        code,
+                        j.exit_signal.unwrap_or(0)
+                    ),
+                )),
+            };
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_secs(2));
     }
 }
 

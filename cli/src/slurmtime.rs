@@ -1,4 +1,8 @@
-//! Times as Slurm prints them: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`, and `UNLIMITED`.
+//! Times as Slurm prints them: `M:SS`, `H:MM:SS`, `D-HH:MM:SS`, `UNLIMITED`, and
+//! instants as `2026-11-21T18:25:15` in local time; and the instants Slurm's time options
+//! accept (`sacct -S`, `scontrol create reservation StartTime=`).
+
+use anyhow::{Result, anyhow};
 
 /// `5:23`, `1:02:03`, `2-03:04:05` (days and hours only when needed).
 pub fn duration(seconds: u64) -> String {
@@ -23,9 +27,119 @@ pub fn limit(seconds: u64) -> String {
     }
 }
 
+/// An instant (ms since the epoch) as Slurm prints it: `2026-11-21T18:25:15`, local time;
+/// `Unknown` for none.
+pub fn timestamp(ms: Option<u64>) -> String {
+    let Some(ms) = ms else {
+        return "Unknown".into();
+    };
+    let Ok(ts) = jiff::Timestamp::from_millisecond(ms as i64) else {
+        return "Unknown".into();
+    };
+    ts.to_zoned(jiff::tz::TimeZone::system())
+        .strftime("%Y-%m-%dT%H:%M:%S")
+        .to_string()
+}
+
+/// An instant in one of Slurm's forms, in ms since the epoch: `now`, `now[+-]N[units]`
+/// (seconds, minutes, hours, days, weeks; default seconds), `YYYY-MM-DD[THH:MM[:SS]]` in
+/// local time, `HH:MM[:SS]` (today), or `midnight`, `noon`, `today`, `tomorrow`.
+pub fn parse_instant(text: &str, now_ms: u64) -> Result<u64> {
+    let tz = jiff::tz::TimeZone::system();
+    let now = jiff::Timestamp::from_millisecond(now_ms as i64)
+        .map_err(|e| anyhow!("the clock: {e}"))?
+        .to_zoned(tz.clone());
+    let lower = text.trim().to_ascii_lowercase();
+    let bad = || {
+        anyhow!(
+            "{text:?} is not a time: use YYYY-MM-DD[THH:MM[:SS]], HH:MM[:SS], now[-N{{minutes,hours,days,weeks}}], today, tomorrow, midnight or noon"
+        )
+    };
+    if let Some(rest) = lower.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(now_ms);
+        }
+        let (sign, rest) = match rest.split_at(1) {
+            ("+", r) => (1i64, r),
+            ("-", r) => (-1i64, r),
+            _ => return Err(bad()),
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let n: i64 = digits.parse().map_err(|_| bad())?;
+        let unit = &rest[digits.len()..];
+        let seconds = match unit {
+            "" | "s" | "sec" | "secs" | "second" | "seconds" => 1,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60,
+            "h" | "hour" | "hours" => 3600,
+            "d" | "day" | "days" => 86_400,
+            "w" | "week" | "weeks" => 7 * 86_400,
+            _ => return Err(bad()),
+        };
+        let delta = n.checked_mul(seconds * 1000).ok_or_else(bad)?;
+        return u64::try_from(now_ms as i64 + sign * delta).map_err(|_| bad());
+    }
+    let today = now.date();
+    let at = |date: jiff::civil::Date, time: jiff::civil::Time| -> Result<u64> {
+        let z = date
+            .to_datetime(time)
+            .to_zoned(tz.clone())
+            .map_err(|e| anyhow!("{text:?}: {e}"))?;
+        u64::try_from(z.timestamp().as_millisecond()).map_err(|_| bad())
+    };
+    match lower.as_str() {
+        "today" | "midnight" => return at(today, jiff::civil::Time::midnight()),
+        "noon" => return at(today, jiff::civil::time(12, 0, 0, 0)),
+        "tomorrow" => {
+            let d = today.tomorrow().map_err(|e| anyhow!("{text:?}: {e}"))?;
+            return at(d, jiff::civil::Time::midnight());
+        }
+        _ => {}
+    }
+    if let Ok(dt) = lower.to_uppercase().parse::<jiff::civil::DateTime>() {
+        return at(dt.date(), dt.time());
+    }
+    if let Ok(d) = lower.parse::<jiff::civil::Date>() {
+        return at(d, jiff::civil::Time::midnight());
+    }
+    if let Ok(t) = lower.parse::<jiff::civil::Time>() {
+        return at(today, t);
+    }
+    Err(bad())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn instants_parse_in_slurms_forms() {
+        let now = 1_795_000_000_000;
+        assert_eq!(parse_instant("now", now).unwrap(), now);
+        assert_eq!(parse_instant("now-2hours", now).unwrap(), now - 7_200_000);
+        assert_eq!(parse_instant("now+30", now).unwrap(), now + 30_000);
+        assert_eq!(parse_instant("NOW-1days", now).unwrap(), now - 86_400_000);
+        let day = parse_instant("2026-11-21", now).unwrap();
+        assert_eq!(
+            parse_instant("2026-11-21T01:30", now).unwrap(),
+            day + 5_400_000
+        );
+        assert_eq!(
+            parse_instant("2026-11-21T01:30:05", now).unwrap(),
+            day + 5_405_000
+        );
+        assert_eq!(timestamp(Some(day + 5_405_000)), "2026-11-21T01:30:05");
+        assert_eq!(timestamp(None), "Unknown");
+        for bad in [
+            "yesterday-ish",
+            "now-",
+            "now*3",
+            "2026-13-01",
+            "now-5parsecs",
+        ] {
+            let e = parse_instant(bad, now).unwrap_err().to_string();
+            assert!(e.contains("is not a time") || e.contains(bad), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn times_print_as_slurm_prints_them() {

@@ -7,7 +7,7 @@ use clap::Parser;
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
-use crate::slurmtime;
+use crate::squeue_format;
 
 /// Show the queue.
 #[derive(Debug, Clone, Parser)]
@@ -37,6 +37,12 @@ pub struct SqueueArgs {
     /// Long form: STATE and TIME_LIMIT columns.
     #[arg(short = 'l', long)]
     pub long: bool,
+    /// Output format: `%[.][width]letter` fields among text, e.g. "%.18i %.9P %.8j %T".
+    #[arg(short = 'o', long = "format")]
+    pub format: Option<String>,
+    /// Output format by field names: "JobID:10,Partition,Name:.20,State".
+    #[arg(short = 'O', long = "Format")]
+    pub big_format: Option<String>,
     /// JSON (one object with a `jobs` array).
     #[arg(long)]
     pub json: bool,
@@ -45,81 +51,30 @@ pub struct SqueueArgs {
     pub addr: Option<String>,
 }
 
-fn trunc(s: &str, n: usize) -> String {
-    s.chars().take(n).collect()
-}
-
-/// The rows, formatted like `squeue`'s default (or `-l`) output, at `now_ms`.
-pub fn format(jobs: &[pb::JobInfo], long: bool, header: bool, now_ms: u64) -> String {
-    let mut out = String::new();
-    if header {
-        if long {
-            out.push_str(&format!(
-                "{:>18} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {}\n",
-                "JOBID",
-                "PARTITION",
-                "NAME",
-                "USER",
-                "STATE",
-                "TIME",
-                "TIME_LIMI",
-                "NODES",
-                "NODELIST(REASON)"
-            ));
-        } else {
-            out.push_str(&format!(
-                "{:>18} {:>9} {:>8} {:>8} {:>2} {:>10} {:>6} {}\n",
-                "JOBID", "PARTITION", "NAME", "USER", "ST", "TIME", "NODES", "NODELIST(REASON)"
-            ));
-        }
+/// The output pieces the options ask for: `-O`, else `-o`, else `SQUEUE_FORMAT2` /
+/// `SQUEUE_FORMAT`, else `-l` or the default.
+pub fn pieces(a: &SqueueArgs) -> Result<Vec<squeue_format::Piece>> {
+    if let Some(f) = &a.big_format {
+        return squeue_format::parse_big_o(f);
     }
-    for j in jobs {
-        let id = match j.array_task {
-            Some(t) => format!("{}_{t}", j.job_id),
-            None if !j.array.is_empty() => format!("{}_[{}]", j.job_id, j.array),
-            None => j.job_id.to_string(),
-        };
-        let elapsed = match (j.start_time_ms, j.end_time_ms) {
-            (Some(s), Some(e)) => e.saturating_sub(s) / 1000,
-            (Some(s), None) => now_ms.saturating_sub(s) / 1000,
-            _ => 0,
-        };
-        let where_ = if j.state_code == "PD" {
-            format!("({})", j.reason)
-        } else {
-            j.node_list.clone()
-        };
-        if long {
-            out.push_str(&format!(
-                "{:>18} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>6} {}\n",
-                id,
-                trunc(&j.partition, 9),
-                trunc(&j.name, 8),
-                trunc(&j.user, 8),
-                trunc(&j.state, 8),
-                slurmtime::duration(elapsed),
-                slurmtime::limit(j.time_limit_seconds),
-                j.nodes,
-                where_
-            ));
-        } else {
-            out.push_str(&format!(
-                "{:>18} {:>9} {:>8} {:>8} {:>2} {:>10} {:>6} {}\n",
-                id,
-                trunc(&j.partition, 9),
-                trunc(&j.name, 8),
-                trunc(&j.user, 8),
-                j.state_code,
-                slurmtime::duration(elapsed),
-                j.nodes,
-                where_
-            ));
-        }
+    if let Some(f) = &a.format {
+        return squeue_format::parse_o(f);
     }
-    out
+    if let Ok(f) = std::env::var("SQUEUE_FORMAT2") {
+        return squeue_format::parse_big_o(&f);
+    }
+    if let Ok(f) = std::env::var("SQUEUE_FORMAT") {
+        return squeue_format::parse_o(&f);
+    }
+    squeue_format::parse_o(if a.long {
+        squeue_format::LONG
+    } else {
+        squeue_format::DEFAULT
+    })
 }
 
 pub fn run(a: SqueueArgs) -> Result<()> {
+    let pieces = pieces(&a)?;
     let client = Client::new(a.addr.as_deref())?;
     let mut users = a.users.clone();
     if a.me {
@@ -169,7 +124,10 @@ pub fn run(a: SqueueArgs) -> Result<()> {
         return Ok(());
     }
     let now_ms = crate::client::now_ms();
-    print!("{}", format(&jobs, a.long, !a.noheader, now_ms));
+    print!(
+        "{}",
+        squeue_format::render(&jobs, &pieces, !a.noheader, now_ms)
+    );
     Ok(())
 }
 
@@ -183,12 +141,28 @@ mod tests {
         SqueueArgs::command().debug_assert();
         crate::sbatch::SbatchArgs::command().debug_assert();
         crate::scancel::ScancelArgs::command().debug_assert();
-        crate::slurm_more::SinfoArgs::command().debug_assert();
-        crate::slurm_more::SacctArgs::command().debug_assert();
-        crate::slurm_more::ScontrolArgs::command().debug_assert();
+        crate::sinfo::SinfoArgs::command().debug_assert();
+        crate::sacct::SacctArgs::command().debug_assert();
+        crate::scontrol::ScontrolArgs::command().debug_assert();
         crate::pbs::QsubArgs::command().debug_assert();
-        crate::slurm_more::SprioArgs::command().debug_assert();
+        crate::sprio::SprioArgs::command();
+        crate::sshare::SshareArgs::command().debug_assert();
+        crate::pbsnodes::PbsnodesArgs::command().debug_assert();
         crate::pbs::QstatArgs::command().debug_assert();
+    }
+
+    fn format(jobs: &[pb::JobInfo], long: bool, header: bool, now_ms: u64) -> String {
+        let format = if long {
+            squeue_format::LONG
+        } else {
+            squeue_format::DEFAULT
+        };
+        squeue_format::render(
+            jobs,
+            &squeue_format::parse_o(format).unwrap(),
+            header,
+            now_ms,
+        )
     }
 
     #[test]

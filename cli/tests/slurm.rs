@@ -86,23 +86,15 @@ fn run(dir: &Path, addr: &str, name: &str, args: &[&str], stdin: Option<&str>) -
     child.wait_with_output().unwrap()
 }
 
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-#[test]
-fn sbatch_squeue_and_scancel_speak_slurm() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: the test site defines only the user root");
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("site.toml"), SITE).unwrap();
+/// Three controllers serving `site` from `dir`, with every alias linked into `dir`; the
+/// processes and DOCKET_ADDR.
+fn start_cluster(dir: &Path, site: &str) -> (Procs, String) {
+    std::fs::write(dir.join("site.toml"), site).unwrap();
     for name in [
-        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "qsub", "qstat",
-        "qdel",
+        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "sshare", "qsub",
+        "qstat", "qdel", "pbsnodes",
     ] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.path().join(name)).unwrap();
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.join(name)).unwrap();
     }
     let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
     let bootstrap = addrs
@@ -125,9 +117,9 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         ])
         .args(["--log", "off"])
         .arg("--data-dir")
-        .arg(dir.path().join(format!("r{id}")))
+        .arg(dir.join(format!("r{id}")))
         .arg("--config")
-        .arg(dir.path().join("site.toml"))
+        .arg(dir.join("site.toml"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         if *id == 1 {
@@ -136,6 +128,21 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         procs.0.push(cmd.spawn().unwrap());
     }
     let addr = addrs.values().cloned().collect::<Vec<_>>().join(",");
+    (procs, addr)
+}
+
+fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn sbatch_squeue_and_scancel_speak_slurm() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test site defines only the user root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_procs, addr) = start_cluster(dir.path(), SITE);
 
     // sbatch: directives, command line over directives, --parsable; retried through the
     // first election without the user noticing.
@@ -386,4 +393,305 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
                 .is_symlink()
         );
     }
+}
+
+/// Two partitions over the same nodes, so the order of consideration can change with a
+/// partition's tier.
+const TWO_PARTITIONS: &str = r#"
+[[nodes]]
+NodeName = "n[01-02]"
+CPUs = 4
+RealMemory = "8G"
+
+[[partitions]]
+PartitionName = "batch"
+Nodes = "ALL"
+Default = true
+MaxTime = "1-00:00:00"
+
+[[partitions]]
+PartitionName = "high"
+Nodes = "ALL"
+
+[[accounts]]
+Name = "ops"
+
+[[users]]
+Name = "root"
+DefaultAccount = "ops"
+"#;
+
+fn wait_for_leader(dir: &Path, addr: &str) {
+    let start = Instant::now();
+    loop {
+        let o = run(dir, addr, "sshare", &["-a", "-n"], None);
+        if o.status.success() && text(&o).contains("ops") {
+            return;
+        }
+        assert!(start.elapsed() < DEADLINE, "{o:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ok(o: Output) -> String {
+    assert!(o.status.success(), "{o:?}");
+    text(&o)
+}
+
+#[test]
+fn admins_look_and_act_in_slurm_and_pbs_words() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the test site defines only the user root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_procs, addr) = start_cluster(d, TWO_PARTITIONS);
+    wait_for_leader(d, &addr);
+
+    // sshare: the tree with the account and its user.
+    let out = ok(run(d, &addr, "sshare", &["-a", "-l"], None));
+    assert!(out.starts_with("Account "), "{out}");
+    assert!(out.contains("LevelFS"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("ops") && l.contains(" root ")),
+        "{out}"
+    );
+
+    // scontrol show: nodes, partitions and config as Key=Value; -o one line each.
+    let out = ok(run(d, &addr, "scontrol", &["show", "node", "n01"], None));
+    assert!(
+        out.starts_with("NodeName=n01\n   CPUAlloc=0 CPUTot=4"),
+        "{out}"
+    );
+    let out = ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["-o", "show", "partition"],
+        None,
+    ));
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.contains("PartitionName=batch ") && out.contains("Default=YES"),
+        "{out}"
+    );
+    assert!(out.contains("MaxTime=1-00:00:00"), "{out}");
+    let out = ok(run(d, &addr, "scontrol", &["show", "config"], None));
+    assert!(out.starts_with("Configuration data as of"), "{out}");
+    let out = ok(run(d, &addr, "scontrol", &["--json", "show", "node"], None));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+
+    // Drain with a reason, see it in sinfo -R and pbsnodes, resume.
+    let o = run(
+        d,
+        &addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=DRAIN"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "a drain needs a reason: {o:?}");
+    ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=DRAIN", "Reason=new dimm"],
+        None,
+    ));
+    let out = ok(run(d, &addr, "sinfo", &["-R", "-h"], None));
+    assert!(out.starts_with("new dimm") && out.contains("n02"), "{out}");
+    let out = ok(run(d, &addr, "pbsnodes", &["-a", "n02"], None));
+    assert!(out.contains("     state = offline"), "{out}");
+    assert!(out.contains("     comment = new dimm"), "{out}");
+    ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=RESUME"],
+        None,
+    ));
+    let out = ok(run(d, &addr, "sinfo", &["-R", "-h"], None));
+    assert!(out.is_empty(), "{out}");
+
+    // Reservations: create, show, delete.
+    ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=maint",
+            "Nodes=n01",
+            "StartTime=now+2hours",
+            "Duration=60",
+            "Users=root",
+        ],
+        None,
+    ));
+    let out = ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["show", "reservation", "maint"],
+        None,
+    ));
+    assert!(out.contains("Nodes=n01 NodeCnt=1"), "{out}");
+    assert!(
+        out.contains("Duration=1:00:00") && out.contains("State=INACTIVE"),
+        "{out}"
+    );
+    ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["delete", "ReservationName=maint"],
+        None,
+    ));
+    let out = ok(run(d, &addr, "scontrol", &["show", "reservation"], None));
+    assert_eq!(out.trim(), "No reservations in the system");
+
+    // A job takes every cpu; two more wait, the older first.
+    let job = "#!/bin/sh\nsleep 1000\n";
+    std::fs::write(d.join("job.sh"), job).unwrap();
+    let submit = |args: &[&str]| -> String {
+        let mut all = vec!["--parsable", "-t", "10", "--mem-per-cpu=100M"];
+        all.extend_from_slice(args);
+        all.push("job.sh");
+        ok(run(d, &addr, "sbatch", &all, None)).trim().to_owned()
+    };
+    let big = submit(&["-N", "2", "-n", "8", "-J", "big"]);
+    let older = submit(&["-J", "older"]);
+    let newer = submit(&["-J", "newer", "-p", "high"]);
+    let start = Instant::now();
+    loop {
+        let out = ok(run(
+            d,
+            &addr,
+            "squeue",
+            &["-h", "-o", "%i %T", "-j", &big],
+            None,
+        ));
+        if out.trim() == format!("{big} RUNNING") {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // squeue -o and -O.
+    let out = ok(run(
+        d,
+        &addr,
+        "squeue",
+        &["-o", "%i|%j|%t|%C", "-j", &big],
+        None,
+    ));
+    assert_eq!(out, format!("JOBID|NAME|ST|CPUS\n{big}|big|R|8\n"));
+    let out = ok(run(
+        d,
+        &addr,
+        "squeue",
+        &["-h", "-O", "JobID:8,Name:.8,Partition", "-j", &newer],
+        None,
+    ));
+    assert_eq!(out, format!("{newer:<8}    newer high\n"));
+
+    // A dry run of raising `high`'s tier shows the new order and changes nothing.
+    let raised = TWO_PARTITIONS.replace(
+        "PartitionName = \"high\"\n",
+        "PartitionName = \"high\"\nPriorityTier = 10\n",
+    );
+    std::fs::write(d.join("raised.toml"), raised).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["config", "apply", "--dry-run", "raised.toml"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", &addr)
+        .output()
+        .unwrap();
+    let out = ok(o);
+    assert!(out.contains("  would    upsert partition high"), "{out}");
+    assert!(out.contains(&format!("job {newer}: 2 -> 1")), "{out}");
+    assert!(out.contains(&format!("job {older}: 1 -> 2")), "{out}");
+    assert!(out.ends_with("dry run: nothing was changed\n"), "{out}");
+    let out = ok(run(
+        d,
+        &addr,
+        "scontrol",
+        &["show", "partition", "high"],
+        None,
+    ));
+    assert!(out.contains("PriorityTier=1 "), "{out}");
+
+    // sinfo -l and pbsnodes see the busy nodes; no agent runs here, so they do not respond.
+    let out = ok(run(d, &addr, "sinfo", &["-l", "-p", "batch"], None));
+    assert!(out.contains("allocated*"), "{out}");
+    let out = ok(run(d, &addr, "pbsnodes", &["-a"], None));
+    assert!(out.contains("state = job-busy,state-unknown"), "{out}");
+
+    // sbatch -W waits for its job and exits with its outcome (cancelled: 1).
+    let mut waiting = Command::new(d.join("sbatch"))
+        .args(["-W", "--parsable", "-t", "5", "job.sh"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", &addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(waiting.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let waited = first.trim().to_owned();
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "sbatch -W returned early"
+    );
+    ok(run(d, &addr, "scancel", &[&waited], None));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = waiting.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < DEADLINE, "sbatch -W did not return");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(1));
+
+    // sacct: chosen fields over a window.
+    let out = ok(run(
+        d,
+        &addr,
+        "sacct",
+        &[
+            "-P",
+            "-n",
+            "-S",
+            "now-1hours",
+            "-o",
+            "JobID,JobName,State",
+            "-j",
+            &waited,
+        ],
+        None,
+    ));
+    assert_eq!(out, format!("{waited}|job.sh|CANCELLED\n"));
+
+    // Exit statuses: refused 1, usage 2, no controller 3.
+    let o = run(d, &addr, "scancel", &["999999"], None);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let o = run(d, &addr, "scontrol", &["frobnicate"], None);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let o = Command::new(d.join("squeue"))
+        .env("DOCKET_ADDR", free_addr())
+        .env("DOCKET_RETRY_SECONDS", "1")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no controller answered"), "{err}");
 }

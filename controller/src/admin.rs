@@ -31,6 +31,8 @@ pub struct AdminService {
     channels: Channels,
     stats: Arc<std::sync::Mutex<LoopStats>>,
     inflight: Arc<AtomicUsize>,
+    /// The leader's agent sessions (which nodes respond).
+    agents: Option<crate::agents::AgentHub>,
 }
 
 impl AdminService {
@@ -38,12 +40,14 @@ impl AdminService {
         replica: Replica<CoreMachine>,
         stats: Arc<std::sync::Mutex<LoopStats>>,
         inflight: Arc<AtomicUsize>,
+        agents: Option<crate::agents::AgentHub>,
     ) -> AdminServer<Self> {
         AdminServer::new(AdminService {
             replica,
             channels: Channels::tcp(docket_raft::network::NetworkConfig::default()),
             stats,
             inflight,
+            agents,
         })
     }
 
@@ -245,13 +249,31 @@ impl Admin for AdminService {
         let req = request.into_inner();
         let site = docket_core::site::parse(&req.toml)
             .map_err(|e| Status::invalid_argument(format!("toml: {e}")))?;
-        let commands = site.site.commands();
+        let mut commands = site.site.commands();
+        if req.objects_only {
+            // Neither the parameters nor the default QOS a whole file implies, which would
+            // replace the one in force.
+            let defined: BTreeSet<String> =
+                site.site.qos.iter().map(|q| q.name.to_string()).collect();
+            commands.retain(|c| match c {
+                Command::SetConfig(_) => false,
+                Command::UpsertQos(q) => defined.contains(q.name.as_str()),
+                _ => true,
+            });
+        }
         let changes: Vec<String> = commands.iter().map(describe).collect();
         if req.dry_run {
+            let now = crate::loops::wall_clock_ms();
+            let outcome = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
+                crate::dry_run::dry_run(s, &commands, now)
+            })
+            .await?;
             return Ok(Response::new(pb::ApplyConfigResponse {
-                errors: vec![String::new(); changes.len()],
+                errors: outcome.errors,
                 changes,
                 applied: false,
+                order_changes: outcome.order_changes,
+                pending_jobs: outcome.pending_jobs as u64,
             }));
         }
         let mut errors = Vec::with_capacity(commands.len());
@@ -267,6 +289,7 @@ impl Admin for AdminService {
             changes,
             errors,
             applied,
+            ..Default::default()
         }))
     }
 
@@ -339,6 +362,7 @@ impl Admin for AdminService {
         request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         caller(&request)?;
+        let responding = self.agents.as_ref().and_then(|a| a.responding());
         let nodes = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
             s.nodes
                 .iter()
@@ -363,11 +387,67 @@ impl Admin for AdminService {
                         .or_else(|| n.drain.clone())
                         .unwrap_or_default(),
                     features: n.spec.features.iter().cloned().collect(),
+                    responding: responding.as_ref().map(|r| r.contains(name)),
                 })
                 .collect()
         })
         .await?;
         Ok(Response::new(pb::ListNodesResponse { nodes }))
+    }
+
+    async fn list_partitions(
+        &self,
+        request: Request<pb::ListPartitionsRequest>,
+    ) -> Result<Response<pb::ListPartitionsResponse>, Status> {
+        caller(&request)?;
+        let partitions = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
+            s.partitions
+                .values()
+                .map(|p| {
+                    let names: Vec<String> = p.nodes.iter().map(|n| n.to_string()).collect();
+                    pb::PartitionInfo {
+                        name: p.name.to_string(),
+                        nodes: docket_core::hostlist::compress(&names),
+                        total_nodes: p.nodes.len() as u32,
+                        total_cpus: p
+                            .nodes
+                            .iter()
+                            .filter_map(|n| s.nodes.get(n))
+                            .map(|n| u64::from(n.spec.cpus))
+                            .sum(),
+                        is_default: p.is_default,
+                        up: p.up,
+                        priority_tier: p.priority_tier,
+                        priority_job_factor: p.priority_job_factor,
+                        default_time_seconds: p.default_time.map_or(0, |t| t.0),
+                        max_time_seconds: p.max_time.map_or(0, |t| t.0),
+                        max_nodes: p.max_nodes.unwrap_or(0),
+                        preempt_mode: format!("{:?}", p.preempt_mode).to_lowercase(),
+                        allow_qos: p
+                            .allowed_qos
+                            .iter()
+                            .flatten()
+                            .map(|q| q.to_string())
+                            .collect(),
+                        allow_accounts: p
+                            .allowed_accounts
+                            .iter()
+                            .flatten()
+                            .map(|a| a.to_string())
+                            .collect(),
+                        default_qos: p
+                            .default_qos
+                            .as_ref()
+                            .map(|q| q.to_string())
+                            .unwrap_or_default(),
+                        charge_rate: p.charge_rate.as_f64(),
+                        def_mem_per_cpu_mib: p.def_mem_per_cpu.map_or(0, |m| m.0),
+                    }
+                })
+                .collect()
+        })
+        .await?;
+        Ok(Response::new(pb::ListPartitionsResponse { partitions }))
     }
 
     async fn upsert_reservation(

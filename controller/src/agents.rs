@@ -134,6 +134,25 @@ impl AgentHub {
         AgentsServer::new(AgentsService { hub: self.clone() })
     }
 
+    /// The nodes whose agent heartbeated within three heartbeat periods, when this replica
+    /// leads; `None` on a follower (only the leader holds the sessions).
+    pub fn responding(&self) -> Option<BTreeSet<NodeName>> {
+        if self.replica.status().role != Role::Leader {
+            return None;
+        }
+        let hub = self.lock();
+        hub.leader_since?;
+        let window = self.config.heartbeat * 3;
+        let now = Instant::now();
+        Some(
+            hub.sessions
+                .iter()
+                .filter(|(_, s)| now.duration_since(s.last_seen) <= window)
+                .map(|(n, _)| n.clone())
+                .collect(),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Hub> {
         self.hub.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -114,6 +114,7 @@ pub async fn run(
                 replica.clone(),
                 stats.clone(),
                 inflight.clone(),
+                Some(agents.clone()),
             ))
             .add_service(agents.service())
             .add_service(readiness.service());

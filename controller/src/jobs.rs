@@ -212,6 +212,84 @@ impl Jobs for JobsService {
         self.per_job_command(command, &refs).await
     }
 
+    async fn share_tree(
+        &self,
+        request: Request<pb::ShareTreeRequest>,
+    ) -> Result<TonicResponse<pb::ShareTreeResponse>, Status> {
+        caller(&request)?;
+        let req = request.into_inner();
+        let users: BTreeSet<String> = req.users.iter().cloned().collect();
+        let accounts: BTreeSet<String> = req.accounts.iter().cloned().collect();
+        let response = read(&self.replica, false, self.read_timeout, |state| {
+            // An account and every account above it.
+            let lineage = |account: &docket_core::AccountName| -> Vec<String> {
+                let mut out = vec![account.to_string()];
+                let mut at = state.accounts.accounts.get(account);
+                while let Some(parent) = at.and_then(|a| a.parent.as_ref()) {
+                    out.push(parent.to_string());
+                    at = state.accounts.accounts.get(parent);
+                    if out.len() > 64 {
+                        break;
+                    }
+                }
+                out
+            };
+            let lines = state.share_tree(state.applied.now);
+            // Accounts above a shown user stay, so the tree reads as a tree.
+            let above_users: BTreeSet<String> = lines
+                .iter()
+                .filter(|l| {
+                    l.row
+                        .user
+                        .as_ref()
+                        .is_some_and(|u| users.contains(u.as_str()))
+                })
+                .flat_map(|l| lineage(&l.row.account))
+                .collect();
+            let rows = lines
+                .iter()
+                .filter(|l| {
+                    users.is_empty()
+                        || match &l.row.user {
+                            Some(u) => users.contains(u.as_str()),
+                            None => above_users.contains(l.row.account.as_str()),
+                        }
+                })
+                .filter(|l| {
+                    accounts.is_empty()
+                        || lineage(&l.row.account).iter().any(|a| accounts.contains(a))
+                })
+                .map(|l| pb::ShareRow {
+                    account: l.row.account.to_string(),
+                    user: l
+                        .row
+                        .user
+                        .as_ref()
+                        .map(|u| u.to_string())
+                        .unwrap_or_default(),
+                    depth: l.depth,
+                    raw_shares: l.row.raw_shares,
+                    norm_shares: l.row.norm_shares,
+                    raw_usage: l.row.raw_usage,
+                    effective_usage: l.row.effective_usage,
+                    level_fs: l.row.level_fs,
+                    fairshare: l.row.fairshare,
+                })
+                .collect();
+            pb::ShareTreeResponse {
+                algorithm: match state.config.fairshare.algorithm {
+                    docket_core::fairshare::FairshareAlgorithm::FairTree => "fair_tree",
+                    docket_core::fairshare::FairshareAlgorithm::Classic => "classic",
+                    docket_core::fairshare::FairshareAlgorithm::It4i => "it4i",
+                }
+                .to_owned(),
+                rows,
+            }
+        })
+        .await?;
+        Ok(TonicResponse::new(response))
+    }
+
     async fn explain_priority(
         &self,
         request: Request<pb::ExplainPriorityRequest>,

@@ -74,7 +74,7 @@ pub struct LoopContext {
     pub stats: Arc<std::sync::Mutex<LoopStats>>,
 }
 
-fn wall_clock_ms() -> u64 {
+pub fn wall_clock_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

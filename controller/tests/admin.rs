@@ -101,6 +101,7 @@ async fn cluster_status_nodes_config_and_diagnostics() {
             pb::ApplyConfigRequest {
                 toml: toml.clone(),
                 dry_run: true,
+                objects_only: false,
             },
         ))
         .await
@@ -111,6 +112,28 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         "{dry:?}"
     );
     assert!(!dry.applied);
+    assert!(dry.errors.iter().all(String::is_empty), "{dry:?}");
+    // A dry run applies to a copy: a user in an account that does not exist is refused
+    // there, with the core's own words; objects_only keeps the scheduler parameters out.
+    let bad_user = admin
+        .apply_config(as_user(
+            "root",
+            pb::ApplyConfigRequest {
+                toml: "[[users]]\nName = \"carol\"\nDefaultAccount = \"nosuch\"\n".into(),
+                dry_run: true,
+                objects_only: true,
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        bad_user.changes == ["upsert user carol"],
+        "{bad_user:?}"
+    );
+    let refused: Vec<&String> = bad_user.errors.iter().filter(|e| !e.is_empty()).collect();
+    assert_eq!(refused.len(), 1, "{bad_user:?}");
+    assert!(refused[0].contains("nosuch"), "{bad_user:?}");
     let config = admin
         .get_config(as_user("alice", pb::GetConfigRequest {}))
         .await
@@ -124,6 +147,7 @@ async fn cluster_status_nodes_config_and_diagnostics() {
             pb::ApplyConfigRequest {
                 toml: toml.clone(),
                 dry_run: false,
+                objects_only: false,
             },
         ))
         .await
@@ -144,6 +168,7 @@ async fn cluster_status_nodes_config_and_diagnostics() {
             pb::ApplyConfigRequest {
                 toml: "[[partitions]]\nPartitionName = \"x\"\nMaxTime = \"5 days\"\n".into(),
                 dry_run: true,
+                objects_only: false,
             },
         ))
         .await

@@ -96,6 +96,70 @@ impl<'a> FairShare<'a> {
     }
 }
 
+/// One line of `sshare`: a [`ShareRow`] with its depth below the root.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareLine {
+    /// 1 for the root's children, 2 below them, ...
+    pub depth: u32,
+    pub row: ShareRow,
+}
+
+impl crate::state::State {
+    /// The fair-share tree as `sshare` shows it: accounts and users depth-first, siblings in
+    /// Fair Tree's order (descending level fair-share), with the raw and normalised shares
+    /// and usage of every level; each user's factor is the one the configured algorithm
+    /// gives (what priority reads).
+    pub fn share_tree(&self, now: TimeMs) -> Vec<ShareLine> {
+        let usage = || Usage {
+            ledger: &self.usage,
+            now,
+            half_life: self.config.fairshare.half_life,
+        };
+        let shape = compute(
+            FairshareAlgorithm::FairTree,
+            &self.accounts,
+            &self.assocs,
+            usage(),
+            true,
+        );
+        let factors = if self.config.fairshare.algorithm == FairshareAlgorithm::FairTree {
+            None
+        } else {
+            Some(compute(
+                self.config.fairshare.algorithm,
+                &self.accounts,
+                &self.assocs,
+                usage(),
+                false,
+            ))
+        };
+        let depth_of = |account: &AccountName| -> u32 {
+            let mut depth = 0;
+            let mut at = self.accounts.accounts.get(account);
+            while let Some(a) = at.and_then(|a| a.parent.as_ref()) {
+                depth += 1;
+                at = self.accounts.accounts.get(a);
+                if depth > 64 {
+                    break;
+                }
+            }
+            depth
+        };
+        shape
+            .rows
+            .iter()
+            .map(|row| {
+                let mut row = row.clone();
+                let depth = depth_of(&row.account) + u32::from(row.user.is_some());
+                if let (Some(user), Some(f)) = (&row.user, &factors) {
+                    row.fairshare = Some(f.factor(&row.account, user));
+                }
+                ShareLine { depth, row }
+            })
+            .collect()
+    }
+}
+
 /// A child of an account at one level of the tree.
 enum Child<'a> {
     Account(&'a AccountName),
