@@ -1,9 +1,11 @@
 //! Talking to the controllers.
 //!
 //! Endpoints come from `--addr`, else `DOCKET_ADDR` (comma-separated `host:port`), else
-//! `127.0.0.1:6817`. A request goes to the first endpoint that answers; UNAVAILABLE (no
-//! leader yet: the request was not applied) is retried, on the next endpoint, for up to
-//! 30 seconds, so an election is invisible to the user. The caller's identity is the login
+//! `[controller] Hosts` in the site's docket.toml (`DOCKET_CONF`, default
+//! `/etc/docket/docket.toml`), else `127.0.0.1:6817`. A request goes to the first endpoint
+//! that answers; UNAVAILABLE (no leader yet: the request was not applied) is retried, on the
+//! next endpoint, for up to 30 seconds (`DOCKET_RETRY_SECONDS`), so an election is invisible
+//! to the user; a call only the leader serves is sent on to the leader the answer names. The caller's identity is the login
 //! name of the effective user.
 
 use std::future::Future;
@@ -34,7 +36,10 @@ impl Client {
     pub fn new(addr: Option<&str>) -> Result<Self> {
         let spec = match addr {
             Some(a) => a.to_owned(),
-            None => std::env::var("DOCKET_ADDR").unwrap_or_else(|_| "127.0.0.1:6817".into()),
+            None => match std::env::var("DOCKET_ADDR") {
+                Ok(a) => a,
+                Err(_) => from_config_file()?.unwrap_or_else(|| "127.0.0.1:6817".into()),
+            },
         };
         let endpoints: Vec<String> = spec
             .split(',')
@@ -75,9 +80,39 @@ impl Client {
 
     /// Like [`Client::jobs_call`] for the admin service; a call only the leader may serve is
     /// sent again to the leader it names (`x-docket-leader`).
-    pub async fn admin_call<T, F, Fut>(&self, mut f: F) -> Result<T>
+    pub async fn admin_call<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: FnMut(AdminClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call(|addr| self.admin(addr), f).await
+    }
+
+    /// `request` with the caller's identity.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Ok(v) = self.user.parse() {
+            r.metadata_mut().insert("x-docket-user", v);
+        }
+        r
+    }
+
+    /// Calls `f` on the jobs service of the endpoints in turn until one answers with
+    /// something other than UNAVAILABLE, for up to the retry window; a call only the leader
+    /// serves (signals) is sent on to the leader it names.
+    pub async fn jobs_call<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnMut(JobsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call(|addr| self.jobs(addr), f).await
+    }
+
+    /// The retry loop of every call: endpoints in turn, UNAVAILABLE retried, a
+    /// FAILED_PRECONDITION that names the leader (`x-docket-leader`) followed.
+    async fn call<C, T, F, Fut>(&self, make: impl Fn(&str) -> Result<C>, mut f: F) -> Result<T>
+    where
+        F: FnMut(C) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let start = Instant::now();
@@ -87,7 +122,7 @@ impl Client {
         loop {
             while let Some(addr) = queue.first().cloned() {
                 queue.remove(0);
-                match f(self.admin(&addr)?).await {
+                match f(make(&addr)?).await {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
                     Err(s) if s.code() == tonic::Code::FailedPrecondition => {
@@ -108,7 +143,7 @@ impl Client {
                 return Err(Failure::error(
                     exit::UNAVAILABLE,
                     format!(
-                        "no controller answered at {} within {} s ({why})",
+                        "no controller answered at {} within {} s ({why}); check DOCKET_ADDR and that the controllers run",
                         self.endpoints.join(","),
                         retry_for.as_secs()
                     ),
@@ -118,48 +153,43 @@ impl Client {
             queue = self.endpoints.clone();
         }
     }
+}
 
-    /// `request` with the caller's identity.
-    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut r = tonic::Request::new(message);
-        if let Ok(v) = self.user.parse() {
-            r.metadata_mut().insert("x-docket-user", v);
-        }
-        r
-    }
+/// The controllers named by the site's configuration file (`DOCKET_CONF`, else
+/// `/etc/docket/docket.toml`), `[controller] Hosts = ["host:port", ...]`, as Slurm's
+/// commands read SlurmctldHost from slurm.conf. `None` when there is no such file or key.
+pub fn from_config_file() -> Result<Option<String>> {
+    let path = std::env::var("DOCKET_CONF").unwrap_or_else(|_| "/etc/docket/docket.toml".into());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(anyhow!("reading {path}: {e}")),
+    };
+    hosts_from(&text).map_err(|e| anyhow!("{path}: {e}"))
+}
 
-    /// Calls `f` on the jobs service of the endpoints in turn until one answers with
-    /// something other than UNAVAILABLE, for up to 30 s.
-    pub async fn jobs_call<T, F, Fut>(&self, mut f: F) -> Result<T>
-    where
-        F: FnMut(JobsClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        let start = Instant::now();
-        let retry_for = retry_for();
-        let mut last = None;
-        loop {
-            for addr in &self.endpoints {
-                match f(self.jobs(addr)?).await {
-                    Ok(r) => return Ok(r.into_inner()),
-                    Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
-                    Err(s) => return Err(status_error(&s)),
-                }
-            }
-            if start.elapsed() > retry_for {
-                let why = last.map(|s| s.message().to_owned()).unwrap_or_default();
-                return Err(Failure::error(
-                    exit::UNAVAILABLE,
-                    format!(
-                        "no controller answered at {} within {} s ({why}); check DOCKET_ADDR and that the controllers run",
-                        self.endpoints.join(","),
-                        retry_for.as_secs()
-                    ),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+/// `[controller] Hosts` of a docket.toml, comma-joined.
+pub fn hosts_from(text: &str) -> Result<Option<String>> {
+    let table: toml::Table = text.parse().map_err(|e| anyhow!("{e}"))?;
+    let Some(hosts) = table.get("controller").and_then(|c| c.get("Hosts")) else {
+        return Ok(None);
+    };
+    let list: Vec<&str> = match hosts {
+        toml::Value::String(s) => vec![s.as_str()],
+        toml::Value::Array(a) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| anyhow!("[controller] Hosts: {v} is not a \"host:port\" string"))
+            })
+            .collect::<Result<_>>()?,
+        other => {
+            return Err(anyhow!(
+                "[controller] Hosts: {other} is not a list of \"host:port\" strings"
+            ));
         }
-    }
+    };
+    Ok(Some(list.join(",")))
 }
 
 /// The small runtime each command's calls run on.
@@ -233,5 +263,34 @@ pub fn status_error(s: &tonic::Status) -> anyhow::Error {
             ),
         ),
         _ => anyhow!("{}: {}", s.code(), s.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_file_names_the_controllers() {
+        let text =
+            "[controller]\nHosts = [\"c1:6817\", \"c2:6817\"]\n[[nodes]]\nNodeName = \"n1\"\n";
+        assert_eq!(
+            hosts_from(text).unwrap().as_deref(),
+            Some("c1:6817,c2:6817")
+        );
+        assert_eq!(hosts_from("[[nodes]]\n").unwrap(), None);
+        let e = hosts_from("[controller]\nHosts = [1]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Hosts"), "{e}");
+    }
+
+    #[test]
+    fn exit_codes_travel_with_the_error() {
+        let e = Failure::error(exit::UNAVAILABLE, "down").context("squeue");
+        assert_eq!(exit_code(&e), exit::UNAVAILABLE);
+        assert_eq!(exit_code(&anyhow!("plain")), exit::REFUSED);
+        let aborted = status_error(&tonic::Status::aborted("lost leadership"));
+        assert_eq!(exit_code(&aborted), exit::UNKNOWN_OUTCOME);
     }
 }

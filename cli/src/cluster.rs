@@ -113,3 +113,55 @@ pub fn run(a: ClusterArgs) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_table_reads_like_list_peers() {
+        let s = pb::ClusterStatusResponse {
+            leader_id: Some(1),
+            leader_addr: "10.0.0.1:6817".into(),
+            term: 3,
+            answered_by: 2,
+            replicas: vec![
+                pb::ReplicaInfo {
+                    id: 1,
+                    addr: "10.0.0.1:6817".into(),
+                    role: "leader".into(),
+                    voter: true,
+                    term: 3,
+                    applied_index: Some(120),
+                    lag: Some(0),
+                    reachable: true,
+                    ..Default::default()
+                },
+                pb::ReplicaInfo {
+                    id: 2,
+                    addr: "10.0.0.2:6817".into(),
+                    role: "unreachable".into(),
+                    voter: true,
+                    term: 0,
+                    error: "connection refused".into(),
+                    ..Default::default()
+                },
+            ],
+        };
+        let text = table(&s);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "ID   ADDRESS                ROLE        VOTER      TERM  APPLIED    LAG  NOTE"
+        );
+        assert!(
+            lines[1].starts_with("1    10.0.0.1:6817          leader      "),
+            "{text}"
+        );
+        assert!(lines[1].contains("     120      0"), "{text}");
+        assert!(
+            lines[2].contains("unreachable") && lines[2].ends_with("connection refused"),
+            "{text}"
+        );
+    }
+}

@@ -364,48 +364,64 @@ pub fn qstat(a: QstatArgs) -> Result<()> {
         return Ok(());
     }
     if a.full {
-        for j in &jobs {
-            println!("Job Id: {}.{server}", j.job_id);
-            println!("    Job_Name = {}", j.name);
-            println!("    Job_Owner = {}", j.user);
-            println!("    job_state = {}", pbs_state(j));
-            println!("    queue = {}", j.partition);
-            println!("    project = {}", j.account);
-            println!(
-                "    Resource_List.walltime = {}",
-                slurmtime::limit(j.time_limit_seconds)
-            );
-            println!("    Resource_List.ncpus = {}", j.cpus);
-            println!("    exec_host = {}", j.node_list);
-            println!(
-                "    Exit_status = {}",
-                j.exit_code.map_or("-".into(), |c| c.to_string())
-            );
-            println!("    PBS_O_WORKDIR = {}", j.work_dir);
-            println!();
-        }
-        return Ok(());
+        print!("{}", qstat_full(&jobs, &server));
+    } else {
+        print!("{}", qstat_table(&jobs, &server));
     }
-    println!(
-        "{:<17} {:<16} {:<16} {:>8} S {:<8}",
-        "Job id", "Name", "User", "Time Use", "Queue"
-    );
-    println!(
-        "{} {} {} {} - {}",
+    Ok(())
+}
+
+/// `qstat -f`: one block of `attribute = value` lines per job.
+pub fn qstat_full(jobs: &[pb::JobInfo], server: &str) -> String {
+    let mut out = String::new();
+    for j in jobs {
+        out.push_str(&format!("Job Id: {}.{server}\n", j.job_id));
+        let mut attr = |k: &str, v: String| out.push_str(&format!("    {k} = {v}\n"));
+        attr("Job_Name", j.name.clone());
+        attr("Job_Owner", j.user.clone());
+        attr("job_state", pbs_state(j).into());
+        attr("queue", j.partition.clone());
+        attr("project", j.account.clone());
+        attr(
+            "Resource_List.walltime",
+            slurmtime::limit(j.time_limit_seconds),
+        );
+        attr("Resource_List.ncpus", j.cpus.to_string());
+        attr("Resource_List.nodect", j.nodes.to_string());
+        attr("exec_host", j.node_list.clone());
+        attr(
+            "Exit_status",
+            j.exit_code.map_or("-".into(), |c| c.to_string()),
+        );
+        attr("PBS_O_WORKDIR", j.work_dir.clone());
+        out.push('\n');
+    }
+    out
+}
+
+/// `qstat`: PBS's default table.
+pub fn qstat_table(jobs: &[pb::JobInfo], server: &str) -> String {
+    let mut out = format!(
+        "{:<17} {:<16} {:<16} {:>8} S {:<8}\n{} {} {} {} - {}\n",
+        "Job id",
+        "Name",
+        "User",
+        "Time Use",
+        "Queue",
         "-".repeat(17),
         "-".repeat(16),
         "-".repeat(16),
         "-".repeat(8),
         "-".repeat(8)
     );
-    for j in &jobs {
+    for j in jobs {
         let used = match (j.start_time_ms, j.end_time_ms) {
             (Some(s), Some(e)) => slurmtime::duration(e.saturating_sub(s) / 1000),
             (Some(_), None) => "--".into(),
             _ => "0".into(),
         };
-        println!(
-            "{:<17} {:<16} {:<16} {:>8} {} {:<8}",
+        out.push_str(&format!(
+            "{:<17} {:<16} {:<16} {:>8} {} {:<8}\n",
             format!("{}.{server}", j.job_id)
                 .chars()
                 .take(17)
@@ -415,9 +431,9 @@ pub fn qstat(a: QstatArgs) -> Result<()> {
             used,
             pbs_state(j),
             j.partition
-        );
+        ));
     }
-    Ok(())
+    out
 }
 
 /// qdel / qhold / qrls: job ids (`123` or `123.server`).
@@ -464,6 +480,49 @@ pub fn qctl(verb: &str, a: QctlArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qstat_prints_as_pbs_prints_it() {
+        let jobs = vec![
+            pb::JobInfo {
+                job_id: 12,
+                name: "relax".into(),
+                user: "alice".into(),
+                partition: "normal".into(),
+                state_code: "PD".into(),
+                held: true,
+                ..Default::default()
+            },
+            pb::JobInfo {
+                job_id: 13,
+                name: "md".into(),
+                user: "bob".into(),
+                partition: "express".into(),
+                state_code: "CD".into(),
+                start_time_ms: Some(0),
+                end_time_ms: Some(3_723_000),
+                exit_code: Some(0),
+                ..Default::default()
+            },
+        ];
+        assert_eq!(
+            qstat_table(&jobs, "gadi"),
+            "Job id            Name             User             Time Use S Queue   \n\
+             ----------------- ---------------- ---------------- -------- - --------\n\
+             12.gadi           relax            alice                   0 H normal  \n\
+             13.gadi           md               bob               1:02:03 F express \n"
+        );
+        let full = qstat_full(&jobs[1..], "gadi");
+        assert!(
+            full.starts_with("Job Id: 13.gadi\n    Job_Name = md\n"),
+            "{full}"
+        );
+        assert!(
+            full.contains("    job_state = F\n    queue = express\n"),
+            "{full}"
+        );
+        assert!(full.contains("    Exit_status = 0\n"), "{full}");
+    }
 
     #[test]
     fn pbs_resources_and_directives_map_to_the_spec() {

@@ -1,4 +1,5 @@
-//! `scancel`: cancel jobs by id (`123`, `123_7`) or by filters (`-u -p -t -n`).
+//! `scancel`: cancel jobs by id (`123`, `123_7`) or by filters (`-u -p -t -n`); with
+//! `--signal` send them a signal instead.
 
 use anyhow::{Result, anyhow};
 use clap::Parser;
@@ -20,9 +21,34 @@ pub struct ScancelArgs {
     pub state: Option<String>,
     #[arg(short = 'n', long = "name")]
     pub name: Option<String>,
+    /// Send this signal to the jobs' processes instead of cancelling them (USR1, SIGTERM,
+    /// 10, ...).
+    #[arg(short = 's', long = "signal")]
+    pub signal: Option<String>,
     /// Controllers, host:port,... (default: DOCKET_ADDR).
     #[arg(long)]
     pub addr: Option<String>,
+}
+
+/// A signal by name (`USR1`, `SIGUSR1`) or number.
+pub fn signal_number(text: &str) -> Result<i32> {
+    let bad = || anyhow!("--signal: {text:?} is not a signal (a name like USR1 or a number 1..64)");
+    if let Ok(n) = text.parse::<i32>() {
+        return if (1..=64).contains(&n) {
+            Ok(n)
+        } else {
+            Err(bad())
+        };
+    }
+    let upper = text.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|s| s as i32)
+        .map_err(|_| bad())
 }
 
 /// `123` or `123_7`.
@@ -39,6 +65,7 @@ pub fn job_ref(text: &str) -> Result<pb::JobRef> {
 }
 
 pub fn run(a: ScancelArgs) -> Result<()> {
+    let signal = a.signal.as_deref().map(signal_number).transpose()?;
     let client = Client::new(a.addr.as_deref())?;
     let runtime = crate::client::runtime()?;
     let mut refs: Vec<pb::JobRef> = a.jobs.iter().map(|j| job_ref(j)).collect::<Result<_>>()?;
@@ -60,7 +87,10 @@ pub fn run(a: ScancelArgs) -> Result<()> {
             .jobs
             .iter()
             .filter(|j| a.name.as_ref().is_none_or(|n| &j.name == n))
-            .filter(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S"))
+            .filter(|j| match signal {
+                Some(_) => matches!(j.state_code.as_str(), "R" | "S"),
+                None => matches!(j.state_code.as_str(), "PD" | "R" | "S"),
+            })
             .map(|j| pb::JobRef {
                 job_id: j.job_id,
                 task: j.array_task.filter(|_| false),
@@ -76,8 +106,16 @@ pub fn run(a: ScancelArgs) -> Result<()> {
         ));
     }
     let r = runtime.block_on(client.jobs_call(|mut c| {
-        let req = client.request(pb::JobsRequest { jobs: refs.clone() });
-        async move { c.cancel_jobs(req).await }
+        let jobs = refs.clone();
+        let cancel = client.request(pb::JobsRequest { jobs: jobs.clone() });
+        let signal_req =
+            signal.map(|signal| client.request(pb::SignalJobsRequest { jobs, signal }));
+        async move {
+            match signal_req {
+                Some(req) => c.signal_jobs(req).await,
+                None => c.cancel_jobs(cancel).await,
+            }
+        }
     }))?;
     let mut failed = 0;
     for res in r.results.iter().filter(|r| !r.error.is_empty()) {
@@ -94,8 +132,13 @@ pub fn run(a: ScancelArgs) -> Result<()> {
     }
     if failed > 0 {
         return Err(anyhow!(
-            "{failed} of {} jobs not cancelled",
-            r.results.len()
+            "{failed} of {} jobs not {}",
+            r.results.len(),
+            if signal.is_some() {
+                "signalled"
+            } else {
+                "cancelled"
+            }
         ));
     }
     Ok(())
@@ -104,6 +147,20 @@ pub fn run(a: ScancelArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(signal_number("USR1").unwrap(), 10);
+        assert_eq!(signal_number("sigterm").unwrap(), 15);
+        assert_eq!(signal_number("9").unwrap(), 9);
+        assert!(signal_number("0").is_err());
+        assert!(
+            signal_number("BOGUS")
+                .unwrap_err()
+                .to_string()
+                .contains("--signal")
+        );
+    }
 
     #[test]
     fn job_and_task_ids_parse() {

@@ -85,3 +85,32 @@ pub fn sprio(a: SprioArgs) -> Result<()> {
     print!("{}", sprio_table(&r, !a.noheader));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_one_column_per_factor() {
+        let factor = |name: &str, contribution| pb::PriorityFactor {
+            name: name.into(),
+            value: 0.0,
+            weight: 0.0,
+            contribution,
+        };
+        let r = pb::ExplainPriorityResponse {
+            formula: "multifactor".into(),
+            jobs: vec![pb::JobPriority {
+                job_id: 77,
+                user: "alice".into(),
+                partition: "batch".into(),
+                priority: 1523.0,
+                factors: vec![factor("age", 23.0), factor("fairshare", 1500.0)],
+            }],
+        };
+        assert_eq!(
+            sprio_table(&r, true),
+            "          JOBID PARTITION   PRIORITY        AGE  FAIRSHARE\n             77 batch           1523         23       1500\n"
+        );
+    }
+}

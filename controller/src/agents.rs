@@ -153,12 +153,34 @@ impl AgentHub {
         )
     }
 
+    /// Sends `signal` to one run through its node's instruction stream.
+    pub fn signal(
+        &self,
+        run: &docket_core::apply::SignalTarget,
+        signal: i32,
+    ) -> Result<(), String> {
+        let hub = self.lock();
+        let tx = hub
+            .sessions
+            .get(&run.node)
+            .and_then(|s| s.tx.as_ref())
+            .ok_or_else(|| format!("the agent of node {} is not connected", run.node))?;
+        tx.try_send(Ok(pb::Instruction {
+            kind: Some(pb::instruction::Kind::Signal(pb::SignalJob {
+                job_id: run.job.0,
+                epoch: run.epoch,
+                signal,
+            })),
+        }))
+        .map_err(|e| format!("node {}: {e}", run.node))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Hub> {
         self.hub.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Refuses unless this replica leads, naming the leader.
-    fn require_leader(&self) -> Result<(), Status> {
+    pub fn require_leader(&self) -> Result<(), Status> {
         let status = self.replica.status();
         match (status.role, status.leader_addr) {
             (Role::Leader, _) => Ok(()),

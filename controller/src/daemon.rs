@@ -109,6 +109,7 @@ pub async fn run(
                 config.read_timeout,
                 submitted.clone(),
                 Some(archive.clone()),
+                Some(agents.clone()),
             ))
             .add_service(AdminService::new(
                 replica.clone(),

@@ -34,6 +34,8 @@ pub struct JobsService {
     /// Woken after a submission so the leader runs its direct pass.
     submitted: Arc<Notify>,
     archive: Option<Arc<crate::archive::Archive>>,
+    /// The leader's agent sessions, for signals.
+    agents: Option<crate::agents::AgentHub>,
 }
 
 impl JobsService {
@@ -42,12 +44,14 @@ impl JobsService {
         read_timeout: Duration,
         submitted: Arc<Notify>,
         archive: Option<Arc<crate::archive::Archive>>,
+        agents: Option<crate::agents::AgentHub>,
     ) -> JobsServer<Self> {
         JobsServer::new(JobsService {
             replica,
             read_timeout,
             submitted,
             archive,
+            agents,
         })
     }
 
@@ -210,6 +214,49 @@ impl Jobs for JobsService {
             update,
         };
         self.per_job_command(command, &refs).await
+    }
+
+    async fn signal_jobs(
+        &self,
+        request: Request<pb::SignalJobsRequest>,
+    ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
+        let actor = caller(&request)?;
+        let req = request.into_inner();
+        if !(1..=64).contains(&req.signal) {
+            return Err(Status::invalid_argument(format!(
+                "signal: {} is not a signal number (1..64)",
+                req.signal
+            )));
+        }
+        if req.jobs.is_empty() {
+            return Err(Status::invalid_argument("jobs: name at least one job"));
+        }
+        let Some(agents) = &self.agents else {
+            return Err(Status::unimplemented(
+                "this controller runs no agent sessions",
+            ));
+        };
+        agents.require_leader()?;
+        let refs: Vec<_> = req.jobs.iter().map(convert::job_ref).collect();
+        let targets = self
+            .replica
+            .read_stale(|a| a.machine.state.signal_targets(&actor, &refs));
+        let results = refs
+            .iter()
+            .zip(targets)
+            .map(|(r, t)| pb::JobResult {
+                job: Some(convert::job_ref_out(r)),
+                error: match t {
+                    Err(e) => e.to_string(),
+                    Ok(runs) => runs
+                        .iter()
+                        .filter_map(|run| agents.signal(run, req.signal).err())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                },
+            })
+            .collect();
+        Ok(TonicResponse::new(pb::PerJobResponse { results }))
     }
 
     async fn share_tree(

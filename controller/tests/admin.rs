@@ -127,10 +127,7 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         .await
         .unwrap()
         .into_inner();
-    assert!(
-        bad_user.changes == ["upsert user carol"],
-        "{bad_user:?}"
-    );
+    assert!(bad_user.changes == ["upsert user carol"], "{bad_user:?}");
     let refused: Vec<&String> = bad_user.errors.iter().filter(|e| !e.is_empty()).collect();
     assert_eq!(refused.len(), 1, "{bad_user:?}");
     assert!(refused[0].contains("nosuch"), "{bad_user:?}");

@@ -170,4 +170,63 @@ async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
         1,
         "the job ran more than once: {started:?}"
     );
+
+    // 3. scancel --signal: the signal reaches the job's processes through the new leader's
+    //    stream; another user may not send it; a follower names the leader.
+    let mut spec = job("trapper", "batch");
+    spec.nodelist = vec!["n01".into()];
+    spec.work_dir = work.path().display().to_string();
+    spec.script = b"#!/bin/sh
+trap 'echo usr1 > got-signal; exit 0' USR1
+echo ready > ready
+while true; do sleep 0.2; done
+"
+    .to_vec();
+    let r = submit(&mut jobs, "nobody", vec![spec]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(trapper)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    wait_state(&cluster, trapper, "RUNNING").await;
+    let start = Instant::now();
+    while !work.path().join("ready").exists() {
+        assert!(start.elapsed() < DEADLINE, "the trapper never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let signal = |user: &str| {
+        let mut req = tonic::Request::new(pb::SignalJobsRequest {
+            jobs: vec![pb::JobRef {
+                job_id: trapper,
+                task: None,
+            }],
+            signal: 10,
+        });
+        req.metadata_mut()
+            .insert("x-docket-user", user.parse().unwrap());
+        req
+    };
+    let follower = *cluster
+        .addrs
+        .keys()
+        .find(|id| **id != new_leader && **id != leader)
+        .unwrap();
+    let mut on_follower = cluster.jobs(follower).await;
+    let e = on_follower.signal_jobs(signal("nobody")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+    let r = jobs
+        .signal_jobs(signal("alice"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.results[0].error.contains("cannot signal"), "{r:?}");
+    let r = jobs
+        .signal_jobs(signal("nobody"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.results[0].error.is_empty(), "{r:?}");
+    let done = wait_state(&cluster, trapper, "COMPLETED").await;
+    assert_eq!(done.exit_code, Some(0));
+    let got = std::fs::read_to_string(work.path().join("got-signal")).unwrap();
+    assert_eq!(got.trim(), "usr1");
 }

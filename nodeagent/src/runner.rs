@@ -349,6 +349,7 @@ impl Runner {
             Some(pb::instruction::Kind::Resume(c)) => self.suspend(&c, false),
             Some(pb::instruction::Kind::Kill(c)) => self.kill(&c),
             Some(pb::instruction::Kind::TimeLimit(t)) => self.time_limit(&t),
+            Some(pb::instruction::Kind::Signal(s)) => self.signal(&s),
             None => {}
         }
     }
@@ -780,6 +781,34 @@ impl Runner {
                     })),
                 });
             }
+        }
+    }
+
+    /// `scancel --signal`: the signal to the run's process group, if the epoch is the
+    /// run's; a simulated run has no processes and ignores it.
+    fn signal(&self, s: &pb::SignalJob) {
+        let signal = match Signal::try_from(s.signal) {
+            Ok(sig) => sig,
+            Err(e) => {
+                tracing::warn!(job = s.job_id, signal = s.signal, error = %e, "not a signal");
+                return;
+            }
+        };
+        let pgid = self
+            .lock()
+            .get(&s.job_id)
+            .filter(|r| r.epoch == s.epoch && r.running)
+            .and_then(|r| r.pgid);
+        match pgid {
+            Some(pgid) => {
+                tracing::info!(job = s.job_id, ?signal, "signalling");
+                signal_group(Some(pgid), signal);
+            }
+            None => tracing::debug!(
+                job = s.job_id,
+                epoch = s.epoch,
+                "signal for a run not running here: ignored"
+            ),
         }
     }
 

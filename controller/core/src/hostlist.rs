@@ -209,4 +209,28 @@ mod tests {
         let names: Vec<String> = expand("gpu[01-04],cpu[001-100]").unwrap();
         assert_eq!(compress(&names), "gpu[01-04],cpu[001-100]");
     }
+
+    proptest::proptest! {
+        /// Any non-empty set of names survives compress then expand: the same names, none
+        /// added (an empty list is not a hostlist; `expand("")` is refused).
+        #[test]
+        fn compress_then_expand_gives_the_names_back(
+            parts in proptest::collection::vec(
+                (0usize..4, 0u64..3000, 0usize..5),
+                1..200,
+            )
+        ) {
+            let prefixes = ["n", "gpu", "rack-a", "login"];
+            let names: std::collections::BTreeSet<String> = parts
+                .iter()
+                .map(|&(p, n, w)| format!("{}{n:0w$}", prefixes[p]))
+                .collect();
+            let names: Vec<String> = names.into_iter().collect();
+            let text = compress(&names);
+            let back: std::collections::BTreeSet<String> =
+                expand(&text).unwrap().into_iter().collect();
+            let want: std::collections::BTreeSet<String> = names.iter().cloned().collect();
+            proptest::prop_assert_eq!(back, want, "{}", text);
+        }
+    }
 }

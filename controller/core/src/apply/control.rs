@@ -13,6 +13,14 @@ use crate::policy::stop_eligible_clock;
 use crate::quantity::TimeMs;
 use crate::state::State;
 
+/// A run to signal: the job, the node running its batch script, and the run's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalTarget {
+    pub job: JobId,
+    pub node: crate::ids::NodeName,
+    pub epoch: u64,
+}
+
 #[derive(Clone, Copy)]
 enum Action {
     Cancel,
@@ -104,6 +112,65 @@ impl State {
 
     pub(crate) fn requeue_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
         self.act(actor, jobs, Action::Requeue, now)
+    }
+
+    /// The runs `scancel --signal` reaches for each reference, changing nothing: the job (or
+    /// every started task of an array), if `actor` may act on it and it is running or
+    /// suspended. Signals are not replicated: the leader sends them straight to the agents.
+    pub fn signal_targets(
+        &self,
+        actor: &Actor,
+        jobs: &[JobRef],
+    ) -> Vec<Result<Vec<SignalTarget>, Rejection>> {
+        let admin = self.is_admin(actor);
+        jobs.iter()
+            .map(|&target| {
+                let head = self
+                    .jobs
+                    .get(&target.job)
+                    .ok_or_else(|| Rejection::unknown("job", target))?;
+                if let Actor::User(u) = actor
+                    && !admin
+                    && u != &head.spec.user
+                    && !self.is_coordinator(u, &head.resolved.account)
+                {
+                    return Err(Rejection::NotPermitted(format!(
+                        "user {u} cannot signal job {target} of user {}",
+                        head.spec.user
+                    )));
+                }
+                let ids: Vec<JobId> = match self.locate(target, Action::Cancel)? {
+                    Place::PendingTask(..) => Vec::new(),
+                    Place::Record(id) if target.task.is_none() => {
+                        let mut all = vec![id];
+                        all.extend(self.live_tasks_of(id));
+                        all
+                    }
+                    Place::Record(id) => vec![id],
+                };
+                let runs: Vec<SignalTarget> = ids
+                    .iter()
+                    .filter_map(|id| self.jobs.get(id))
+                    .filter(|j| matches!(j.state, JobState::Running | JobState::Suspended))
+                    .filter_map(|j| {
+                        let alloc = j.alloc.as_ref()?;
+                        Some(SignalTarget {
+                            job: j.id,
+                            node: alloc.shares.first()?.node.clone(),
+                            epoch: alloc.epoch,
+                        })
+                    })
+                    .collect();
+                if runs.is_empty() {
+                    return Err(Rejection::WrongState {
+                        job: target.to_string(),
+                        state: head.state.name().to_owned(),
+                        action: "signal".into(),
+                    });
+                }
+                Ok(runs)
+            })
+            .collect()
     }
 
     fn act(&mut self, actor: &Actor, jobs: &[JobRef], action: Action, now: TimeMs) -> Response {

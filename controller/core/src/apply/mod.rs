@@ -7,6 +7,7 @@
 mod admin;
 pub mod charging;
 mod control;
+pub use control::SignalTarget;
 mod lifecycle;
 mod preemption;
 pub mod purge;
