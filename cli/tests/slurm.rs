@@ -633,10 +633,22 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
 
     // scontrol suspend and resume (root is the operator here).
     ok(run(d, &addr, "scontrol", &["suspend", &big], None));
-    let out = ok(run(d, &addr, "squeue", &["-h", "-o", "%t", "-j", &big], None));
+    let out = ok(run(
+        d,
+        &addr,
+        "squeue",
+        &["-h", "-o", "%t", "-j", &big],
+        None,
+    ));
     assert_eq!(out.trim(), "S");
     ok(run(d, &addr, "scontrol", &["resume", &big], None));
-    let out = ok(run(d, &addr, "squeue", &["-h", "-o", "%t", "-j", &big], None));
+    let out = ok(run(
+        d,
+        &addr,
+        "squeue",
+        &["-h", "-o", "%t", "-j", &big],
+        None,
+    ));
     assert_eq!(out.trim(), "R");
 
     // sbatch -W waits for its job and exits with its outcome (cancelled: 1).

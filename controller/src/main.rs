@@ -201,6 +201,8 @@ fn run(args: RunArgs) -> Result<()> {
                 .with_context(|| format!("--log {:?}", args.log))?,
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files and journals.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let bootstrap = args.bootstrap.as_deref().map(parse_members).transpose()?;
     let site = match &args.config {

@@ -178,6 +178,8 @@ fn run(args: RunArgs) -> Result<()> {
                 .with_context(|| format!("--log {:?}", args.log))?,
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files and journals.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;

@@ -1,0 +1,128 @@
+//! Leaving nothing behind: jobs cancelled before their agents stop, then any process still
+//! naming the state directory (job monitors outlive agents by design), mounts under it and
+//! the agents' cgroups removed.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use docket_proto::v1 as pb;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::rpc;
+
+/// What the sweep found and removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Sweep {
+    pub processes: usize,
+    pub mounts: usize,
+    pub cgroups: usize,
+}
+
+/// Cancels every live job and waits (up to `timeout`) until none runs, so every job's
+/// processes end through its agent.
+pub async fn cancel_everything(leader: &str, timeout: Duration) {
+    let Ok(jobs) = rpc::all_jobs(leader).await else {
+        return;
+    };
+    let live: Vec<pb::JobRef> = jobs
+        .iter()
+        .filter(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S"))
+        .map(|j| pb::JobRef {
+            job_id: j.job_id,
+            task: None,
+        })
+        .collect();
+    if !live.is_empty()
+        && let Ok(mut c) = rpc::jobs(leader)
+    {
+        let _ = c
+            .cancel_jobs(rpc::as_user("root", pb::JobsRequest { jobs: live }))
+            .await;
+    }
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        match rpc::all_jobs(leader).await {
+            Ok(jobs)
+                if !jobs
+                    .iter()
+                    .any(|j| matches!(j.state_code.as_str(), "R" | "S" | "CG")) =>
+            {
+                return;
+            }
+            Err(_) => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Processes (other than this one) whose command line names `dir`.
+pub fn processes_naming(dir: &Path) -> Vec<i32> {
+    let needle = dir.display().to_string();
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| *pid != me && crate::local::alive(*pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(&needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Mount points at or under `dir`, deepest first.
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    out
+}
+
+/// Kills what still names `state_dir` (with its process group), unmounts what is mounted
+/// under it, removes the agents' cgroup directories (children first).
+pub fn sweep(state_dir: &Path, cgroups: &[PathBuf]) -> Sweep {
+    let mut out = Sweep::default();
+    for pid in processes_naming(state_dir) {
+        let pgid = nix::unistd::getpgid(Some(Pid::from_raw(pid))).unwrap_or(Pid::from_raw(pid));
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        out.processes += 1;
+    }
+    if out.processes > 0 {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for m in mounts_under(state_dir) {
+        if nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+            out.mounts += 1;
+        }
+    }
+    for dir in cgroups {
+        let Ok(children) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for child in children.flatten() {
+            if child.file_type().is_ok_and(|t| t.is_dir())
+                && std::fs::remove_dir(child.path()).is_ok()
+            {
+                out.cgroups += 1;
+            }
+        }
+        if std::fs::remove_dir(dir).is_ok() {
+            out.cgroups += 1;
+        }
+    }
+    out
+}

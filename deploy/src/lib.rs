@@ -1,0 +1,42 @@
+//! A local Docket cluster: N controller replicas and M node agents as real processes on
+//! loopback, sharing one state directory.
+//!
+//! The `docket-local` binary (up, down, status, logs, drill, demo) and the chaos harness both
+//! start clusters through [`LocalCluster`]: the same binaries, flags and configuration an
+//! operator runs, only on one host. Every process is started in its own process group with
+//! its output in `STATE/logs/`, and recorded in `STATE/cluster.json`, so a later invocation
+//! (`docket-local down`) finds and stops exactly what an earlier one started, and nothing is
+//! left behind: no process, no job monitor, no cgroup, no mount.
+
+pub mod cleanup;
+pub mod drill;
+pub mod layout;
+pub mod local;
+pub mod rpc;
+
+pub use layout::{AgentSpec, Layout};
+pub use local::LocalCluster;
+
+/// What can go wrong starting, driving or stopping a local cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Rpc(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl LaunchError {
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+        let what = what.into();
+        move |source| LaunchError::Io { what, source }
+    }
+}

@@ -1,0 +1,524 @@
+//! Starting, finding, faulting and stopping the processes of a local cluster.
+//!
+//! The record of what was started (`STATE/cluster.json`: every replica's id, address, data
+//! directory and pid, every agent's spec, state directory, pid and cgroups) is written as soon
+//! as the processes exist, so `down` from another invocation stops exactly those. Processes
+//! run in their own process groups, so a launcher that exits leaves them running (the point
+//! of `up`), and a signal meant for one of them reaches no other.
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::layout::{AgentSpec, Layout};
+use crate::{LaunchError, rpc};
+
+/// A controller replica.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReplicaProc {
+    pub id: u64,
+    pub addr: String,
+    /// `/metrics` and `/status`.
+    pub http: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    pub pid: Option<i32>,
+}
+
+/// A node agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentProc {
+    pub spec: AgentSpec,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    pub pid: Option<i32>,
+    /// `docket-<node>` under the agent's cgroup in each hierarchy (removed at `down`).
+    pub cgroups: Vec<PathBuf>,
+}
+
+/// What was started: `STATE/cluster.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    pub state_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    pub site: PathBuf,
+    pub confinement: String,
+    pub agent_heartbeat_ms: u64,
+    pub agent_fence_ms: u64,
+    pub node_down_margin_ms: u64,
+    pub kill_grace_s: u64,
+    pub replicas: Vec<ReplicaProc>,
+    pub agents: Vec<AgentProc>,
+}
+
+/// A running local cluster.
+#[derive(Debug)]
+pub struct LocalCluster {
+    pub record: Record,
+    /// Processes this invocation started (reaped here; others are reparented to init).
+    children: BTreeMap<i32, Child>,
+}
+
+/// Whether `pid` is a live process (not a zombie).
+pub fn alive(pid: i32) -> bool {
+    if kill(Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+fn free_addr() -> Result<String, LaunchError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(LaunchError::io("choosing a free loopback port"))?;
+    Ok(l.local_addr()
+        .map_err(LaunchError::io("choosing a free loopback port"))?
+        .to_string())
+}
+
+fn record_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cluster.json")
+}
+
+/// The `docket-<node>` directories an agent process creates under its cgroups.
+fn agent_cgroups(pid: i32, node: &str) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut p = line.splitn(3, ':');
+            let (_, ctrls, path) = (p.next()?, p.next()?, p.next()?);
+            let mount = if ctrls.is_empty() {
+                "/sys/fs/cgroup".to_owned()
+            } else {
+                let c = ctrls.split(',').find(|c| !c.starts_with("name="))?;
+                format!("/sys/fs/cgroup/{c}")
+            };
+            Some(
+                Path::new(&mount)
+                    .join(path.trim_start_matches('/'))
+                    .join(format!("docket-{node}")),
+            )
+        })
+        .collect()
+}
+
+impl LocalCluster {
+    /// Starts the cluster `layout` describes. Refuses a state directory whose cluster still
+    /// runs.
+    pub fn start(layout: &Layout) -> Result<LocalCluster, LaunchError> {
+        let state = &layout.state_dir;
+        if let Ok(old) = LocalCluster::open(state)
+            && old.running() > 0
+        {
+            return Err(LaunchError::Invalid(format!(
+                "a cluster already runs from {} ({} processes); stop it with `docket-local down --state-dir {}`",
+                state.display(),
+                old.running(),
+                state.display()
+            )));
+        }
+        for bin in ["docket-controller", "docket-nodeagent"] {
+            if !layout.bin_dir.join(bin).exists() {
+                return Err(LaunchError::Invalid(format!(
+                    "{} is missing: build the workspace first (cargo build --workspace --bins)",
+                    layout.bin_dir.join(bin).display()
+                )));
+            }
+        }
+        if layout.replicas == 0 || layout.replicas > 9 {
+            return Err(LaunchError::Invalid(format!(
+                "replicas: {} is not between 1 and 9",
+                layout.replicas
+            )));
+        }
+        // A fresh start: old data would bring back an old cluster.
+        let _ = std::fs::remove_dir_all(state);
+        std::fs::create_dir_all(state.join("logs"))
+            .map_err(LaunchError::io(format!("creating {}", state.display())))?;
+        let site = state.join("docket.toml");
+        std::fs::write(&site, layout.site_toml())
+            .map_err(LaunchError::io(format!("writing {}", site.display())))?;
+        let mut replicas = Vec::new();
+        for id in 1..=u64::from(layout.replicas) {
+            replicas.push(ReplicaProc {
+                id,
+                addr: free_addr()?,
+                http: free_addr()?,
+                data_dir: state.join(format!("controller-{id}")),
+                log: state.join("logs").join(format!("controller-{id}.log")),
+                pid: None,
+            });
+        }
+        let agents = layout
+            .agents
+            .iter()
+            .map(|spec| AgentProc {
+                spec: spec.clone(),
+                state_dir: state.join("agents").join(&spec.name),
+                log: state.join("logs").join(format!("agent-{}.log", spec.name)),
+                pid: None,
+                cgroups: Vec::new(),
+            })
+            .collect();
+        let mut cluster = LocalCluster {
+            record: Record {
+                state_dir: state.clone(),
+                bin_dir: layout.bin_dir.clone(),
+                site,
+                confinement: layout.confinement.clone(),
+                agent_heartbeat_ms: layout.agent_heartbeat_ms,
+                agent_fence_ms: layout.agent_fence_ms,
+                node_down_margin_ms: layout.node_down_margin_ms,
+                kill_grace_s: layout.kill_grace_s,
+                replicas,
+                agents,
+            },
+            children: BTreeMap::new(),
+        };
+        let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
+        for id in ids {
+            cluster.start_replica(id, id == 1)?;
+        }
+        let names: Vec<String> = cluster
+            .record
+            .agents
+            .iter()
+            .map(|a| a.spec.name.clone())
+            .collect();
+        for name in names {
+            cluster.start_agent(&name)?;
+        }
+        cluster.save()?;
+        Ok(cluster)
+    }
+
+    /// The cluster recorded in `state_dir`.
+    pub fn open(state_dir: &Path) -> Result<LocalCluster, LaunchError> {
+        let path = record_path(state_dir);
+        let text = std::fs::read_to_string(&path)
+            .map_err(LaunchError::io(format!("reading {}", path.display())))?;
+        let record = serde_json::from_str(&text)
+            .map_err(|e| LaunchError::Invalid(format!("{}: {e}", path.display())))?;
+        Ok(LocalCluster {
+            record,
+            children: BTreeMap::new(),
+        })
+    }
+
+    pub fn save(&self) -> Result<(), LaunchError> {
+        let path = record_path(&self.record.state_dir);
+        let text = serde_json::to_string_pretty(&self.record)
+            .map_err(|e| LaunchError::Invalid(format!("encoding the record: {e}")))?;
+        std::fs::write(&path, text).map_err(LaunchError::io(format!("writing {}", path.display())))
+    }
+
+    /// Every replica's address.
+    pub fn addrs(&self) -> Vec<String> {
+        self.record
+            .replicas
+            .iter()
+            .map(|r| r.addr.clone())
+            .collect()
+    }
+
+    /// The `DOCKET_ADDR` value.
+    pub fn docket_addr(&self) -> String {
+        self.addrs().join(",")
+    }
+
+    /// Live processes among those recorded.
+    pub fn running(&self) -> usize {
+        self.pids().into_iter().filter(|p| alive(*p)).count()
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        self.record
+            .replicas
+            .iter()
+            .filter_map(|r| r.pid)
+            .chain(self.record.agents.iter().filter_map(|a| a.pid))
+            .collect()
+    }
+
+    fn spawn(&mut self, mut cmd: Command, log: &Path) -> Result<i32, LaunchError> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(LaunchError::io(format!("opening {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(LaunchError::io(format!("opening {}", log.display())))?;
+        cmd.stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        let child = cmd
+            .spawn()
+            .map_err(LaunchError::io(format!("starting {cmd:?}")))?;
+        let pid = child.id() as i32;
+        self.children.insert(pid, child);
+        Ok(pid)
+    }
+
+    /// Starts replica `id` on its data directory (bootstrapping the cluster if asked).
+    pub fn start_replica(&mut self, id: u64, bootstrap: bool) -> Result<(), LaunchError> {
+        let members: String = self
+            .record
+            .replicas
+            .iter()
+            .map(|r| format!("{}={}", r.id, r.addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let r = self
+            .record
+            .replicas
+            .iter()
+            .find(|r| r.id == id)
+            .cloned()
+            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
+        let mut cmd = Command::new(self.record.bin_dir.join("docket-controller"));
+        cmd.args(["run", "--id", &id.to_string(), "--listen", &r.addr])
+            .args(["--http-listen", &r.http])
+            .arg("--data-dir")
+            .arg(&r.data_dir)
+            .arg("--config")
+            .arg(&self.record.site)
+            .args([
+                "--agent-heartbeat-ms",
+                &self.record.agent_heartbeat_ms.to_string(),
+                "--agent-fence-ms",
+                &self.record.agent_fence_ms.to_string(),
+                "--node-down-margin-ms",
+                &self.record.node_down_margin_ms.to_string(),
+                "--log",
+                "info",
+            ]);
+        if bootstrap {
+            cmd.args(["--bootstrap", &members]);
+        }
+        let pid = self.spawn(cmd, &r.log)?;
+        if let Some(r) = self.record.replicas.iter_mut().find(|r| r.id == id) {
+            r.pid = Some(pid);
+        }
+        self.save()
+    }
+
+    /// Starts the agent of node `name` on its state directory.
+    pub fn start_agent(&mut self, name: &str) -> Result<(), LaunchError> {
+        let a = self
+            .record
+            .agents
+            .iter()
+            .find(|a| a.spec.name == name)
+            .cloned()
+            .ok_or_else(|| LaunchError::Invalid(format!("no agent {name}")))?;
+        let mut cmd = Command::new(self.record.bin_dir.join("docket-nodeagent"));
+        cmd.args(["run", "--node", name, "--controllers", &self.docket_addr()])
+            .arg("--state-dir")
+            .arg(&a.state_dir)
+            .args([
+                "--cpus",
+                &a.spec.cpus.to_string(),
+                "--memory-mib",
+                &a.spec.memory_mib.to_string(),
+                "--kill-grace-s",
+                &self.record.kill_grace_s.to_string(),
+                "--log",
+                "info",
+            ]);
+        if a.spec.simulated {
+            cmd.args(["--execution", "simulated", "--confinement", "none"]);
+        } else {
+            cmd.args(["--confinement", &self.record.confinement]);
+        }
+        let pid = self.spawn(cmd, &a.log)?;
+        let cgroups = agent_cgroups(pid, name);
+        if let Some(a) = self.record.agents.iter_mut().find(|a| a.spec.name == name) {
+            a.pid = Some(pid);
+            if !cgroups.is_empty() {
+                a.cgroups = cgroups;
+            }
+        }
+        self.save()
+    }
+
+    /// Sends `signal` to a process of this cluster; SIGKILL also reaps it.
+    fn signal(&mut self, pid: i32, signal: Signal) -> Result<(), LaunchError> {
+        match kill(Pid::from_raw(pid), signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => return Err(LaunchError::Rpc(format!("signal {signal} to {pid}: {e}"))),
+        }
+        if signal == Signal::SIGKILL
+            && let Some(mut child) = self.children.remove(&pid)
+        {
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    fn replica_pid(&self, id: u64) -> Result<i32, LaunchError> {
+        self.record
+            .replicas
+            .iter()
+            .find(|r| r.id == id)
+            .and_then(|r| r.pid)
+            .ok_or_else(|| LaunchError::Invalid(format!("replica {id} was never started")))
+    }
+
+    /// `kill -9` of replica `id`.
+    pub fn kill_replica(&mut self, id: u64) -> Result<(), LaunchError> {
+        let pid = self.replica_pid(id)?;
+        self.signal(pid, Signal::SIGKILL)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT to replica `id`.
+    pub fn pause_replica(&mut self, id: u64, pause: bool) -> Result<(), LaunchError> {
+        let pid = self.replica_pid(id)?;
+        self.signal(
+            pid,
+            if pause {
+                Signal::SIGSTOP
+            } else {
+                Signal::SIGCONT
+            },
+        )
+    }
+
+    /// `kill -9` of the agent of node `name` (its jobs' monitors live on).
+    pub fn kill_agent(&mut self, name: &str) -> Result<(), LaunchError> {
+        let pid = self
+            .record
+            .agents
+            .iter()
+            .find(|a| a.spec.name == name)
+            .and_then(|a| a.pid)
+            .ok_or_else(|| LaunchError::Invalid(format!("agent {name} was never started")))?;
+        self.signal(pid, Signal::SIGKILL)
+    }
+
+    /// Waits until a leader answers and every agent responds to it; the leader's id and
+    /// address.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(u64, String), LaunchError> {
+        let start = Instant::now();
+        let want: Vec<&str> = self
+            .record
+            .agents
+            .iter()
+            .map(|a| a.spec.name.as_str())
+            .collect();
+        let mut last = String::from("no leader yet");
+        while start.elapsed() < timeout {
+            if let Some((id, addr)) = rpc::leader(&self.addrs()).await {
+                match rpc::nodes(&addr).await {
+                    Ok(nodes) => {
+                        let missing: Vec<&str> = want
+                            .iter()
+                            .copied()
+                            .filter(|w| {
+                                !nodes
+                                    .iter()
+                                    .any(|n| n.name == *w && n.responding == Some(true))
+                            })
+                            .collect();
+                        if missing.is_empty() {
+                            return Ok((id, addr));
+                        }
+                        last = format!("agents not registered yet: {}", missing.join(", "));
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            for r in &self.record.replicas {
+                if let Some(pid) = r.pid
+                    && !alive(pid)
+                {
+                    return Err(LaunchError::Invalid(format!(
+                        "controller {} exited; see {}",
+                        r.id,
+                        r.log.display()
+                    )));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(LaunchError::Timeout(format!(
+            "the cluster was not ready within {} s: {last}; see {}",
+            timeout.as_secs(),
+            self.record.state_dir.join("logs").display()
+        )))
+    }
+
+    /// Stops everything: cancels every job (so no job process outlives its agent), stops
+    /// agents then controllers (SIGTERM, SIGKILL after 10 s), then sweeps what is left: job
+    /// monitors, mounts and cgroups. The state directory stays unless `remove`.
+    pub async fn stop(mut self, remove: bool) -> Result<crate::cleanup::Sweep, LaunchError> {
+        if let Some((_, leader)) = rpc::leader(&self.addrs()).await {
+            crate::cleanup::cancel_everything(&leader, Duration::from_secs(15)).await;
+        }
+        let agents: Vec<i32> = self.record.agents.iter().filter_map(|a| a.pid).collect();
+        let replicas: Vec<i32> = self.record.replicas.iter().filter_map(|r| r.pid).collect();
+        for group in [agents, replicas] {
+            for pid in &group {
+                let _ = self.signal(*pid, Signal::SIGTERM);
+            }
+            let start = Instant::now();
+            while group.iter().any(|p| alive(*p)) && start.elapsed() < Duration::from_secs(10) {
+                for pid in &group {
+                    if let Some(child) = self.children.get_mut(pid) {
+                        let _ = child.try_wait();
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for pid in &group {
+                if alive(*pid) {
+                    let _ = self.signal(*pid, Signal::SIGKILL);
+                }
+                if let Some(mut child) = self.children.remove(pid) {
+                    let _ = child.wait();
+                }
+            }
+        }
+        let cgroups: Vec<PathBuf> = self
+            .record
+            .agents
+            .iter()
+            .flat_map(|a| a.cgroups.clone())
+            .collect();
+        let sweep = crate::cleanup::sweep(&self.record.state_dir, &cgroups);
+        for r in &mut self.record.replicas {
+            r.pid = None;
+        }
+        for a in &mut self.record.agents {
+            a.pid = None;
+        }
+        if remove {
+            let _ = std::fs::remove_dir_all(&self.record.state_dir);
+        } else {
+            self.save()?;
+        }
+        Ok(sweep)
+    }
+}
+
+impl Drop for LocalCluster {
+    /// Reaps children that already exited (a kept cluster's live ones keep running).
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.try_wait();
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! `docket-local`: a real Docket cluster on this host in one command.
+//!
+//! `up` starts N controller replicas and M node agents on loopback (default 3 and 4), waits
+//! until a leader exists and every agent has registered, and prints the endpoints and the
+//! `DOCKET_ADDR` line; `status`, `logs`, `drill` (kill the leader, measure the recovery),
+//! `demo` (the quick start's workload and summary) and `down` (stop everything, leave nothing
+//! behind) act on the cluster recorded in the state directory.
+
+mod demo;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow};
+use clap::{Parser, Subcommand};
+use docket_deploy::{Layout, LocalCluster, drill, rpc};
+
+/// A local Docket cluster: controllers and agents on loopback.
+#[derive(Debug, Parser)]
+#[command(name = "docket-local", version, about, long_about)]
+struct Cli {
+    /// Where the cluster lives (data, logs, agent state, cluster.json).
+    #[arg(
+        long,
+        env = "DOCKET_LOCAL_DIR",
+        default_value = "/tmp/docket-local",
+        global = true
+    )]
+    state_dir: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Start a cluster (replacing a stopped one in the state directory).
+    Up {
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+        /// Real agents n01.. (alternately 4 and 8 cpus, 1 GiB per cpu).
+        #[arg(long, default_value_t = 4)]
+        agents: u32,
+        /// More agents s0001.. in simulated execution (partition `sim`).
+        #[arg(long, default_value_t = 0)]
+        simulated_agents: u32,
+        /// Job confinement: auto (cgroups, as root) or none.
+        #[arg(long)]
+        confinement: Option<String>,
+        /// Where docket-controller, docket-nodeagent and docket are (default: next to this).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
+    /// Stop every process of the cluster and sweep what is left.
+    Down {
+        /// Delete the state directory too.
+        #[arg(long)]
+        remove: bool,
+    },
+    /// Processes, replicas (role, term, applied, lag) and nodes.
+    Status,
+    /// The last lines of every log, or of one (`controller-1`, `agent-n01`).
+    Logs {
+        name: Option<String>,
+        #[arg(short = 'n', long, default_value_t = 20)]
+        lines: usize,
+    },
+    /// Kill the leader (SIGKILL), report how long the cluster took to elect a new one, to
+    /// commit a write and to start a job; restart the killed replica.
+    Drill {
+        #[arg(long, default_value = "batch")]
+        partition: String,
+    },
+    /// Run the demo workload and print what happened.
+    Demo,
+    /// Print the shell lines that point the commands at this cluster:
+    /// `eval "$(docket-local env)"`.
+    Env,
+}
+
+fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(d) = explicit {
+        return Ok(d);
+    }
+    let me = std::env::current_exe().context("locating docket-local")?;
+    me.parent()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("{} has no directory", me.display()))
+}
+
+fn print_endpoints(c: &LocalCluster, leader: u64) {
+    println!(
+        "\nDocket is running ({} replicas, {} agents):",
+        c.record.replicas.len(),
+        c.record.agents.len()
+    );
+    for r in &c.record.replicas {
+        println!(
+            "  controller {}  {}  metrics http://{}/metrics{}",
+            r.id,
+            r.addr,
+            r.http,
+            if r.id == leader { "  (leader)" } else { "" }
+        );
+    }
+    for a in &c.record.agents {
+        println!(
+            "  agent {}  {} cpus, {} MiB{}",
+            a.spec.name,
+            a.spec.cpus,
+            a.spec.memory_mib,
+            if a.spec.simulated { ", simulated" } else { "" }
+        );
+    }
+    let bin = c.record.state_dir.join("bin");
+    println!("\nTo use it from a shell (or: eval \"$(docket-local env)\"):\n");
+    println!("  export DOCKET_ADDR={}", c.docket_addr());
+    println!("  export PATH={}:$PATH", bin.display());
+    println!(
+        "\n  sinfo; squeue; printf '#!/bin/sh\\nsleep 30\\n' | sbatch -t 1; docket cluster status"
+    );
+    println!(
+        "\nLogs: {}   Stop: docket-local down --state-dir {}",
+        c.record.state_dir.join("logs").display(),
+        c.record.state_dir.display()
+    );
+}
+
+async fn up(
+    state_dir: PathBuf,
+    replicas: u32,
+    agents: u32,
+    simulated: u32,
+    confinement: Option<String>,
+    bins: PathBuf,
+) -> Result<()> {
+    let mut layout = Layout::new(replicas, agents, simulated, state_dir, bins.clone());
+    if let Some(c) = confinement {
+        layout.confinement = c;
+    }
+    let cluster = LocalCluster::start(&layout)?;
+    println!(
+        "started {} controllers and {} agents in {}; waiting for a leader and every agent",
+        layout.replicas,
+        layout.agents.len(),
+        layout.state_dir.display()
+    );
+    let (leader, _) = cluster.wait_ready(Duration::from_secs(60)).await?;
+    let docket = bins.join("docket");
+    if docket.exists() {
+        let out = std::process::Command::new(&docket)
+            .arg("install-aliases")
+            .arg(layout.state_dir.join("bin"))
+            .output()
+            .context("installing the command aliases")?;
+        if !out.status.success() {
+            eprintln!(
+                "docket-local: warning: install-aliases: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let _ = std::fs::copy(&docket, layout.state_dir.join("bin").join("docket"));
+    }
+    print_endpoints(&cluster, leader);
+    Ok(())
+}
+
+async fn status(state_dir: PathBuf) -> Result<()> {
+    let c = LocalCluster::open(&state_dir)?;
+    println!("{:<14} {:>8} {:<6} LOG", "PROCESS", "PID", "ALIVE");
+    for r in &c.record.replicas {
+        println!(
+            "{:<14} {:>8} {:<6} {}",
+            format!("controller-{}", r.id),
+            r.pid.map_or("-".into(), |p| p.to_string()),
+            r.pid.is_some_and(docket_deploy::local::alive),
+            r.log.display()
+        );
+    }
+    for a in &c.record.agents {
+        println!(
+            "{:<14} {:>8} {:<6} {}",
+            format!("agent-{}", a.spec.name),
+            a.pid.map_or("-".into(), |p| p.to_string()),
+            a.pid.is_some_and(docket_deploy::local::alive),
+            a.log.display()
+        );
+    }
+    match rpc::cluster_status(&c.addrs()).await {
+        Some(s) => {
+            println!(
+                "\n{:<4} {:<22} {:<11} {:>6} {:>8} {:>6}",
+                "ID", "ADDRESS", "ROLE", "TERM", "APPLIED", "LAG"
+            );
+            for r in &s.replicas {
+                let opt = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+                println!(
+                    "{:<4} {:<22} {:<11} {:>6} {:>8} {:>6}",
+                    r.id,
+                    r.addr,
+                    r.role,
+                    r.term,
+                    opt(r.applied_index),
+                    opt(r.lag)
+                );
+            }
+            if let Some((_, leader)) = rpc::leader(&c.addrs()).await {
+                let nodes = rpc::nodes(&leader).await?;
+                println!(
+                    "\n{:<8} {:<9} {:>9} {:>11}",
+                    "NODE", "STATE", "CPUS", "RESPONDING"
+                );
+                for n in nodes {
+                    println!(
+                        "{:<8} {:<9} {:>9} {:>11}",
+                        n.name,
+                        n.state,
+                        format!("{}/{}", n.cpus_used, n.cpus),
+                        n.responding.map_or("?", |r| if r { "yes" } else { "no" })
+                    );
+                }
+            }
+        }
+        None => println!("\nno controller answers"),
+    }
+    Ok(())
+}
+
+fn logs(state_dir: PathBuf, name: Option<String>, lines: usize) -> Result<()> {
+    let dir = state_dir.join("logs");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            name.as_ref().is_none_or(|n| {
+                p.file_stem()
+                    .is_some_and(|s| s.to_string_lossy() == n.as_str())
+            })
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(anyhow!(
+            "no log {} in {}",
+            name.unwrap_or_default(),
+            dir.display()
+        ));
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        println!("==> {} <==", f.display());
+        for l in &all[all.len().saturating_sub(lines)..] {
+            println!("{l}");
+        }
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Up {
+            replicas,
+            agents,
+            simulated_agents,
+            confinement,
+            bin_dir: bins,
+        } => {
+            up(
+                cli.state_dir,
+                replicas,
+                agents,
+                simulated_agents,
+                confinement,
+                bin_dir(bins)?,
+            )
+            .await
+        }
+        Cmd::Down { remove } => {
+            let c = LocalCluster::open(&cli.state_dir)?;
+            let sweep = c.stop(remove).await?;
+            println!(
+                "stopped; swept {} leftover processes, {} mounts, {} cgroups",
+                sweep.processes, sweep.mounts, sweep.cgroups
+            );
+            Ok(())
+        }
+        Cmd::Status => status(cli.state_dir).await,
+        Cmd::Env => {
+            let c = LocalCluster::open(&cli.state_dir)?;
+            println!("export DOCKET_ADDR={}", c.docket_addr());
+            println!(
+                "export PATH={}:\"$PATH\"",
+                c.record.state_dir.join("bin").display()
+            );
+            Ok(())
+        }
+        Cmd::Logs { name, lines } => logs(cli.state_dir, name, lines),
+        Cmd::Drill { partition } => {
+            let mut c = LocalCluster::open(&cli.state_dir)?;
+            let r = drill::kill_leader(&mut c, &partition, true, Duration::from_secs(60)).await?;
+            println!(
+                "killed leader {} (SIGKILL)\n  new leader:            {} after {} ms\n  first committed write: {} ms\n  first job started:     {}\n  jobs lost:             {}\n  replica {} restarted on its data",
+                r.killed,
+                r.new_leader,
+                r.elected_ms,
+                r.first_write_ms,
+                r.first_start_ms
+                    .map_or("not within 60 s".into(), |m| format!("{m} ms")),
+                r.lost_jobs.len(),
+                r.killed
+            );
+            Ok(())
+        }
+        Cmd::Demo => {
+            let mut c = LocalCluster::open(&cli.state_dir)?;
+            c.wait_ready(Duration::from_secs(60)).await?;
+            let report = demo::run(&mut c).await?;
+            print!("{}", report.summary());
+            if report.ok() {
+                Ok(())
+            } else {
+                Err(anyhow!("the demo did not show everything it should"))
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("docket-local: error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("docket-local: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
