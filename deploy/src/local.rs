@@ -38,7 +38,8 @@ pub struct AgentProc {
     pub state_dir: PathBuf,
     pub log: PathBuf,
     pub pid: Option<i32>,
-    /// `docket-<node>` under the agent's cgroup in each hierarchy (removed at `down`).
+    /// Its jobs' cgroup directory under the agent's cgroup in each hierarchy (removed at
+    /// `down`).
     pub cgroups: Vec<PathBuf>,
 }
 
@@ -53,6 +54,8 @@ pub struct Record {
     pub agent_fence_ms: u64,
     pub node_down_margin_ms: u64,
     pub kill_grace_s: u64,
+    /// Distinguishes this cluster's agent cgroups from any other agent's on the host.
+    pub cgroup_tag: String,
     pub replicas: Vec<ReplicaProc>,
     pub agents: Vec<AgentProc>,
 }
@@ -92,8 +95,24 @@ fn record_path(state_dir: &Path) -> PathBuf {
     state_dir.join("cluster.json")
 }
 
-/// The `docket-<node>` directories an agent process creates under its cgroups.
-fn agent_cgroups(pid: i32, node: &str) -> Vec<PathBuf> {
+/// A short tag from the state directory: clusters in different directories never share an
+/// agent cgroup name (FNV-1a, 32 bits).
+fn tag_of(dir: &Path) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in dir.display().to_string().bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
+
+/// The directory an agent keeps its jobs' cgroups in, under its own cgroup.
+pub fn cgroup_name(tag: &str, node: &str) -> String {
+    format!("docket-{node}-{tag}")
+}
+
+/// The `cgroup_name` directories an agent process creates under its cgroups.
+fn agent_cgroups(pid: i32, name: &str) -> Vec<PathBuf> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     text.lines()
         .filter_map(|line| {
@@ -108,7 +127,7 @@ fn agent_cgroups(pid: i32, node: &str) -> Vec<PathBuf> {
             Some(
                 Path::new(&mount)
                     .join(path.trim_start_matches('/'))
-                    .join(format!("docket-{node}")),
+                    .join(name),
             )
         })
         .collect()
@@ -182,6 +201,7 @@ impl LocalCluster {
                 agent_fence_ms: layout.agent_fence_ms,
                 node_down_margin_ms: layout.node_down_margin_ms,
                 kill_grace_s: layout.kill_grace_s,
+                cgroup_tag: tag_of(state),
                 replicas,
                 agents,
             },
@@ -325,8 +345,10 @@ impl LocalCluster {
             .find(|a| a.spec.name == name)
             .cloned()
             .ok_or_else(|| LaunchError::Invalid(format!("no agent {name}")))?;
+        let cgroup = cgroup_name(&self.record.cgroup_tag, name);
         let mut cmd = Command::new(self.record.bin_dir.join("docket-nodeagent"));
         cmd.args(["run", "--node", name, "--controllers", &self.docket_addr()])
+            .args(["--cgroup-name", &cgroup])
             .arg("--state-dir")
             .arg(&a.state_dir)
             .args([
@@ -345,7 +367,7 @@ impl LocalCluster {
             cmd.args(["--confinement", &self.record.confinement]);
         }
         let pid = self.spawn(cmd, &a.log)?;
-        let cgroups = agent_cgroups(pid, name);
+        let cgroups = agent_cgroups(pid, &cgroup);
         if let Some(a) = self.record.agents.iter_mut().find(|a| a.spec.name == name) {
             a.pid = Some(pid);
             if !cgroups.is_empty() {

@@ -88,8 +88,20 @@ const V1_CONTROLLERS: [(&str, bool); 5] = [
 ];
 
 impl Cgroups {
-    /// Finds the hierarchies and prepares `docket-<node>` under the agent's own cgroups.
-    pub fn detect(node: &str) -> Result<Self, CgroupError> {
+    /// Finds the hierarchies and prepares `dir_name` (normally `docket-<node>`) under the
+    /// agent's own cgroups. Agents sharing a cgroup (several on one host) need distinct
+    /// names: each reaps what it finds under its own as stale.
+    pub fn detect(dir_name: &str) -> Result<Self, CgroupError> {
+        if dir_name.is_empty()
+            || dir_name.contains('/')
+            || dir_name == "."
+            || dir_name == ".."
+            || dir_name.len() > 200
+        {
+            return Err(CgroupError::Unavailable(format!(
+                "cgroup name {dir_name:?} must be one path component of at most 200 bytes"
+            )));
+        }
         let own = read(Path::new("/proc/self/cgroup"))
             .ok_or_else(|| CgroupError::Unavailable("cannot read /proc/self/cgroup".into()))?;
         let mounts = read(Path::new("/proc/self/mountinfo"))
@@ -133,7 +145,7 @@ impl Cgroups {
                 }
             }
         }
-        let dir_name = format!("docket-{node}");
+        let dir_name = dir_name.to_owned();
         // v2 with the controllers we need.
         if let (Some(mount), Some(path)) = (&v2_mount, &v2_path) {
             let own_dir = mount.join(path.trim_start_matches('/'));
@@ -454,6 +466,23 @@ fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
                 kill_all(dir);
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cgroup_name_is_one_path_component() {
+        for bad in ["", "a/b", "..", ".", &"x".repeat(201)] {
+            let e = Cgroups::detect(bad).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|e| e.contains("one path component")),
+                "{bad:?}: {e:?}"
+            );
         }
     }
 }

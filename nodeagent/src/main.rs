@@ -131,6 +131,10 @@ struct RunArgs {
     /// Most processes one job may have.
     #[arg(long, env = "DOCKET_JOB_PIDS_MAX", default_value_t = 4096)]
     job_pids_max: u64,
+    /// The directory under the agent's own cgroups that holds its jobs' cgroups (default
+    /// `docket-NODE`). Agents sharing a cgroup on one host need distinct names.
+    #[arg(long, env = "DOCKET_CGROUP_NAME")]
+    cgroup_name: Option<String>,
     /// Cluster name for SLURM_CLUSTER_NAME.
     #[arg(long, env = "DOCKET_CLUSTER", default_value = "docket")]
     cluster: String,
@@ -186,7 +190,13 @@ fn run(args: RunArgs) -> Result<()> {
     let cgroups = match (args.confinement, args.execution) {
         (_, Execution::Simulated) | (Confinement::None, _) => None,
         (Confinement::Auto, Execution::Real) => Some(
-            docket_nodeagent::cgroup::Cgroups::detect(&args.node).context("--confinement auto")?,
+            docket_nodeagent::cgroup::Cgroups::detect(
+                &args
+                    .cgroup_name
+                    .clone()
+                    .unwrap_or_else(|| format!("docket-{}", args.node)),
+            )
+            .context("--confinement auto")?,
         ),
     };
     let cpu_pool = match &args.cpuset {
