@@ -88,6 +88,28 @@ impl Client {
         self.call(|addr| self.admin(addr), f).await
     }
 
+    /// Every node, as the answering replica lists it.
+    pub async fn nodes(&self) -> Result<Vec<docket_proto::v1::NodeInfo>> {
+        Ok(self
+            .admin_call(|mut c| {
+                let req = self.request(docket_proto::v1::ListNodesRequest {});
+                async move { c.list_nodes(req).await }
+            })
+            .await?
+            .nodes)
+    }
+
+    /// Every partition.
+    pub async fn partitions(&self) -> Result<Vec<docket_proto::v1::PartitionInfo>> {
+        Ok(self
+            .admin_call(|mut c| {
+                let req = self.request(docket_proto::v1::ListPartitionsRequest {});
+                async move { c.list_partitions(req).await }
+            })
+            .await?
+            .partitions)
+    }
+
     /// `request` with the caller's identity.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);

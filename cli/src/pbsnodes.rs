@@ -80,12 +80,7 @@ pub fn pbsnodes(a: PbsnodesArgs) -> Result<()> {
         Some(f) => bail!("-F {f}: the output formats are json (or the default text)"),
     };
     let client = Client::new(a.addr.as_deref())?;
-    let nodes = runtime()?
-        .block_on(client.admin_call(|mut c| {
-            let req = client.request(pb::ListNodesRequest {});
-            async move { c.list_nodes(req).await }
-        }))?
-        .nodes;
+    let nodes = runtime()?.block_on(client.nodes())?;
     let chosen: Vec<&pb::NodeInfo> = nodes
         .iter()
         .filter(|n| a.nodes.is_empty() || a.nodes.contains(&n.name))

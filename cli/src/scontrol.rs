@@ -427,12 +427,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
             Ok(())
         }
         ["show", "node" | "nodes", rest @ ..] => {
-            let nodes = rt
-                .block_on(client.admin_call(|mut c| {
-                    let req = client.request(pb::ListNodesRequest {});
-                    async move { c.list_nodes(req).await }
-                }))?
-                .nodes;
+            let nodes = rt.block_on(client.nodes())?;
             let wanted = names(rest)?;
             let records: Vec<Record> = nodes
                 .iter()
@@ -446,12 +441,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
             Ok(())
         }
         ["show", "partition" | "partitions", rest @ ..] => {
-            let parts = rt
-                .block_on(client.admin_call(|mut c| {
-                    let req = client.request(pb::ListPartitionsRequest {});
-                    async move { c.list_partitions(req).await }
-                }))?
-                .partitions;
+            let parts = rt.block_on(client.partitions())?;
             let records: Vec<Record> = parts
                 .iter()
                 .filter(|p| rest.is_empty() || rest.contains(&p.name.as_str()))

@@ -237,18 +237,8 @@ pub fn table(a: &SinfoArgs, nodes: &[pb::NodeInfo], partitions: &[pb::PartitionI
 pub fn sinfo(a: SinfoArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let rt = runtime()?;
-    let nodes = rt
-        .block_on(client.admin_call(|mut c| {
-            let req = client.request(pb::ListNodesRequest {});
-            async move { c.list_nodes(req).await }
-        }))?
-        .nodes;
-    let partitions = rt
-        .block_on(client.admin_call(|mut c| {
-            let req = client.request(pb::ListPartitionsRequest {});
-            async move { c.list_partitions(req).await }
-        }))?
-        .partitions;
+    let nodes = rt.block_on(client.nodes())?;
+    let partitions = rt.block_on(client.partitions())?;
     if a.json {
         let rows: Vec<_> = nodes
             .iter()

@@ -114,6 +114,32 @@ impl State {
         self.act(actor, jobs, Action::Requeue, now)
     }
 
+    /// The job `target` names, if `actor` may `verb` it: its owner, a coordinator of its
+    /// account, or an administrator.
+    fn permitted(
+        &self,
+        actor: &Actor,
+        admin: bool,
+        target: JobRef,
+        verb: &str,
+    ) -> Result<&Job, Rejection> {
+        let head = self
+            .jobs
+            .get(&target.job)
+            .ok_or_else(|| Rejection::unknown("job", target))?;
+        if let Actor::User(u) = actor
+            && !admin
+            && u != &head.spec.user
+            && !self.is_coordinator(u, &head.resolved.account)
+        {
+            return Err(Rejection::NotPermitted(format!(
+                "user {u} cannot {verb} job {target} of user {}",
+                head.spec.user
+            )));
+        }
+        Ok(head)
+    }
+
     /// The runs `scancel --signal` reaches for each reference, changing nothing: the job (or
     /// every started task of an array), if `actor` may act on it and it is running or
     /// suspended. Signals are not replicated: the leader sends them straight to the agents.
@@ -125,20 +151,7 @@ impl State {
         let admin = self.is_admin(actor);
         jobs.iter()
             .map(|&target| {
-                let head = self
-                    .jobs
-                    .get(&target.job)
-                    .ok_or_else(|| Rejection::unknown("job", target))?;
-                if let Actor::User(u) = actor
-                    && !admin
-                    && u != &head.spec.user
-                    && !self.is_coordinator(u, &head.resolved.account)
-                {
-                    return Err(Rejection::NotPermitted(format!(
-                        "user {u} cannot signal job {target} of user {}",
-                        head.spec.user
-                    )));
-                }
+                let head = self.permitted(actor, admin, target, "signal")?;
                 let ids: Vec<JobId> = match self.locate(target, Action::Cancel)? {
                     Place::PendingTask(..) => Vec::new(),
                     Place::Record(id) if target.task.is_none() => {
@@ -211,21 +224,7 @@ impl State {
         now: TimeMs,
     ) -> Result<(), Rejection> {
         let admin = self.is_admin(actor);
-        let head = self
-            .jobs
-            .get(&target.job)
-            .ok_or_else(|| Rejection::unknown("job", target))?;
-        if let Actor::User(u) = actor
-            && !admin
-            && u != &head.spec.user
-            && !self.is_coordinator(u, &head.resolved.account)
-        {
-            return Err(Rejection::NotPermitted(format!(
-                "user {u} cannot {} job {target} of user {}",
-                action.verb(),
-                head.spec.user
-            )));
-        }
+        self.permitted(actor, admin, target, action.verb())?;
         // Validate against the record the action would change (for a pending task still in
         // its array, the array record), and only then split the task off.
         let place = self.locate(target, action)?;
