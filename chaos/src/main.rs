@@ -1,16 +1,37 @@
 //! `docket-chaos`: proves under faults that Docket loses nothing.
 //!
-//! The harness, fault injectors and checkers arrive with the chaos issue; for now the binary
-//! describes itself.
+//! `run` starts a real local cluster (3 or 5 replicas, real agents and simulated ones for
+//! scale), drives a workload of submissions, cancels, holds and suspends from many
+//! concurrent clients while injecting faults on a seeded schedule, then checks the recorded
+//! history against every replica's queue and the jobs' own run log, and prints the figures
+//! and the seed. `drill` performs one fault against a running `docket-local` cluster and
+//! reports the same recovery figures.
 
-use clap::Parser;
+mod check;
+mod faults;
+mod history;
+mod observe;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use docket_deploy::{Layout, LocalCluster, rpc};
+use docket_proto::v1 as pb;
+
+use crate::history::{FaultKind, History};
 
 /// Fault injection and invariant checking for Docket.
 ///
-/// Starts a real cluster, drives a concurrent workload, injects faults on a seeded schedule
-/// (kills, pauses, partitions, full disks, clock jumps), then checks the recorded history:
-/// every acknowledged job exists exactly once, no job ran twice, every job finished, and the
-/// cluster recovered by itself. Prints the figures and the seed that reproduces the run.
+/// Starts a real cluster, drives a concurrent workload, injects faults on a seeded schedule,
+/// then checks the recorded history: every acknowledged job exists exactly once, no job ran
+/// twice, every job finished, at most one leader per term, every replica agrees. Prints the
+/// figures and the seed that reproduces the run.
 #[derive(Debug, Parser)]
 #[command(
     name = "docket-chaos",
@@ -19,8 +40,377 @@ use clap::Parser;
     long_about,
     arg_required_else_help = true
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
 
-fn main() {
-    Cli::parse();
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Kind {
+    KillLeader,
+    KillFollower,
+    Pause,
+    KillAgent,
+}
+
+impl Kind {
+    fn fault(self) -> FaultKind {
+        match self {
+            Kind::KillLeader => FaultKind::KillLeader,
+            Kind::KillFollower => FaultKind::KillFollower,
+            Kind::Pause => FaultKind::PauseLeader,
+            Kind::KillAgent => FaultKind::KillAgent,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// A seeded run against a fresh local cluster.
+    Run {
+        /// The seed (default: from the clock; printed at the end).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// How many faults to inject.
+        #[arg(long, default_value_t = 10)]
+        faults: usize,
+        /// Which kinds (default: all).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        kinds: Vec<Kind>,
+        /// Take the kinds in turn instead of at random (every kind in a short run).
+        #[arg(long)]
+        each: bool,
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+        /// Agents that run real jobs.
+        #[arg(long, default_value_t = 3)]
+        agents: u32,
+        /// Agents in simulated execution, for scale.
+        #[arg(long, default_value_t = 8)]
+        simulated_agents: u32,
+        #[arg(long, default_value_t = 8)]
+        clients: u32,
+        /// Jobs sleep 1..=this many seconds.
+        #[arg(long, default_value_t = 2)]
+        job_seconds: u32,
+        /// Where the cluster lives (default: a fresh temporary directory, removed after).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Where docket-controller and docket-nodeagent are (default: next to this binary).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
+    /// One fault against a running docket-local cluster, with the recovery figures.
+    Drill {
+        #[arg(value_enum)]
+        kind: DrillKind,
+        #[arg(long, env = "DOCKET_LOCAL_DIR", default_value = "/tmp/docket-local")]
+        state_dir: PathBuf,
+        /// How long a pause lasts (ms).
+        #[arg(long, default_value_t = 3000)]
+        pause_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DrillKind {
+    KillLeader,
+    Pause,
+}
+
+fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(d) = explicit {
+        return Ok(d);
+    }
+    let me = std::env::current_exe().context("locating docket-chaos")?;
+    me.parent()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("{} has no directory", me.display()))
+}
+
+/// Each replica's own view of the queue, once they agree (or after `deadline`).
+async fn converged(cluster: &LocalCluster, deadline: Duration) -> Vec<Vec<pb::JobInfo>> {
+    let start = Instant::now();
+    loop {
+        let mut views = Vec::new();
+        for addr in cluster.addrs() {
+            let view = match rpc::jobs(&addr) {
+                Ok(mut c) => c
+                    .list_jobs(rpc::as_user(
+                        "root",
+                        pb::ListJobsRequest {
+                            page_size: 10_000,
+                            consistency: pb::ReadConsistency::Stale as i32,
+                            ..Default::default()
+                        },
+                    ))
+                    .await
+                    .map(|r| r.into_inner().jobs)
+                    .unwrap_or_default(),
+                Err(_) => Vec::new(),
+            };
+            views.push(view);
+        }
+        let key = |v: &Vec<pb::JobInfo>| -> Vec<(u64, String)> {
+            v.iter().map(|j| (j.job_id, j.state_code.clone())).collect()
+        };
+        if views.windows(2).all(|w| key(&w[0]) == key(&w[1])) || start.elapsed() > deadline {
+            return views;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    seed: u64,
+    faults: usize,
+    kinds: Vec<Kind>,
+    each: bool,
+    replicas: u32,
+    agents: u32,
+    simulated: u32,
+    clients: u32,
+    job_seconds: u32,
+    state_dir: Option<PathBuf>,
+    bins: PathBuf,
+) -> Result<bool> {
+    // A temporary directory goes when the run ends; a chosen one stays for reading
+    // (history.jsonl, logs/, work/runs.log).
+    let temporary = state_dir.is_none();
+    let state = state_dir.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("docket-chaos-{seed}-{}", std::process::id()))
+    });
+    let mut layout = Layout::new(replicas, agents, simulated, state.clone(), bins);
+    // Liveness short enough that a killed agent's node recovers within a run.
+    layout.agent_fence_ms = 6_000;
+    layout.node_down_margin_ms = 3_000;
+    layout.kill_grace_s = 1;
+    let mut cluster = LocalCluster::start(&layout)?;
+    let outcome = async {
+        cluster.wait_ready(Duration::from_secs(60)).await?;
+        let work = state.join("work");
+        std::fs::create_dir_all(&work)?;
+        let kinds: Vec<FaultKind> = if kinds.is_empty() {
+            vec![
+                FaultKind::KillLeader,
+                FaultKind::KillFollower,
+                FaultKind::PauseLeader,
+                FaultKind::KillAgent,
+            ]
+        } else {
+            kinds.iter().map(|k| k.fault()).collect()
+        };
+        let planned = faults::plan(seed, faults, &kinds, each);
+        println!(
+            "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {} faults",
+            replicas,
+            agents + simulated,
+            simulated,
+            planned.len()
+        );
+        let history = History::new();
+        let wall_start = history.wall_at(0);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(observe::leaders(
+            cluster.addrs(),
+            history.clone(),
+            stop.clone(),
+        )));
+        for id in 0..clients {
+            let partition = if simulated > 0 && id % 3 == 2 { "sim" } else { "batch" };
+            let w = workload::Workload {
+                partition: partition.into(),
+                work_dir: work.display().to_string(),
+                max_job_seconds: job_seconds,
+            };
+            tasks.push(tokio::spawn(workload::client(
+                id,
+                seed,
+                w,
+                cluster.addrs(),
+                history.clone(),
+                stop.clone(),
+            )));
+        }
+        let injected = faults::inject(&mut cluster, &planned, &history).await;
+        // A last quiet stretch, so the recovery after the last fault is measured too.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        injected?;
+        // Every job must finish by itself now that the faults stopped (once the clients'
+        // holds and suspensions are undone).
+        let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
+        workload::settle(&leader).await;
+        let start = Instant::now();
+        println!("faults over; waiting for every job to finish");
+        loop {
+            let jobs = rpc::all_jobs(&leader).await.unwrap_or_default();
+            if jobs
+                .iter()
+                .all(|j| !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"))
+                || start.elapsed() > Duration::from_secs(120)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!("drained in {} s", start.elapsed().as_secs());
+        let (_, leader) = cluster.wait_ready(Duration::from_secs(30)).await?;
+        let mut views = converged(&cluster, Duration::from_secs(30)).await;
+        // The leader's view first.
+        if let Some(pos) = cluster.addrs().iter().position(|a| *a == leader) {
+            views.swap(0, pos);
+        }
+        let log = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
+        let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
+        let report = check::check(&history.lock(), &views, &log, wall_start);
+        print!("{}", check::render(&report, seed));
+        Ok::<bool, anyhow::Error>(report.ok())
+    }
+    .await;
+    let sweep = cluster.stop(temporary).await;
+    if let Err(e) = sweep {
+        eprintln!("docket-chaos: warning: stopping the cluster: {e}");
+    }
+    outcome
+}
+
+async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()> {
+    let mut cluster = LocalCluster::open(&state_dir)?;
+    match kind {
+        DrillKind::KillLeader => {
+            let r = docket_deploy::drill::kill_leader(
+                &mut cluster,
+                "batch",
+                true,
+                Duration::from_secs(60),
+            )
+            .await?;
+            println!(
+                "fault: kill -9 leader (replica {})\n  new leader {} after {} ms\n  first committed write after {} ms\n  first scheduling decision after {}\n  jobs lost: {}",
+                r.killed,
+                r.new_leader,
+                r.elected_ms,
+                r.first_write_ms,
+                r.first_start_ms
+                    .map_or("(none within 60 s)".into(), |m| format!("{m} ms")),
+                r.lost_jobs.len()
+            );
+        }
+        DrillKind::Pause => {
+            let (old, _) = rpc::leader(&cluster.addrs())
+                .await
+                .ok_or_else(|| anyhow!("no leader to pause"))?;
+            let others: Vec<String> = cluster
+                .record
+                .replicas
+                .iter()
+                .filter(|r| r.id != old)
+                .map(|r| r.addr.clone())
+                .collect();
+            let at = Instant::now();
+            cluster.pause_replica(old, true)?;
+            let mut elected = None;
+            while elected.is_none() && at.elapsed() < Duration::from_millis(pause_ms.max(10_000)) {
+                if let Some((id, _)) = rpc::leader(&others).await
+                    && id != old
+                {
+                    elected = Some((id, at.elapsed().as_millis()));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let remaining = Duration::from_millis(pause_ms).saturating_sub(at.elapsed());
+            tokio::time::sleep(remaining).await;
+            cluster.pause_replica(old, false)?;
+            let rejoined = {
+                let start = Instant::now();
+                loop {
+                    let s = rpc::cluster_status(&cluster.addrs()).await;
+                    let back = s.is_some_and(|s| {
+                        s.replicas
+                            .iter()
+                            .any(|r| r.id == old && r.reachable && r.role == "follower")
+                    });
+                    if back || start.elapsed() > Duration::from_secs(30) {
+                        break back.then(|| start.elapsed().as_millis());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            match elected {
+                Some((id, ms)) => println!(
+                    "fault: SIGSTOP leader (replica {old}) for {pause_ms} ms\n  new leader {id} after {ms} ms\n  old leader rejoined as follower {} after SIGCONT",
+                    rejoined.map_or("NOT".into(), |m| format!("{m} ms"))
+                ),
+                None => bail!("no new leader while replica {old} was stopped"),
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("docket-chaos: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Cmd::Run {
+                seed,
+                faults,
+                kinds,
+                each,
+                replicas,
+                agents,
+                simulated_agents,
+                clients,
+                job_seconds,
+                state_dir,
+                bin_dir: bins,
+            } => {
+                let seed = seed.unwrap_or_else(history::wall_ms);
+                run(
+                    seed,
+                    faults,
+                    kinds,
+                    each,
+                    replicas,
+                    agents,
+                    simulated_agents,
+                    clients,
+                    job_seconds.max(1),
+                    state_dir,
+                    bin_dir(bins)?,
+                )
+                .await
+            }
+            Cmd::Drill {
+                kind,
+                state_dir,
+                pause_ms,
+            } => drill(kind, state_dir, pause_ms).await.map(|()| true),
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("docket-chaos: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

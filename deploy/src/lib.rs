@@ -13,6 +13,7 @@ pub mod drill;
 pub mod layout;
 pub mod local;
 pub mod rpc;
+pub mod testing;
 
 pub use layout::{AgentSpec, Layout};
 pub use local::LocalCluster;

@@ -10,16 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn controller() -> PathBuf {
-    let path =
-        PathBuf::from(env!("CARGO_BIN_EXE_docket-local")).with_file_name("docket-controller");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "-p", "docket-controller"])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "building docket-controller failed");
-    path
+    docket_deploy::testing::bin_dir(env!("CARGO_BIN_EXE_docket-local"), &["docket-controller"])
+        .join("docket-controller")
 }
 
 fn check(bin: &Path, file: &Path) -> Output {

@@ -7,31 +7,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// docket-local and, next to it, the binaries it starts, brought up to date here (a no-op
-/// when the workspace was just built; needed when this package is tested alone).
+/// docket-local's directory, with the binaries it starts.
 fn bin_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_docket-local"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let ok = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "docket-controller",
-                "-p",
-                "docket-nodeagent",
-                "-p",
-                "docket-cli",
-            ])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "building the binaries failed");
-    }
-    dir
+    docket_deploy::testing::bin_dir(
+        env!("CARGO_BIN_EXE_docket-local"),
+        &["docket-controller", "docket-nodeagent", "docket"],
+    )
 }
 
 fn local(state: &Path, args: &[&str]) -> Output {

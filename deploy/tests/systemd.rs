@@ -18,17 +18,10 @@ fn unit(name: &str) -> String {
 }
 
 fn bins() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let ok = Command::new(cargo)
-        .args(["build", "-p", "docket-controller", "-p", "docket-nodeagent"])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "building the daemons failed");
-    PathBuf::from(env!("CARGO_BIN_EXE_docket-local"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    docket_deploy::testing::bin_dir(
+        env!("CARGO_BIN_EXE_docket-local"),
+        &["docket-controller", "docket-nodeagent"],
+    )
 }
 
 #[test]

@@ -1,0 +1,381 @@
+//! The checkers: from the history, the final queue of every replica and the jobs' own run
+//! log, decide whether Docket kept its promises, and compute the figures.
+//!
+//! - Total queue: every acknowledged submission exists exactly once under its name with
+//!   the id it was acknowledged with (none lost, none duplicated); nothing exists that no
+//!   client submitted (an unknown-outcome submission may or may not exist).
+//! - No double runs: a job started at most once more than it was requeued, and no two
+//!   attempts of one job overlapped in time.
+//! - Every job reached a final state.
+//! - Raft safety as seen from outside: at most one leader per term.
+//! - Convergence: every replica's own (stale) view of the queue is the same.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use docket_proto::v1 as pb;
+
+use crate::history::{OpKind, Outcome, Records};
+
+/// A job's starts and ends, from `runs.log`: (start ms, end ms if it ended).
+pub type Attempts = BTreeMap<u64, Vec<(u64, Option<u64>)>>;
+
+/// Parses `ID NAME start MS` / `ID NAME end MS` lines.
+pub fn attempts(log: &str) -> Attempts {
+    let mut out: Attempts = BTreeMap::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [id, _name, what, ms] = f.as_slice() else {
+            continue;
+        };
+        let (Ok(id), Ok(ms)) = (id.parse::<u64>(), ms.parse::<u64>()) else {
+            continue;
+        };
+        let runs = out.entry(id).or_default();
+        match *what {
+            "start" => runs.push((ms, None)),
+            "end" => {
+                if let Some(last) = runs.iter_mut().rev().find(|r| r.1.is_none()) {
+                    last.1 = Some(ms);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The verdict and the figures.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub acked: usize,
+    pub unknown: usize,
+    pub lost: Vec<String>,
+    pub duplicated: Vec<String>,
+    pub unexpected: Vec<String>,
+    pub changed_id: Vec<String>,
+    pub double_runs: Vec<u64>,
+    pub overlapping: Vec<u64>,
+    pub not_final: Vec<u64>,
+    pub split_terms: Vec<u64>,
+    pub diverged: bool,
+    pub faults: BTreeMap<&'static str, usize>,
+    pub ops: BTreeMap<String, usize>,
+    /// Per leader-removing fault: ms to the first acknowledged write and the first job start.
+    pub to_write_ms: Vec<u64>,
+    pub to_start_ms: Vec<u64>,
+    pub longest_unavailable_ms: u64,
+    pub terms_seen: usize,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.lost.is_empty()
+            && self.duplicated.is_empty()
+            && self.unexpected.is_empty()
+            && self.changed_id.is_empty()
+            && self.double_runs.is_empty()
+            && self.overlapping.is_empty()
+            && self.not_final.is_empty()
+            && self.split_terms.is_empty()
+            && !self.diverged
+    }
+}
+
+fn is_final(j: &pb::JobInfo) -> bool {
+    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
+}
+
+/// p50, p99 and max of `v` (nearest rank), or None when empty.
+pub fn percentiles(v: &[u64]) -> Option<(u64, u64, u64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
+    Some((rank(0.50), rank(0.99), s[s.len() - 1]))
+}
+
+/// Checks a finished run. `queues` holds each replica's own view of the final queue (the
+/// first is the leader's).
+pub fn check(
+    records: &Records,
+    queues: &[Vec<pb::JobInfo>],
+    runs_log: &str,
+    wall_start_ms: u64,
+) -> Report {
+    let mut r = Report::default();
+    let final_queue: &[pb::JobInfo] = queues.first().map(Vec::as_slice).unwrap_or(&[]);
+    let mut by_name: BTreeMap<&str, Vec<&pb::JobInfo>> = BTreeMap::new();
+    for j in final_queue {
+        by_name.entry(j.name.as_str()).or_default().push(j);
+    }
+    let mut attempted: BTreeSet<&str> = BTreeSet::new();
+    for op in &records.ops {
+        let key = match &op.outcome {
+            Outcome::Acked => "acked",
+            Outcome::Refused(_) => "refused",
+            Outcome::NotApplied => "not applied",
+            Outcome::Unknown(_) => "unknown",
+        };
+        *r.ops
+            .entry(format!("{:?} {key}", op.kind).to_lowercase())
+            .or_default() += 1;
+        if op.kind != OpKind::Submit {
+            continue;
+        }
+        attempted.insert(op.job_name.as_str());
+        match &op.outcome {
+            Outcome::Acked => {
+                r.acked += 1;
+                match by_name.get(op.job_name.as_str()).map(Vec::as_slice) {
+                    None | Some([]) => r.lost.push(op.job_name.clone()),
+                    Some([one]) => {
+                        if Some(one.job_id) != op.job_id {
+                            r.changed_id.push(op.job_name.clone());
+                        }
+                    }
+                    Some(_) => r.duplicated.push(op.job_name.clone()),
+                }
+            }
+            Outcome::Unknown(_) => {
+                r.unknown += 1;
+                if by_name
+                    .get(op.job_name.as_str())
+                    .is_some_and(|v| v.len() > 1)
+                {
+                    r.duplicated.push(op.job_name.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    for name in by_name.keys() {
+        if !attempted.contains(name) && !name.starts_with("failover-probe") {
+            r.unexpected.push((*name).to_owned());
+        }
+    }
+    r.not_final = final_queue
+        .iter()
+        .filter(|j| !is_final(j))
+        .map(|j| j.job_id)
+        .collect();
+    // Runs: starts beyond 1 + requeues, and overlapping attempts.
+    let requeues: BTreeMap<u64, u32> = final_queue
+        .iter()
+        .map(|j| (j.job_id, j.requeue_count))
+        .collect();
+    for (id, runs) in attempts(runs_log) {
+        let allowed = 1 + requeues.get(&id).copied().unwrap_or(0) as usize;
+        if runs.len() > allowed {
+            r.double_runs.push(id);
+        }
+        let mut sorted = runs.clone();
+        sorted.sort_unstable();
+        if sorted
+            .windows(2)
+            .any(|w| w[0].1.is_some_and(|end| end > w[1].0))
+        {
+            r.overlapping.push(id);
+        }
+    }
+    // At most one leader per term.
+    let mut per_term: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for l in &records.leaders {
+        per_term.entry(l.term).or_default().insert(l.replica);
+    }
+    r.terms_seen = per_term.len();
+    r.split_terms = per_term
+        .iter()
+        .filter(|(_, leaders)| leaders.len() > 1)
+        .map(|(t, _)| *t)
+        .collect();
+    // Every replica's view alike.
+    let view = |q: &[pb::JobInfo]| -> BTreeMap<u64, String> {
+        q.iter().map(|j| (j.job_id, j.state_code.clone())).collect()
+    };
+    r.diverged = queues.windows(2).any(|w| view(&w[0]) != view(&w[1]));
+    // Figures.
+    for f in &records.faults {
+        *r.faults.entry(f.kind.name()).or_default() += 1;
+    }
+    let mut acks: Vec<u64> = records
+        .ops
+        .iter()
+        .filter(|o| o.kind == OpKind::Submit && o.outcome == Outcome::Acked)
+        .map(|o| o.end_ms)
+        .collect();
+    acks.sort_unstable();
+    let mut starts: Vec<u64> = final_queue
+        .iter()
+        .filter_map(|j| j.start_time_ms)
+        .map(|s| s.saturating_sub(wall_start_ms))
+        .collect();
+    starts.sort_unstable();
+    for f in records.faults.iter().filter(|f| f.kind.removes_leader()) {
+        if let Some(a) = acks.iter().find(|a| **a > f.at_ms) {
+            r.to_write_ms.push(a - f.at_ms);
+        }
+        let at = f.at_wall_ms.saturating_sub(wall_start_ms);
+        if let Some(s) = starts.iter().find(|s| **s > at) {
+            r.to_start_ms.push(s - at);
+        }
+    }
+    r.longest_unavailable_ms = acks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    r
+}
+
+/// The figures, printed at the end of every run.
+pub fn render(r: &Report, seed: u64) -> String {
+    let mut s = String::from("\n=== docket-chaos: figures ===\n");
+    let faults: Vec<String> = r.faults.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    s.push_str(&format!(
+        "faults injected:        {} ({})\n",
+        r.faults.values().sum::<usize>(),
+        faults.join(", ")
+    ));
+    let ops: Vec<String> = r.ops.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    s.push_str(&format!("operations:             {}\n", ops.join(", ")));
+    s.push_str(&format!(
+        "submissions acked:      {} (+{} with unknown outcome)\n",
+        r.acked, r.unknown
+    ));
+    s.push_str(&format!(
+        "lost: {}   duplicated: {}   unexpected: {}   id changed: {}\n",
+        r.lost.len(),
+        r.duplicated.len(),
+        r.unexpected.len(),
+        r.changed_id.len()
+    ));
+    s.push_str(&format!(
+        "double runs: {}   overlapping attempts: {}   not final: {}\n",
+        r.double_runs.len(),
+        r.overlapping.len(),
+        r.not_final.len()
+    ));
+    s.push_str(&format!(
+        "terms seen: {}   terms with two leaders: {}   replicas diverged: {}\n",
+        r.terms_seen,
+        r.split_terms.len(),
+        r.diverged
+    ));
+    let fmt = |v: &[u64]| match percentiles(v) {
+        Some((p50, p99, max)) => {
+            format!("p50 {p50} ms, p99 {p99} ms, max {max} ms (n={})", v.len())
+        }
+        None => "n/a".into(),
+    };
+    s.push_str(&format!(
+        "leader loss -> first committed write:     {}\n",
+        fmt(&r.to_write_ms)
+    ));
+    s.push_str(&format!(
+        "leader loss -> first scheduling decision: {}\n",
+        fmt(&r.to_start_ms)
+    ));
+    s.push_str(&format!(
+        "longest write-unavailable window:         {} ms\n",
+        r.longest_unavailable_ms
+    ));
+    s.push_str(&format!(
+        "seed: {seed}   verdict: {}\n",
+        if r.ok() { "PASS" } else { "FAIL" }
+    ));
+    if !r.ok() {
+        s.push_str(&format!(
+            "  lost {:?}\n  duplicated {:?}\n  unexpected {:?}\n  id changed {:?}\n  double runs {:?}\n  overlapping {:?}\n  not final {:?}\n  split terms {:?}\n",
+            r.lost, r.duplicated, r.unexpected, r.changed_id, r.double_runs, r.overlapping, r.not_final, r.split_terms
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{LeaderSeen, Op};
+
+    fn job(id: u64, name: &str, state: &str) -> pb::JobInfo {
+        pb::JobInfo {
+            job_id: id,
+            name: name.into(),
+            state_code: state.into(),
+            ..Default::default()
+        }
+    }
+
+    fn submit(name: &str, id: Option<u64>, outcome: Outcome) -> Op {
+        Op {
+            client: 0,
+            kind: OpKind::Submit,
+            job_name: name.into(),
+            job_id: id,
+            outcome,
+            start_ms: 0,
+            end_ms: 1,
+        }
+    }
+
+    #[test]
+    fn the_checkers_catch_each_broken_promise() {
+        let records = Records {
+            ops: vec![
+                submit("a", Some(1), Outcome::Acked),
+                submit("b", Some(2), Outcome::Acked),
+                submit("c", Some(3), Outcome::Acked),
+                submit("d", None, Outcome::Unknown("aborted".into())),
+                submit("e", Some(5), Outcome::Acked),
+            ],
+            faults: Vec::new(),
+            leaders: vec![
+                LeaderSeen {
+                    term: 2,
+                    replica: 1,
+                    at_ms: 0,
+                },
+                LeaderSeen {
+                    term: 3,
+                    replica: 2,
+                    at_ms: 5,
+                },
+                LeaderSeen {
+                    term: 3,
+                    replica: 3,
+                    at_ms: 6,
+                },
+            ],
+        };
+        // b lost, c twice, d (unknown) present once: fine, x never submitted, e still running.
+        let queue = vec![
+            job(1, "a", "CD"),
+            job(3, "c", "CD"),
+            job(4, "c", "CD"),
+            job(6, "d", "CD"),
+            job(7, "x", "CD"),
+            job(5, "e", "R"),
+        ];
+        let log = "1 a start 10\n1 a start 12\n1 a end 20\n3 c start 5\n3 c end 9\n";
+        let r = check(&records, &[queue.clone(), queue], log, 0);
+        assert_eq!(r.lost, ["b"]);
+        assert_eq!(r.duplicated, ["c"]);
+        assert_eq!(r.unexpected, ["x"]);
+        assert_eq!(r.double_runs, [1]);
+        assert_eq!(r.not_final, [5]);
+        assert_eq!(r.split_terms, [3]);
+        assert!(!r.diverged);
+        assert!(!r.ok());
+    }
+
+    #[test]
+    fn a_clean_history_passes_and_percentiles_are_nearest_rank() {
+        let records = Records {
+            ops: vec![submit("a", Some(1), Outcome::Acked)],
+            ..Default::default()
+        };
+        let q = vec![job(1, "a", "CD")];
+        let r = check(&records, &[q.clone(), q], "1 a start 1\n1 a end 2\n", 0);
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(percentiles(&[5, 1, 3, 2, 4]), Some((3, 5, 5)));
+        assert_eq!(percentiles(&[]), None);
+    }
+}

@@ -1,0 +1,160 @@
+//! Faults on a seeded schedule against a local cluster: the leader or a follower killed
+//! with SIGKILL and restarted on its data, the leader stopped with SIGSTOP for longer than
+//! the election timeout and continued, an agent killed with SIGKILL (while it launches or
+//! reports jobs: the workload keeps it busy) and restarted to re-adopt its jobs.
+//!
+//! The schedule is a pure function of the seed and the kinds allowed, so a run is
+//! reproduced by its seed (up to the timing of the processes themselves).
+
+use std::time::Duration;
+
+use docket_deploy::{LocalCluster, rpc};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::history::{Fault, FaultKind, History, wall_ms};
+
+/// One planned fault: what, how long until it, how long it lasts before healing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Planned {
+    pub kind: FaultKind,
+    pub after_ms: u64,
+    pub lasts_ms: u64,
+    /// Picks the follower or agent (index modulo the candidates).
+    pub pick: u32,
+}
+
+/// `count` faults of the allowed `kinds` (drawn at random, or in turn with `each`), 1.5–4 s
+/// apart, from `seed`.
+pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Planned> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..count)
+        .map(|i| {
+            let drawn = rng.random_range(0..kinds.len());
+            let kind = kinds[if each { i % kinds.len() } else { drawn }];
+            let lasts_ms = match kind {
+                // Longer than the leader lease plus the election timeout (600 + 300..600 ms),
+                // so the others elect a new leader; sometimes not (the leader returns first).
+                FaultKind::PauseLeader => rng.random_range(1_500..3_000),
+                FaultKind::KillLeader => rng.random_range(800..3_000),
+                _ => rng.random_range(300..1_500),
+            };
+            Planned {
+                kind,
+                after_ms: rng.random_range(1_500..4_000),
+                lasts_ms,
+                pick: rng.random(),
+            }
+        })
+        .collect()
+}
+
+/// Injects the planned faults one after the other, healing each before the next.
+pub async fn inject(
+    cluster: &mut LocalCluster,
+    planned: &[Planned],
+    history: &History,
+) -> anyhow::Result<()> {
+    for p in planned {
+        tokio::time::sleep(Duration::from_millis(p.after_ms)).await;
+        let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
+        let at_ms = history.now_ms();
+        let at_wall_ms = wall_ms();
+        let target = match p.kind {
+            FaultKind::KillLeader | FaultKind::PauseLeader => {
+                let Some(id) = leader else {
+                    // No leader right now: the previous fault has not healed yet; skip.
+                    continue;
+                };
+                if p.kind == FaultKind::KillLeader {
+                    cluster.kill_replica(id)?;
+                } else {
+                    cluster.pause_replica(id, true)?;
+                }
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                if p.kind == FaultKind::KillLeader {
+                    cluster.start_replica(id, false)?;
+                } else {
+                    cluster.pause_replica(id, false)?;
+                }
+                format!("replica {id}")
+            }
+            FaultKind::KillFollower => {
+                let followers: Vec<u64> = cluster
+                    .record
+                    .replicas
+                    .iter()
+                    .map(|r| r.id)
+                    .filter(|id| Some(*id) != leader)
+                    .collect();
+                if followers.is_empty() {
+                    continue;
+                }
+                let id = followers[p.pick as usize % followers.len()];
+                cluster.kill_replica(id)?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.start_replica(id, false)?;
+                format!("replica {id}")
+            }
+            FaultKind::KillAgent => {
+                let agents: Vec<String> = cluster
+                    .record
+                    .agents
+                    .iter()
+                    .filter(|a| !a.spec.simulated)
+                    .map(|a| a.spec.name.clone())
+                    .collect();
+                if agents.is_empty() {
+                    continue;
+                }
+                let name = agents[p.pick as usize % agents.len()].clone();
+                cluster.kill_agent(&name)?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.start_agent(&name)?;
+                format!("agent {name}")
+            }
+        };
+        let healed_ms = history.now_ms();
+        println!(
+            "[{:>6.1}s] {} ({target}), healed after {} ms",
+            at_ms as f64 / 1000.0,
+            p.kind.name(),
+            healed_ms - at_ms
+        );
+        history.fault(Fault {
+            kind: p.kind,
+            target,
+            at_ms,
+            at_wall_ms,
+            healed_ms,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule() {
+        let kinds = [
+            FaultKind::KillLeader,
+            FaultKind::PauseLeader,
+            FaultKind::KillAgent,
+        ];
+        assert_eq!(plan(7, 20, &kinds, false), plan(7, 20, &kinds, false));
+        assert_ne!(plan(7, 20, &kinds, false), plan(8, 20, &kinds, false));
+        let each: Vec<FaultKind> = plan(3, 6, &kinds, true).iter().map(|p| p.kind).collect();
+        assert_eq!(each, [kinds, kinds].concat());
+        let p = plan(1, 200, &kinds, false);
+        for k in kinds {
+            assert!(p.iter().any(|x| x.kind == k), "{k:?} never planned");
+        }
+        assert!(
+            p.iter()
+                .filter(|x| x.kind == FaultKind::PauseLeader)
+                .all(|x| x.lasts_ms >= 1_500)
+        );
+    }
+}

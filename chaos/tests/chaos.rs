@@ -1,0 +1,95 @@
+//! The harness against real processes: a short seeded run with one fault of each kind (the
+//! leader and a follower killed with SIGKILL, the leader stopped with SIGSTOP, an agent
+//! killed) must pass every checker and print the figures; the operators' drills against a
+//! running local cluster report their recovery.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bins() -> PathBuf {
+    docket_deploy::testing::bin_dir(
+        env!("CARGO_BIN_EXE_docket-chaos"),
+        &["docket-controller", "docket-nodeagent"],
+    )
+}
+
+#[test]
+fn a_short_run_with_every_fault_kind_passes_every_checker() {
+    let bins = bins();
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
+        .args(["run", "--seed", "20261121", "--faults", "4", "--each"])
+        .args(["--clients", "4", "--simulated-agents", "4"])
+        .arg("--state-dir")
+        .arg(dir.path().join("cluster"))
+        .arg("--bin-dir")
+        .arg(&bins)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    println!("{out}{err}");
+    assert!(o.status.success(), "{out}{err}");
+    for line in [
+        "faults injected:        4 (1 SIGSTOP leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader)",
+        "lost: 0   duplicated: 0   unexpected: 0   id changed: 0",
+        "double runs: 0   overlapping attempts: 0   not final: 0",
+        "seed: 20261121   verdict: PASS",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    assert!(
+        out.contains("leader loss -> first committed write:     p50 "),
+        "{out}"
+    );
+    assert!(out.contains("terms with two leaders: 0"), "{out}");
+    // The history stays in a chosen state directory for reading.
+    let history = std::fs::read_to_string(dir.path().join("cluster/history.jsonl")).unwrap();
+    assert!(history.lines().any(|l| l.starts_with("{\"fault\":")));
+    // ... and the cluster is gone.
+    assert!(docket_deploy_gone(&dir.path().join("cluster")));
+}
+
+fn docket_deploy_gone(state: &std::path::Path) -> bool {
+    let needle = state.display().to_string();
+    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| !String::from_utf8_lossy(&c).contains(&needle))
+            .unwrap_or(true)
+    })
+}
+
+#[test]
+fn the_operators_drills_report_the_recovery() {
+    let bins = bins();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("local");
+    let layout = docket_deploy::Layout::new(3, 2, 0, state.clone(), bins);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cluster = docket_deploy::LocalCluster::start(&layout).unwrap();
+    runtime
+        .block_on(cluster.wait_ready(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let drill = |kind: &str| {
+        Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
+            .args(["drill", kind, "--pause-ms", "2000", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    let o = drill("pause");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let o2 = drill("kill-leader");
+    let out2 = String::from_utf8_lossy(&o2.stdout).into_owned();
+    let cluster = docket_deploy::LocalCluster::open(&state).unwrap();
+    runtime.block_on(cluster.stop(true)).unwrap();
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("new leader"), "{out}");
+    assert!(out.contains("rejoined as follower"), "{out}");
+    assert!(o2.status.success(), "{out2}");
+    assert!(out2.contains("first committed write after"), "{out2}");
+    assert!(out2.contains("jobs lost: 0"), "{out2}");
+}

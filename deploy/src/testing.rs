@@ -1,0 +1,45 @@
+//! For tests that start real clusters: the directory of the binaries next to a test's own
+//! binary, with any that are missing built first.
+//!
+//! Only missing binaries are built: a workspace test run (CI) has built them all, and
+//! rebuilding one while another test runs it would pull it from under that test. After
+//! changing a daemon, `cargo build --workspace --bins` before testing one package alone.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The package that builds each binary.
+fn package_of(bin: &str) -> &str {
+    match bin {
+        "docket" => "docket-cli",
+        "docket-local" => "docket-deploy",
+        other => other,
+    }
+}
+
+/// `exe`'s directory, holding every one of `bins` (missing ones built with `$CARGO`).
+///
+/// # Panics
+/// When a build fails: this is for tests.
+pub fn bin_dir(exe: &str, bins: &[&str]) -> PathBuf {
+    let dir = Path::new(exe)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let missing: Vec<&str> = bins
+        .iter()
+        .copied()
+        .filter(|b| !dir.join(b).exists())
+        .collect();
+    if !missing.is_empty() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.arg("build");
+        for b in &missing {
+            cmd.args(["-p", package_of(b)]);
+        }
+        let ok = cmd.status().is_ok_and(|s| s.success());
+        assert!(ok, "building {missing:?} failed");
+    }
+    dir
+}
