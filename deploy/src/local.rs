@@ -83,12 +83,34 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// A free loopback port below the kernel's ephemeral range, so that no outgoing connection
+/// (of this or any other process) can take it between our check and the daemon's bind, as
+/// can happen with a port the kernel handed out for port 0.
 fn free_addr() -> Result<String, LaunchError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(LaunchError::io("choosing a free loopback port"))?;
-    Ok(l.local_addr()
-        .map_err(LaunchError::io("choosing a free loopback port"))?
-        .to_string())
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let (from, to) = (10_000u16, low.clamp(10_001, 32_768));
+    // Start somewhere different for every process and call.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let salt = std::process::id()
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(NEXT.fetch_add(7_919, std::sync::atomic::Ordering::Relaxed))
+        ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0));
+    let span = u32::from(to - from);
+    for k in 0..span {
+        let port = from + ((salt.wrapping_add(k)) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(format!("127.0.0.1:{port}"));
+        }
+    }
+    Err(LaunchError::Invalid(format!(
+        "no free loopback port between {from} and {to}"
+    )))
 }
 
 fn record_path(state_dir: &Path) -> PathBuf {
@@ -467,10 +489,13 @@ impl LocalCluster {
                 if let Some(pid) = r.pid
                     && !alive(pid)
                 {
+                    let log = std::fs::read_to_string(&r.log).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
                     return Err(LaunchError::Invalid(format!(
-                        "controller {} exited; see {}",
+                        "controller {} exited; see {} (last lines: {})",
                         r.id,
-                        r.log.display()
+                        r.log.display(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
                     )));
                 }
             }
