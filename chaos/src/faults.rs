@@ -1,7 +1,10 @@
 //! Faults on a seeded schedule against a local cluster: the leader or a follower killed
 //! with SIGKILL and restarted on its data, the leader stopped with SIGSTOP for longer than
 //! the election timeout and continued, an agent killed with SIGKILL (while it launches or
-//! reports jobs: the workload keeps it busy) and restarted to re-adopt its jobs.
+//! reports jobs: the workload keeps it busy) and restarted to re-adopt its jobs; with the
+//! replicas in network namespaces, the leader or a follower partitioned from the other
+//! replicas, or the leader from the agents and clients (packets dropped by blackhole routes),
+//! and healed.
 //!
 //! The schedule is a pure function of the seed and the kinds allowed, so a run is
 //! reproduced by its seed (up to the timing of the processes themselves).
@@ -35,7 +38,10 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
             let lasts_ms = match kind {
                 // Longer than the leader lease plus the election timeout (600 + 300..600 ms),
                 // so the others elect a new leader; sometimes not (the leader returns first).
-                FaultKind::PauseLeader => rng.random_range(1_500..3_000),
+                FaultKind::PauseLeader
+                | FaultKind::PartitionLeader
+                | FaultKind::PartitionFollower
+                | FaultKind::PartitionLeaderFromAgents => rng.random_range(1_500..3_000),
                 FaultKind::KillLeader => rng.random_range(800..3_000),
                 _ => rng.random_range(300..1_500),
             };
@@ -77,6 +83,36 @@ pub async fn inject(
                 } else {
                     cluster.pause_replica(id, false)?;
                 }
+                format!("replica {id}")
+            }
+            FaultKind::PartitionLeader | FaultKind::PartitionLeaderFromAgents => {
+                let Some(id) = leader else {
+                    continue;
+                };
+                if p.kind == FaultKind::PartitionLeader {
+                    cluster.partition_replica(id)?;
+                } else {
+                    cluster.partition_from_host(id)?;
+                }
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.heal(id)?;
+                format!("replica {id}")
+            }
+            FaultKind::PartitionFollower => {
+                let followers: Vec<u64> = cluster
+                    .record
+                    .replicas
+                    .iter()
+                    .map(|r| r.id)
+                    .filter(|id| Some(*id) != leader)
+                    .collect();
+                if followers.is_empty() {
+                    continue;
+                }
+                let id = followers[p.pick as usize % followers.len()];
+                cluster.partition_replica(id)?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.heal(id)?;
                 format!("replica {id}")
             }
             FaultKind::KillFollower => {

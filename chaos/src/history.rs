@@ -52,6 +52,12 @@ pub enum FaultKind {
     KillFollower,
     PauseLeader,
     KillAgent,
+    /// The leader cut off from the other replicas (clients and agents still reach it).
+    PartitionLeader,
+    /// A follower cut off from the other replicas.
+    PartitionFollower,
+    /// The leader cut off from the agents and clients (the replicas still reach it).
+    PartitionLeaderFromAgents,
 }
 
 impl FaultKind {
@@ -61,12 +67,28 @@ impl FaultKind {
             FaultKind::KillFollower => "kill -9 follower",
             FaultKind::PauseLeader => "SIGSTOP leader",
             FaultKind::KillAgent => "kill -9 agent",
+            FaultKind::PartitionLeader => "partition leader",
+            FaultKind::PartitionFollower => "partition follower",
+            FaultKind::PartitionLeaderFromAgents => "partition leader from agents",
         }
     }
 
     /// Faults after which the cluster must elect a new leader.
     pub fn removes_leader(self) -> bool {
-        matches!(self, FaultKind::KillLeader | FaultKind::PauseLeader)
+        matches!(
+            self,
+            FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::PartitionLeader
+        )
+    }
+
+    /// Faults that need the replicas in network namespaces.
+    pub fn needs_netns(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionLeader
+                | FaultKind::PartitionFollower
+                | FaultKind::PartitionLeaderFromAgents
+        )
     }
 }
 

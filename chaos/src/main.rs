@@ -51,6 +51,9 @@ enum Kind {
     KillFollower,
     Pause,
     KillAgent,
+    PartitionLeader,
+    PartitionFollower,
+    PartitionFromAgents,
 }
 
 impl Kind {
@@ -60,6 +63,9 @@ impl Kind {
             Kind::KillFollower => FaultKind::KillFollower,
             Kind::Pause => FaultKind::PauseLeader,
             Kind::KillAgent => FaultKind::KillAgent,
+            Kind::PartitionLeader => FaultKind::PartitionLeader,
+            Kind::PartitionFollower => FaultKind::PartitionFollower,
+            Kind::PartitionFromAgents => FaultKind::PartitionLeaderFromAgents,
         }
     }
 }
@@ -106,7 +112,7 @@ enum Cmd {
         kind: DrillKind,
         #[arg(long, env = "DOCKET_LOCAL_DIR", default_value = "/tmp/docket-local")]
         state_dir: PathBuf,
-        /// How long a pause lasts (ms).
+        /// How long a pause or partition lasts (ms).
         #[arg(long, default_value_t = 3000)]
         pause_ms: u64,
     },
@@ -116,6 +122,8 @@ enum Cmd {
 enum DrillKind {
     KillLeader,
     Pause,
+    /// Cut the leader off from the other replicas (a cluster started with `--netns`).
+    Partition,
 }
 
 fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
@@ -181,7 +189,31 @@ async fn run(
     let state = state_dir.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("docket-chaos-{seed}-{}", std::process::id()))
     });
+    let root = nix::unistd::geteuid().is_root();
+    let kinds: Vec<FaultKind> = if kinds.is_empty() {
+        let mut all = vec![
+            FaultKind::KillLeader,
+            FaultKind::KillFollower,
+            FaultKind::PauseLeader,
+            FaultKind::KillAgent,
+        ];
+        if root {
+            all.extend([
+                FaultKind::PartitionLeader,
+                FaultKind::PartitionFollower,
+                FaultKind::PartitionLeaderFromAgents,
+            ]);
+        }
+        all
+    } else {
+        kinds.iter().map(|k| k.fault()).collect()
+    };
+    let netns = kinds.iter().any(|k| k.needs_netns());
+    if netns && !root {
+        bail!("partitions need root (network namespaces)");
+    }
     let mut layout = Layout::new(replicas, agents, simulated, state.clone(), bins);
+    layout.netns = netns;
     // Liveness short enough that a killed agent's node recovers within a run.
     layout.agent_fence_ms = 6_000;
     layout.node_down_margin_ms = 3_000;
@@ -191,16 +223,6 @@ async fn run(
         cluster.wait_ready(Duration::from_secs(60)).await?;
         let work = state.join("work");
         std::fs::create_dir_all(&work)?;
-        let kinds: Vec<FaultKind> = if kinds.is_empty() {
-            vec![
-                FaultKind::KillLeader,
-                FaultKind::KillFollower,
-                FaultKind::PauseLeader,
-                FaultKind::KillAgent,
-            ]
-        } else {
-            kinds.iter().map(|k| k.fault()).collect()
-        };
         let planned = faults::plan(seed, faults, &kinds, each);
         println!(
             "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {} faults",
@@ -302,7 +324,7 @@ async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()>
                 r.lost_jobs.len()
             );
         }
-        DrillKind::Pause => {
+        DrillKind::Pause | DrillKind::Partition => {
             let (old, _) = rpc::leader(&cluster.addrs())
                 .await
                 .ok_or_else(|| anyhow!("no leader to pause"))?;
@@ -314,7 +336,11 @@ async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()>
                 .map(|r| r.addr.clone())
                 .collect();
             let at = Instant::now();
-            cluster.pause_replica(old, true)?;
+            if kind == DrillKind::Pause {
+                cluster.pause_replica(old, true)?;
+            } else {
+                cluster.partition_replica(old)?;
+            }
             let mut elected = None;
             while elected.is_none() && at.elapsed() < Duration::from_millis(pause_ms.max(10_000)) {
                 if let Some((id, _)) = rpc::leader(&others).await
@@ -326,7 +352,11 @@ async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()>
             }
             let remaining = Duration::from_millis(pause_ms).saturating_sub(at.elapsed());
             tokio::time::sleep(remaining).await;
-            cluster.pause_replica(old, false)?;
+            if kind == DrillKind::Pause {
+                cluster.pause_replica(old, false)?;
+            } else {
+                cluster.heal(old)?;
+            }
             let rejoined = {
                 let start = Instant::now();
                 loop {
@@ -344,7 +374,12 @@ async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()>
             };
             match elected {
                 Some((id, ms)) => println!(
-                    "fault: SIGSTOP leader (replica {old}) for {pause_ms} ms\n  new leader {id} after {ms} ms\n  old leader rejoined as follower {} after SIGCONT",
+                    "fault: {} leader (replica {old}) for {pause_ms} ms\n  new leader {id} after {ms} ms\n  old leader rejoined as follower {} after the fault ended",
+                    if kind == DrillKind::Pause {
+                        "SIGSTOP"
+                    } else {
+                        "partition"
+                    },
                     rejoined.map_or("NOT".into(), |m| format!("{m} ms"))
                 ),
                 None => bail!("no new leader while replica {old} was stopped"),

@@ -1,7 +1,8 @@
 //! The harness against real processes: a short seeded run with one fault of each kind (the
 //! leader and a follower killed with SIGKILL, the leader stopped with SIGSTOP, an agent
-//! killed) must pass every checker and print the figures; the operators' drills against a
-//! running local cluster report their recovery.
+//! killed, the leader and a follower partitioned from the other replicas, the leader from the
+//! agents) must pass every checker and print the figures, and leave no namespace or link
+//! behind; the operators' drills against a running local cluster report their recovery.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,12 +16,42 @@ fn bins() -> PathBuf {
     )
 }
 
+/// Partitions need network namespaces: root. Elsewhere the run covers the other kinds.
+fn privileged() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        assert!(
+            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+            "DOCKET_REQUIRE_PRIVILEGED is set but this test runs without root"
+        );
+        eprintln!("partitions skipped: network namespaces need root");
+    }
+    root
+}
+
+fn links_of(state: &std::path::Path) -> usize {
+    // Every link and namespace of a cluster carries its tag, derived from the state dir.
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("cluster.json")).unwrap())
+            .unwrap();
+    let Some(tag) = record["cgroup_tag"].as_str().map(|t| t[..6].to_owned()) else {
+        return 0;
+    };
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    String::from_utf8_lossy(&ns.stdout).matches(&tag).count()
+        + String::from_utf8_lossy(&links.stdout).matches(&tag).count()
+}
+
 #[test]
 fn a_short_run_with_every_fault_kind_passes_every_checker() {
+    if !privileged() {
+        return;
+    }
     let bins = bins();
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
-        .args(["run", "--seed", "20261121", "--faults", "4", "--each"])
+        .args(["run", "--seed", "20261121", "--faults", "7", "--each"])
         .args(["--clients", "4", "--simulated-agents", "4"])
         .arg("--state-dir")
         .arg(dir.path().join("cluster"))
@@ -33,7 +64,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     println!("{out}{err}");
     assert!(o.status.success(), "{out}{err}");
     for line in [
-        "faults injected:        4 (1 SIGSTOP leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader)",
+        "faults injected:        7 (1 SIGSTOP leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader, 1 partition follower, 1 partition leader, 1 partition leader from agents)",
         "lost: 0   duplicated: 0   unexpected: 0   id changed: 0",
         "double runs: 0   overlapping attempts: 0   not final: 0",
         "seed: 20261121   verdict: PASS",
@@ -48,8 +79,9 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     // The history stays in a chosen state directory for reading.
     let history = std::fs::read_to_string(dir.path().join("cluster/history.jsonl")).unwrap();
     assert!(history.lines().any(|l| l.starts_with("{\"fault\":")));
-    // ... and the cluster is gone.
+    // ... and the cluster is gone, processes, namespaces and links.
     assert!(docket_deploy_gone(&dir.path().join("cluster")));
+    assert_eq!(links_of(&dir.path().join("cluster")), 0);
 }
 
 fn docket_deploy_gone(state: &std::path::Path) -> bool {
@@ -66,7 +98,8 @@ fn the_operators_drills_report_the_recovery() {
     let bins = bins();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("local");
-    let layout = docket_deploy::Layout::new(3, 2, 0, state.clone(), bins);
+    let mut layout = docket_deploy::Layout::new(3, 2, 0, state.clone(), bins);
+    layout.netns = privileged();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let cluster = docket_deploy::LocalCluster::start(&layout).unwrap();
     runtime
@@ -82,6 +115,7 @@ fn the_operators_drills_report_the_recovery() {
     let o = drill("pause");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let o3 = privileged().then(|| drill("partition"));
     let o2 = drill("kill-leader");
     let out2 = String::from_utf8_lossy(&o2.stdout).into_owned();
     let cluster = docket_deploy::LocalCluster::open(&state).unwrap();
@@ -90,6 +124,16 @@ fn the_operators_drills_report_the_recovery() {
     assert!(out.contains("new leader"), "{out}");
     assert!(out.contains("rejoined as follower"), "{out}");
     assert!(o2.status.success(), "{out2}");
+    if let Some(o3) = o3 {
+        let out3 = String::from_utf8_lossy(&o3.stdout);
+        assert!(
+            o3.status.success(),
+            "{out3}{}",
+            String::from_utf8_lossy(&o3.stderr)
+        );
+        assert!(out3.contains("fault: partition leader"), "{out3}");
+        assert!(out3.contains("rejoined as follower"), "{out3}");
+    }
     assert!(out2.contains("first committed write after"), "{out2}");
     assert!(out2.contains("jobs lost: 0"), "{out2}");
 }

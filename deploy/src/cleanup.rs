@@ -56,16 +56,38 @@ pub async fn cancel_everything(leader: &str, timeout: Duration) {
     }
 }
 
-/// Processes (other than this one) whose command line names `dir`.
+/// This process and its ancestors (a `timeout` or shell wrapping us names the state
+/// directory too, and must not be swept).
+fn ourselves() -> Vec<i32> {
+    let mut out = vec![std::process::id() as i32];
+    let mut pid = out[0];
+    while pid > 1 && out.len() < 64 {
+        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+            })
+            .unwrap_or(0);
+        if ppid <= 1 {
+            break;
+        }
+        out.push(ppid);
+        pid = ppid;
+    }
+    out
+}
+
+/// Processes (other than this one and its ancestors) whose command line names `dir`.
 pub fn processes_naming(dir: &Path) -> Vec<i32> {
     let needle = dir.display().to_string();
-    let me = std::process::id() as i32;
+    let mine = ourselves();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| *pid != me && crate::local::alive(*pid))
+        .filter(|pid| !mine.contains(pid) && crate::local::alive(*pid))
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| {
@@ -95,9 +117,13 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 /// under it, removes the agents' cgroup directories (children first).
 pub fn sweep(state_dir: &Path, cgroups: &[PathBuf]) -> Sweep {
     let mut out = Sweep::default();
+    let own_group = nix::unistd::getpgrp();
     for pid in processes_naming(state_dir) {
         let pgid = nix::unistd::getpgid(Some(Pid::from_raw(pid))).unwrap_or(Pid::from_raw(pid));
-        let _ = killpg(pgid, Signal::SIGKILL);
+        // A job monitor leads its own group (its job's processes); never ours.
+        if pgid != own_group {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
         let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
         out.processes += 1;
     }

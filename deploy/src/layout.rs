@@ -35,6 +35,8 @@ pub struct Layout {
     pub kill_grace_s: u64,
     /// Extra TOML appended to the generated site file (accounts, users, parameters).
     pub extra_site: String,
+    /// Replicas in network namespaces of their own, so they can be partitioned (root only).
+    pub netns: bool,
 }
 
 impl Layout {
@@ -76,6 +78,7 @@ impl Layout {
             node_down_margin_ms: 5_000,
             kill_grace_s: 2,
             extra_site: String::new(),
+            netns: false,
         }
     }
 

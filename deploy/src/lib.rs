@@ -12,6 +12,7 @@ pub mod cleanup;
 pub mod drill;
 pub mod layout;
 pub mod local;
+pub mod net;
 pub mod rpc;
 pub mod testing;
 

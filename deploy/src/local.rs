@@ -56,6 +56,9 @@ pub struct Record {
     pub kill_grace_s: u64,
     /// Distinguishes this cluster's agent cgroups from any other agent's on the host.
     pub cgroup_tag: String,
+    /// The replicas' namespaces and links, when they can be partitioned.
+    #[serde(default)]
+    pub net: Option<crate::net::Net>,
     pub replicas: Vec<ReplicaProc>,
     pub agents: Vec<AgentProc>,
 }
@@ -191,12 +194,33 @@ impl LocalCluster {
         let site = state.join("docket.toml");
         std::fs::write(&site, layout.site_toml())
             .map_err(LaunchError::io(format!("writing {}", site.display())))?;
+        let tag = tag_of(state);
+        let net = if layout.netns {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(LaunchError::Invalid(
+                    "network namespaces (for partitions) need root".into(),
+                ));
+            }
+            let net = crate::net::Net::plan(&tag, u64::from(layout.replicas));
+            net.create()?;
+            Some(net)
+        } else {
+            None
+        };
         let mut replicas = Vec::new();
         for id in 1..=u64::from(layout.replicas) {
+            let (addr, http) = match &net {
+                // Each namespace has its own ports.
+                Some(n) => (
+                    format!("{}:6817", n.addr(id)),
+                    format!("{}:6819", n.addr(id)),
+                ),
+                None => (free_addr()?, free_addr()?),
+            };
             replicas.push(ReplicaProc {
                 id,
-                addr: free_addr()?,
-                http: free_addr()?,
+                addr,
+                http,
                 data_dir: state.join(format!("controller-{id}")),
                 log: state.join("logs").join(format!("controller-{id}.log")),
                 pid: None,
@@ -223,7 +247,8 @@ impl LocalCluster {
                 agent_fence_ms: layout.agent_fence_ms,
                 node_down_margin_ms: layout.node_down_margin_ms,
                 kill_grace_s: layout.kill_grace_s,
-                cgroup_tag: tag_of(state),
+                cgroup_tag: tag,
+                net,
                 replicas,
                 agents,
             },
@@ -331,7 +356,15 @@ impl LocalCluster {
             .find(|r| r.id == id)
             .cloned()
             .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
-        let mut cmd = Command::new(self.record.bin_dir.join("docket-controller"));
+        let controller = self.record.bin_dir.join("docket-controller");
+        let mut cmd = match &self.record.net {
+            Some(net) => {
+                let mut c = Command::new("ip");
+                c.args(net.exec_prefix(id)?).arg(&controller);
+                c
+            }
+            None => Command::new(&controller),
+        };
         cmd.args(["run", "--id", &id.to_string(), "--listen", &r.addr])
             .args(["--http-listen", &r.http])
             .arg("--data-dir")
@@ -453,6 +486,34 @@ impl LocalCluster {
         self.signal(pid, Signal::SIGKILL)
     }
 
+    fn net(&self) -> Result<&crate::net::Net, LaunchError> {
+        self.record.net.as_ref().ok_or_else(|| {
+            LaunchError::Invalid("this cluster was started without network namespaces".into())
+        })
+    }
+
+    /// Cuts replica `id` off from the other replicas (clients and agents still reach it).
+    pub fn partition_replica(&self, id: u64) -> Result<(), LaunchError> {
+        let net = self.net()?;
+        for r in &self.record.replicas {
+            if r.id != id {
+                net.cut(id, r.id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cuts replica `id` off from the host's namespace: agents and clients (it still reaches
+    /// the other replicas).
+    pub fn partition_from_host(&self, id: u64) -> Result<(), LaunchError> {
+        self.net()?.cut_from_host(id)
+    }
+
+    /// Removes every cut involving replica `id`.
+    pub fn heal(&self, id: u64) -> Result<(), LaunchError> {
+        self.net()?.heal(id)
+    }
+
     /// Waits until a leader answers and every agent responds to it; the leader's id and
     /// address.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(u64, String), LaunchError> {
@@ -546,6 +607,9 @@ impl LocalCluster {
             .flat_map(|a| a.cgroups.clone())
             .collect();
         let sweep = crate::cleanup::sweep(&self.record.state_dir, &cgroups);
+        if let Some(net) = &self.record.net {
+            net.destroy();
+        }
         for r in &mut self.record.replicas {
             r.pid = None;
         }

@@ -50,6 +50,10 @@ enum Cmd {
         /// Where docket-controller, docket-nodeagent and docket are (default: next to this).
         #[arg(long)]
         bin_dir: Option<PathBuf>,
+        /// Run each replica in a network namespace of its own, so that it can be partitioned
+        /// (`docket-chaos drill partition`; root only).
+        #[arg(long)]
+        netns: bool,
     },
     /// Stop every process of the cluster and sweep what is left.
     Down {
@@ -133,8 +137,10 @@ async fn up(
     simulated: u32,
     confinement: Option<String>,
     bins: PathBuf,
+    netns: bool,
 ) -> Result<()> {
     let mut layout = Layout::new(replicas, agents, simulated, state_dir, bins.clone());
+    layout.netns = netns;
     if let Some(c) = confinement {
         layout.confinement = c;
     }
@@ -266,6 +272,7 @@ async fn run(cli: Cli) -> Result<()> {
             simulated_agents,
             confinement,
             bin_dir: bins,
+            netns,
         } => {
             up(
                 cli.state_dir,
@@ -274,6 +281,7 @@ async fn run(cli: Cli) -> Result<()> {
                 simulated_agents,
                 confinement,
                 bin_dir(bins)?,
+                netns,
             )
             .await
         }
