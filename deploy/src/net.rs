@@ -179,7 +179,7 @@ mod tests {
         assert_ne!(a.prefix, b.prefix);
         assert!(a.prefix.starts_with("10.2"));
         for (_, ns, host) in &a.replicas {
-            assert!(host.len() + 1 <= 15, "{host}p is too long for a link name");
+            assert!(host.len() < 15, "{host}p is too long for a link name");
             assert!(ns.len() <= 15);
         }
         assert_eq!(a.addr(3), format!("{}.13", a.prefix));
