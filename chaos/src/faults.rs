@@ -4,7 +4,8 @@
 //! reports jobs: the workload keeps it busy) and restarted to re-adopt its jobs; with the
 //! replicas in network namespaces, the leader or a follower partitioned from the other
 //! replicas, or the leader from the agents and clients (packets dropped by blackhole routes),
-//! and healed.
+//! and healed; with the replicas' data on small disks of their own, the leader's disk filled
+//! until its writes fail, then freed and the replica restarted.
 //!
 //! The schedule is a pure function of the seed and the kinds allowed, so a run is
 //! reproduced by its seed (up to the timing of the processes themselves).
@@ -41,7 +42,8 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
                 FaultKind::PauseLeader
                 | FaultKind::PartitionLeader
                 | FaultKind::PartitionFollower
-                | FaultKind::PartitionLeaderFromAgents => rng.random_range(1_500..3_000),
+                | FaultKind::PartitionLeaderFromAgents
+                | FaultKind::DiskFullLeader => rng.random_range(1_500..3_000),
                 FaultKind::KillLeader => rng.random_range(800..3_000),
                 _ => rng.random_range(300..1_500),
             };
@@ -97,6 +99,26 @@ pub async fn inject(
                 tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
                 cluster.heal(id)?;
                 format!("replica {id}")
+            }
+            FaultKind::DiskFullLeader => {
+                let Some(id) = leader else {
+                    continue;
+                };
+                // The disk fills up; RocksDB keeps writing into the WAL space it preallocated,
+                // so the replica then crashes and must not come back on a full disk.
+                let filled = cluster.fill_disk(id)?;
+                cluster.kill_replica(id)?;
+                cluster.start_replica(id, false)?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                let refused = !cluster.replica_alive(id);
+                cluster.free_disk(id)?;
+                cluster.kill_replica(id)?;
+                cluster.start_replica(id, false)?;
+                format!(
+                    "replica {id}, {} MiB written; restart on the full disk {}",
+                    filled >> 20,
+                    if refused { "refused" } else { "succeeded" }
+                )
             }
             FaultKind::PartitionFollower => {
                 let followers: Vec<u64> = cluster

@@ -58,6 +58,9 @@ pub enum FaultKind {
     PartitionFollower,
     /// The leader cut off from the agents and clients (the replicas still reach it).
     PartitionLeaderFromAgents,
+    /// The leader's data disk filled until writes fail; then freed and the replica
+    /// restarted (what an operator does).
+    DiskFullLeader,
 }
 
 impl FaultKind {
@@ -70,6 +73,7 @@ impl FaultKind {
             FaultKind::PartitionLeader => "partition leader",
             FaultKind::PartitionFollower => "partition follower",
             FaultKind::PartitionLeaderFromAgents => "partition leader from agents",
+            FaultKind::DiskFullLeader => "disk full on leader",
         }
     }
 
@@ -77,8 +81,16 @@ impl FaultKind {
     pub fn removes_leader(self) -> bool {
         matches!(
             self,
-            FaultKind::KillLeader | FaultKind::PauseLeader | FaultKind::PartitionLeader
+            FaultKind::KillLeader
+                | FaultKind::PauseLeader
+                | FaultKind::PartitionLeader
+                | FaultKind::DiskFullLeader
         )
+    }
+
+    /// Faults that need the replicas' data on disks of their own.
+    pub fn needs_own_disk(self) -> bool {
+        self == FaultKind::DiskFullLeader
     }
 
     /// Faults that need the replicas in network namespaces.

@@ -55,6 +55,7 @@ enum Kind {
     PartitionLeader,
     PartitionFollower,
     PartitionFromAgents,
+    DiskFull,
 }
 
 impl Kind {
@@ -67,6 +68,7 @@ impl Kind {
             Kind::PartitionLeader => FaultKind::PartitionLeader,
             Kind::PartitionFollower => FaultKind::PartitionFollower,
             Kind::PartitionFromAgents => FaultKind::PartitionLeaderFromAgents,
+            Kind::DiskFull => FaultKind::DiskFullLeader,
         }
     }
 }
@@ -221,6 +223,7 @@ async fn run(
                 FaultKind::PartitionLeader,
                 FaultKind::PartitionFollower,
                 FaultKind::PartitionLeaderFromAgents,
+                FaultKind::DiskFullLeader,
             ]);
         }
         all
@@ -231,8 +234,13 @@ async fn run(
     if netns && !root {
         bail!("partitions need root (network namespaces)");
     }
+    let own_disks = kinds.iter().any(|k| k.needs_own_disk());
+    if own_disks && !root {
+        bail!("filling a disk needs root (a tmpfs per replica)");
+    }
     let mut layout = Layout::new(replicas, agents, simulated, state.clone(), bins);
     layout.netns = netns;
+    layout.data_disk_mib = own_disks.then_some(256);
     // Liveness short enough that a killed agent's node recovers within a run.
     layout.agent_fence_ms = 6_000;
     layout.node_down_margin_ms = 3_000;

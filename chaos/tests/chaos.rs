@@ -51,7 +51,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     let bins = bins();
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
-        .args(["run", "--seed", "20261121", "--faults", "7", "--each"])
+        .args(["run", "--seed", "20261121", "--faults", "8", "--each"])
         .args(["--clients", "4", "--simulated-agents", "4"])
         .arg("--state-dir")
         .arg(dir.path().join("cluster"))
@@ -64,7 +64,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     println!("{out}{err}");
     assert!(o.status.success(), "{out}{err}");
     for line in [
-        "faults injected:        7 (1 SIGSTOP leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader, 1 partition follower, 1 partition leader, 1 partition leader from agents)",
+        "faults injected:        8 (1 SIGSTOP leader, 1 disk full on leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader, 1 partition follower, 1 partition leader, 1 partition leader from agents)",
         "lost: 0   duplicated: 0   unexpected: 0   id changed: 0",
         "double runs: 0   overlapping attempts: 0   not final: 0",
         "seed: 20261121   verdict: PASS",

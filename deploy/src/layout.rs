@@ -37,6 +37,9 @@ pub struct Layout {
     pub extra_site: String,
     /// Replicas in network namespaces of their own, so they can be partitioned (root only).
     pub netns: bool,
+    /// Each replica's data directory on a tmpfs of this many MiB, so that its disk can be
+    /// filled (root only).
+    pub data_disk_mib: Option<u64>,
 }
 
 impl Layout {
@@ -79,6 +82,7 @@ impl Layout {
             kill_grace_s: 2,
             extra_site: String::new(),
             netns: false,
+            data_disk_mib: None,
         }
     }
 

@@ -59,6 +59,9 @@ pub struct Record {
     /// The replicas' namespaces and links, when they can be partitioned.
     #[serde(default)]
     pub net: Option<crate::net::Net>,
+    /// The size of each replica's own data disk (a tmpfs), when its disk can be filled.
+    #[serde(default)]
+    pub data_disk_mib: Option<u64>,
     pub replicas: Vec<ReplicaProc>,
     pub agents: Vec<AgentProc>,
 }
@@ -249,11 +252,38 @@ impl LocalCluster {
                 kill_grace_s: layout.kill_grace_s,
                 cgroup_tag: tag,
                 net,
+                data_disk_mib: layout.data_disk_mib,
                 replicas,
                 agents,
             },
             children: BTreeMap::new(),
         };
+        if let Some(mib) = layout.data_disk_mib {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(LaunchError::Invalid(
+                    "data disks of their own (for filling) need root".into(),
+                ));
+            }
+            for r in &cluster.record.replicas {
+                std::fs::create_dir_all(&r.data_dir).map_err(LaunchError::io(format!(
+                    "creating {}",
+                    r.data_dir.display()
+                )))?;
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &r.data_dir,
+                    Some("tmpfs"),
+                    nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                    Some(format!("size={mib}m,mode=0700").as_str()),
+                )
+                .map_err(|e| {
+                    LaunchError::Invalid(format!(
+                        "mounting a {mib} MiB tmpfs on {}: {e}",
+                        r.data_dir.display()
+                    ))
+                })?;
+            }
+        }
         let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
         for id in ids {
             cluster.start_replica(id, id == 1)?;
@@ -455,6 +485,17 @@ impl LocalCluster {
             .ok_or_else(|| LaunchError::Invalid(format!("replica {id} was never started")))
     }
 
+    /// Whether replica `id`'s process runs (and reaps it if it exited).
+    pub fn replica_alive(&mut self, id: u64) -> bool {
+        let Ok(pid) = self.replica_pid(id) else {
+            return false;
+        };
+        if let Some(child) = self.children.get_mut(&pid) {
+            return matches!(child.try_wait(), Ok(None));
+        }
+        alive(pid)
+    }
+
     /// `kill -9` of replica `id`.
     pub fn kill_replica(&mut self, id: u64) -> Result<(), LaunchError> {
         let pid = self.replica_pid(id)?;
@@ -512,6 +553,51 @@ impl LocalCluster {
     /// Removes every cut involving replica `id`.
     pub fn heal(&self, id: u64) -> Result<(), LaunchError> {
         self.net()?.heal(id)
+    }
+
+    /// Fills replica `id`'s data disk until the filesystem refuses more (ENOSPC); the bytes
+    /// written.
+    pub fn fill_disk(&self, id: u64) -> Result<u64, LaunchError> {
+        if self.record.data_disk_mib.is_none() {
+            return Err(LaunchError::Invalid(
+                "this cluster was started without data disks of its own".into(),
+            ));
+        }
+        let r = self
+            .record
+            .replicas
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
+        let path = r.data_dir.join("disk-filler");
+        let mut f = std::fs::File::create(&path)
+            .map_err(LaunchError::io(format!("creating {}", path.display())))?;
+        let chunk = vec![0u8; 1 << 20];
+        let mut written = 0u64;
+        loop {
+            match std::io::Write::write(&mut f, &chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break,
+                Err(e) => return Err(LaunchError::io(format!("filling {}", path.display()))(e)),
+            }
+        }
+        Ok(written)
+    }
+
+    /// Frees what [`LocalCluster::fill_disk`] took.
+    pub fn free_disk(&self, id: u64) -> Result<(), LaunchError> {
+        let r = self
+            .record
+            .replicas
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
+        match std::fs::remove_file(r.data_dir.join("disk-filler")) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(LaunchError::io("freeing the data disk")(e)),
+        }
     }
 
     /// Waits until a leader answers and every agent responds to it; the leader's id and
