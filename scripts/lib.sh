@@ -3,7 +3,8 @@
 # - DOCKET_ROOT: the repository root.
 # - CARGO_TARGET_DIR: defaults to a directory outside the clone, so every clone on a machine
 #   (and every CI run, which starts from a fresh clone) reuses one build of RocksDB.
-# - ensure_prereqs: installs what a fresh Debian machine with only the Rust toolchain lacks.
+# - ensure_prereqs [test]: installs what a fresh Debian machine with only the Rust toolchain
+#   lacks (with `test`, also what the tests use: libfaketime, iproute2).
 # - stage NAME CMD...: runs CMD, prints its elapsed time, records failures in FAILED_STAGES.
 
 DOCKET_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -64,6 +65,12 @@ ensure_prereqs() {
   # RocksDB is C++; rustup's toolchain needs only a C linker.
   command -v c++ >/dev/null 2>&1 || pkgs+=(g++)
   command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
+  # The tests: libfaketime makes one replica's clock jump (chaos/); iproute2 makes the network
+  # namespaces partitions are cut in.
+  if [ "${1:-}" = test ] && command -v dpkg-query >/dev/null 2>&1; then
+    deb_installed libfaketime || pkgs+=(libfaketime)
+    command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
+  fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1
   fi

@@ -1,7 +1,8 @@
 //! The checkers: from the history, the final queue of every replica and the jobs' own run
 //! log, decide whether Docket kept its promises, and compute the figures.
 //!
-//! - Total queue: every acknowledged submission exists exactly once under its name with
+//! - Total queue: every acknowledged submission exists exactly once (in the queue or in the
+//!   accounting archive, where purged jobs go) under its name with
 //!   the id it was acknowledged with (none lost, none duplicated); nothing exists that no
 //!   client submitted (an unknown-outcome submission may or may not exist).
 //! - No double runs: a job started at most once more than it was requeued, and no two
@@ -96,16 +97,17 @@ pub fn percentiles(v: &[u64]) -> Option<(u64, u64, u64)> {
     Some((rank(0.50), rank(0.99), s[s.len() - 1]))
 }
 
-/// Checks a finished run. `queues` holds each replica's own view of the final queue (the
-/// first is the leader's).
+/// Checks a finished run. `all_jobs` is every job the cluster knows, in the queue or
+/// archived (a purged job is not lost); `queues` holds each replica's own view of the queue.
 pub fn check(
     records: &Records,
+    all_jobs: &[pb::JobInfo],
     queues: &[Vec<pb::JobInfo>],
     runs_log: &str,
     wall_start_ms: u64,
 ) -> Report {
     let mut r = Report::default();
-    let final_queue: &[pb::JobInfo] = queues.first().map(Vec::as_slice).unwrap_or(&[]);
+    let final_queue = all_jobs;
     let mut by_name: BTreeMap<&str, Vec<&pb::JobInfo>> = BTreeMap::new();
     for j in final_queue {
         by_name.entry(j.name.as_str()).or_default().push(j);
@@ -282,9 +284,29 @@ pub fn render(r: &Report, seed: u64) -> String {
         if r.ok() { "PASS" } else { "FAIL" }
     ));
     if !r.ok() {
+        let few = |v: &[String]| -> String {
+            let shown: Vec<&str> = v.iter().take(20).map(String::as_str).collect();
+            let more = v.len().saturating_sub(20);
+            format!(
+                "{shown:?}{}",
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        let ids = |v: &[u64]| -> Vec<String> { v.iter().map(u64::to_string).collect() };
         s.push_str(&format!(
-            "  lost {:?}\n  duplicated {:?}\n  unexpected {:?}\n  id changed {:?}\n  double runs {:?}\n  overlapping {:?}\n  not final {:?}\n  split terms {:?}\n",
-            r.lost, r.duplicated, r.unexpected, r.changed_id, r.double_runs, r.overlapping, r.not_final, r.split_terms
+            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  split terms {}\n",
+            few(&r.lost),
+            few(&r.duplicated),
+            few(&r.unexpected),
+            few(&r.changed_id),
+            few(&ids(&r.double_runs)),
+            few(&ids(&r.overlapping)),
+            few(&ids(&r.not_final)),
+            few(&ids(&r.split_terms)),
         ));
     }
     s
@@ -355,7 +377,7 @@ mod tests {
             job(5, "e", "R"),
         ];
         let log = "1 a start 10\n1 a start 12\n1 a end 20\n3 c start 5\n3 c end 9\n";
-        let r = check(&records, &[queue.clone(), queue], log, 0);
+        let r = check(&records, &queue, &[queue.clone(), queue.clone()], log, 0);
         assert_eq!(r.lost, ["b"]);
         assert_eq!(r.duplicated, ["c"]);
         assert_eq!(r.unexpected, ["x"]);
@@ -373,7 +395,13 @@ mod tests {
             ..Default::default()
         };
         let q = vec![job(1, "a", "CD")];
-        let r = check(&records, &[q.clone(), q], "1 a start 1\n1 a end 2\n", 0);
+        let r = check(
+            &records,
+            &q,
+            &[q.clone(), q.clone()],
+            "1 a start 1\n1 a end 2\n",
+            0,
+        );
         assert!(r.ok(), "{r:?}");
         assert_eq!(percentiles(&[5, 1, 3, 2, 4]), Some((3, 5, 5)));
         assert_eq!(percentiles(&[]), None);

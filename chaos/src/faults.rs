@@ -5,7 +5,8 @@
 //! replicas in network namespaces, the leader or a follower partitioned from the other
 //! replicas, or the leader from the agents and clients (packets dropped by blackhole routes),
 //! and healed; with the replicas' data on small disks of their own, the leader's disk filled
-//! until its writes fail, then freed and the replica restarted.
+//! until its writes fail, then freed and the replica restarted; under libfaketime, one
+//! replica's wall clock jumped minutes to hours forwards or backwards, then set right.
 //!
 //! The schedule is a pure function of the seed and the kinds allowed, so a run is
 //! reproduced by its seed (up to the timing of the processes themselves).
@@ -43,7 +44,8 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
                 | FaultKind::PartitionLeader
                 | FaultKind::PartitionFollower
                 | FaultKind::PartitionLeaderFromAgents
-                | FaultKind::DiskFullLeader => rng.random_range(1_500..3_000),
+                | FaultKind::DiskFullLeader
+                | FaultKind::ClockJump => rng.random_range(1_500..3_000),
                 FaultKind::KillLeader => rng.random_range(800..3_000),
                 _ => rng.random_range(300..1_500),
             };
@@ -118,6 +120,20 @@ pub async fn inject(
                     "replica {id}, {} MiB written; restart on the full disk {}",
                     filled >> 20,
                     if refused { "refused" } else { "succeeded" }
+                )
+            }
+            FaultKind::ClockJump => {
+                let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
+                let id = ids[p.pick as usize % ids.len()];
+                // 10 minutes to 2 hours, either way.
+                let minutes = 10 + (p.pick >> 8) % 111;
+                let sign = if (p.pick >> 16) % 2 == 0 { '+' } else { '-' };
+                cluster.set_clock(id, &format!("{sign}{minutes}m"))?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.set_clock(id, "+0")?;
+                format!(
+                    "replica {id}{}, {sign}{minutes} min",
+                    if Some(id) == leader { " (leader)" } else { "" }
                 )
             }
             FaultKind::PartitionFollower => {

@@ -61,6 +61,8 @@ pub enum FaultKind {
     /// The leader's data disk filled until writes fail; then freed and the replica
     /// restarted (what an operator does).
     DiskFullLeader,
+    /// One replica's wall clock jumps (forwards or backwards), then returns.
+    ClockJump,
 }
 
 impl FaultKind {
@@ -74,6 +76,7 @@ impl FaultKind {
             FaultKind::PartitionFollower => "partition follower",
             FaultKind::PartitionLeaderFromAgents => "partition leader from agents",
             FaultKind::DiskFullLeader => "disk full on leader",
+            FaultKind::ClockJump => "clock jump",
         }
     }
 
@@ -91,6 +94,11 @@ impl FaultKind {
     /// Faults that need the replicas' data on disks of their own.
     pub fn needs_own_disk(self) -> bool {
         self == FaultKind::DiskFullLeader
+    }
+
+    /// Faults that need the replicas under libfaketime.
+    pub fn needs_fake_clock(self) -> bool {
+        self == FaultKind::ClockJump
     }
 
     /// Faults that need the replicas in network namespaces.

@@ -56,6 +56,7 @@ enum Kind {
     PartitionFollower,
     PartitionFromAgents,
     DiskFull,
+    ClockJump,
 }
 
 impl Kind {
@@ -69,6 +70,7 @@ impl Kind {
             Kind::PartitionFollower => FaultKind::PartitionFollower,
             Kind::PartitionFromAgents => FaultKind::PartitionLeaderFromAgents,
             Kind::DiskFull => FaultKind::DiskFullLeader,
+            Kind::ClockJump => FaultKind::ClockJump,
         }
     }
 }
@@ -157,27 +159,64 @@ fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("{} has no directory", me.display()))
 }
 
-/// Each replica's own view of the queue, once they agree (or after `deadline`).
+/// Every job the leader knows, queued or archived (Accounting).
+async fn queue_and_archive(leader: &str) -> Result<Vec<pb::JobInfo>> {
+    let mut c = rpc::jobs(leader)?;
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .accounting(rpc::as_user(
+                "root",
+                pb::AccountingRequest {
+                    page_size: 10_000,
+                    page_token: token.clone(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map_err(|s| anyhow!("accounting: {}", s.message()))?
+            .into_inner();
+        out.extend(page.records.into_iter().filter_map(|r| r.job));
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// Each replica's own (stale, all pages) view of the queue, once they agree (or after
+/// `deadline`).
 async fn converged(cluster: &LocalCluster, deadline: Duration) -> Vec<Vec<pb::JobInfo>> {
     let start = Instant::now();
     loop {
         let mut views = Vec::new();
         for addr in cluster.addrs() {
-            let view = match rpc::jobs(&addr) {
-                Ok(mut c) => c
-                    .list_jobs(rpc::as_user(
-                        "root",
-                        pb::ListJobsRequest {
-                            page_size: 10_000,
-                            consistency: pb::ReadConsistency::Stale as i32,
-                            ..Default::default()
-                        },
-                    ))
-                    .await
-                    .map(|r| r.into_inner().jobs)
-                    .unwrap_or_default(),
-                Err(_) => Vec::new(),
-            };
+            let mut view = Vec::new();
+            let mut token = String::new();
+            if let Ok(mut c) = rpc::jobs(&addr) {
+                loop {
+                    let page = c
+                        .list_jobs(rpc::as_user(
+                            "root",
+                            pb::ListJobsRequest {
+                                page_size: 10_000,
+                                page_token: token.clone(),
+                                consistency: pb::ReadConsistency::Stale as i32,
+                                ..Default::default()
+                            },
+                        ))
+                        .await;
+                    let Ok(page) = page.map(|p| p.into_inner()) else {
+                        break;
+                    };
+                    view.extend(page.jobs);
+                    if page.next_page_token.is_empty() {
+                        break;
+                    }
+                    token = page.next_page_token;
+                }
+            }
             views.push(view);
         }
         let key = |v: &Vec<pb::JobInfo>| -> Vec<(u64, String)> {
@@ -226,6 +265,10 @@ async fn run(
                 FaultKind::DiskFullLeader,
             ]);
         }
+        // Clock jumps need libfaketime; without it the run covers the rest.
+        if docket_deploy::local::faketime_available() {
+            all.push(FaultKind::ClockJump);
+        }
         all
     } else {
         kinds.iter().map(|k| k.fault()).collect()
@@ -241,6 +284,7 @@ async fn run(
     let mut layout = Layout::new(replicas, agents, simulated, state.clone(), bins);
     layout.netns = netns;
     layout.data_disk_mib = own_disks.then_some(256);
+    layout.fake_clocks = kinds.iter().any(|k| k.needs_fake_clock());
     // Liveness short enough that a killed agent's node recovers within a run.
     layout.agent_fence_ms = 6_000;
     layout.node_down_margin_ms = 3_000;
@@ -317,7 +361,8 @@ async fn run(
         }
         let log = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
         let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
-        let report = check::check(&history.lock(), &views, &log, wall_start);
+        let all_jobs = queue_and_archive(&leader).await?;
+        let report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
         print!("{}", check::render(&report, seed));
         Ok::<bool, anyhow::Error>(report.ok())
     }

@@ -40,6 +40,9 @@ pub struct Layout {
     /// Each replica's data directory on a tmpfs of this many MiB, so that its disk can be
     /// filled (root only).
     pub data_disk_mib: Option<u64>,
+    /// Run replicas under libfaketime with a per-replica offset file, so that one replica's
+    /// wall clock can jump (`LocalCluster::set_clock`).
+    pub fake_clocks: bool,
 }
 
 impl Layout {
@@ -83,6 +86,7 @@ impl Layout {
             extra_site: String::new(),
             netns: false,
             data_disk_mib: None,
+            fake_clocks: false,
         }
     }
 

@@ -62,6 +62,9 @@ pub struct Record {
     /// The size of each replica's own data disk (a tmpfs), when its disk can be filled.
     #[serde(default)]
     pub data_disk_mib: Option<u64>,
+    /// libfaketime, when replicas' clocks can jump.
+    #[serde(default)]
+    pub faketime: Option<PathBuf>,
     pub replicas: Vec<ReplicaProc>,
     pub agents: Vec<AgentProc>,
 }
@@ -121,6 +124,29 @@ fn free_addr() -> Result<String, LaunchError> {
 
 fn record_path(state_dir: &Path) -> PathBuf {
     state_dir.join("cluster.json")
+}
+
+/// Whether libfaketime is installed (clock jumps possible).
+pub fn faketime_available() -> bool {
+    find_faketime().is_ok()
+}
+
+/// libfaketime's preload library.
+fn find_faketime() -> Result<PathBuf, LaunchError> {
+    let dirs = std::fs::read_dir("/usr/lib")
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    dirs.iter()
+        .map(|d| d.join("faketime/libfaketime.so.1"))
+        .chain(std::iter::once(PathBuf::from(
+            "/usr/lib/faketime/libfaketime.so.1",
+        )))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            LaunchError::Invalid(
+                "clock jumps need libfaketime (apt-get install libfaketime)".into(),
+            )
+        })
 }
 
 /// A short tag from the state directory: clusters in different directories never share an
@@ -253,6 +279,11 @@ impl LocalCluster {
                 cgroup_tag: tag,
                 net,
                 data_disk_mib: layout.data_disk_mib,
+                faketime: if layout.fake_clocks {
+                    Some(find_faketime()?)
+                } else {
+                    None
+                },
                 replicas,
                 agents,
             },
@@ -395,6 +426,18 @@ impl LocalCluster {
             }
             None => Command::new(&controller),
         };
+        if let Some(lib) = &self.record.faketime {
+            // Only the wall clock moves; monotonic time (timers, leases) stays true.
+            let file = self.clock_file(id);
+            if !file.exists() {
+                std::fs::write(&file, "+0")
+                    .map_err(LaunchError::io(format!("writing {}", file.display())))?;
+            }
+            cmd.env("LD_PRELOAD", lib)
+                .env("FAKETIME_TIMESTAMP_FILE", &file)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         cmd.args(["run", "--id", &id.to_string(), "--listen", &r.addr])
             .args(["--http-listen", &r.http])
             .arg("--data-dir")
@@ -483,6 +526,23 @@ impl LocalCluster {
             .find(|r| r.id == id)
             .and_then(|r| r.pid)
             .ok_or_else(|| LaunchError::Invalid(format!("replica {id} was never started")))
+    }
+
+    fn clock_file(&self, id: u64) -> PathBuf {
+        self.record.state_dir.join(format!("clock-{id}"))
+    }
+
+    /// Sets replica `id`'s wall clock offset (libfaketime's syntax: `+1h`, `-30m`, `+0`); it
+    /// takes effect within a second, without a restart.
+    pub fn set_clock(&self, id: u64, offset: &str) -> Result<(), LaunchError> {
+        if self.record.faketime.is_none() {
+            return Err(LaunchError::Invalid(
+                "this cluster was started without fake clocks".into(),
+            ));
+        }
+        let file = self.clock_file(id);
+        std::fs::write(&file, offset)
+            .map_err(LaunchError::io(format!("writing {}", file.display())))
     }
 
     /// Whether replica `id`'s process runs (and reaps it if it exited).
