@@ -59,6 +59,18 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
         .collect()
 }
 
+/// A follower (by `pick`), if there is one.
+fn follower(cluster: &LocalCluster, leader: Option<u64>, pick: u32) -> Option<u64> {
+    let followers: Vec<u64> = cluster
+        .record
+        .replicas
+        .iter()
+        .map(|r| r.id)
+        .filter(|id| Some(*id) != leader)
+        .collect();
+    (!followers.is_empty()).then(|| followers[pick as usize % followers.len()])
+}
+
 /// Injects the planned faults one after the other, healing each before the next.
 pub async fn inject(
     cluster: &mut LocalCluster,
@@ -137,34 +149,18 @@ pub async fn inject(
                 )
             }
             FaultKind::PartitionFollower => {
-                let followers: Vec<u64> = cluster
-                    .record
-                    .replicas
-                    .iter()
-                    .map(|r| r.id)
-                    .filter(|id| Some(*id) != leader)
-                    .collect();
-                if followers.is_empty() {
+                let Some(id) = follower(cluster, leader, p.pick) else {
                     continue;
-                }
-                let id = followers[p.pick as usize % followers.len()];
+                };
                 cluster.partition_replica(id)?;
                 tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
                 cluster.heal(id)?;
                 format!("replica {id}")
             }
             FaultKind::KillFollower => {
-                let followers: Vec<u64> = cluster
-                    .record
-                    .replicas
-                    .iter()
-                    .map(|r| r.id)
-                    .filter(|id| Some(*id) != leader)
-                    .collect();
-                if followers.is_empty() {
+                let Some(id) = follower(cluster, leader, p.pick) else {
                     continue;
-                }
-                let id = followers[p.pick as usize % followers.len()];
+                };
                 cluster.kill_replica(id)?;
                 tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
                 cluster.start_replica(id, false)?;

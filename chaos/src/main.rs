@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use docket_deploy::{Layout, LocalCluster, rpc};
 use docket_proto::v1 as pb;
@@ -150,13 +150,7 @@ enum DrillKind {
 }
 
 fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(d) = explicit {
-        return Ok(d);
-    }
-    let me = std::env::current_exe().context("locating docket-chaos")?;
-    me.parent()
-        .map(PathBuf::from)
-        .ok_or_else(|| anyhow!("{} has no directory", me.display()))
+    Ok(docket_deploy::bin_dir(explicit)?)
 }
 
 /// Every job the leader knows, queued or archived (Accounting).

@@ -36,6 +36,18 @@ pub enum LaunchError {
     Invalid(String),
 }
 
+/// The directory of the running binary, where the workspace's other binaries are built too
+/// (or `explicit`).
+pub fn bin_dir(explicit: Option<std::path::PathBuf>) -> Result<std::path::PathBuf, LaunchError> {
+    if let Some(d) = explicit {
+        return Ok(d);
+    }
+    let me = std::env::current_exe().map_err(LaunchError::io("locating this binary"))?;
+    me.parent()
+        .map(std::path::Path::to_path_buf)
+        .ok_or_else(|| LaunchError::Invalid(format!("{} has no directory", me.display())))
+}
+
 impl LaunchError {
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
         let what = what.into();

@@ -615,6 +615,14 @@ impl LocalCluster {
         self.net()?.heal(id)
     }
 
+    fn replica(&self, id: u64) -> Result<&ReplicaProc, LaunchError> {
+        self.record
+            .replicas
+            .iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))
+    }
+
     /// Fills replica `id`'s data disk until the filesystem refuses more (ENOSPC); the bytes
     /// written.
     pub fn fill_disk(&self, id: u64) -> Result<u64, LaunchError> {
@@ -623,12 +631,7 @@ impl LocalCluster {
                 "this cluster was started without data disks of its own".into(),
             ));
         }
-        let r = self
-            .record
-            .replicas
-            .iter()
-            .find(|r| r.id == id)
-            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
+        let r = self.replica(id)?;
         let path = r.data_dir.join("disk-filler");
         let mut f = std::fs::File::create(&path)
             .map_err(LaunchError::io(format!("creating {}", path.display())))?;
@@ -647,12 +650,7 @@ impl LocalCluster {
 
     /// Frees what [`LocalCluster::fill_disk`] took.
     pub fn free_disk(&self, id: u64) -> Result<(), LaunchError> {
-        let r = self
-            .record
-            .replicas
-            .iter()
-            .find(|r| r.id == id)
-            .ok_or_else(|| LaunchError::Invalid(format!("no replica {id}")))?;
+        let r = self.replica(id)?;
         match std::fs::remove_file(r.data_dir.join("disk-filler")) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

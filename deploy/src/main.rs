@@ -83,13 +83,7 @@ enum Cmd {
 }
 
 fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(d) = explicit {
-        return Ok(d);
-    }
-    let me = std::env::current_exe().context("locating docket-local")?;
-    me.parent()
-        .map(PathBuf::from)
-        .ok_or_else(|| anyhow!("{} has no directory", me.display()))
+    Ok(docket_deploy::bin_dir(explicit)?)
 }
 
 fn print_endpoints(c: &LocalCluster, leader: u64) {
