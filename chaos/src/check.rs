@@ -25,8 +25,9 @@ pub fn attempts(log: &str) -> Attempts {
     let mut out: Attempts = BTreeMap::new();
     for line in log.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let [id, _name, what, ms] = f.as_slice() else {
-            continue;
+        let (id, what, ms) = match f.as_slice() {
+            [id, _name, what, ms] | [id, _name, what, ms, _] => (id, what, ms),
+            _ => continue,
         };
         let (Ok(id), Ok(ms)) = (id.parse::<u64>(), ms.parse::<u64>()) else {
             continue;
@@ -208,10 +209,12 @@ pub fn check(
         .map(|o| o.end_ms)
         .collect();
     acks.sort_unstable();
-    let mut starts: Vec<u64> = final_queue
-        .iter()
-        .filter_map(|j| j.start_time_ms)
-        .map(|s| s.saturating_sub(wall_start_ms))
+    // Starts as the nodes saw them (their own clocks: a replica's clock jump moves the
+    // cluster's time, not the nodes').
+    let mut starts: Vec<u64> = attempts(runs_log)
+        .values()
+        .flatten()
+        .map(|(start, _)| start.saturating_sub(wall_start_ms))
         .collect();
     starts.sort_unstable();
     for f in records.faults.iter().filter(|f| f.kind.removes_leader()) {

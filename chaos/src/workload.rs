@@ -28,10 +28,11 @@ pub struct Workload {
     pub max_job_seconds: u32,
 }
 
-/// The script every job runs: `ID NAME start MS` and `ID NAME end MS` around a sleep.
+/// The script every job runs: `ID NAME start MS NODE` and `ID NAME end MS NODE` around a
+/// sleep (the node's own clock, which no fault moves).
 pub fn script(seconds: u32) -> Vec<u8> {
     format!(
-        "#!/bin/sh\necho \"$SLURM_JOB_ID $SLURM_JOB_NAME start $(date +%s%3N)\" >> runs.log\nsleep {seconds}\necho \"$SLURM_JOB_ID $SLURM_JOB_NAME end $(date +%s%3N)\" >> runs.log\n"
+        "#!/bin/sh\necho \"$SLURM_JOB_ID $SLURM_JOB_NAME start $(date +%s%3N) $SLURMD_NODENAME\" >> runs.log\nsleep {seconds}\necho \"$SLURM_JOB_ID $SLURM_JOB_NAME end $(date +%s%3N) $SLURMD_NODENAME\" >> runs.log\n"
     )
     .into_bytes()
 }

@@ -89,11 +89,13 @@ pub fn processes_naming(dir: &Path) -> Vec<i32> {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| !mine.contains(pid) && crate::local::alive(*pid))
         .filter(|pid| {
+            // Whole path components: `/tmp/a` must not match `/tmp/ab`.
+            let inside = format!("{needle}/");
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|c| {
                     String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(&needle)
+                        .split('\0')
+                        .any(|arg| arg == needle || arg.contains(&inside))
                 })
                 .unwrap_or(false)
         })
