@@ -110,6 +110,18 @@ fn docket_deploy_gone(state: &std::path::Path) -> bool {
     })
 }
 
+/// Stops the local cluster in `0` when the test ends, passed or failed.
+struct Down(PathBuf);
+impl Drop for Down {
+    fn drop(&mut self) {
+        if let Ok(cluster) = docket_deploy::LocalCluster::open(&self.0)
+            && let Ok(rt) = tokio::runtime::Runtime::new()
+        {
+            let _ = rt.block_on(cluster.stop(true));
+        }
+    }
+}
+
 #[test]
 fn the_operators_drills_report_the_recovery() {
     let bins = bins();
@@ -119,6 +131,7 @@ fn the_operators_drills_report_the_recovery() {
     layout.netns = privileged();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let cluster = docket_deploy::LocalCluster::start(&layout).unwrap();
+    let _down = Down(state.clone());
     runtime
         .block_on(cluster.wait_ready(std::time::Duration::from_secs(60)))
         .unwrap();
@@ -135,8 +148,6 @@ fn the_operators_drills_report_the_recovery() {
     let o3 = privileged().then(|| drill("partition"));
     let o2 = drill("kill-leader");
     let out2 = String::from_utf8_lossy(&o2.stdout).into_owned();
-    let cluster = docket_deploy::LocalCluster::open(&state).unwrap();
-    runtime.block_on(cluster.stop(true)).unwrap();
     assert!(o.status.success(), "{out}{err}");
     assert!(out.contains("new leader"), "{out}");
     assert!(out.contains("rejoined as follower"), "{out}");
