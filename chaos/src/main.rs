@@ -186,32 +186,11 @@ async fn converged(cluster: &LocalCluster, deadline: Duration) -> Vec<Vec<pb::Jo
     loop {
         let mut views = Vec::new();
         for addr in cluster.addrs() {
-            let mut view = Vec::new();
-            let mut token = String::new();
-            if let Ok(mut c) = rpc::jobs(&addr) {
-                loop {
-                    let page = c
-                        .list_jobs(rpc::as_user(
-                            "root",
-                            pb::ListJobsRequest {
-                                page_size: 10_000,
-                                page_token: token.clone(),
-                                consistency: pb::ReadConsistency::Stale as i32,
-                                ..Default::default()
-                            },
-                        ))
-                        .await;
-                    let Ok(page) = page.map(|p| p.into_inner()) else {
-                        break;
-                    };
-                    view.extend(page.jobs);
-                    if page.next_page_token.is_empty() {
-                        break;
-                    }
-                    token = page.next_page_token;
-                }
-            }
-            views.push(view);
+            views.push(
+                rpc::all_jobs_read(&addr, pb::ReadConsistency::Stale)
+                    .await
+                    .unwrap_or_default(),
+            );
         }
         let key = |v: &Vec<pb::JobInfo>| -> Vec<(u64, String)> {
             v.iter().map(|j| (j.job_id, j.state_code.clone())).collect()

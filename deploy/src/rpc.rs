@@ -69,6 +69,15 @@ pub async fn nodes(leader: &str) -> Result<Vec<pb::NodeInfo>, LaunchError> {
 
 /// Every job in the queue (all pages).
 pub async fn all_jobs(addr: &str) -> Result<Vec<pb::JobInfo>, LaunchError> {
+    all_jobs_read(addr, pb::ReadConsistency::Linearizable).await
+}
+
+/// Every job in the queue as the replica at `addr` answers with `consistency` (stale: its
+/// own applied view, without asking the leader).
+pub async fn all_jobs_read(
+    addr: &str,
+    consistency: pb::ReadConsistency,
+) -> Result<Vec<pb::JobInfo>, LaunchError> {
     let mut c = jobs(addr)?;
     let mut out = Vec::new();
     let mut token = String::new();
@@ -79,6 +88,7 @@ pub async fn all_jobs(addr: &str) -> Result<Vec<pb::JobInfo>, LaunchError> {
                 pb::ListJobsRequest {
                     page_size: 10_000,
                     page_token: token.clone(),
+                    consistency: consistency as i32,
                     ..Default::default()
                 },
             ))
