@@ -1,10 +1,11 @@
 //! Faults on a seeded schedule against a local cluster: the leader or a follower killed
 //! with SIGKILL and restarted on its data, the leader stopped with SIGSTOP for longer than
-//! the election timeout and continued, an agent killed with SIGKILL (while it launches or
-//! reports jobs: the workload keeps it busy) and restarted to re-adopt its jobs; with the
-//! replicas in network namespaces, the leader or a follower partitioned from the other
-//! replicas, or the leader from the agents and clients (packets dropped by blackhole routes),
-//! and healed; with the replicas' data on small disks of their own, the leader's disk filled
+//! the election timeout and continued, an agent killed with SIGKILL at a random moment and
+//! restarted to re-adopt its jobs, or killed exactly at a launch or an exit (restarted armed
+//! with one of its crash points, `docket-nodeagent --crash-at`, it dies when a run reaches
+//! it); with the replicas in network namespaces, the leader or a follower partitioned from the
+//! other replicas, or from the agents and clients (packets dropped by blackhole routes), and
+//! healed; with the replicas' data on small disks of their own, the leader's disk filled
 //! until its writes fail, then freed and the replica restarted; under libfaketime, one
 //! replica's wall clock jumped minutes to hours forwards or backwards, then set right.
 //!
@@ -44,6 +45,7 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
                 | FaultKind::PartitionLeader
                 | FaultKind::PartitionFollower
                 | FaultKind::PartitionLeaderFromAgents
+                | FaultKind::PartitionFollowerFromAgents
                 | FaultKind::DiskFullLeader
                 | FaultKind::ClockJump => rng.random_range(1_500..3_000),
                 FaultKind::KillLeader => rng.random_range(800..3_000),
@@ -71,13 +73,45 @@ fn follower(cluster: &LocalCluster, leader: Option<u64>, pick: u32) -> Option<u6
     (!followers.is_empty()).then(|| followers[pick as usize % followers.len()])
 }
 
+/// An agent running real jobs (by `pick`), if there is one.
+fn real_agent(cluster: &LocalCluster, pick: u32) -> Option<String> {
+    let agents: Vec<&str> = cluster
+        .record
+        .agents
+        .iter()
+        .filter(|a| !a.spec.simulated)
+        .map(|a| a.spec.name.as_str())
+        .collect();
+    (!agents.is_empty()).then(|| agents[pick as usize % agents.len()].to_owned())
+}
+
+/// How long an armed agent may wait for a run to reach its crash point.
+const CRASH_POINT_WAIT: Duration = Duration::from_secs(20);
+
+/// Restarts agent `name` armed to crash at `point` and waits for it to die there (the
+/// workload keeps launching and ending jobs on every node); whether it did. An agent no run
+/// brought there in time is stopped. Either way it is down when this returns.
+async fn crash_at(cluster: &mut LocalCluster, name: &str, point: &str) -> anyhow::Result<bool> {
+    cluster.stop_agent(name)?;
+    cluster.start_agent_crashing_at(name, Some(point))?;
+    let deadline = tokio::time::Instant::now() + CRASH_POINT_WAIT;
+    while cluster.agent_alive(name) {
+        if tokio::time::Instant::now() >= deadline {
+            cluster.stop_agent(name)?;
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(true)
+}
+
 /// Injects the planned faults one after the other, healing each before the next.
 pub async fn inject(
     cluster: &mut LocalCluster,
     planned: &[Planned],
     history: &History,
 ) -> anyhow::Result<()> {
-    for p in planned {
+    for (i, p) in planned.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(p.after_ms)).await;
         let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
         let at_ms = history.now_ms();
@@ -148,11 +182,15 @@ pub async fn inject(
                     if Some(id) == leader { " (leader)" } else { "" }
                 )
             }
-            FaultKind::PartitionFollower => {
+            FaultKind::PartitionFollower | FaultKind::PartitionFollowerFromAgents => {
                 let Some(id) = follower(cluster, leader, p.pick) else {
                     continue;
                 };
-                cluster.partition_replica(id)?;
+                if p.kind == FaultKind::PartitionFollower {
+                    cluster.partition_replica(id)?;
+                } else {
+                    cluster.partition_from_host(id)?;
+                }
                 tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
                 cluster.heal(id)?;
                 format!("replica {id}")
@@ -167,21 +205,37 @@ pub async fn inject(
                 format!("replica {id}")
             }
             FaultKind::KillAgent => {
-                let agents: Vec<String> = cluster
-                    .record
-                    .agents
-                    .iter()
-                    .filter(|a| !a.spec.simulated)
-                    .map(|a| a.spec.name.clone())
-                    .collect();
-                if agents.is_empty() {
+                let Some(name) = real_agent(cluster, p.pick) else {
                     continue;
-                }
-                let name = agents[p.pick as usize % agents.len()].clone();
+                };
                 cluster.kill_agent(&name)?;
                 tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
                 cluster.start_agent(&name)?;
                 format!("agent {name}")
+            }
+            FaultKind::AgentCrashAtLaunch | FaultKind::AgentCrashAtExit => {
+                let Some(name) = real_agent(cluster, p.pick) else {
+                    continue;
+                };
+                let points = if p.kind == FaultKind::AgentCrashAtLaunch {
+                    ["launch-recorded", "launch-spawned"]
+                } else {
+                    ["exit-observed", "exit-recorded"]
+                };
+                // In turn, so that two faults of a kind cover both of its points.
+                let before = planned[..i].iter().filter(|q| q.kind == p.kind).count();
+                let point = points[before % points.len()];
+                let crashed = crash_at(cluster, &name, point).await?;
+                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+                cluster.start_agent(&name)?;
+                format!(
+                    "agent {name} at {point}: {}",
+                    if crashed {
+                        "crashed there"
+                    } else {
+                        "no run reached it in time; restarted"
+                    }
+                )
             }
         };
         let healed_ms = history.now_ms();

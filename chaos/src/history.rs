@@ -58,6 +58,14 @@ pub enum FaultKind {
     PartitionFollower,
     /// The leader cut off from the agents and clients (the replicas still reach it).
     PartitionLeaderFromAgents,
+    /// A follower cut off from the agents and clients (they must not depend on it).
+    PartitionFollowerFromAgents,
+    /// An agent killed exactly as it launches a job: after recording the launch, or after
+    /// starting the job's monitor but before recording it.
+    AgentCrashAtLaunch,
+    /// An agent killed exactly as a job ends: after the job exited but before the agent
+    /// recorded it, or after recording but before reporting it.
+    AgentCrashAtExit,
     /// The leader's data disk filled until writes fail; then freed and the replica
     /// restarted (what an operator does).
     DiskFullLeader,
@@ -75,6 +83,9 @@ impl FaultKind {
             FaultKind::PartitionLeader => "partition leader",
             FaultKind::PartitionFollower => "partition follower",
             FaultKind::PartitionLeaderFromAgents => "partition leader from agents",
+            FaultKind::PartitionFollowerFromAgents => "partition follower from agents",
+            FaultKind::AgentCrashAtLaunch => "agent crash at launch",
+            FaultKind::AgentCrashAtExit => "agent crash at exit",
             FaultKind::DiskFullLeader => "disk full on leader",
             FaultKind::ClockJump => "clock jump",
         }
@@ -108,6 +119,7 @@ impl FaultKind {
             FaultKind::PartitionLeader
                 | FaultKind::PartitionFollower
                 | FaultKind::PartitionLeaderFromAgents
+                | FaultKind::PartitionFollowerFromAgents
         )
     }
 }

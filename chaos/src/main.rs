@@ -55,6 +55,9 @@ enum Kind {
     PartitionLeader,
     PartitionFollower,
     PartitionFromAgents,
+    PartitionFollowerFromAgents,
+    AgentCrashLaunch,
+    AgentCrashExit,
     DiskFull,
     ClockJump,
 }
@@ -69,6 +72,9 @@ impl Kind {
             Kind::PartitionLeader => FaultKind::PartitionLeader,
             Kind::PartitionFollower => FaultKind::PartitionFollower,
             Kind::PartitionFromAgents => FaultKind::PartitionLeaderFromAgents,
+            Kind::PartitionFollowerFromAgents => FaultKind::PartitionFollowerFromAgents,
+            Kind::AgentCrashLaunch => FaultKind::AgentCrashAtLaunch,
+            Kind::AgentCrashExit => FaultKind::AgentCrashAtExit,
             Kind::DiskFull => FaultKind::DiskFullLeader,
             Kind::ClockJump => FaultKind::ClockJump,
         }
@@ -229,12 +235,15 @@ async fn run(
             FaultKind::KillFollower,
             FaultKind::PauseLeader,
             FaultKind::KillAgent,
+            FaultKind::AgentCrashAtLaunch,
+            FaultKind::AgentCrashAtExit,
         ];
         if root {
             all.extend([
                 FaultKind::PartitionLeader,
                 FaultKind::PartitionFollower,
                 FaultKind::PartitionLeaderFromAgents,
+                FaultKind::PartitionFollowerFromAgents,
                 FaultKind::DiskFullLeader,
             ]);
         }

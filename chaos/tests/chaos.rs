@@ -1,8 +1,10 @@
 //! The harness against real processes: a short seeded run with one fault of each kind (the
 //! leader and a follower killed with SIGKILL, the leader stopped with SIGSTOP, an agent
-//! killed, the leader and a follower partitioned from the other replicas, the leader from the
-//! agents, the leader's disk filled, a replica's clock jumped) must pass every checker and print the figures, and leave no namespace or link
-//! behind; the operators' drills against a running local cluster report their recovery.
+//! killed at random and killed exactly at a launch and at an exit, the leader and a follower
+//! partitioned from the other replicas and from the agents, the leader's disk filled, a
+//! replica's clock jumped) must pass every checker and print the figures, and leave no
+//! namespace or link behind; the operators' drills against a running local cluster report
+//! their recovery.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -54,7 +56,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     if !clock {
         eprintln!("clock jumps skipped: libfaketime is not installed");
     }
-    let kinds = if clock { 9 } else { 8 };
+    let kinds = if clock { 12 } else { 11 };
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
         .args([
@@ -77,7 +79,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
     println!("{out}{err}");
     assert!(o.status.success(), "{out}{err}");
     let injected = format!(
-        "faults injected:        {kinds} (1 SIGSTOP leader, {}1 disk full on leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader, 1 partition follower, 1 partition leader, 1 partition leader from agents)",
+        "faults injected:        {kinds} (1 SIGSTOP leader, 1 agent crash at exit, 1 agent crash at launch, {}1 disk full on leader, 1 kill -9 agent, 1 kill -9 follower, 1 kill -9 leader, 1 partition follower, 1 partition follower from agents, 1 partition leader, 1 partition leader from agents)",
         if clock { "1 clock jump, " } else { "" }
     );
     for line in [
@@ -93,6 +95,14 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
         "{out}"
     );
     assert!(out.contains("terms with two leaders: 0"), "{out}");
+    // The aimed agent crashes landed where they were aimed.
+    for kind in ["agent crash at launch", "agent crash at exit"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(&format!("] {kind} (")) && l.contains("crashed there")),
+            "{kind} did not land:\n{out}"
+        );
+    }
     // The history stays in a chosen state directory for reading.
     let history = std::fs::read_to_string(dir.path().join("cluster/history.jsonl")).unwrap();
     assert!(history.lines().any(|l| l.starts_with("{\"fault\":")));

@@ -466,6 +466,16 @@ impl LocalCluster {
 
     /// Starts the agent of node `name` on its state directory.
     pub fn start_agent(&mut self, name: &str) -> Result<(), LaunchError> {
+        self.start_agent_crashing_at(name, None)
+    }
+
+    /// Starts the agent of node `name`, armed to SIGKILL itself when a run first reaches
+    /// `crash_at` (one of `docket-nodeagent --crash-at`'s points), if given.
+    pub fn start_agent_crashing_at(
+        &mut self,
+        name: &str,
+        crash_at: Option<&str>,
+    ) -> Result<(), LaunchError> {
         let a = self
             .record
             .agents
@@ -493,6 +503,9 @@ impl LocalCluster {
             cmd.args(["--execution", "simulated", "--confinement", "none"]);
         } else {
             cmd.args(["--confinement", &self.record.confinement]);
+        }
+        if let Some(point) = crash_at {
+            cmd.args(["--crash-at", point]);
         }
         let pid = self.spawn(cmd, &a.log)?;
         let cgroups = agent_cgroups(pid, &cgroup);
@@ -575,16 +588,47 @@ impl LocalCluster {
         )
     }
 
-    /// `kill -9` of the agent of node `name` (its jobs' monitors live on).
-    pub fn kill_agent(&mut self, name: &str) -> Result<(), LaunchError> {
-        let pid = self
-            .record
+    fn agent_pid(&self, name: &str) -> Result<i32, LaunchError> {
+        self.record
             .agents
             .iter()
             .find(|a| a.spec.name == name)
             .and_then(|a| a.pid)
-            .ok_or_else(|| LaunchError::Invalid(format!("agent {name} was never started")))?;
+            .ok_or_else(|| LaunchError::Invalid(format!("agent {name} was never started")))
+    }
+
+    /// `kill -9` of the agent of node `name` (its jobs' monitors live on).
+    pub fn kill_agent(&mut self, name: &str) -> Result<(), LaunchError> {
+        let pid = self.agent_pid(name)?;
         self.signal(pid, Signal::SIGKILL)
+    }
+
+    /// Stops the agent of node `name` as an operator's restart does (SIGTERM; its jobs'
+    /// monitors live on), waiting up to 5 s for it to exit, then SIGKILL.
+    pub fn stop_agent(&mut self, name: &str) -> Result<(), LaunchError> {
+        let pid = self.agent_pid(name)?;
+        self.signal(pid, Signal::SIGTERM)?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.agent_alive(name) {
+            if Instant::now() >= deadline {
+                return self.signal(pid, Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Exited and reaped: its pid may already be another process's.
+        self.children.remove(&pid);
+        Ok(())
+    }
+
+    /// Whether the agent of node `name` runs (and reaps it if it exited).
+    pub fn agent_alive(&mut self, name: &str) -> bool {
+        let Ok(pid) = self.agent_pid(name) else {
+            return false;
+        };
+        if let Some(child) = self.children.get_mut(&pid) {
+            return matches!(child.try_wait(), Ok(None));
+        }
+        alive(pid)
     }
 
     fn net(&self) -> Result<&crate::net::Net, LaunchError> {

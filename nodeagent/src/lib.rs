@@ -10,9 +10,10 @@
 //!
 //! - [`jobfs`]: each job's size-capped scratch mount.
 //!
-//! Re-adoption of running jobs after an agent restart is the next increment (issue 7).
+//! - [`crash`]: named points where a fault drill can make the agent crash.
 
 pub mod cgroup;
+pub mod crash;
 pub mod jobfs;
 pub mod runner;
 pub mod session;

@@ -141,6 +141,10 @@ struct RunArgs {
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
+    /// Fault drills only: SIGKILL this agent the first time a run reaches POINT (a crash
+    /// aimed at a launch or an exit; see `docket-chaos`).
+    #[arg(long, value_enum, value_name = "POINT")]
+    crash_at: Option<docket_nodeagent::crash::CrashPoint>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -185,6 +189,9 @@ fn run(args: RunArgs) -> Result<()> {
         // Colours only on a terminal, not in log files and journals.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Some(point) = args.crash_at {
+        docket_nodeagent::crash::arm(point);
+    }
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
     let cgroups = match (args.confinement, args.execution) {

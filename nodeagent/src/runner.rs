@@ -20,6 +20,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::sync::{Notify, mpsc};
 
+use crate::crash::CrashPoint;
+use crate::shim::Monitor;
 use crate::world;
 
 /// How runs execute.
@@ -311,22 +313,11 @@ impl Runner {
                         this.finish(job, epoch, Ok(status));
                     });
                 }
-                (Mode::Real, Some(monitor), Some(dir)) => {
-                    tokio::spawn(async move {
-                        loop {
-                            let alive =
-                                nix::sys::signal::kill(Pid::from_raw(monitor), None).is_ok();
-                            if crate::shim::read_exit(&dir).is_some() || !alive {
-                                let status = this.recorded_exit(job, &dir, None);
-                                this.finish(job, epoch, Ok(status));
-                                return;
-                            }
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    });
+                (Mode::Real, _, Some(dir)) => {
+                    tokio::spawn(async move { this.readopt(job, epoch, &dir).await });
                 }
-                (Mode::Real, _, _) => {
-                    // Started before its monitor was recorded: lost.
+                (Mode::Real, _, None) => {
+                    // Nothing was started for it (its run directory is recorded first): lost.
                     if let Some(r) = self.lock().get_mut(&job) {
                         r.stopping = Some("node_failure");
                     }
@@ -402,6 +393,7 @@ impl Runner {
             },
         );
         self.persist();
+        crate::crash::reached(CrashPoint::LaunchRecorded);
         let this = self.clone();
         tokio::spawn(async move {
             let outcome = match this.config.mode {
@@ -540,13 +532,19 @@ impl Runner {
             .stderr(stderr)
             .process_group(0)
             .kill_on_drop(false);
+        // The run directory is recorded before the monitor starts: an agent restarted after
+        // this point finds the monitor by its lock there (or stops it from starting the job).
+        if let Some(r) = self.lock().get_mut(&l.job_id) {
+            r.run_dir = Some(dir.clone());
+        }
+        self.persist();
         let mut child = cmd
             .spawn()
             .map_err(|e| format!("starting {} in {}: {e}", script.display(), l.work_dir))?;
+        crate::crash::reached(CrashPoint::LaunchSpawned);
         let monitor = child.id().map(|p| p as i32);
         if let Some(r) = self.lock().get_mut(&l.job_id) {
             r.monitor = monitor;
-            r.run_dir = Some(dir.clone());
         }
         self.persist();
         // The job's own process group, once the monitor has started it.
@@ -582,7 +580,30 @@ impl Runner {
             })),
         });
         let status = child.wait().await;
+        crate::crash::reached(CrashPoint::ExitObserved);
         Ok(self.recorded_exit(l.job_id, &dir, status.ok()))
+    }
+
+    /// Watches a run a previous agent started to its end, by its monitor's lock and exit file.
+    async fn readopt(&self, job: u64, epoch: u64, dir: &std::path::Path) {
+        loop {
+            // The job's process group, if the previous agent died before it learnt it.
+            if let Some(r) = self.lock().get_mut(&job).filter(|r| r.pgid.is_none()) {
+                r.pgid = crate::shim::read_pgid(dir);
+            }
+            match crate::shim::probe(dir) {
+                Monitor::Running => tokio::time::sleep(Duration::from_millis(100)).await,
+                Monitor::Ended(..) => break,
+                Monitor::Gone => {
+                    // The monitor died without the job's end: nothing will report it, so
+                    // nothing of it may keep running.
+                    signal_group(crate::shim::read_pgid(dir), Signal::SIGKILL);
+                    break;
+                }
+            }
+        }
+        let status = self.recorded_exit(job, dir, None);
+        self.finish(job, epoch, Ok(status));
     }
 
     /// How a run ended, as its monitor recorded it; a monitor that died without recording
@@ -696,6 +717,7 @@ impl Runner {
         run.changed.notify_one();
         drop(runs);
         self.persist();
+        crate::crash::reached(CrashPoint::ExitRecorded);
         let _ = self.events.send(pb::JobEvent {
             job_id: job,
             epoch,

@@ -37,8 +37,28 @@ pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// The lock a monitor holds for its whole life: an agent tells a live monitor from a dead one
+/// by it, not by a pid the kernel may have given to another process since.
+const MONITOR_LOCK: &str = "monitor.lock";
+/// Written by an agent that found no monitor and gave the run up: a monitor that starts after
+/// that (the agent crashed between starting it and recording it) must not start the job.
+const ABANDONED: &str = "abandoned";
+
 /// The monitor: runs `exec-as-user` as the job and records its end in `run_dir`.
 pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(run_dir.join(MONITOR_LOCK))
+        .context("opening the monitor lock")?;
+    // Held until this process exits (the file is close-on-exec: the job does not inherit it).
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .context("taking the monitor lock")?;
+    if run_dir.join(ABANDONED).exists() {
+        bail!("the agent gave this run up before its monitor started; not starting the job");
+    }
     let me = std::env::current_exe().context("locating this binary")?;
     let mut cmd = std::process::Command::new(me);
     cmd.arg("exec-as-user")
@@ -67,6 +87,45 @@ pub fn read_exit(run_dir: &Path) -> Option<(i32, i32)> {
     let text = std::fs::read_to_string(run_dir.join("exit")).ok()?;
     let mut it = text.split_whitespace();
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// What an agent finds of a run's monitor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Monitor {
+    /// It lives (it holds its lock).
+    Running,
+    /// It recorded the job's end: (exit code, signal).
+    Ended(i32, i32),
+    /// None lives and none recorded an end. The run is marked abandoned, so a monitor that
+    /// was started but had not yet taken its lock never starts the job.
+    Gone,
+}
+
+/// Looks for the monitor of the run in `run_dir`.
+pub fn probe(run_dir: &Path) -> Monitor {
+    if let Some((code, signal)) = read_exit(run_dir) {
+        return Monitor::Ended(code, signal);
+    }
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(run_dir.join(MONITOR_LOCK))
+    else {
+        return Monitor::Gone;
+    };
+    match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Err(_) => Monitor::Running,
+        Ok(_held) => {
+            // It may have finished between the first look and the lock.
+            if let Some((code, signal)) = read_exit(run_dir) {
+                return Monitor::Ended(code, signal);
+            }
+            // Under the lock, so a monitor not yet started sees it before it could start the job.
+            let _ = std::fs::write(run_dir.join(ABANDONED), "");
+            Monitor::Gone
+        }
+    }
 }
 
 /// Reads the job's process group, once the monitor has recorded it.
@@ -103,4 +162,41 @@ pub fn exec_as_user(args: &ShimArgs) -> Result<std::convert::Infallible> {
     };
     let err = std::process::Command::new(program).args(rest).exec();
     Err(err).with_context(|| format!("executing {program}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ShimArgs {
+        ShimArgs {
+            join: Vec::new(),
+            user: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+            rlimit_as: None,
+            command: vec!["/bin/true".into()],
+        }
+    }
+
+    #[test]
+    fn a_run_without_a_live_monitor_is_given_up_and_its_late_monitor_starts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(probe(dir.path()), Monitor::Gone);
+        let err = monitor(dir.path(), &args()).unwrap_err();
+        assert!(format!("{err:#}").contains("gave this run up"), "{err:#}");
+        assert!(read_pgid(dir.path()).is_none(), "a job was started");
+    }
+
+    #[test]
+    fn a_held_lock_is_a_live_monitor_and_a_recorded_exit_is_an_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = std::fs::File::create(dir.path().join(MONITOR_LOCK)).unwrap();
+        let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        assert_eq!(probe(dir.path()), Monitor::Running);
+        write_atomically(&dir.path().join("exit"), "0 9\n").unwrap();
+        assert_eq!(probe(dir.path()), Monitor::Ended(0, 9));
+        drop(held);
+        assert!(!dir.path().join(ABANDONED).exists());
+    }
 }

@@ -757,6 +757,90 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     remove_agent_cgroups("n03");
 }
 
+/// An agent killed at each of its crash points (after recording a launch, after starting the
+/// job's monitor but before recording it, after the job ended but before the end was
+/// recorded, after recording but before reporting it) and restarted: the job runs at most
+/// once, and its end is reported exactly as it happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_crashing_at_a_launch_or_an_exit_never_loses_nor_repeats_a_run() {
+    if !privileged("running jobs needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let flags = ["--cpus", "2", "--memory-mib", "1024", "--kill-grace-s", "1"];
+    let points = [
+        "launch-recorded",
+        "launch-spawned",
+        "exit-observed",
+        "exit-recorded",
+    ];
+    for (i, point) in points.into_iter().enumerate() {
+        let job = 10 + i as u64;
+        let work = dir.path().join(format!("work{job}"));
+        std::fs::create_dir_all(&work).unwrap();
+        let marker = work.join("runs");
+        let script = format!(
+            "#!/bin/sh\necho ran >> {}\nsleep 1\nexit 3\n",
+            marker.display()
+        );
+        leader.0.lock().unwrap().tx = None;
+        let mut armed = agent(
+            "n05",
+            &addr,
+            &state,
+            &[&flags[..], &["--crash-at", point]].concat(),
+        );
+        leader.send(launch(job, 1, &work, &script, 60)).await;
+        let start = Instant::now();
+        while armed.0.try_wait().unwrap().is_none() {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the agent never crashed at {point}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        leader.0.lock().unwrap().tx = None;
+        let restarted = agent("n05", &addr, &state, &flags);
+        let (epoch, end) = leader.ended(job).await;
+        // Give a monitor that should not start the job every chance to do so anyway.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let runs = std::fs::read_to_string(&marker)
+            .unwrap_or_default()
+            .lines()
+            .count();
+        let expected = if point == "launch-recorded" {
+            ("node_failure", 0)
+        } else {
+            ("failed", 3)
+        };
+        assert_eq!(
+            (epoch, end.cause.as_str(), end.exit_code),
+            (1, expected.0, expected.1),
+            "crash at {point}: {end:?}"
+        );
+        assert_eq!(
+            runs,
+            usize::from(point != "launch-recorded"),
+            "crash at {point}: the job ran {runs} times"
+        );
+        let reported = leader
+            .0
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .filter(|e| e.job_id == job && matches!(e.event, Some(pb::job_event::Event::Ended(_))))
+            .count();
+        assert!(reported >= 1, "crash at {point}: no end reported");
+        drop(restarted);
+    }
+    server.abort();
+    remove_agent_cgroups("n05");
+}
+
 #[test]
 fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confine() {
     if !privileged("needs root to start the agent as another user") {
