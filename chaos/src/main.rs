@@ -321,20 +321,38 @@ async fn run(
         // holds and suspensions are undone).
         let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
         workload::settle(&leader).await;
+        // A backlog left by the faults takes as long as it takes: the wait ends when every
+        // job is final, or when none has ended for STALLED (the cluster stopped making
+        // progress: the checker then names what never finished), or after DRAIN_CAP.
+        const STALLED: Duration = Duration::from_secs(60);
+        const DRAIN_CAP: Duration = Duration::from_secs(900);
         let start = Instant::now();
         println!("faults over; waiting for every job to finish");
+        let (mut backlog, mut fewest, mut progress) = (None, usize::MAX, Instant::now());
         loop {
-            let jobs = rpc::all_jobs(&leader).await.unwrap_or_default();
-            if jobs
+            let Ok(jobs) = rpc::all_jobs(&leader).await else {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            };
+            let unfinished = jobs
                 .iter()
-                .all(|j| !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"))
-                || start.elapsed() > Duration::from_secs(120)
-            {
+                .filter(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"))
+                .count();
+            backlog.get_or_insert(unfinished);
+            if unfinished < fewest {
+                (fewest, progress) = (unfinished, Instant::now());
+            }
+            if unfinished == 0 || progress.elapsed() > STALLED || start.elapsed() > DRAIN_CAP {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        println!("drained in {} s", start.elapsed().as_secs());
+        println!(
+            "drained in {} s ({} jobs unfinished when the faults stopped, {} now)",
+            start.elapsed().as_secs(),
+            backlog.unwrap_or(0),
+            fewest.min(backlog.unwrap_or(0))
+        );
         let (_, leader) = cluster.wait_ready(Duration::from_secs(30)).await?;
         let mut views = converged(&cluster, Duration::from_secs(30)).await;
         // The leader's view first.

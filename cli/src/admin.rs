@@ -100,7 +100,7 @@ pub fn config(a: ConfigArgs) -> Result<()> {
     let rt = runtime()?;
     match a.command {
         ConfigCommand::Show => {
-            let c = rt.block_on(client.admin_call(|mut c| {
+            let c = rt.block_on(client.admin_read(|mut c| {
                 let req = client.request(pb::GetConfigRequest {});
                 async move { c.get_config(req).await }
             }))?;

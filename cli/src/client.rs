@@ -5,8 +5,14 @@
 //! `/etc/docket/docket.toml`), else `127.0.0.1:6817`. A request goes to the first endpoint
 //! that answers; UNAVAILABLE (no leader yet: the request was not applied) is retried, on the
 //! next endpoint, for up to 30 seconds (`DOCKET_RETRY_SECONDS`), so an election is invisible
-//! to the user; a call only the leader serves is sent on to the leader the answer names. The caller's identity is the login
-//! name of the effective user.
+//! to the user; a call only the leader serves is sent on to the leader the answer names.
+//!
+//! A read (listing, showing, status) waits at most 5 s for one endpoint, then asks the next
+//! and asks the silent one last from then on: a replica that accepts connections but does not
+//! answer (stopped, overloaded, cut off) delays a command by seconds, not by the whole
+//! deadline. A write waits for its answer (30 s, 60 s for administration), since sending it
+//! elsewhere could apply it twice; one that got no answer in time ends with the
+//! unknown-outcome status. The caller's identity is the login name of the effective user.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -21,6 +27,18 @@ use tonic::transport::Channel;
 pub struct Client {
     endpoints: Vec<String>,
     user: String,
+}
+
+/// How long a read waits for one endpoint before asking the next.
+const READ_ATTEMPT: Duration = Duration::from_secs(5);
+
+/// Whether a call may be sent to another endpoint when one does not answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// Changes nothing: on to the next endpoint after [`READ_ATTEMPT`].
+    Read,
+    /// May change the state: waits for the answer.
+    Write,
 }
 
 /// How long an unavailable cluster is retried: `DOCKET_RETRY_SECONDS`, else 30 s.
@@ -85,13 +103,23 @@ impl Client {
         F: FnMut(AdminClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(|addr| self.admin(addr), f).await
+        self.call(Attempt::Write, |addr| self.admin(addr), f).await
+    }
+
+    /// [`Client::admin_call`] for a call that changes nothing: an endpoint that does not
+    /// answer within 5 s is passed over.
+    pub async fn admin_read<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnMut(AdminClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call(Attempt::Read, |addr| self.admin(addr), f).await
     }
 
     /// Every node, as the answering replica lists it.
     pub async fn nodes(&self) -> Result<Vec<docket_proto::v1::NodeInfo>> {
         Ok(self
-            .admin_call(|mut c| {
+            .admin_read(|mut c| {
                 let req = self.request(docket_proto::v1::ListNodesRequest {});
                 async move { c.list_nodes(req).await }
             })
@@ -102,7 +130,7 @@ impl Client {
     /// Every partition.
     pub async fn partitions(&self) -> Result<Vec<docket_proto::v1::PartitionInfo>> {
         Ok(self
-            .admin_call(|mut c| {
+            .admin_read(|mut c| {
                 let req = self.request(docket_proto::v1::ListPartitionsRequest {});
                 async move { c.list_partitions(req).await }
             })
@@ -127,12 +155,28 @@ impl Client {
         F: FnMut(JobsClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(|addr| self.jobs(addr), f).await
+        self.call(Attempt::Write, |addr| self.jobs(addr), f).await
+    }
+
+    /// [`Client::jobs_call`] for a call that changes nothing: an endpoint that does not
+    /// answer within 5 s is passed over.
+    pub async fn jobs_read<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnMut(JobsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call(Attempt::Read, |addr| self.jobs(addr), f).await
     }
 
     /// The retry loop of every call: endpoints in turn, UNAVAILABLE retried, a
-    /// FAILED_PRECONDITION that names the leader (`x-docket-leader`) followed.
-    async fn call<C, T, F, Fut>(&self, make: impl Fn(&str) -> Result<C>, mut f: F) -> Result<T>
+    /// FAILED_PRECONDITION that names the leader (`x-docket-leader`) followed; a read passes
+    /// over an endpoint silent for [`READ_ATTEMPT`] and asks it last afterwards.
+    async fn call<C, T, F, Fut>(
+        &self,
+        attempt: Attempt,
+        make: impl Fn(&str) -> Result<C>,
+        mut f: F,
+    ) -> Result<T>
     where
         F: FnMut(C) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -140,11 +184,29 @@ impl Client {
         let start = Instant::now();
         let retry_for = retry_for();
         let mut last = None;
-        let mut queue: Vec<String> = self.endpoints.clone();
+        let mut order: Vec<String> = self.endpoints.clone();
+        let mut queue: Vec<String> = order.clone();
         loop {
             while let Some(addr) = queue.first().cloned() {
                 queue.remove(0);
-                match f(make(&addr)?).await {
+                let answer = match attempt {
+                    Attempt::Write => f(make(&addr)?).await,
+                    Attempt::Read => {
+                        match tokio::time::timeout(READ_ATTEMPT, f(make(&addr)?)).await {
+                            Ok(a) => a,
+                            Err(_) => {
+                                last = Some(tonic::Status::unavailable(format!(
+                                    "{addr} did not answer within {} s",
+                                    READ_ATTEMPT.as_secs()
+                                )));
+                                order.retain(|a| *a != addr);
+                                order.push(addr);
+                                continue;
+                            }
+                        }
+                    }
+                };
+                match answer {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
                     Err(s) if s.code() == tonic::Code::FailedPrecondition => {
@@ -172,7 +234,7 @@ impl Client {
                 ));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
-            queue = self.endpoints.clone();
+            queue = order.clone();
         }
     }
 }
@@ -277,6 +339,14 @@ pub fn status_error(s: &tonic::Status) -> anyhow::Error {
         tonic::Code::Unauthenticated => anyhow!("not authenticated: {}", s.message()),
         tonic::Code::InvalidArgument => anyhow!("invalid request: {}", s.message()),
         tonic::Code::NotFound => anyhow!("{}", s.message()),
+        // Our own deadline passed before the answer came: it may still be applied.
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => Failure::error(
+            exit::UNKNOWN_OUTCOME,
+            format!(
+                "no answer in time ({}); the request may or may not have been applied: look (squeue, scontrol show) before repeating it",
+                s.message()
+            ),
+        ),
         tonic::Code::Aborted => Failure::error(
             exit::UNKNOWN_OUTCOME,
             format!(

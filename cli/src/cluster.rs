@@ -67,7 +67,7 @@ pub fn run(a: ClusterArgs) -> Result<()> {
     let rt = runtime()?;
     match a.command {
         ClusterCommand::Status { json } => {
-            let s = rt.block_on(client.admin_call(|mut c| {
+            let s = rt.block_on(client.admin_read(|mut c| {
                 let req = client.request(pb::ClusterStatusRequest {});
                 async move { c.cluster_status(req).await }
             }))?;

@@ -337,7 +337,7 @@ pub fn qstat(a: QstatArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let ids: Vec<u64> = a.jobs.iter().map(|j| pbs_id(j)).collect::<Result<_>>()?;
     let jobs = runtime()?
-        .block_on(client.jobs_call(|mut c| {
+        .block_on(client.jobs_read(|mut c| {
             let req = client.request(pb::ListJobsRequest {
                 users: a.user.iter().cloned().collect(),
                 job_ids: ids.clone(),

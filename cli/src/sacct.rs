@@ -248,7 +248,7 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
     let mut records = Vec::new();
     let mut token = String::new();
     loop {
-        let page = rt.block_on(client.jobs_call(|mut c| {
+        let page = rt.block_on(client.jobs_read(|mut c| {
             let req = client.request(pb::AccountingRequest {
                 users: users.clone(),
                 states: a.states.clone(),

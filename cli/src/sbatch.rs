@@ -428,7 +428,7 @@ pub fn is_final(code: &str) -> bool {
 fn wait_for(client: &Client, runtime: &tokio::runtime::Runtime, id: u64) -> Result<()> {
     let mut pause = std::time::Duration::from_millis(200);
     loop {
-        let j = runtime.block_on(client.jobs_call(|mut c| {
+        let j = runtime.block_on(client.jobs_read(|mut c| {
             let req = client.request(pb::GetJobRequest {
                 job_id: id,
                 consistency: 0,

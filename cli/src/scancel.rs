@@ -72,7 +72,7 @@ pub fn run(a: ScancelArgs) -> Result<()> {
     let filtered =
         a.user.is_some() || a.partition.is_some() || a.state.is_some() || a.name.is_some();
     if filtered {
-        let listed = runtime.block_on(client.jobs_call(|mut c| {
+        let listed = runtime.block_on(client.jobs_read(|mut c| {
             let req = client.request(pb::ListJobsRequest {
                 users: a.user.iter().cloned().collect(),
                 partitions: a.partition.iter().cloned().collect(),

@@ -382,7 +382,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
     let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
     match lower.as_slice() {
         ["ping"] => {
-            let status = rt.block_on(client.admin_call(|mut c| {
+            let status = rt.block_on(client.admin_read(|mut c| {
                 let req = client.request(pb::ClusterStatusRequest {});
                 async move { c.cluster_status(req).await }
             }))?;
@@ -407,7 +407,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
                 })
                 .collect::<Result<_>>()?;
             let jobs = rt
-                .block_on(client.jobs_call(|mut c| {
+                .block_on(client.jobs_read(|mut c| {
                     let req = client.request(pb::ListJobsRequest {
                         job_ids: ids.clone(),
                         page_size: 10_000,
@@ -455,7 +455,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
         }
         ["show", "reservation" | "reservations" | "res", rest @ ..] => {
             let res = rt
-                .block_on(client.admin_call(|mut c| {
+                .block_on(client.admin_read(|mut c| {
                     let req = client.request(pb::ListReservationsRequest {});
                     async move { c.list_reservations(req).await }
                 }))?
@@ -477,7 +477,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
             Ok(())
         }
         ["show", "config"] => {
-            let c = rt.block_on(client.admin_call(|mut c| {
+            let c = rt.block_on(client.admin_read(|mut c| {
                 let req = client.request(pb::GetConfigRequest {});
                 async move { c.get_config(req).await }
             }))?;
@@ -670,7 +670,7 @@ fn upsert_reservation(
             .map(|(_, v)| v.to_string())
             .unwrap_or_default();
         let all = rt
-            .block_on(client.admin_call(|mut c| {
+            .block_on(client.admin_read(|mut c| {
                 let req = client.request(pb::ListReservationsRequest {});
                 async move { c.list_reservations(req).await }
             }))?

@@ -60,7 +60,7 @@ pub fn sprio_table(r: &pb::ExplainPriorityResponse, header: bool) -> String {
 
 pub fn sprio(a: SprioArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
-    let r = runtime()?.block_on(client.jobs_call(|mut c| {
+    let r = runtime()?.block_on(client.jobs_read(|mut c| {
         let req = client.request(pb::ExplainPriorityRequest {
             job_ids: a.jobs.clone(),
             users: a.users.clone(),

@@ -84,7 +84,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     let mut jobs = Vec::new();
     let mut token = String::new();
     loop {
-        let page = runtime.block_on(client.jobs_call(|mut c| {
+        let page = runtime.block_on(client.jobs_read(|mut c| {
             let req = client.request(pb::ListJobsRequest {
                 users: users.clone(),
                 partitions: a.partitions.clone(),

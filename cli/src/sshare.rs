@@ -142,7 +142,7 @@ pub fn sshare(a: SshareArgs) -> Result<()> {
     } else {
         vec![client.user().to_owned()]
     };
-    let r = runtime()?.block_on(client.jobs_call(|mut c| {
+    let r = runtime()?.block_on(client.jobs_read(|mut c| {
         let req = client.request(pb::ShareTreeRequest {
             users: users.clone(),
             accounts: a.accounts.clone(),

@@ -714,4 +714,16 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no controller answered"), "{err}");
+
+    // A first endpoint that accepts connections but never answers (a stopped replica: the
+    // kernel completes the handshake) is passed over by a read, which the next one answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let through_silent = format!("{},{addr}", silent.local_addr().unwrap());
+    let o = Command::new(d.join("squeue"))
+        .args(["-h", "-o", "%i"])
+        .env("DOCKET_ADDR", &through_silent)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    drop(silent);
 }

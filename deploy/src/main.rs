@@ -4,9 +4,11 @@
 //! until a leader exists and every agent has registered, and prints the endpoints and the
 //! `DOCKET_ADDR` line; `status`, `logs`, `drill` (kill the leader, measure the recovery),
 //! `demo` (the quick start's workload and summary) and `down` (stop everything, leave nothing
-//! behind) act on the cluster recorded in the state directory.
+//! behind) act on the cluster recorded in the state directory. `scale` is a benchmark: a
+//! cluster of its own with many simulated agents, measured and then removed.
 
 mod demo;
+mod scale;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -77,6 +79,29 @@ enum Cmd {
     },
     /// Run the demo workload and print what happened.
     Demo,
+    /// Benchmark: many agents in simulated execution, each its own process, running
+    /// whole-node jobs; prints the figures, then stops the cluster and removes its state.
+    Scale {
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+        /// Simulated agents (s0001.., 8 cpus and 8 GiB each).
+        #[arg(long, default_value_t = 1000)]
+        agents: u32,
+        /// Whole-node jobs to run (more than the agents queue up).
+        #[arg(long, default_value_t = 2000)]
+        jobs: u32,
+        /// Each job's runtime, seconds.
+        #[arg(long, default_value_t = 30)]
+        runtime: u32,
+        /// Agents' heartbeat period, ms.
+        #[arg(long, default_value_t = 2000)]
+        heartbeat_ms: u64,
+        /// Jobs per submission request.
+        #[arg(long, default_value_t = 500)]
+        batch: u32,
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
     /// Print the shell lines that point the commands at this cluster:
     /// `eval "$(docket-local env)"`.
     Env,
@@ -314,6 +339,35 @@ async fn run(cli: Cli) -> Result<()> {
                 r.killed
             );
             Ok(())
+        }
+        Cmd::Scale {
+            replicas,
+            agents,
+            jobs,
+            runtime,
+            heartbeat_ms,
+            batch,
+            bin_dir: bins,
+        } => {
+            let spec = scale::ScaleSpec {
+                replicas,
+                agents,
+                jobs,
+                runtime_s: runtime,
+                heartbeat_ms,
+                batch,
+            };
+            println!(
+                "starting {replicas} controllers and {agents} simulated agents in {}",
+                cli.state_dir.display()
+            );
+            let report = scale::run(&spec, cli.state_dir, bin_dir(bins)?).await?;
+            print!("{}", report.render(&spec));
+            if report.all_completed(jobs) {
+                Ok(())
+            } else {
+                Err(anyhow!("not every job completed"))
+            }
         }
         Cmd::Demo => {
             let mut c = LocalCluster::open(&cli.state_dir)?;

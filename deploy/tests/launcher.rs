@@ -121,3 +121,45 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
         text(&o)
     );
 }
+
+/// The scale benchmark on a small scale: simulated agents, each its own process, run
+/// whole-node jobs to completion; the figures are printed and the cluster is removed.
+#[test]
+fn the_scale_benchmark_runs_every_job_and_removes_its_cluster() {
+    let bins = bin_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("scale");
+    let _down = Down(&state);
+    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
+        .arg("--state-dir")
+        .arg(&state)
+        .args(["scale", "--agents", "24", "--jobs", "60", "--runtime", "2"])
+        .args(["--heartbeat-ms", "500", "--batch", "25", "--bin-dir"])
+        .arg(&bins)
+        .output()
+        .unwrap();
+    let out = text(&o);
+    println!("{out}");
+    assert!(o.status.success(), "{out}");
+    for line in [
+        "every agent registered and responding:",
+        "agents' memory (RSS):",
+        "every job started:",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    assert!(
+        out.contains("final states:                          60 COMPLETED\n"),
+        "{out}"
+    );
+    assert!(
+        !state.exists(),
+        "the scale cluster's state directory is left"
+    );
+    let needle = state.display().to_string();
+    let left = std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+    });
+    assert!(!left, "a process of the scale cluster is left");
+}

@@ -105,6 +105,10 @@ pub struct Runner {
     runs: Arc<Mutex<BTreeMap<u64, Run>>>,
     finished: Arc<Mutex<BTreeMap<u64, u64>>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
+    /// Held from the snapshot of the runs to the rename of the state file, so that saves
+    /// land in the order they were taken: the file never goes back to an older state, and
+    /// two saves never share the temporary file.
+    saving: Arc<Mutex<()>>,
 }
 
 impl Runner {
@@ -117,6 +121,7 @@ impl Runner {
                 runs: Arc::new(Mutex::new(BTreeMap::new())),
                 finished: Arc::new(Mutex::new(BTreeMap::new())),
                 events,
+                saving: Arc::new(Mutex::new(())),
             },
             rx,
         )
@@ -189,6 +194,14 @@ impl Runner {
 
     /// Writes every run to the state file (atomically), so a restarted agent finds them.
     fn persist(&self) {
+        if let Err(e) = self.save() {
+            tracing::error!(error = %e, path = %self.state_file().display(), "saving the agent state");
+        }
+    }
+
+    /// Writes the runs to the state file (atomically, in the order saves are asked for).
+    fn save(&self) -> std::io::Result<()> {
+        let _saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let saved: Vec<SavedRun> = self
             .lock()
@@ -223,16 +236,8 @@ impl Runner {
                 sim_runtime_ms: r.sim_runtime.map(|d| d.as_millis() as u64),
             })
             .collect();
-        let text = match serde_json::to_string(&saved) {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::error!(error = %e, "encoding the agent state");
-                return;
-            }
-        };
-        if let Err(e) = crate::shim::write_atomically(&self.state_file(), &text) {
-            tracing::error!(error = %e, path = %self.state_file().display(), "saving the agent state");
-        }
+        let text = serde_json::to_string(&saved)?;
+        crate::shim::write_atomically(&self.state_file(), &text)
     }
 
     /// Reads the state file a previous agent left and re-adopts its runs: ends not yet
@@ -596,8 +601,15 @@ impl Runner {
                 Monitor::Ended(..) => break,
                 Monitor::Gone => {
                     // The monitor died without the job's end: nothing will report it, so
-                    // nothing of it may keep running.
-                    signal_group(crate::shim::read_pgid(dir), Signal::SIGKILL);
+                    // nothing of it may keep running (its cgroups go when the run finishes;
+                    // the group is killed only if its leader still runs this run's script,
+                    // not a process that was given the number since).
+                    let pgid = crate::shim::read_pgid(dir).filter(|p| {
+                        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                            String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy())
+                        })
+                    });
+                    signal_group(pgid, Signal::SIGKILL);
                     break;
                 }
             }
@@ -1017,4 +1029,71 @@ fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch(job: u64) -> pb::Instruction {
+        pb::Instruction {
+            kind: Some(pb::instruction::Kind::Launch(pb::Launch {
+                job_id: job,
+                epoch: 1,
+                script: b"#!/bin/sh\nsleep 600\n".to_vec(),
+                cpus: 1,
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// Launches from many threads at once: every save is whole and the file ends with the
+    /// newest state (with a save's snapshot and its rename not serialized, an older snapshot
+    /// could be renamed over a newer one, and two saves shared the temporary file).
+    #[test]
+    fn concurrent_saves_leave_the_newest_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (runner, _events) = Runner::new(RunnerConfig {
+            node: "n01".into(),
+            cluster: "test".into(),
+            state_dir: dir.path().to_path_buf(),
+            mode: Mode::Simulated,
+            kill_grace: Duration::from_secs(1),
+            cgroups: None,
+            cpu_pool: Vec::new(),
+            pids_max: 64,
+            shim: PathBuf::from("/bin/false"),
+            jobfs: None,
+        });
+        let (threads, each) = (8u64, 40u64);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (runner, handle) = (runner.clone(), rt.handle().clone());
+                s.spawn(move || {
+                    let _entered = handle.enter();
+                    for i in 0..each {
+                        runner.apply(launch(1 + t * each + i));
+                        // And saves with nothing new, as a stream of reports causes.
+                        for _ in 0..5 {
+                            runner.save().expect("a save failed");
+                        }
+                    }
+                });
+            }
+        });
+        let text = std::fs::read_to_string(dir.path().join("state.json")).unwrap();
+        let saved: Vec<SavedRun> = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            saved.len() as u64,
+            threads * each,
+            "the file went back to an older state"
+        );
+        assert!(!dir.path().join("state.tmp").exists());
+        drop(rt);
+    }
 }

@@ -1,0 +1,265 @@
+//! `docket-local scale`: many simulated agents against real controllers, for the figures of
+//! a large machine on one host.
+//!
+//! Starts a cluster of `replicas` controllers and `agents` agents in simulated execution
+//! (each its own process, name, state directory and declared 8 cpus / 8 GiB), waits until
+//! every agent has registered and answers its heartbeats, submits `jobs` whole-node jobs of
+//! `runtime` seconds in batches, and follows them to their end through the leader. It prints
+//! what it measured — time to register every agent, the agents' memory, submission rate, time
+//! until every job had started and ended, start and end rates, the controllers' cpu time —
+//! and fails only when a job did not complete (nothing here is timed against a threshold).
+//! The cluster is stopped and its state directory removed at the end, whatever happened.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, bail};
+use docket_deploy::{Layout, LocalCluster, rpc};
+use docket_proto::v1 as pb;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ScaleSpec {
+    pub replicas: u32,
+    pub agents: u32,
+    pub jobs: u32,
+    pub runtime_s: u32,
+    pub heartbeat_ms: u64,
+    pub batch: u32,
+}
+
+/// What was measured.
+#[derive(Debug, Default)]
+pub struct ScaleReport {
+    pub registered_s: f64,
+    pub agents_rss_mib: f64,
+    pub submit_s: f64,
+    pub all_started_s: f64,
+    pub all_ended_s: f64,
+    pub states: BTreeMap<String, usize>,
+    pub controller_cpu_s: Vec<f64>,
+}
+
+/// How long any phase may take before the run gives up.
+const PHASE_DEADLINE: Duration = Duration::from_secs(900);
+
+/// Runs the scale test in `state_dir` with the binaries in `bins`.
+pub async fn run(
+    spec: &ScaleSpec,
+    state_dir: std::path::PathBuf,
+    bins: std::path::PathBuf,
+) -> Result<ScaleReport> {
+    let mut layout = Layout::new(spec.replicas, 0, spec.agents, state_dir, bins);
+    layout.agent_heartbeat_ms = spec.heartbeat_ms;
+    // A node is declared down after several missed heartbeats, never sooner than 10 s.
+    layout.agent_fence_ms = (spec.heartbeat_ms * 6).max(10_000);
+    layout.node_down_margin_ms = (spec.heartbeat_ms * 4).max(5_000);
+    let start = Instant::now();
+    let cluster = LocalCluster::start(&layout)?;
+    let outcome = measure(spec, &cluster, start).await;
+    let stopped = cluster.stop(true).await;
+    let report = outcome?;
+    stopped?;
+    Ok(report)
+}
+
+async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Result<ScaleReport> {
+    let mut report = ScaleReport::default();
+    let (_, leader) = cluster.wait_ready(PHASE_DEADLINE).await?;
+    report.registered_s = start.elapsed().as_secs_f64();
+    report.agents_rss_mib = cluster
+        .record
+        .agents
+        .iter()
+        .filter_map(|a| a.pid)
+        .map(rss_kib)
+        .sum::<u64>() as f64
+        / 1024.0;
+    let cpu_before: Vec<f64> = cluster.record.replicas.iter().map(cpu_seconds).collect();
+
+    let submitted = Instant::now();
+    let mut ids = Vec::with_capacity(spec.jobs as usize);
+    let script = format!("#!/bin/sh\nsleep {}\n", spec.runtime_s).into_bytes();
+    let mut left = spec.jobs;
+    while left > 0 {
+        let n = left.min(spec.batch.max(1));
+        let jobs: Vec<pb::JobSpec> = (0..n)
+            .map(|i| pb::JobSpec {
+                name: format!("scale-{}", spec.jobs - left + i),
+                partition: "sim".into(),
+                nodes: 1,
+                ntasks: 1,
+                cpus_per_task: 8,
+                time_limit_seconds: Some(i64::from(spec.runtime_s) + 600),
+                script: script.clone(),
+                work_dir: "/tmp".into(),
+                ..Default::default()
+            })
+            .collect();
+        let answer = submit(cluster, &leader, jobs).await?;
+        for r in answer {
+            match r.result {
+                Some(pb::submit_result::Result::JobId(id)) => ids.push(id),
+                Some(pb::submit_result::Result::Error(e)) => bail!("a submission was refused: {e}"),
+                None => bail!("a submission got no answer"),
+            }
+        }
+        left -= n;
+    }
+    report.submit_s = submitted.elapsed().as_secs_f64();
+
+    let (mut started, mut ended) = (None, None);
+    while ended.is_none() {
+        if submitted.elapsed() > PHASE_DEADLINE {
+            bail!(
+                "the jobs had not all ended after {} s",
+                PHASE_DEADLINE.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some((_, addr)) = rpc::leader(&cluster.addrs()).await else {
+            continue;
+        };
+        let Ok(all) = rpc::all_jobs(&addr).await else {
+            continue;
+        };
+        let ours: Vec<&pb::JobInfo> = all.iter().filter(|j| ids.contains(&j.job_id)).collect();
+        if started.is_none()
+            && ours.len() == ids.len()
+            && ours.iter().all(|j| j.start_time_ms.is_some())
+        {
+            started = Some(submitted.elapsed().as_secs_f64());
+        }
+        if ours.len() == ids.len() && ours.iter().all(|j| is_final(j)) {
+            ended = Some(submitted.elapsed().as_secs_f64());
+            for j in ours {
+                *report.states.entry(j.state.clone()).or_default() += 1;
+            }
+        }
+    }
+    report.all_started_s = started.unwrap_or_default();
+    report.all_ended_s = ended.unwrap_or_default();
+    report.controller_cpu_s = cluster
+        .record
+        .replicas
+        .iter()
+        .map(cpu_seconds)
+        .zip(cpu_before)
+        .map(|(after, before)| after - before)
+        .collect();
+    Ok(report)
+}
+
+/// Submits a batch through the leader (or whichever replica leads by then).
+async fn submit(
+    cluster: &LocalCluster,
+    leader: &str,
+    jobs: Vec<pb::JobSpec>,
+) -> Result<Vec<pb::SubmitResult>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut addr = leader.to_owned();
+    loop {
+        let mut c = rpc::jobs(&addr)?;
+        let req = rpc::as_user("nobody", pb::SubmitJobsRequest { jobs: jobs.clone() });
+        match c.submit_jobs(req).await {
+            Ok(r) => return Ok(r.into_inner().results),
+            Err(s) if Instant::now() < deadline => {
+                eprintln!("docket-local scale: submission retried: {}", s.message());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Some((_, a)) = rpc::leader(&cluster.addrs()).await {
+                    addr = a;
+                }
+            }
+            Err(s) => return Err(anyhow!("submitting: {}", s.message())),
+        }
+    }
+}
+
+fn is_final(j: &pb::JobInfo) -> bool {
+    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
+}
+
+/// Resident memory of a process, KiB (0 when it is gone).
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User plus system cpu time of a replica's process so far, seconds.
+fn cpu_seconds(r: &docket_deploy::local::ReplicaProc) -> f64 {
+    let Some(pid) = r.pid else {
+        return 0.0;
+    };
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command (which may hold spaces) start after its closing parenthesis.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    ticks as f64 / hz
+}
+
+impl ScaleReport {
+    /// The figures, one per line.
+    pub fn render(&self, spec: &ScaleSpec) -> String {
+        let states: Vec<String> = self
+            .states
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
+        let cpu: Vec<String> = self
+            .controller_cpu_s
+            .iter()
+            .map(|c| format!("{c:.1}"))
+            .collect();
+        let rate = |n: u32, s: f64| if s > 0.0 { f64::from(n) / s } else { 0.0 };
+        format!(
+            "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, heartbeat {} ms ===\n\
+             every agent registered and responding: {:.1} s after start\n\
+             agents' memory (RSS):                  {:.0} MiB in all, {:.1} MiB each\n\
+             submission:                            {:.2} s ({:.0} jobs/s, batches of {})\n\
+             every job started:                     {:.1} s after the first submission ({:.0} starts/s)\n\
+             every job ended:                       {:.1} s after the first submission\n\
+             final states:                          {}\n\
+             controllers' cpu time meanwhile (s):   {}\n",
+            spec.replicas,
+            spec.agents,
+            spec.jobs,
+            spec.runtime_s,
+            spec.heartbeat_ms,
+            self.registered_s,
+            self.agents_rss_mib,
+            self.agents_rss_mib / f64::from(spec.agents.max(1)),
+            self.submit_s,
+            rate(spec.jobs, self.submit_s),
+            spec.batch,
+            self.all_started_s,
+            rate(spec.jobs, self.all_started_s),
+            self.all_ended_s,
+            states.join(", "),
+            cpu.join(" / "),
+        )
+    }
+
+    /// Whether every job completed.
+    pub fn all_completed(&self, jobs: u32) -> bool {
+        self.states.get("COMPLETED").copied().unwrap_or(0) == jobs as usize
+    }
+}
