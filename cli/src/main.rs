@@ -38,7 +38,8 @@ use clap::{Parser, Subcommand};
 ///
 /// Exit status: 0 done; 1 refused or failed (the message says why); 2 wrong command line;
 /// 3 no controller answered or none led within DOCKET_RETRY_SECONDS (30): nothing was done;
-/// 4 leadership was lost while applying: the outcome is unknown, look before repeating.
+/// 4 leadership was lost while applying or no answer came in time: the outcome is unknown,
+/// look before repeating.
 /// `sbatch -W` exits with the job's exit code.
 #[derive(Debug, Parser)]
 #[command(

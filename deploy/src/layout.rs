@@ -31,6 +31,10 @@ pub struct Layout {
     pub agent_heartbeat_ms: u64,
     pub agent_fence_ms: u64,
     pub node_down_margin_ms: u64,
+    /// The replicas' Raft heartbeat (ms) and election timeout range (`MIN-MAX` ms); the
+    /// controller's defaults, 100 and `300-600`, unless a test or benchmark sets them.
+    pub raft_heartbeat_ms: Option<u64>,
+    pub election_timeout_ms: Option<String>,
     /// Seconds between SIGTERM and SIGKILL for jobs.
     pub kill_grace_s: u64,
     /// Extra TOML appended to the generated site file (accounts, users, parameters).
@@ -82,6 +86,8 @@ impl Layout {
             agent_heartbeat_ms: 500,
             agent_fence_ms: 10_000,
             node_down_margin_ms: 5_000,
+            raft_heartbeat_ms: None,
+            election_timeout_ms: None,
             kill_grace_s: 2,
             extra_site: String::new(),
             netns: false,

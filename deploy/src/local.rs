@@ -53,6 +53,10 @@ pub struct Record {
     pub agent_heartbeat_ms: u64,
     pub agent_fence_ms: u64,
     pub node_down_margin_ms: u64,
+    #[serde(default)]
+    pub raft_heartbeat_ms: Option<u64>,
+    #[serde(default)]
+    pub election_timeout_ms: Option<String>,
     pub kill_grace_s: u64,
     /// Distinguishes this cluster's agent cgroups from any other agent's on the host.
     pub cgroup_tag: String,
@@ -275,6 +279,8 @@ impl LocalCluster {
                 agent_heartbeat_ms: layout.agent_heartbeat_ms,
                 agent_fence_ms: layout.agent_fence_ms,
                 node_down_margin_ms: layout.node_down_margin_ms,
+                raft_heartbeat_ms: layout.raft_heartbeat_ms,
+                election_timeout_ms: layout.election_timeout_ms.clone(),
                 kill_grace_s: layout.kill_grace_s,
                 cgroup_tag: tag,
                 net,
@@ -454,6 +460,12 @@ impl LocalCluster {
                 "--log",
                 "info",
             ]);
+        if let Some(ms) = self.record.raft_heartbeat_ms {
+            cmd.args(["--heartbeat-ms", &ms.to_string()]);
+        }
+        if let Some(range) = &self.record.election_timeout_ms {
+            cmd.args(["--election-timeout-ms", range]);
+        }
         if bootstrap {
             cmd.args(["--bootstrap", &members]);
         }

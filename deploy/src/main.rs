@@ -99,6 +99,14 @@ enum Cmd {
         /// Jobs per submission request.
         #[arg(long, default_value_t = 500)]
         batch: u32,
+        /// The replicas' Raft heartbeat, ms.
+        #[arg(long, default_value_t = 250)]
+        raft_heartbeat_ms: u64,
+        /// The replicas' election timeout range, `MIN-MAX` ms. Longer than the controller's
+        /// default: here a thousand agent processes share the controllers' cores, which a
+        /// production controller host does not.
+        #[arg(long, default_value = "1500-3000")]
+        election_timeout_ms: String,
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
@@ -347,9 +355,13 @@ async fn run(cli: Cli) -> Result<()> {
             runtime,
             heartbeat_ms,
             batch,
+            raft_heartbeat_ms,
+            election_timeout_ms,
             bin_dir: bins,
         } => {
             let spec = scale::ScaleSpec {
+                raft_heartbeat_ms,
+                election_timeout_ms,
                 replicas,
                 agents,
                 jobs,

@@ -8,7 +8,8 @@
 //! what it measured — time to register every agent, the agents' memory, submission rate, time
 //! until every job had started and ended, start and end rates, the controllers' cpu time —
 //! and fails only when a job did not complete (nothing here is timed against a threshold).
-//! The cluster is stopped and its state directory removed at the end, whatever happened.
+//! The cluster is stopped at the end, whatever happened, and its state directory removed
+//! unless a job did not complete (its logs are then kept for reading).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -26,18 +27,23 @@ pub struct ScaleSpec {
     pub runtime_s: u32,
     pub heartbeat_ms: u64,
     pub batch: u32,
+    /// The replicas' Raft heartbeat and election timeout range (ms).
+    pub raft_heartbeat_ms: u64,
+    pub election_timeout_ms: String,
 }
 
 /// What was measured.
 #[derive(Debug, Default)]
 pub struct ScaleReport {
     pub registered_s: f64,
-    pub agents_rss_mib: f64,
+    pub agents_pss_mib: f64,
     pub submit_s: f64,
     pub all_started_s: f64,
     pub all_ended_s: f64,
     pub states: BTreeMap<String, usize>,
     pub controller_cpu_s: Vec<f64>,
+    /// Raft terms from every agent responding to every job ended (elections meanwhile).
+    pub terms: u64,
 }
 
 /// How long any phase may take before the run gives up.
@@ -51,13 +57,23 @@ pub async fn run(
 ) -> Result<ScaleReport> {
     let mut layout = Layout::new(spec.replicas, 0, spec.agents, state_dir, bins);
     layout.agent_heartbeat_ms = spec.heartbeat_ms;
+    layout.raft_heartbeat_ms = Some(spec.raft_heartbeat_ms);
+    layout.election_timeout_ms = Some(spec.election_timeout_ms.clone());
     // A node is declared down after several missed heartbeats, never sooner than 10 s.
     layout.agent_fence_ms = (spec.heartbeat_ms * 6).max(10_000);
     layout.node_down_margin_ms = (spec.heartbeat_ms * 4).max(5_000);
     let start = Instant::now();
     let cluster = LocalCluster::start(&layout)?;
     let outcome = measure(spec, &cluster, start).await;
-    let stopped = cluster.stop(true).await;
+    // A run that went wrong keeps its logs for reading.
+    let keep = !outcome.as_ref().is_ok_and(|r| r.all_completed(spec.jobs));
+    let stopped = cluster.stop(!keep).await;
+    if keep {
+        eprintln!(
+            "docket-local scale: the cluster's logs are kept in {}",
+            layout.state_dir.join("logs").display()
+        );
+    }
     let report = outcome?;
     stopped?;
     Ok(report)
@@ -67,15 +83,16 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
     let mut report = ScaleReport::default();
     let (_, leader) = cluster.wait_ready(PHASE_DEADLINE).await?;
     report.registered_s = start.elapsed().as_secs_f64();
-    report.agents_rss_mib = cluster
+    report.agents_pss_mib = cluster
         .record
         .agents
         .iter()
         .filter_map(|a| a.pid)
-        .map(rss_kib)
+        .map(pss_kib)
         .sum::<u64>() as f64
         / 1024.0;
     let cpu_before: Vec<f64> = cluster.record.replicas.iter().map(cpu_seconds).collect();
+    let term_before = term(cluster).await;
 
     let submitted = Instant::now();
     let mut ids = Vec::with_capacity(spec.jobs as usize);
@@ -137,6 +154,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
             }
         }
     }
+    report.terms = term(cluster).await.saturating_sub(term_before);
     report.all_started_s = started.unwrap_or_default();
     report.all_ended_s = ended.unwrap_or_default();
     report.controller_cpu_s = cluster
@@ -148,6 +166,13 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
         .map(|(after, before)| after - before)
         .collect();
     Ok(report)
+}
+
+/// The cluster's current Raft term (0 when no replica answers).
+async fn term(cluster: &LocalCluster) -> u64 {
+    rpc::cluster_status(&cluster.addrs())
+        .await
+        .map_or(0, |s| s.term)
 }
 
 /// Submits a batch through the leader (or whichever replica leads by then).
@@ -179,13 +204,14 @@ fn is_final(j: &pb::JobInfo) -> bool {
     !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
 }
 
-/// Resident memory of a process, KiB (0 when it is gone).
-fn rss_kib(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+/// Memory of a process, KiB: its proportional set size (pages it shares with the other
+/// agents, such as the binary's, counted once across them), or 0 when it is gone.
+fn pss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix("Pss:"))
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
@@ -231,22 +257,25 @@ impl ScaleReport {
             .collect();
         let rate = |n: u32, s: f64| if s > 0.0 { f64::from(n) / s } else { 0.0 };
         format!(
-            "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, heartbeat {} ms ===\n\
+            "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, agent heartbeat {} ms, raft heartbeat {} ms, election timeout {} ms ===\n\
              every agent registered and responding: {:.1} s after start\n\
-             agents' memory (RSS):                  {:.0} MiB in all, {:.1} MiB each\n\
+             agents' memory (PSS):                  {:.0} MiB in all, {:.1} MiB each\n\
              submission:                            {:.2} s ({:.0} jobs/s, batches of {})\n\
              every job started:                     {:.1} s after the first submission ({:.0} starts/s)\n\
              every job ended:                       {:.1} s after the first submission\n\
              final states:                          {}\n\
-             controllers' cpu time meanwhile (s):   {}\n",
+             controllers' cpu time meanwhile (s):   {}\n\
+             elections meanwhile (new Raft terms):  {}\n",
             spec.replicas,
             spec.agents,
             spec.jobs,
             spec.runtime_s,
             spec.heartbeat_ms,
+            spec.raft_heartbeat_ms,
+            spec.election_timeout_ms,
             self.registered_s,
-            self.agents_rss_mib,
-            self.agents_rss_mib / f64::from(spec.agents.max(1)),
+            self.agents_pss_mib,
+            self.agents_pss_mib / f64::from(spec.agents.max(1)),
             self.submit_s,
             rate(spec.jobs, self.submit_s),
             spec.batch,
@@ -255,6 +284,7 @@ impl ScaleReport {
             self.all_ended_s,
             states.join(", "),
             cpu.join(" / "),
+            self.terms,
         )
     }
 

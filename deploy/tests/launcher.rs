@@ -143,7 +143,7 @@ fn the_scale_benchmark_runs_every_job_and_removes_its_cluster() {
     assert!(o.status.success(), "{out}");
     for line in [
         "every agent registered and responding:",
-        "agents' memory (RSS):",
+        "agents' memory (PSS):",
         "every job started:",
     ] {
         assert!(out.contains(line), "missing {line:?} in\n{out}");

@@ -90,6 +90,19 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
     None
 }
 
+/// The first pause between rounds of registration attempts, and the longest.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_MOST: Duration = Duration::from_secs(5);
+
+/// The pause after a failed round: doubled each time up to [`RETRY_MOST`], and drawn at
+/// random from its upper half, so that a thousand agents that lost their leader together do
+/// not come back together and keep the controllers too busy to elect one.
+fn next_retry(retry: Duration) -> (Duration, Duration) {
+    use rand::Rng;
+    let pause = rand::rng().random_range(retry / 2..=retry);
+    (pause, (retry * 2).min(RETRY_MOST))
+}
+
 /// Runs forever: keeps a session with the leader and carries out its instructions.
 pub async fn run(
     config: SessionConfig,
@@ -99,9 +112,20 @@ pub async fn run(
     let mut last_contact = Instant::now();
     let mut fence = Duration::ZERO;
     let mut fenced = false;
+    let mut retry = RETRY_FIRST;
     loop {
-        let Some(live) = register(&config, &runner).await else {
-            if !fence.is_zero() && !fenced && last_contact.elapsed() > fence {
+        // Past this, with no leader, the agent stops its jobs: it must not wait for a slow
+        // registration round or a long pause to do so.
+        let fence_at = (!fence.is_zero() && !fenced).then(|| last_contact + fence);
+        let attempt = register(&config, &runner);
+        let registered = match fence_at {
+            Some(at) => tokio::time::timeout_at(tokio::time::Instant::from_std(at), attempt)
+                .await
+                .unwrap_or(None),
+            None => attempt.await,
+        };
+        let Some(live) = registered else {
+            if fence_at.is_some_and(|at| Instant::now() >= at) {
                 tracing::error!(
                     after_ms = last_contact.elapsed().as_millis() as u64,
                     "no leader within the fence timeout: stopping every job"
@@ -109,9 +133,16 @@ pub async fn run(
                 runner.stop_all("node_failure");
                 fenced = true;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            let (pause, next) = next_retry(retry);
+            retry = next;
+            let pause = match fence_at.filter(|_| !fenced) {
+                Some(at) => pause.min(at.saturating_duration_since(Instant::now())),
+                None => pause,
+            };
+            tokio::time::sleep(pause).await;
             continue;
         };
+        retry = RETRY_FIRST;
         last_contact = Instant::now();
         fence = live.fence;
         fenced = false;
@@ -224,5 +255,31 @@ async fn report(
             tracing::warn!(error = %e, "reporting job events failed");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_with_jitter_to_a_ceiling() {
+        let mut retry = RETRY_FIRST;
+        let mut pauses = Vec::new();
+        for _ in 0..12 {
+            let (pause, next) = next_retry(retry);
+            assert!(
+                pause >= retry / 2 && pause <= retry,
+                "{pause:?} outside {retry:?}"
+            );
+            pauses.push(pause);
+            retry = next;
+        }
+        assert_eq!(retry, RETRY_MOST);
+        assert!(pauses[11] >= RETRY_MOST / 2);
+        // Jitter: a thousand agents do not all pick one pause.
+        let distinct: std::collections::BTreeSet<Duration> =
+            (0..50).map(|_| next_retry(RETRY_MOST).0).collect();
+        assert!(distinct.len() > 10, "{distinct:?}");
     }
 }
