@@ -83,10 +83,6 @@ impl Report {
     }
 }
 
-fn is_final(j: &pb::JobInfo) -> bool {
-    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
-}
-
 /// p50, p99 and max of `v` (nearest rank), or None when empty.
 pub fn percentiles(v: &[u64]) -> Option<(u64, u64, u64)> {
     if v.is_empty() {
@@ -160,7 +156,7 @@ pub fn check(
     }
     r.not_final = final_queue
         .iter()
-        .filter(|j| !is_final(j))
+        .filter(|j| !docket_deploy::rpc::is_final(j))
         .map(|j| j.job_id)
         .collect();
     // Runs: starts beyond 1 + requeues, and overlapping attempts.

@@ -336,7 +336,7 @@ async fn run(
             };
             let unfinished = jobs
                 .iter()
-                .filter(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"))
+                .filter(|j| !rpc::is_final(j))
                 .count();
             backlog.get_or_insert(unfinished);
             if unfinished < fewest {

@@ -211,10 +211,6 @@ impl Demo<'_> {
     }
 }
 
-fn is_final(j: &pb::JobInfo) -> bool {
-    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
-}
-
 fn running(jobs: &BTreeMap<u64, pb::JobInfo>, ids: &[u64]) -> bool {
     ids.iter()
         .all(|id| jobs.get(id).is_some_and(|j| j.start_time_ms.is_some()))
@@ -262,7 +258,7 @@ pub async fn run(cluster: &mut LocalCluster) -> Result<DemoReport> {
         .until("the small job and the memory hog to end", |j| {
             [small, hog]
                 .iter()
-                .all(|id| j.get(id).is_some_and(is_final))
+                .all(|id| j.get(id).is_some_and(rpc::is_final))
         })
         .await?;
     let started = |id: u64| jobs.get(&id).and_then(|j| j.start_time_ms);
@@ -304,7 +300,7 @@ pub async fn run(cluster: &mut LocalCluster) -> Result<DemoReport> {
         first
             .iter()
             .chain([&wide])
-            .all(|id| j.get(id).is_some_and(is_final))
+            .all(|id| j.get(id).is_some_and(rpc::is_final))
     })
     .await?;
     d.say("the first wave finished; the wide job ran after it");
@@ -333,7 +329,7 @@ pub async fn run(cluster: &mut LocalCluster) -> Result<DemoReport> {
             }
             fill.iter()
                 .chain([&express])
-                .all(|id| j.get(id).is_some_and(is_final))
+                .all(|id| j.get(id).is_some_and(rpc::is_final))
         })
         .await?;
     d.report.express_ran = jobs.get(&express).is_some_and(|j| j.state == "COMPLETED");
@@ -352,7 +348,7 @@ pub async fn run(cluster: &mut LocalCluster) -> Result<DemoReport> {
     let ids = d.report.submitted.clone();
     let jobs = d
         .until("every job to reach a final state", |j| {
-            ids.iter().all(|id| j.get(id).is_some_and(is_final))
+            ids.iter().all(|id| j.get(id).is_some_and(rpc::is_final))
         })
         .await
         .unwrap_or_default();

@@ -57,6 +57,11 @@ pub async fn leader(addrs: &[String]) -> Option<(u64, String)> {
     (leader.role == "leader").then(|| (id, leader.addr.clone()))
 }
 
+/// Whether a job has reached a final state (not pending, running, suspended or completing).
+pub fn is_final(j: &pb::JobInfo) -> bool {
+    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
+}
+
 /// Nodes as the leader lists them (with `responding` filled).
 pub async fn nodes(leader: &str) -> Result<Vec<pb::NodeInfo>, LaunchError> {
     let mut c = admin(leader)?;

@@ -147,7 +147,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
         {
             started = Some(submitted.elapsed().as_secs_f64());
         }
-        if ours.len() == ids.len() && ours.iter().all(|j| is_final(j)) {
+        if ours.len() == ids.len() && ours.iter().all(|j| rpc::is_final(j)) {
             ended = Some(submitted.elapsed().as_secs_f64());
             for j in ours {
                 *report.states.entry(j.state.clone()).or_default() += 1;
@@ -198,10 +198,6 @@ async fn submit(
             Err(s) => return Err(anyhow!("submitting: {}", s.message())),
         }
     }
-}
-
-fn is_final(j: &pb::JobInfo) -> bool {
-    !matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG")
 }
 
 /// Memory of a process, KiB: its proportional set size (pages it shares with the other
