@@ -10,6 +10,7 @@
 //! - Every job reached a final state.
 //! - Raft safety as seen from outside: at most one leader per term.
 //! - Convergence: every replica's own (stale) view of the queue is the same.
+//! - The agents' launch records agree (see [`crate::launches`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,6 +68,9 @@ pub struct Report {
     pub to_start_ms: Vec<u64>,
     pub longest_unavailable_ms: u64,
     pub terms_seen: usize,
+    /// The agents' launch records against the run log (filled by the caller, which knows
+    /// where the agents keep them).
+    pub launches: crate::launches::Findings,
 }
 
 impl Report {
@@ -78,6 +82,7 @@ impl Report {
             && self.double_runs.is_empty()
             && self.overlapping.is_empty()
             && self.not_final.is_empty()
+            && self.launches.ok()
             && self.split_terms.is_empty()
             && !self.diverged
     }
@@ -254,6 +259,16 @@ pub fn render(r: &Report, seed: u64) -> String {
         r.overlapping.len(),
         r.not_final.len()
     ));
+    let l = &r.launches;
+    s.push_str(&format!(
+        "agent launch records:   {} ({} started, {} abandoned); starts not backed: {}   abandoned yet started: {}   started beyond 1 + requeues: {}\n",
+        l.records,
+        l.started,
+        l.abandoned,
+        l.unbacked.len(),
+        l.abandoned_started.len(),
+        l.started_too_often.len()
+    ));
     s.push_str(&format!(
         "terms seen: {}   terms with two leaders: {}   replicas diverged: {}\n",
         r.terms_seen,
@@ -297,7 +312,7 @@ pub fn render(r: &Report, seed: u64) -> String {
         };
         let ids = |v: &[u64]| -> Vec<String> { v.iter().map(u64::to_string).collect() };
         s.push_str(&format!(
-            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  split terms {}\n",
+            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  split terms {}\n  starts not backed by a launch {}\n  abandoned yet started {}\n  started by agents beyond 1 + requeues {}\n",
             few(&r.lost),
             few(&r.duplicated),
             few(&r.unexpected),
@@ -306,6 +321,9 @@ pub fn render(r: &Report, seed: u64) -> String {
             few(&ids(&r.overlapping)),
             few(&ids(&r.not_final)),
             few(&ids(&r.split_terms)),
+            few(&ids(&r.launches.unbacked)),
+            few(&ids(&r.launches.abandoned_started)),
+            few(&ids(&r.launches.started_too_often)),
         ));
     }
     s

@@ -10,6 +10,7 @@
 mod check;
 mod faults;
 mod history;
+mod launches;
 mod observe;
 mod sim;
 mod workload;
@@ -362,7 +363,13 @@ async fn run(
         let log = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
         let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
         let all_jobs = queue_and_archive(&leader).await?;
-        let report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
+        let mut report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
+        let requeues = all_jobs
+            .iter()
+            .map(|j| (j.job_id, j.requeue_count))
+            .collect();
+        report.launches =
+            launches::check(&launches::read(&state.join("agents")), &log, &requeues);
         print!("{}", check::render(&report, seed));
         Ok::<bool, anyhow::Error>(report.ok())
     }

@@ -95,6 +95,12 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
         "{out}"
     );
     assert!(out.contains("terms with two leaders: 0"), "{out}");
+    assert!(
+        out.contains(
+            "starts not backed: 0   abandoned yet started: 0   started beyond 1 + requeues: 0"
+        ),
+        "{out}"
+    );
     // The aimed agent crashes landed where they were aimed.
     for kind in ["agent crash at launch", "agent crash at exit"] {
         assert!(
