@@ -6,7 +6,8 @@
 //! twice. A `kill -9` at a random time rarely lands in those windows, so the agent marks
 //! them with [fail-rs] points, and `--crash-at POINT` makes the agent SIGKILL itself the
 //! first time it reaches one. The chaos harness restarts an agent armed this way to aim a
-//! crash exactly at a launch or an exit. Unarmed, a point costs one lookup in an empty map.
+//! crash exactly at a launch or an exit. Unarmed, a point costs one lookup in an empty map;
+//! built without the `crash-points` feature (on by default), the points compile to nothing.
 //!
 //! [fail-rs]: https://github.com/tikv/fail-rs
 
@@ -45,8 +46,15 @@ impl CrashPoint {
     ];
 }
 
-/// Makes this process SIGKILL itself when it first reaches `point`.
-pub fn arm(point: CrashPoint) {
+/// Makes this process SIGKILL itself when it first reaches `point`; refused when the agent
+/// was built without the `crash-points` feature.
+pub fn arm(point: CrashPoint) -> Result<(), String> {
+    if !fail::has_failpoints() {
+        return Err(format!(
+            "--crash-at {}: this agent was built without the crash-points feature",
+            point.name()
+        ));
+    }
     let name = point.name();
     tracing::warn!(point = name, "armed: this agent will kill itself at {name}");
     // cfg_callback only fails on a malformed action string, which a callback has none of.
@@ -54,9 +62,11 @@ pub fn arm(point: CrashPoint) {
         tracing::warn!(point = name, "crash point reached: SIGKILL to myself");
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     });
+    Ok(())
 }
 
 /// Marks that a run has reached `point` (and dies there when armed for it).
+#[cfg_attr(not(feature = "crash-points"), allow(unused_variables))]
 pub fn reached(point: CrashPoint) {
     fail::fail_point!(point.name());
 }

@@ -190,7 +190,7 @@ fn run(args: RunArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(point) = args.crash_at {
-        docket_nodeagent::crash::arm(point);
+        docket_nodeagent::crash::arm(point).map_err(anyhow::Error::msg)?;
     }
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
