@@ -186,6 +186,18 @@ impl Client {
         let mut last = None;
         let mut order: Vec<String> = self.endpoints.clone();
         let mut queue: Vec<String> = order.clone();
+        if attempt == Attempt::Write {
+            // Straight to the leader, as the replicas that answer within the read deadline
+            // name it: a write is never sent to a replica that may be silent.
+            let (leader, silent) = self.find_leader().await;
+            order.retain(|a| !silent.contains(a));
+            order.extend(silent);
+            queue = order.clone();
+            if let Some(l) = leader {
+                queue.retain(|a| *a != l);
+                queue.insert(0, l);
+            }
+        }
         loop {
             while let Some(addr) = queue.first().cloned() {
                 queue.remove(0);
@@ -236,6 +248,29 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(250)).await;
             queue = order.clone();
         }
+    }
+}
+
+impl Client {
+    /// The leader's address as the first replica to answer within [`READ_ATTEMPT`] names it,
+    /// and the endpoints that did not answer in time (asked once each, no retries).
+    async fn find_leader(&self) -> (Option<String>, Vec<String>) {
+        let mut silent = Vec::new();
+        for addr in &self.endpoints {
+            let Ok(mut c) = self.admin(addr) else {
+                continue;
+            };
+            let req = self.request(docket_proto::v1::ClusterStatusRequest {});
+            match tokio::time::timeout(READ_ATTEMPT, c.cluster_status(req)).await {
+                Ok(Ok(r)) => {
+                    let leader = r.into_inner().leader_addr;
+                    return ((!leader.is_empty()).then_some(leader), silent);
+                }
+                Ok(Err(_)) => {}
+                Err(_) => silent.push(addr.clone()),
+            }
+        }
+        (None, silent)
     }
 }
 
