@@ -10,9 +10,10 @@
 //! A read (listing, showing, status) waits at most 5 s for one endpoint, then asks the next
 //! and asks the silent one last from then on: a replica that accepts connections but does not
 //! answer (stopped, overloaded, cut off) delays a command by seconds, not by the whole
-//! deadline. A write waits for its answer (30 s, 60 s for administration), since sending it
-//! elsewhere could apply it twice; one that got no answer in time ends with the
-//! unknown-outcome status. The caller's identity is the login name of the effective user.
+//! deadline. A write first asks the replicas that answer within that time who leads and is
+//! sent straight to the leader; it then waits for its answer (30 s, 60 s for
+//! administration), since sending it elsewhere could apply it twice; one that got no answer
+//! in time ends with the unknown-outcome status. The caller's identity is the login name of the effective user.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
