@@ -295,7 +295,11 @@ async fn run(
             stop.clone(),
         )));
         for id in 0..clients {
-            let partition = if simulated > 0 && id % 3 == 2 { "sim" } else { "batch" };
+            let partition = if simulated > 0 && id % 3 == 2 {
+                "sim"
+            } else {
+                "batch"
+            };
             let w = workload::Workload {
                 partition: partition.into(),
                 work_dir: work.display().to_string(),
@@ -335,10 +339,7 @@ async fn run(
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             };
-            let unfinished = jobs
-                .iter()
-                .filter(|j| !rpc::is_final(j))
-                .count();
+            let unfinished = jobs.iter().filter(|j| !rpc::is_final(j)).count();
             backlog.get_or_insert(unfinished);
             if unfinished < fewest {
                 (fewest, progress) = (unfinished, Instant::now());
@@ -368,12 +369,17 @@ async fn run(
             .iter()
             .map(|j| (j.job_id, j.requeue_count))
             .collect();
-        report.launches =
-            launches::check(&launches::read(&state.join("agents")), &log, &requeues);
+        report.launches = launches::check(&launches::read(&state.join("agents")), &log, &requeues);
         print!("{}", check::render(&report, seed));
         Ok::<bool, anyhow::Error>(report.ok())
-    }
-    .await;
+    };
+    // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.
+    let outcome = tokio::select! {
+        o = outcome => o,
+        signal = docket_deploy::interrupted() => {
+            Err(anyhow::anyhow!("interrupted by {signal}; stopping the cluster"))
+        }
+    };
     let sweep = cluster.stop(temporary).await;
     if let Err(e) = sweep {
         eprintln!("docket-chaos: warning: stopping the cluster: {e}");

@@ -54,3 +54,17 @@ impl LaunchError {
         move |source| LaunchError::Io { what, source }
     }
 }
+
+/// Resolves when this process is asked to stop (SIGTERM, or SIGINT from a terminal), naming
+/// the signal: a long command that started a cluster selects on it so that the cluster is
+/// stopped, not orphaned, when a test runner's timeout or an operator ends the command.
+pub async fn interrupted() -> &'static str {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}

@@ -64,7 +64,12 @@ pub async fn run(
     layout.node_down_margin_ms = (spec.heartbeat_ms * 4).max(5_000);
     let start = Instant::now();
     let cluster = LocalCluster::start(&layout)?;
-    let outcome = measure(spec, &cluster, start).await;
+    let outcome = tokio::select! {
+        o = measure(spec, &cluster, start) => o,
+        signal = docket_deploy::interrupted() => {
+            Err(anyhow!("interrupted by {signal}; stopping the cluster"))
+        }
+    };
     // A run that went wrong keeps its logs for reading.
     let keep = !outcome.as_ref().is_ok_and(|r| r.all_completed(spec.jobs));
     let stopped = cluster.stop(!keep).await;
