@@ -84,8 +84,8 @@ enum Cmd {
     Scale {
         #[arg(long, default_value_t = 3)]
         replicas: u32,
-        /// Simulated agents (s0001.., 8 cpus and 8 GiB each).
-        #[arg(long, default_value_t = 1000)]
+        /// Simulated agents (s0001.., 8 cpus and 8 GiB each), each a process.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=20_000))]
         agents: u32,
         /// Whole-node jobs to run (more than the agents queue up).
         #[arg(long, default_value_t = 2000)]
@@ -94,13 +94,13 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         runtime: u32,
         /// Agents' heartbeat period, ms.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(50..=600_000))]
         heartbeat_ms: u64,
         /// Jobs per submission request.
         #[arg(long, default_value_t = 500)]
         batch: u32,
         /// The replicas' Raft heartbeat, ms.
-        #[arg(long, default_value_t = 250)]
+        #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
         raft_heartbeat_ms: u64,
         /// The replicas' election timeout range, `MIN-MAX` ms. Longer than the controller's
         /// default: here a thousand agent processes share the controllers' cores, which a
@@ -414,5 +414,16 @@ fn main() -> ExitCode {
             eprintln!("docket-local: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    #[test]
+    fn the_options_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

@@ -60,8 +60,8 @@ pub async fn run(
     layout.raft_heartbeat_ms = Some(spec.raft_heartbeat_ms);
     layout.election_timeout_ms = Some(spec.election_timeout_ms.clone());
     // A node is declared down after several missed heartbeats, never sooner than 10 s.
-    layout.agent_fence_ms = (spec.heartbeat_ms * 6).max(10_000);
-    layout.node_down_margin_ms = (spec.heartbeat_ms * 4).max(5_000);
+    layout.agent_fence_ms = spec.heartbeat_ms.saturating_mul(6).max(10_000);
+    layout.node_down_margin_ms = spec.heartbeat_ms.saturating_mul(4).max(5_000);
     let start = Instant::now();
     let cluster = LocalCluster::start(&layout)?;
     let outcome = tokio::select! {

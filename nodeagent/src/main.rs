@@ -317,3 +317,14 @@ fn own_cpus() -> Vec<u32> {
         .and_then(|list| parse_cpu_list(&list).ok())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    #[test]
+    fn the_options_are_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}
