@@ -135,11 +135,27 @@ pub async fn inject(
                 }
                 format!("replica {id}")
             }
-            FaultKind::PartitionLeader | FaultKind::PartitionLeaderFromAgents => {
-                let Some(id) = leader else {
+            FaultKind::PartitionLeader
+            | FaultKind::PartitionLeaderFromAgents
+            | FaultKind::PartitionFollower
+            | FaultKind::PartitionFollowerFromAgents => {
+                let on_leader = matches!(
+                    p.kind,
+                    FaultKind::PartitionLeader | FaultKind::PartitionLeaderFromAgents
+                );
+                let target = if on_leader {
+                    leader
+                } else {
+                    follower(cluster, leader, p.pick)
+                };
+                let Some(id) = target else {
                     continue;
                 };
-                if p.kind == FaultKind::PartitionLeader {
+                // Cut from the other replicas, or from the host's side (agents and clients).
+                if matches!(
+                    p.kind,
+                    FaultKind::PartitionLeader | FaultKind::PartitionFollower
+                ) {
                     cluster.partition_replica(id)?;
                 } else {
                     cluster.partition_from_host(id)?;
@@ -181,19 +197,6 @@ pub async fn inject(
                     "replica {id}{}, {sign}{minutes} min",
                     if Some(id) == leader { " (leader)" } else { "" }
                 )
-            }
-            FaultKind::PartitionFollower | FaultKind::PartitionFollowerFromAgents => {
-                let Some(id) = follower(cluster, leader, p.pick) else {
-                    continue;
-                };
-                if p.kind == FaultKind::PartitionFollower {
-                    cluster.partition_replica(id)?;
-                } else {
-                    cluster.partition_from_host(id)?;
-                }
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.heal(id)?;
-                format!("replica {id}")
             }
             FaultKind::KillFollower => {
                 let Some(id) = follower(cluster, leader, p.pick) else {

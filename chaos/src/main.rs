@@ -413,13 +413,7 @@ async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()>
             let (old, _) = rpc::leader(&cluster.addrs())
                 .await
                 .ok_or_else(|| anyhow!("no leader to pause"))?;
-            let others: Vec<String> = cluster
-                .record
-                .replicas
-                .iter()
-                .filter(|r| r.id != old)
-                .map(|r| r.addr.clone())
-                .collect();
+            let others = cluster.addrs_except(old);
             let at = Instant::now();
             if kind == DrillKind::Pause {
                 cluster.pause_replica(old, true)?;

@@ -55,13 +55,7 @@ pub async fn kill_leader(
         .iter()
         .map(|j| j.job_id)
         .collect();
-    let others: Vec<String> = cluster
-        .record
-        .replicas
-        .iter()
-        .filter(|r| r.id != old)
-        .map(|r| r.addr.clone())
-        .collect();
+    let others = cluster.addrs_except(old);
     let work = cluster.record.state_dir.display().to_string();
     let killed_at = Instant::now();
     cluster.kill_replica(old)?;

@@ -367,6 +367,16 @@ impl LocalCluster {
             .collect()
     }
 
+    /// Every replica's address but replica `id`'s (the survivors of a fault on it).
+    pub fn addrs_except(&self, id: u64) -> Vec<String> {
+        self.record
+            .replicas
+            .iter()
+            .filter(|r| r.id != id)
+            .map(|r| r.addr.clone())
+            .collect()
+    }
+
     /// The `DOCKET_ADDR` value.
     pub fn docket_addr(&self) -> String {
         self.addrs().join(",")
