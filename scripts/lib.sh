@@ -66,10 +66,11 @@ ensure_prereqs() {
   command -v c++ >/dev/null 2>&1 || pkgs+=(g++)
   command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
   # The tests: libfaketime makes one replica's clock jump (chaos/); iproute2 makes the network
-  # namespaces partitions are cut in.
+  # namespaces partitions are cut in; munge is the real munged auth/munge is tested against.
   if [ "${1:-}" = test ] && command -v dpkg-query >/dev/null 2>&1; then
     deb_installed libfaketime || pkgs+=(libfaketime)
     command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
+    command -v munged >/dev/null 2>&1 || pkgs+=(munge)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1

@@ -14,7 +14,16 @@ use crate::history::{History, LeaderSeen};
 
 /// Polls every replica until `stop`.
 pub async fn leaders(addrs: Vec<String>, history: History, stop: Arc<AtomicBool>) {
-    let channels = Channels::tcp(NetworkConfig::default());
+    // Over TLS, as the launcher's tool certificate (which may read Raft status, nothing else).
+    let Ok(access) = docket_deploy::rpc::access() else {
+        return;
+    };
+    let channels = Channels::with_maker(
+        NetworkConfig::default(),
+        Arc::new(move |addr: &str| {
+            docket_auth::tls::connect::channel(addr, &access.tls, Duration::from_millis(500), None)
+        }),
+    );
     let pollers: Vec<_> = addrs
         .into_iter()
         .map(|addr| {

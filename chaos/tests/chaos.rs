@@ -14,7 +14,7 @@ use std::process::Command;
 fn bins() -> PathBuf {
     docket_deploy::testing::bin_dir(
         env!("CARGO_BIN_EXE_docket-chaos"),
-        &["docket-controller", "docket-nodeagent"],
+        &["docket-controller", "docket-nodeagent", "docket-authd"],
     )
 }
 

@@ -13,21 +13,58 @@
 //! deadline. A write first asks the replicas that answer within that time who leads and is
 //! sent straight to the leader; it then waits for its answer (30 s, 60 s for
 //! administration), since sending it elsewhere could apply it twice; one that got no answer
-//! in time ends with the unknown-outcome status. The caller's identity is the login name of the effective user.
+//! in time ends with the unknown-outcome status.
+//!
+//! Every connection is TLS: the controller must present a replica certificate of the
+//! cluster CA (`DOCKET_TLS_CA`, else `[controller] CaFile` in docket.toml, else
+//! `/etc/docket/tls/ca.pem`). Every request carries a fresh credential proving who runs the
+//! command: from the local `docket-authd` (`auth/docket`, the default; its socket
+//! `DOCKET_AUTH_SOCKET`, else `[controller] AuthSocket`, else `/run/docket/authd.sock`) or
+//! from munged (`DOCKET_AUTH_TYPE` / `[controller] AuthType` = `auth/munge`). A request a
+//! controller refuses for going over the user's rate (RESOURCE_EXHAUSTED) was not applied:
+//! it is sent again a second later, within the retry window, as Slurm's commands back off.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, anyhow};
+use docket_auth::tls::{TlsContext, TlsFiles};
+use docket_auth::{AuthType, CredentialSource};
 use docket_proto::v1::admin_client::AdminClient;
 use docket_proto::v1::jobs_client::JobsClient;
 use tonic::transport::Channel;
 
-/// Where the controllers are and who is asking.
+/// Where the controllers are, how to reach them, and who is asking.
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoints: Vec<String>,
     user: String,
+    tls: TlsContext,
+    credentials: Arc<CredentialSource>,
+    /// Why the last credential could not be had, if it could not: said instead of the
+    /// controller's "no credential".
+    credential_error: Arc<Mutex<Option<String>>>,
+}
+
+/// The client settings of the site's docket.toml `[controller]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SiteClient {
+    /// `Hosts`, comma-joined.
+    pub hosts: Option<String>,
+    pub ca_file: Option<String>,
+    pub auth_type: Option<String>,
+    pub auth_socket: Option<String>,
+}
+
+/// `name` from the environment, else the site file's value.
+fn setting(env: &str, site: &Option<String>) -> Option<String> {
+    std::env::var(env)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| site.clone())
 }
 
 /// How long a read waits for one endpoint before asking the next.
@@ -53,13 +90,27 @@ fn retry_for() -> Duration {
 impl Client {
     /// From an explicit address list, or `DOCKET_ADDR`, or the local default.
     pub fn new(addr: Option<&str>) -> Result<Self> {
+        let site = from_config_file()?;
         let spec = match addr {
             Some(a) => a.to_owned(),
             None => match std::env::var("DOCKET_ADDR") {
                 Ok(a) => a,
-                Err(_) => from_config_file()?.unwrap_or_else(|| "127.0.0.1:6817".into()),
+                Err(_) => site
+                    .hosts
+                    .clone()
+                    .unwrap_or_else(|| "127.0.0.1:6817".into()),
             },
         };
+        let ca = setting("DOCKET_TLS_CA", &site.ca_file)
+            .unwrap_or_else(|| "/etc/docket/tls/ca.pem".into());
+        let tls = TlsContext::load(TlsFiles {
+            ca: PathBuf::from(&ca),
+            identity: None,
+        })
+        .with_context(|| {
+            format!("the cluster's CA certificate (set DOCKET_TLS_CA if it is not at {ca})")
+        })?;
+        let credentials = Arc::new(credential_source(&site)?);
         let endpoints: Vec<String> = spec
             .split(',')
             .map(|s| s.trim().to_owned())
@@ -76,25 +127,34 @@ impl Client {
             .map(|u| u.name)
             .or_else(|| std::env::var("USER").ok())
             .ok_or_else(|| anyhow!("cannot tell who you are: no passwd entry and no $USER"))?;
-        Ok(Client { endpoints, user })
+        Ok(Client {
+            endpoints,
+            user,
+            tls,
+            credentials,
+            credential_error: Arc::new(Mutex::new(None)),
+        })
     }
 
     pub fn user(&self) -> &str {
         &self.user
     }
 
+    fn channel(&self, addr: &str, timeout: Duration) -> Result<Channel> {
+        docket_auth::tls::connect::channel(addr, &self.tls, Duration::from_secs(2), Some(timeout))
+            .map_err(|e| anyhow!("controller address {e}"))
+    }
+
     fn jobs(&self, addr: &str) -> Result<JobsClient<Channel>> {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(30));
-        Ok(JobsClient::new(endpoint.connect_lazy()))
+        Ok(JobsClient::new(
+            self.channel(addr, Duration::from_secs(30))?,
+        ))
     }
 
     fn admin(&self, addr: &str) -> Result<AdminClient<Channel>> {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(60));
-        Ok(AdminClient::new(endpoint.connect_lazy()))
+        Ok(AdminClient::new(
+            self.channel(addr, Duration::from_secs(60))?,
+        ))
     }
 
     /// Like [`Client::jobs_call`] for the admin service; a call only the leader may serve is
@@ -139,11 +199,24 @@ impl Client {
             .partitions)
     }
 
-    /// `request` with the caller's identity.
+    /// `request` with a fresh credential proving the caller's identity. Should none be had
+    /// (the signer down), the request goes without one and the reason replaces the
+    /// controller's refusal.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
-        if let Ok(v) = self.user.parse() {
-            r.metadata_mut().insert("x-docket-user", v);
+        let mut error = self
+            .credential_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match self.credentials.credential() {
+            Ok(c) => match c.parse() {
+                Ok(v) => {
+                    r.metadata_mut().insert(docket_auth::CREDENTIAL_HEADER, v);
+                    *error = None;
+                }
+                Err(_) => *error = Some("the credential is not ASCII".into()),
+            },
+            Err(e) => *error = Some(e.to_string()),
         }
         r
     }
@@ -222,6 +295,34 @@ impl Client {
                 match answer {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) if s.code() == tonic::Code::Unavailable => last = Some(s),
+                    // No TLS session could be had (a replica that accepts connections but
+                    // does not answer, a handshake refused): a read asks the next one, and
+                    // asks this one last from then on.
+                    Err(s) if attempt == Attempt::Read && transport_failed(&s) => {
+                        order.retain(|a| *a != addr);
+                        order.push(addr);
+                        last = Some(s);
+                    }
+                    // Over the user's rate: not applied; back off a second and send again.
+                    Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                        last = Some(s);
+                        queue.insert(0, addr);
+                        if start.elapsed() > retry_for {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(s) if s.code() == tonic::Code::Unauthenticated => {
+                        let why = self
+                            .credential_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .clone();
+                        return Err(match why {
+                            Some(why) => anyhow!("no credential: {why}"),
+                            None => status_error(&s),
+                        });
+                    }
                     Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                         match s
                             .metadata()
@@ -275,22 +376,58 @@ impl Client {
     }
 }
 
-/// The controllers named by the site's configuration file (`DOCKET_CONF`, else
-/// `/etc/docket/docket.toml`), `[controller] Hosts = ["host:port", ...]`, as Slurm's
-/// commands read SlurmctldHost from slurm.conf. `None` when there is no such file or key.
-pub fn from_config_file() -> Result<Option<String>> {
+/// Where this host's credentials come from: `DOCKET_AUTH_TYPE` / `[controller] AuthType`
+/// (`auth/docket` by default), from `DOCKET_AUTH_SOCKET` / `[controller] AuthSocket` (the
+/// method's default socket otherwise).
+pub fn credential_source(site: &SiteClient) -> Result<CredentialSource> {
+    let kind: AuthType = setting("DOCKET_AUTH_TYPE", &site.auth_type)
+        .unwrap_or_else(|| "auth/docket".into())
+        .parse()
+        .map_err(|e: String| anyhow!("DOCKET_AUTH_TYPE: {e}"))?;
+    let socket = setting("DOCKET_AUTH_SOCKET", &site.auth_socket).map(PathBuf::from);
+    Ok(CredentialSource::new(kind, socket)?)
+}
+
+/// Whether `s` is a failure of the connection itself, not an answer of the service.
+fn transport_failed(s: &tonic::Status) -> bool {
+    s.code() == tonic::Code::Unknown && s.message().starts_with("transport error")
+}
+
+/// The client settings of the site's configuration file (`DOCKET_CONF`, else
+/// `/etc/docket/docket.toml`): `[controller] Hosts = ["host:port", ...]` (as Slurm's commands
+/// read SlurmctldHost from slurm.conf), `CaFile`, `AuthType`, `AuthSocket`. Empty when there
+/// is no such file.
+pub fn from_config_file() -> Result<SiteClient> {
     let path = std::env::var("DOCKET_CONF").unwrap_or_else(|_| "/etc/docket/docket.toml".into());
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(SiteClient::default()),
         Err(e) => return Err(anyhow!("reading {path}: {e}")),
     };
-    hosts_from(&text).map_err(|e| anyhow!("{path}: {e}"))
+    site_client(&text).map_err(|e| anyhow!("{path}: {e}"))
+}
+
+/// The `[controller]` client settings of a docket.toml.
+pub fn site_client(text: &str) -> Result<SiteClient> {
+    let table: toml::Table = text.parse().map_err(|e| anyhow!("{e}"))?;
+    let controller = table.get("controller");
+    let string = |key: &str| -> Result<Option<String>> {
+        match controller.and_then(|c| c.get(key)) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(other) => Err(anyhow!("[controller] {key}: {other} is not a string")),
+        }
+    };
+    Ok(SiteClient {
+        hosts: hosts_from(&table)?,
+        ca_file: string("CaFile")?,
+        auth_type: string("AuthType")?,
+        auth_socket: string("AuthSocket")?,
+    })
 }
 
 /// `[controller] Hosts` of a docket.toml, comma-joined.
-pub fn hosts_from(text: &str) -> Result<Option<String>> {
-    let table: toml::Table = text.parse().map_err(|e| anyhow!("{e}"))?;
+fn hosts_from(table: &toml::Table) -> Result<Option<String>> {
     let Some(hosts) = table.get("controller").and_then(|c| c.get("Hosts")) else {
         return Ok(None);
     };
@@ -399,18 +536,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_config_file_names_the_controllers() {
-        let text =
-            "[controller]\nHosts = [\"c1:6817\", \"c2:6817\"]\n[[nodes]]\nNodeName = \"n1\"\n";
-        assert_eq!(
-            hosts_from(text).unwrap().as_deref(),
-            Some("c1:6817,c2:6817")
-        );
-        assert_eq!(hosts_from("[[nodes]]\n").unwrap(), None);
-        let e = hosts_from("[controller]\nHosts = [1]\n")
+    fn the_config_file_names_the_controllers_the_ca_and_the_authentication() {
+        let text = "[controller]\nHosts = [\"c1:6817\", \"c2:6817\"]\nCaFile = \"/x/ca.pem\"\n\
+                    AuthType = \"auth/munge\"\n[[nodes]]\nNodeName = \"n1\"\n";
+        let site = site_client(text).unwrap();
+        assert_eq!(site.hosts.as_deref(), Some("c1:6817,c2:6817"));
+        assert_eq!(site.ca_file.as_deref(), Some("/x/ca.pem"));
+        assert_eq!(site.auth_type.as_deref(), Some("auth/munge"));
+        assert_eq!(site.auth_socket, None);
+        assert_eq!(site_client("[[nodes]]\n").unwrap(), SiteClient::default());
+        let e = site_client("[controller]\nHosts = [1]\n")
             .unwrap_err()
             .to_string();
         assert!(e.contains("Hosts"), "{e}");
+        let e = site_client("[controller]\nCaFile = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("CaFile"), "{e}");
     }
 
     #[test]

@@ -69,6 +69,11 @@ enum Command {
     Config(admin::ConfigArgs),
     /// Compute nodes: list, drain, resume.
     Node(admin::NodeArgs),
+    /// Print a fresh credential proving who you are (from docket-authd, or munged with
+    /// auth/munge), for scripts and portals that call the gRPC API directly: send it in the
+    /// `x-docket-credential` metadata entry. Each is good for one request, within about a
+    /// minute.
+    Credential,
     /// Create DIR/sbatch, DIR/squeue, ... as symlinks to this binary.
     InstallAliases {
         /// Where to put the links (e.g. /usr/local/bin).
@@ -117,6 +122,10 @@ fn main() -> ExitCode {
                 Command::Queue(args) => squeue::run(args),
                 Command::Cancel(args) => scancel::run(args),
                 Command::InstallAliases { dir } => aliases::install_aliases(&dir),
+                Command::Credential => client::from_config_file()
+                    .and_then(|site| client::credential_source(&site))
+                    .and_then(|source| Ok(source.credential()?))
+                    .map(|c| println!("{c}")),
                 Command::Cluster(args) => cluster::run(args),
                 Command::Config(args) => admin::config(args),
                 Command::Node(args) => admin::node(args),

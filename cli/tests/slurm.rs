@@ -3,12 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const DEADLINE: Duration = Duration::from_secs(30);
+use common::{DEADLINE, auth_env, free_addr, run, start_cluster, text};
 
 const SITE: &str = r#"
 [[nodes]]
@@ -29,111 +30,6 @@ Name = "ops"
 Name = "root"
 DefaultAccount = "ops"
 "#;
-
-/// The controller binary next to ours (built here when this package is tested alone).
-fn controller_binary() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_docket")).with_file_name("docket-controller");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let ok = Command::new(cargo)
-            .args(["build", "-p", "docket-controller"])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "building docket-controller failed");
-    }
-    path
-}
-
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-/// Runs `name` (a symlink to `docket`) with `args` in `dir`, DOCKET_ADDR set.
-fn run(dir: &Path, addr: &str, name: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new(dir.join(name));
-    cmd.args(args)
-        .current_dir(dir)
-        .env("DOCKET_ADDR", addr)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    if let Some(text) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
-}
-
-/// Three controllers serving `site` from `dir`, with every alias linked into `dir`; the
-/// processes and DOCKET_ADDR.
-fn start_cluster(dir: &Path, site: &str) -> (Procs, String) {
-    std::fs::write(dir.join("site.toml"), site).unwrap();
-    for name in [
-        "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "sprio", "sshare", "qsub",
-        "qstat", "qdel", "pbsnodes",
-    ] {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_docket"), dir.join(name)).unwrap();
-    }
-    let addrs: BTreeMap<u64, String> = (1..=3).map(|id| (id, free_addr())).collect();
-    let bootstrap = addrs
-        .iter()
-        .map(|(id, a)| format!("{id}={a}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let controller = controller_binary();
-    let mut procs = Procs(Vec::new());
-    for (id, a) in &addrs {
-        let mut cmd = Command::new(&controller);
-        cmd.args([
-            "run",
-            "--id",
-            &id.to_string(),
-            "--listen",
-            a,
-            "--agent-fence-ms",
-            "0",
-        ])
-        .args(["--log", "off"])
-        .arg("--data-dir")
-        .arg(dir.join(format!("r{id}")))
-        .arg("--config")
-        .arg(dir.join("site.toml"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        if *id == 1 {
-            cmd.args(["--bootstrap", &bootstrap]);
-        }
-        procs.0.push(cmd.spawn().unwrap());
-    }
-    let addr = addrs.values().cloned().collect::<Vec<_>>().join(",");
-    (procs, addr)
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[test]
 fn sbatch_squeue_and_scancel_speak_slurm() {
@@ -366,6 +262,7 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     let o = Command::new(env!("CARGO_BIN_EXE_docket"))
         .args(["cluster", "status"])
         .env("DOCKET_ADDR", &addr)
+        .envs(auth_env(dir.path()))
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");
@@ -614,6 +511,7 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
         .args(["config", "apply", "--dry-run", "raised.toml"])
         .current_dir(d)
         .env("DOCKET_ADDR", &addr)
+        .envs(auth_env(d))
         .output()
         .unwrap();
     let out = ok(o);
@@ -661,6 +559,7 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
         .args(["-W", "--parsable", "-t", "5", "job.sh"])
         .current_dir(d)
         .env("DOCKET_ADDR", &addr)
+        .envs(auth_env(d))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -713,6 +612,7 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let o = Command::new(d.join("squeue"))
         .env("DOCKET_ADDR", free_addr())
+        .envs(auth_env(d))
         .env("DOCKET_RETRY_SECONDS", "1")
         .output()
         .unwrap();
@@ -727,6 +627,7 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     let o = Command::new(d.join("squeue"))
         .args(["-h", "-o", "%i"])
         .env("DOCKET_ADDR", &through_silent)
+        .envs(auth_env(d))
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");

@@ -1,8 +1,9 @@
 //! The `docket.v1.Admin` service: the replicas, the replicated configuration, nodes,
 //! reservations and the scheduler's diagnostics.
 //!
-//! Reads are open to every identified caller; changes need the admin role (checked here,
-//! because node, configuration and membership commands carry no actor into the core).
+//! Reads are open to every caller with a credential; changes need the admin role. Membership
+//! changes are checked here (they are Raft's, not docket-core's); every other change carries
+//! its proven actor into the log, where docket-core checks the role again at apply time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use docket_raft::replica::{ClusterError, Replica};
 use docket_raft::status::Role;
 use tonic::{Request, Response, Status};
 
-use crate::identity::caller;
+use crate::identity::Authenticator;
 use crate::machine::CoreMachine;
 use crate::stats::LoopStats;
 use crate::write::write;
@@ -33,6 +34,8 @@ pub struct AdminService {
     inflight: Arc<AtomicUsize>,
     /// The leader's agent sessions (which nodes respond).
     agents: Option<crate::agents::AgentHub>,
+    /// Who is calling.
+    auth: Authenticator,
 }
 
 impl AdminService {
@@ -41,36 +44,40 @@ impl AdminService {
         stats: Arc<std::sync::Mutex<LoopStats>>,
         inflight: Arc<AtomicUsize>,
         agents: Option<crate::agents::AgentHub>,
+        auth: Authenticator,
+        channels: Channels,
     ) -> AdminServer<Self> {
         AdminServer::new(AdminService {
             replica,
-            channels: Channels::tcp(docket_raft::network::NetworkConfig::default()),
+            channels,
             stats,
             inflight,
             agents,
+            auth,
         })
     }
 
-    /// The caller, who must hold the admin role.
-    fn admin<T>(&self, request: &Request<T>) -> Result<Actor, Status> {
-        let actor = caller(request)?;
+    /// The caller, who must hold the admin role (a quick answer; apply checks again).
+    async fn admin<T>(&self, request: &Request<T>) -> Result<Actor, Status> {
+        let actor = self.auth.caller(request).await?;
         let ok = self
             .replica
             .read_stale(|a| a.machine.state.is_admin(&actor));
         if !ok {
             return Err(Status::permission_denied(format!(
-                "{}: this needs the admin role (root, or a user with AdminLevel); nothing changed",
-                match &actor {
-                    Actor::User(u) => u.to_string(),
-                    Actor::Operator => "root".into(),
-                }
+                "{actor}: this needs the admin role (root, or a user with AdminLevel); nothing \
+                 changed"
             )));
         }
         Ok(actor)
     }
 
-    async fn command(&self, command: Command) -> Result<Response<pb::AdminReply>, Status> {
-        let response = write(&self.replica, Envelope::new(command)).await?;
+    async fn command(
+        &self,
+        actor: Actor,
+        command: Command,
+    ) -> Result<Response<pb::AdminReply>, Status> {
+        let response = write(&self.replica, Envelope::new(actor, command)).await?;
         Ok(Response::new(pb::AdminReply {
             message: format!("{response:?}"),
         }))
@@ -111,7 +118,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let me = self.replica.status();
         // The leader's view has every member's lag; ask it when we are not it.
         let leader_view = match (&me.role, &me.leader_addr) {
@@ -175,7 +182,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::AddReplicaRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        self.admin(&request).await?;
         let req = request.into_inner();
         if req.id == 0 {
             return Err(Status::invalid_argument("id: replica ids start at 1"));
@@ -206,7 +213,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::RemoveReplicaRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        self.admin(&request).await?;
         let id = ReplicaId(request.into_inner().id);
         let known = self.replica.status().members.iter().any(|m| m.id == id);
         if !known {
@@ -224,7 +231,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::GetConfigRequest>,
     ) -> Result<Response<pb::GetConfigResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let reply = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
             let mut users: Vec<String> = s.users.keys().map(|u| u.to_string()).collect();
             users.sort();
@@ -245,7 +252,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ApplyConfigRequest>,
     ) -> Result<Response<pb::ApplyConfigResponse>, Status> {
-        self.admin(&request)?;
+        let actor = self.admin(&request).await?;
         let req = request.into_inner();
         let site = docket_core::site::parse(&req.toml)
             .map_err(|e| Status::invalid_argument(format!("toml: {e}")))?;
@@ -265,7 +272,7 @@ impl Admin for AdminService {
         if req.dry_run {
             let now = crate::loops::wall_clock_ms();
             let outcome = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
-                crate::dry_run::dry_run(s, &commands, now)
+                crate::dry_run::dry_run(s, &actor, &commands, now)
             })
             .await?;
             return Ok(Response::new(pb::ApplyConfigResponse {
@@ -278,11 +285,13 @@ impl Admin for AdminService {
         }
         let mut errors = Vec::with_capacity(commands.len());
         for command in commands {
-            errors.push(match write(&self.replica, Envelope::new(command)).await {
-                Ok(_) => String::new(),
-                Err(status) if status.code() == tonic::Code::Unavailable => return Err(status),
-                Err(status) => status.message().to_owned(),
-            });
+            errors.push(
+                match write(&self.replica, Envelope::new(actor.clone(), command)).await {
+                    Ok(_) => String::new(),
+                    Err(status) if status.code() == tonic::Code::Unavailable => return Err(status),
+                    Err(status) => status.message().to_owned(),
+                },
+            );
         }
         let applied = errors.iter().all(String::is_empty);
         Ok(Response::new(pb::ApplyConfigResponse {
@@ -297,7 +306,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::RemoveObjectRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        let actor = self.admin(&request).await?;
         let req = request.into_inner();
         fn parse<T: std::str::FromStr>(name: &str) -> Result<T, Status>
         where
@@ -319,14 +328,14 @@ impl Admin for AdminService {
                 )));
             }
         };
-        self.command(command).await
+        self.command(actor, command).await
     }
 
     async fn drain_node(
         &self,
         request: Request<pb::DrainNodeRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        let actor = self.admin(&request).await?;
         let req = request.into_inner();
         if req.reason.trim().is_empty() {
             return Err(Status::invalid_argument(
@@ -337,10 +346,13 @@ impl Admin for AdminService {
             .node
             .parse()
             .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
-        self.command(Command::DrainNode {
-            node,
-            reason: req.reason,
-        })
+        self.command(
+            actor,
+            Command::DrainNode {
+                node,
+                reason: req.reason,
+            },
+        )
         .await
     }
 
@@ -348,20 +360,20 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::NodeRequest>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        let actor = self.admin(&request).await?;
         let node = request
             .into_inner()
             .node
             .parse()
             .map_err(|e| Status::invalid_argument(format!("node: {e}")))?;
-        self.command(Command::ResumeNode(node)).await
+        self.command(actor, Command::ResumeNode(node)).await
     }
 
     async fn list_nodes(
         &self,
         request: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let responding = self.agents.as_ref().and_then(|a| a.responding());
         let nodes = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
             s.nodes
@@ -399,7 +411,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ListPartitionsRequest>,
     ) -> Result<Response<pb::ListPartitionsResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let partitions = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
             s.partitions
                 .values()
@@ -454,7 +466,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::Reservation>,
     ) -> Result<Response<pb::AdminReply>, Status> {
-        self.admin(&request)?;
+        let actor = self.admin(&request).await?;
         let r = request.into_inner();
         let bad = |field: &str, e: &dyn std::fmt::Display| {
             Status::invalid_argument(format!("{field}: {e}"))
@@ -485,7 +497,7 @@ impl Admin for AdminService {
                 .map(|a| a.parse().map_err(|e| bad("accounts", &e)))
                 .collect::<Result<_, _>>()?,
         };
-        self.command(Command::UpsertReservation(Box::new(reservation)))
+        self.command(actor, Command::UpsertReservation(Box::new(reservation)))
             .await
     }
 
@@ -493,7 +505,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::ListReservationsRequest>,
     ) -> Result<Response<pb::ListReservationsResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let reservations = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
             s.reservations
                 .values()
@@ -518,7 +530,7 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::DiagnosticsRequest>,
     ) -> Result<Response<pb::DiagnosticsResponse>, Status> {
-        caller(&request)?;
+        self.auth.caller(&request).await?;
         let stats = self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let jobs = self.replica.read_stale(|a| {
             let mut by_state: BTreeMap<String, u64> = BTreeMap::new();

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use docket_core::command::{EndCause, EndReport};
 use docket_core::job::{ArrayPart, ExitStatus, Job, JobState};
-use docket_core::{Command, Envelope, JobId, NodeName, State};
+use docket_core::{Actor, Command, Envelope, JobId, NodeName, State};
 use docket_proto::v1 as pb;
 use docket_proto::v1::agents_server::{Agents, AgentsServer};
 use docket_raft::replica::Replica;
@@ -53,6 +53,9 @@ impl Default for AgentConfig {
         }
     }
 }
+
+/// Most events one report may carry.
+const MAX_EVENTS: usize = 10_000;
 
 /// What the leader wants an agent to do with one job run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,7 +272,10 @@ impl AgentHub {
                 node: node.clone(),
                 reason,
             };
-            if write(&self.replica, Envelope::new(command)).await.is_ok() {
+            if write(&self.replica, Envelope::controller(command))
+                .await
+                .is_ok()
+            {
                 self.lock().declared_down.insert(node);
             }
         }
@@ -480,20 +486,15 @@ pub struct AgentsService {
     hub: AgentHub,
 }
 
-fn node_name(text: &str) -> Result<NodeName, Status> {
-    text.parse()
-        .map_err(|e| Status::invalid_argument(format!("node: {e}")))
-}
-
 #[tonic::async_trait]
 impl Agents for AgentsService {
     async fn register(
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let node = crate::identity::node_of(&request, &request.get_ref().node)?;
         self.hub.require_leader()?;
         let req = request.into_inner();
-        let node = node_name(&req.node)?;
         let spec = self
             .hub
             .replica
@@ -544,9 +545,9 @@ impl Agents for AgentsService {
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let node = crate::identity::node_of(&request, &request.get_ref().node)?;
         self.hub.require_leader()?;
         let req = request.into_inner();
-        let node = node_name(&req.node)?;
         self.hub.check_session(&node, &req.session)?;
         let mut hub = self.hub.lock();
         if let Some(s) = hub.sessions.get_mut(&node) {
@@ -562,9 +563,9 @@ impl Agents for AgentsService {
         &self,
         request: Request<pb::InstructionsRequest>,
     ) -> Result<Response<Self::InstructionsStream>, Status> {
+        let node = crate::identity::node_of(&request, &request.get_ref().node)?;
         self.hub.require_leader()?;
         let req = request.into_inner();
-        let node = node_name(&req.node)?;
         self.hub.check_session(&node, &req.session)?;
         let (tx, rx) = mpsc::channel(4096);
         {
@@ -585,13 +586,40 @@ impl Agents for AgentsService {
         &self,
         request: Request<pb::ReportEventsRequest>,
     ) -> Result<Response<pb::ReportEventsResponse>, Status> {
+        let node = crate::identity::node_of(&request, &request.get_ref().node)?;
         self.hub.require_leader()?;
         let req = request.into_inner();
-        let node = node_name(&req.node)?;
         self.hub.check_session(&node, &req.session)?;
+        if req.events.len() > MAX_EVENTS {
+            return Err(Status::invalid_argument(format!(
+                "events: {} in one report; the limit is {MAX_EVENTS}",
+                req.events.len()
+            )));
+        }
         let mut errors = vec![String::new(); req.events.len()];
         let mut reports = Vec::new();
+        // Where each reported job's current run is, for a clear answer to a report on
+        // another node's run (apply refuses it regardless).
+        let runs_elsewhere: BTreeMap<(u64, u64), NodeName> = self.hub.replica.read_stale(|a| {
+            req.events
+                .iter()
+                .filter_map(|e| {
+                    let job = a.machine.state.jobs.get(&JobId(e.job_id))?;
+                    let alloc = job.alloc.as_ref().filter(|al| al.epoch == e.epoch)?;
+                    let on = &alloc.shares.first()?.node;
+                    (on != &node).then(|| ((e.job_id, e.epoch), on.clone()))
+                })
+                .collect()
+        });
         for (i, event) in req.events.iter().enumerate() {
+            if let Some(on) = runs_elsewhere.get(&(event.job_id, event.epoch)) {
+                errors[i] = format!(
+                    "events[{i}]: job {}'s run is on node {on}; node {node} may report only \
+                     on its own runs",
+                    event.job_id
+                );
+                continue;
+            }
             match &event.event {
                 Some(pb::job_event::Event::Ended(ended)) => match end_cause(&ended.cause) {
                     Ok(cause) => reports.push(EndReport {
@@ -612,7 +640,8 @@ impl Agents for AgentsService {
             }
         }
         if !reports.is_empty() {
-            write(&self.hub.replica, Envelope::new(Command::EndJobs(reports))).await?;
+            let envelope = Envelope::new(Actor::Node(node.clone()), Command::EndJobs(reports));
+            write(&self.hub.replica, envelope).await?;
             self.hub.wake.notify_one();
         }
         if let Some(s) = self.hub.lock().sessions.get_mut(&node) {

@@ -4,6 +4,12 @@
 //!
 //! Each measured client submits one job per request, closed loop, to the leader (as the
 //! `docket` command does: it follows the leader); the listing client reads from a follower.
+//!
+//! As in production, every connection is TLS and every request carries a fresh credential,
+//! which the replica verifies (signature, lifetime, replay); the benchmark mints them with
+//! the cluster key, as `docket-authd` would. One user submits everything, so its per-user
+//! caps are lifted: the site sets `MaxSubmitJobsPerUser = 0` and the replicas run with
+//! `--user-rpc-rate 0`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,6 +24,7 @@ use tonic::transport::Channel;
 /// The site the benchmark runs: 200 nodes of 64 cpus in one partition, loops every second.
 const SITE: &str = r#"
 ClusterName = "bench"
+MaxSubmitJobsPerUser = 0
 
 [SchedulerParameters]
 sched_interval = 1
@@ -57,14 +64,39 @@ impl Drop for Procs {
 }
 
 fn free_addr() -> Result<String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.to_string())
+    docket_auth::local::free_loopback_addr().map_err(anyhow::Error::msg)
 }
 
-fn client(addr: &str) -> Result<JobsClient<Channel>> {
-    Ok(JobsClient::new(
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect_lazy(),
-    ))
+/// What a benchmark client needs: TLS to the replicas, and credentials.
+#[derive(Clone)]
+struct Access {
+    tls: docket_auth::tls::TlsContext,
+    minter: docket_auth::local::Minter,
+}
+
+impl Access {
+    fn client(&self, addr: &str) -> Result<JobsClient<Channel>> {
+        let channel =
+            docket_auth::tls::connect::channel(addr, &self.tls, Duration::from_secs(2), None)
+                .map_err(|e| anyhow::anyhow!(e))?;
+        Ok(JobsClient::new(channel))
+    }
+
+    /// `message` with a fresh credential for the benchmark's user.
+    fn request<T>(&self, message: T) -> Result<tonic::Request<T>, tonic::Status> {
+        let mut req = tonic::Request::new(message);
+        let credential = self
+            .minter
+            .credential_for("bench")
+            .map_err(|e| tonic::Status::internal(e.to_string()))?;
+        req.metadata_mut().insert(
+            docket_auth::CREDENTIAL_HEADER,
+            credential
+                .parse()
+                .map_err(|_| tonic::Status::internal("credential is not ASCII"))?,
+        );
+        Ok(req)
+    }
 }
 
 fn spec(i: u64) -> pb::JobSpec {
@@ -80,14 +112,14 @@ fn spec(i: u64) -> pb::JobSpec {
     }
 }
 
-async fn submit_one(c: &mut JobsClient<Channel>, i: u64) -> Result<(), tonic::Status> {
-    let mut req = tonic::Request::new(pb::SubmitJobsRequest {
+async fn submit_one(
+    access: &Access,
+    c: &mut JobsClient<Channel>,
+    i: u64,
+) -> Result<(), tonic::Status> {
+    let req = access.request(pb::SubmitJobsRequest {
         jobs: vec![spec(i)],
-    });
-    req.metadata_mut().insert(
-        crate::identity::USER_HEADER,
-        tonic::metadata::MetadataValue::from_static("bench"),
-    );
+    })?;
     let r = c.submit_jobs(req).await?.into_inner();
     match r.results.first().and_then(|r| r.result.clone()) {
         Some(pb::submit_result::Result::JobId(_)) => Ok(()),
@@ -122,6 +154,18 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
     let dir = tempfile::Builder::new().prefix("docket-bench").tempdir()?;
     let site = dir.path().join("site.toml");
     std::fs::write(&site, SITE)?;
+    let secrets = docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "bench")?;
+    for id in 1..=3 {
+        secrets.issue(
+            &docket_auth::tls::Role::Replica(id),
+            &["127.0.0.1".to_owned()],
+        )?;
+    }
+    let tool = docket_auth::tls::Role::Tool("bench".into());
+    let access = Access {
+        tls: docket_auth::tls::TlsContext::load(secrets.issue(&tool, &[])?)?,
+        minter: secrets.minter()?,
+    };
     let addrs: BTreeMap<u64, String> = (1..=3)
         .map(|id| free_addr().map(|a| (id, a)))
         .collect::<Result<_>>()?;
@@ -148,6 +192,8 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         .arg(dir.path().join(format!("r{id}")))
         .arg("--config")
         .arg(&site)
+        .args(["--user-rpc-rate", "0"])
+        .args(secrets.controller_flags(*id))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
         if *id == 1 {
@@ -157,16 +203,23 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
     }
     // Ready when a submission is accepted.
     let start = Instant::now();
-    let mut probe = client(&addrs[&1])?;
-    while submit_one(&mut probe, 0).await.is_err() {
+    let mut probe = access.client(&addrs[&1])?;
+    while submit_one(&access, &mut probe, 0).await.is_err() {
         if start.elapsed() > Duration::from_secs(60) {
             bail!("the cluster did not accept a submission within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The leader, as the replicas report it.
-    let channels =
-        docket_raft::network::Channels::tcp(docket_raft::network::NetworkConfig::default());
+    let channels = {
+        let tls = access.tls.clone();
+        docket_raft::network::Channels::with_maker(
+            docket_raft::network::NetworkConfig::default(),
+            std::sync::Arc::new(move |addr: &str| {
+                docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None)
+            }),
+        )
+    };
     let mut leader = None;
     for addr in addrs.values() {
         if let Ok(s) = channels.status(addr, Duration::from_secs(2)).await
@@ -188,14 +241,15 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
         for c in 0..n {
-            let mut conn = client(&leader)?;
+            let mut conn = access.client(&leader)?;
             let first = next_id + (c as u64) * 1_000_000;
+            let access = access.clone();
             tasks.push(tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut i = first;
                 while Instant::now() < deadline {
                     let t0 = Instant::now();
-                    if submit_one(&mut conn, i).await.is_ok() {
+                    if submit_one(&access, &mut conn, i).await.is_ok() {
                         latencies.push(t0.elapsed());
                     }
                     i += 1;
@@ -206,18 +260,17 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         next_id += (n as u64) * 1_000_000;
         // A listing client: the first page (1,000 jobs), linearizable, from a follower.
         let lister = {
-            let mut c = client(&follower)?;
+            let mut c = access.client(&follower)?;
+            let access = access.clone();
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
-                    let mut req = tonic::Request::new(pb::ListJobsRequest {
+                    let Ok(req) = access.request(pb::ListJobsRequest {
                         page_size: 1_000,
                         ..Default::default()
-                    });
-                    req.metadata_mut().insert(
-                        crate::identity::USER_HEADER,
-                        tonic::metadata::MetadataValue::from_static("bench"),
-                    );
+                    }) else {
+                        break;
+                    };
                     let t0 = Instant::now();
                     if c.list_jobs(req).await.is_ok() {
                         latencies.push(t0.elapsed());

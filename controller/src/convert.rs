@@ -59,6 +59,28 @@ fn text(field: &str, value: &str, limit: usize) -> Result<SmolStr, Status> {
 /// Longest path or name text accepted (PATH_MAX).
 const PATH_LIMIT: usize = 4096;
 
+/// The distinct scripts and environments of one submission, each hashed once.
+#[derive(Debug, Default)]
+pub struct Blobs {
+    seen: std::collections::HashSet<BlobId>,
+    data: Vec<Vec<u8>>,
+}
+
+impl Blobs {
+    /// Adds `data` unless an equal blob is already in; its id either way.
+    pub fn add(&mut self, data: &[u8]) -> BlobId {
+        let id = BlobId::of(data);
+        if self.seen.insert(id) {
+            self.data.push(data.to_vec());
+        }
+        id
+    }
+
+    pub fn into_vec(self) -> Vec<Vec<u8>> {
+        self.data
+    }
+}
+
 /// A submitted job as docket-core's spec, owned by `user`, with its script and environment
 /// added to `blobs` (each distinct blob once). `max_array_index` bounds array indexes.
 pub fn job_spec(
@@ -66,16 +88,10 @@ pub fn job_spec(
     spec: &pb::JobSpec,
     user: UserName,
     max_array_index: u32,
-    blobs: &mut Vec<Vec<u8>>,
+    blobs: &mut Blobs,
 ) -> Result<JobSpec, Status> {
     let f = |field: &str| format!("jobs[{index}].{field}");
-    let mut add_blob = |data: &[u8]| -> BlobId {
-        let id = BlobId::of(data);
-        if !blobs.iter().any(|b| BlobId::of(b) == id) {
-            blobs.push(data.to_vec());
-        }
-        id
-    };
+    let mut add_blob = |data: &[u8]| -> BlobId { blobs.add(data) };
     if spec.script.is_empty() {
         return Err(bad(&f("script"), "empty; a batch job needs a script"));
     }

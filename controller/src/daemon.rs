@@ -1,5 +1,11 @@
 //! One controller replica as a running process: storage, Raft, the gRPC server carrying the
 //! Raft, jobs and health services, the leader loops, readiness, and graceful shutdown.
+//!
+//! Everything is served over TLS with this replica's certificate ([`docket_auth::tls`]),
+//! and peers are reached over TLS with it too; the Raft service answers replicas only, the
+//! agents service only node agents, and the jobs and admin services only callers with a
+//! credential ([`crate::identity`]). Certificates and the credential key reload on SIGHUP
+//! (certificates also when their files change).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,7 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use docket_auth::tls::{Role, TlsContext, TlsFiles};
+use docket_auth::{AuthType, KeyRing, TimeRules, Verifier};
 use docket_core::config::SchedConfig;
 use docket_core::{Command, State};
 use docket_raft::ReplicaId;
@@ -16,6 +24,7 @@ use tokio::sync::Notify;
 
 use crate::admin::AdminService;
 use crate::health::Readiness;
+use crate::identity::{Authenticator, RateLimit, ReplicaOnly};
 use crate::inflight::InflightLayer;
 use crate::jobs::JobsService;
 use crate::loops::{self, LoopContext};
@@ -43,6 +52,69 @@ pub struct DaemonConfig {
     pub http_listen: Option<String>,
     /// Node agents' timing and liveness.
     pub agents: crate::agents::AgentConfig,
+    /// The cluster CA and this replica's certificate and key.
+    pub tls: TlsFiles,
+    /// How callers prove who they are.
+    pub auth: AuthConfig,
+}
+
+/// How users prove who they are to this replica.
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    /// `auth/docket` (credentials from docket-authd, checked with the key file) or
+    /// `auth/munge`.
+    pub kind: AuthType,
+    /// The cluster's credential key file (`auth/docket`).
+    pub key_file: PathBuf,
+    /// munged's socket (`auth/munge`; None: libmunge's default).
+    pub munge_socket: Option<PathBuf>,
+    /// Clock-skew allowance and longest lifetime accepted.
+    pub rules: TimeRules,
+    /// Each user's request rate on this replica (None: unlimited).
+    pub rate: Option<RateLimit>,
+}
+
+/// The credential checker `config` asks for, and (for `auth/docket`) a task reloading the
+/// key file on SIGHUP.
+fn authenticator(
+    config: &AuthConfig,
+) -> Result<(Authenticator, Option<tokio::task::JoinHandle<()>>)> {
+    match config.kind {
+        AuthType::Docket => {
+            let ring = KeyRing::load(&config.key_file).context("the credential key")?;
+            tracing::info!(key = %ring.signing().id(), "accepting auth/docket credentials");
+            let shared: docket_auth::signer::SharedRing =
+                Arc::new(std::sync::RwLock::new(Arc::new(ring)));
+            let reload = {
+                let (shared, path) = (shared.clone(), config.key_file.clone());
+                let mut hup =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                        .context("installing the SIGHUP handler")?;
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        match KeyRing::load(&path) {
+                            Ok(ring) => {
+                                tracing::info!(key = %ring.signing().id(), "credential key file reloaded");
+                                *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ring);
+                            }
+                            Err(e) => {
+                                tracing::error!(error = %e, "credential key file not reloaded; the old keys stay")
+                            }
+                        }
+                    }
+                })
+            };
+            let verifier =
+                Verifier::docket(shared, config.rules, docket_auth::replay::DEFAULT_CAPACITY);
+            Ok((Authenticator::new(verifier, config.rate), Some(reload)))
+        }
+        AuthType::Munge => {
+            let munge = docket_auth::munge::Munge::load(config.munge_socket.as_deref())?;
+            tracing::info!(socket = ?config.munge_socket, "accepting auth/munge credentials");
+            let verifier = Verifier::munge(Arc::new(munge), config.rules);
+            Ok((Authenticator::new(verifier, config.rate), None))
+        }
+    }
 }
 
 /// Runs the replica until `shutdown` resolves, then stops cleanly.
@@ -50,6 +122,20 @@ pub async fn run(
     config: DaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
+    let tls = TlsContext::load(config.tls.clone()).context("TLS")?;
+    match tls.role() {
+        Some(Role::Replica(id)) if id == config.id => {}
+        Some(other) => bail!(
+            "--tls-cert is the certificate of {other}, not of replica {}; issue one with \
+             `docket-controller certs issue replica {}`",
+            config.id,
+            config.id
+        ),
+        None => bail!("--tls-cert: a replica needs a certificate of its own"),
+    }
+    let tls_watch = tls.watch(Duration::from_secs(5));
+    let (auth, key_reload) = authenticator(&config.auth)?;
+    let auth_sweep = auth.sweep(Duration::from_secs(60));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
@@ -70,7 +156,17 @@ pub async fn run(
             .context("opening the accounting archive")?,
     );
     let fresh = CoreMachine::with_archive(State::new(SchedConfig::default()), archive.clone());
-    let replica = Replica::open(replica_config, fresh)
+    let channels = {
+        let (tls, network) = (tls.clone(), replica_config.network.clone());
+        let connect_timeout = network.connect_timeout;
+        docket_raft::network::Channels::with_maker(
+            network,
+            Arc::new(move |addr: &str| {
+                docket_auth::tls::connect::channel_with_keepalive(addr, &tls, connect_timeout)
+            }),
+        )
+    };
+    let replica = Replica::open_with_channels(replica_config, fresh, channels)
         .await
         .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
 
@@ -99,23 +195,25 @@ pub async fn run(
     let agents = crate::agents::AgentHub::new(replica.clone(), config.agents.clone());
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = {
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
         let router = tonic::transport::Server::builder()
             .layer(InflightLayer::new(inflight.clone()))
-            .add_service(replica.service())
+            .add_service(ReplicaOnly::new(replica.service()))
             .add_service(JobsService::new(
                 replica.clone(),
                 config.read_timeout,
                 submitted.clone(),
                 Some(archive.clone()),
                 Some(agents.clone()),
+                auth.clone(),
             ))
             .add_service(AdminService::new(
                 replica.clone(),
                 stats.clone(),
                 inflight.clone(),
                 Some(agents.clone()),
+                auth.clone(),
+                replica.channels().clone(),
             ))
             .add_service(agents.service())
             .add_service(readiness.service());
@@ -175,6 +273,13 @@ pub async fn run(
     ready_task.abort();
     loop_task.abort();
     agents_task.abort();
+    tls_watch.abort();
+    if let Some(t) = key_reload {
+        t.abort();
+    }
+    if let Some(t) = auth_sweep {
+        t.abort();
+    }
     if let Some(http) = http {
         http.abort();
     }

@@ -6,7 +6,7 @@
 //! before and after can be compared. Nothing is proposed to Raft.
 
 use docket_core::quantity::TimeMs;
-use docket_core::{ApplyCtx, Command, Envelope, JobId, State};
+use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, State};
 
 /// At most this many order changes are listed; the rest are counted.
 pub const MAX_ORDER_LINES: usize = 50;
@@ -22,8 +22,9 @@ pub struct DryRun {
 }
 
 /// Applies `commands` to a copy of `state` at `now_ms` and compares the order of
-/// consideration of the pending jobs.
-pub fn dry_run(state: &State, commands: &[Command], now_ms: u64) -> DryRun {
+/// consideration of the pending jobs. Each command is applied as `actor` asks it, so the
+/// dry run refuses what the real one would.
+pub fn dry_run(state: &State, actor: &Actor, commands: &[Command], now_ms: u64) -> DryRun {
     let now = TimeMs(now_ms.max(state.applied.now.0));
     let before = state.consideration_order(now);
     let mut copy = state.clone();
@@ -33,7 +34,7 @@ pub fn dry_run(state: &State, commands: &[Command], now_ms: u64) -> DryRun {
         .map(|c| {
             index += 1;
             match copy.apply(
-                &Envelope::new(c.clone()),
+                &Envelope::new(actor.clone(), c.clone()),
                 ApplyCtx {
                     index,
                     time_ms: now,

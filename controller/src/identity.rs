@@ -1,59 +1,261 @@
-//! Who is calling.
+//! Who is calling, proven — never claimed.
 //!
-//! Every request carries the caller's login name in the `x-docket-user` metadata entry. How
-//! that name is proven across the network (munge-style credentials, mTLS) comes later; the
-//! checks that use it live in docket-core from the start: a user acts on their own jobs, an
-//! admin (a user flagged admin in state) or the operator on anyone's. `root` is the operator,
-//! as it is to Slurm.
+//! Users prove their uid with a credential on every request, in the `x-docket-credential`
+//! metadata entry: Docket's own (`auth/docket`, minted by the caller's host's `docket-authd`
+//! and checked here against the cluster key, its lifetime and a replay cache) or MUNGE's
+//! (`auth/munge`, checked by this host's munged). A credential for uid 0 is the operator
+//! (root); any other uid is the user of that name — the name the signer resolved on the
+//! caller's host (Docket's credentials carry it, signed), or, with MUNGE, this host's user
+//! database's. Nothing else a request carries says who it is from: the old `x-docket-user`
+//! entry is ignored.
+//!
+//! Daemons prove their role with their TLS certificate ([`docket_auth::tls`]): the Raft
+//! service answers only replicas ([`require_replica`]), the agents service only the agent of
+//! the node its certificate names ([`node_of`]).
+//!
+//! One user cannot monopolise a replica: each user's requests are rate-limited per replica
+//! (a token bucket like Slurm's `rl_*` parameters; root is exempt), and a caller over the
+//! limit is told RESOURCE_EXHAUSTED, which the command line waits out and retries.
 
-use docket_core::{Actor, UserName};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use docket_auth::tls::Role;
+use docket_auth::{CREDENTIAL_HEADER, Verifier};
+use docket_core::{Actor, NodeName, UserName};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tonic::{Request, Status};
 
-/// The metadata entry naming the caller.
-pub const USER_HEADER: &str = "x-docket-user";
+/// A user's request rate limit per replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Requests per second, sustained.
+    pub per_second: u32,
+    /// Requests allowed in a burst.
+    pub burst: u32,
+}
 
-/// The actor `request` speaks for, or PERMISSION_DENIED/INVALID_ARGUMENT saying what is wrong.
-pub fn caller<T>(request: &Request<T>) -> Result<Actor, Status> {
-    let Some(value) = request.metadata().get(USER_HEADER) else {
-        return Err(Status::unauthenticated(format!(
-            "no caller identity: set the {USER_HEADER} metadata entry to your login name"
-        )));
-    };
-    let name = value
-        .to_str()
-        .map_err(|_| Status::invalid_argument(format!("{USER_HEADER}: not printable ASCII")))?;
-    if name == "root" {
+/// Checks credentials and rate limits. Cheap to clone; clones share.
+#[derive(Clone)]
+pub struct Authenticator {
+    verifier: Arc<Verifier>,
+    limiter: Option<Arc<DefaultKeyedRateLimiter<UserName>>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("verifier", &self.verifier)
+            .field("rate_limited", &self.limiter.is_some())
+            .finish()
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Authenticator {
+    /// Checks credentials with `verifier`; limits each user to `limit` (None: no limit).
+    pub fn new(verifier: Verifier, limit: Option<RateLimit>) -> Self {
+        let limiter = limit.and_then(|l| {
+            let rate = NonZeroU32::new(l.per_second)?;
+            let burst = NonZeroU32::new(l.burst.max(l.per_second)).unwrap_or(rate);
+            Some(Arc::new(RateLimiter::keyed(
+                Quota::per_second(rate).allow_burst(burst),
+            )))
+        });
+        Authenticator {
+            verifier: Arc::new(verifier),
+            limiter,
+        }
+    }
+
+    /// Forgets rate-limit state of users idle long enough to be back at a full bucket, every
+    /// `every`, for as long as the returned task runs.
+    pub fn sweep(&self, every: Duration) -> Option<tokio::task::JoinHandle<()>> {
+        let limiter = self.limiter.clone()?;
+        Some(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                limiter.retain_recent();
+                limiter.shrink_to_fit();
+            }
+        }))
+    }
+
+    /// The proven actor of `request`, or UNAUTHENTICATED saying what is wrong with its
+    /// credential, or RESOURCE_EXHAUSTED when the user is over their rate.
+    pub async fn caller<T>(&self, request: &Request<T>) -> Result<Actor, Status> {
+        let Some(value) = request.metadata().get(CREDENTIAL_HEADER) else {
+            return Err(Status::unauthenticated(format!(
+                "no credential: every request must carry one in {CREDENTIAL_HEADER} \
+                 ({} on this cluster; the docket commands get one from the local {})",
+                self.verifier.method(),
+                if self.verifier.blocks() {
+                    "munged"
+                } else {
+                    "docket-authd"
+                }
+            )));
+        };
+        let credential = value
+            .to_str()
+            .map_err(|_| Status::unauthenticated(format!("{CREDENTIAL_HEADER}: not ASCII")))?
+            .to_owned();
+        let actor = if self.verifier.blocks() {
+            let verifier = self.verifier.clone();
+            tokio::task::spawn_blocking(move || resolve(&verifier, &credential))
+                .await
+                .map_err(|e| Status::internal(format!("checking the credential: {e}")))??
+        } else {
+            resolve(&self.verifier, &credential)?
+        };
+        if let (Actor::User(user), Some(limiter)) = (&actor, &self.limiter)
+            && limiter.check_key(user).is_err()
+        {
+            metrics::counter!("docket_rpc_rate_limited_total").increment(1);
+            return Err(Status::resource_exhausted(format!(
+                "user {user}: too many requests to this controller; slow down (retry in a \
+                 second)"
+            )));
+        }
+        Ok(actor)
+    }
+}
+
+/// Verifies `credential` and turns the uid it proves into an actor.
+fn resolve(verifier: &Verifier, credential: &str) -> Result<Actor, Status> {
+    let verified = verifier
+        .verify(credential, now_ms())
+        .map_err(|e| Status::unauthenticated(e.to_string()))?;
+    if verified.uid == 0 {
         return Ok(Actor::Operator);
     }
-    let user: UserName = name
-        .parse()
-        .map_err(|e| Status::invalid_argument(format!("{USER_HEADER}: {e}")))?;
+    let name = match verified.user {
+        Some(name) => name,
+        // MUNGE: the uid, resolved here as slurmctld does.
+        None => {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(verified.uid))
+                .map_err(|e| Status::unavailable(format!("looking up uid {}: {e}", verified.uid)))?
+                .ok_or_else(|| {
+                    Status::permission_denied(format!(
+                        "uid {} has no user name on this controller's host",
+                        verified.uid
+                    ))
+                })?
+                .name
+        }
+    };
+    let user: UserName = name.parse().map_err(|e| {
+        Status::permission_denied(format!(
+            "user {name:?} (uid {}) is not a name Docket accepts: {e}",
+            verified.uid
+        ))
+    })?;
     Ok(Actor::User(user))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The role of the certificate `request`'s peer presented.
+fn peer_role<T>(request: &Request<T>) -> Result<Role, Status> {
+    match docket_auth::tls::peer_role(request) {
+        Some(Ok(role)) => Ok(role),
+        Some(Err(e)) => Err(Status::permission_denied(format!(
+            "the client certificate: {e}"
+        ))),
+        None => Err(Status::unauthenticated(
+            "this service needs a client certificate of the cluster (TLS)",
+        )),
+    }
+}
 
-    fn with(user: Option<&str>) -> Request<()> {
-        let mut r = Request::new(());
-        if let Some(u) = user {
-            r.metadata_mut().insert(USER_HEADER, u.parse().unwrap());
-        }
-        r
+/// The node whose agent is calling: the certificate must be a node's, for `claimed`.
+pub fn node_of<T>(request: &Request<T>, claimed: &str) -> Result<NodeName, Status> {
+    match peer_role(request)? {
+        Role::Node(name) if name == claimed => name
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("node: {e}"))),
+        Role::Node(name) => Err(Status::permission_denied(format!(
+            "this certificate is node {name}'s; it cannot speak for node {claimed}"
+        ))),
+        other => Err(Status::permission_denied(format!(
+            "the agents API is for node agents; this certificate is {other}'s"
+        ))),
+    }
+}
+
+/// The Raft service, answering replicas only; `Status` also answers any certificate of the
+/// cluster (operators' tools read it). A tower wrapper rather than an interceptor, because
+/// the check depends on the method, which only the HTTP path names.
+#[derive(Debug, Clone)]
+pub struct ReplicaOnly<S> {
+    inner: S,
+}
+
+impl<S> ReplicaOnly<S> {
+    pub fn new(inner: S) -> Self {
+        ReplicaOnly { inner }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for ReplicaOnly<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// Whether the peer of an HTTP request may call `method` of the Raft service.
+fn raft_allowed<B>(request: &http::Request<B>) -> Result<(), Status> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    let method = request.uri().path().rsplit('/').next().unwrap_or_default();
+    let role = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs())
+        .and_then(|certs| certs.first().map(|c| Role::of_certificate(c)));
+    match role {
+        Some(Ok(Role::Replica(_))) => Ok(()),
+        Some(Ok(_)) if method == "Status" => Ok(()),
+        Some(Ok(other)) => Err(Status::permission_denied(format!(
+            "Raft.{method} is for controller replicas; this certificate is {other}'s"
+        ))),
+        Some(Err(e)) => Err(Status::permission_denied(format!(
+            "the client certificate: {e}"
+        ))),
+        None => Err(Status::unauthenticated(format!(
+            "Raft.{method} needs a replica certificate of the cluster"
+        ))),
+    }
+}
+
+impl<S, B> tower::Service<http::Request<B>> for ReplicaOnly<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
     }
 
-    #[test]
-    fn callers_are_users_root_is_the_operator_and_no_name_is_refused() {
-        assert_eq!(
-            caller(&with(Some("alice"))).unwrap(),
-            Actor::User("alice".parse().unwrap())
-        );
-        assert_eq!(caller(&with(Some("root"))).unwrap(), Actor::Operator);
-        let e = caller(&with(None)).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated);
-        assert!(e.message().contains(USER_HEADER));
-        let e = caller(&with(Some("bad name!"))).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        match raft_allowed(&request) {
+            Ok(()) => Box::pin(self.inner.call(request)),
+            Err(status) => {
+                tracing::warn!(path = %request.uri().path(), %status, "refused a Raft call");
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
     }
 }

@@ -9,6 +9,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
+use docket_core::access::Data;
 use docket_core::job::JobState;
 use docket_core::{Actor, Command, Envelope, JobId, Rejection, Response, UserName};
 use docket_proto::v1 as pb;
@@ -18,7 +19,7 @@ use tokio::sync::Notify;
 use tonic::{Request, Response as TonicResponse, Status};
 
 use crate::convert;
-use crate::identity::caller;
+use crate::identity::Authenticator;
 use crate::machine::CoreMachine;
 use crate::write::{read, write};
 
@@ -36,7 +37,12 @@ pub struct JobsService {
     archive: Option<Arc<crate::archive::Archive>>,
     /// The leader's agent sessions, for signals.
     agents: Option<crate::agents::AgentHub>,
+    /// Who is calling.
+    auth: Authenticator,
 }
+
+/// Most job references one request may name.
+pub const MAX_REFS: usize = 100_000;
 
 impl JobsService {
     pub fn new(
@@ -45,6 +51,7 @@ impl JobsService {
         submitted: Arc<Notify>,
         archive: Option<Arc<crate::archive::Archive>>,
         agents: Option<crate::agents::AgentHub>,
+        auth: Authenticator,
     ) -> JobsServer<Self> {
         JobsServer::new(JobsService {
             replica,
@@ -52,34 +59,28 @@ impl JobsService {
             submitted,
             archive,
             agents,
+            auth,
         })
     }
 
     async fn per_job(
         &self,
         request: Request<pb::JobsRequest>,
-        make: fn(Actor, Vec<docket_core::job::JobRef>) -> Command,
+        make: fn(Vec<docket_core::job::JobRef>) -> Command,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        let actor = caller(&request)?;
-        let refs: Vec<_> = request
-            .get_ref()
-            .jobs
-            .iter()
-            .map(convert::job_ref)
-            .collect();
-        if refs.is_empty() {
-            return Err(Status::invalid_argument("jobs: name at least one job"));
-        }
-        self.per_job_command(make(actor, refs.clone()), &refs).await
+        let actor = self.auth.caller(&request).await?;
+        let refs = job_refs(&request.get_ref().jobs)?;
+        self.per_job_command(actor, make(refs.clone()), &refs).await
     }
 
     /// Proposes a command acting on `refs` and answers one result per job.
     async fn per_job_command(
         &self,
+        actor: Actor,
         command: Command,
         refs: &[docket_core::job::JobRef],
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        let response = write(&self.replica, Envelope::new(command)).await?;
+        let response = write(&self.replica, Envelope::new(actor, command)).await?;
         let Response::PerJob(results) = response else {
             return Err(Status::internal(format!("unexpected answer {response:?}")));
         };
@@ -100,34 +101,76 @@ fn stale(consistency: i32) -> bool {
     consistency == pb::ReadConsistency::Stale as i32
 }
 
+/// The jobs a request names: at least one, at most [`MAX_REFS`].
+fn job_refs(jobs: &[pb::JobRef]) -> Result<Vec<docket_core::job::JobRef>, Status> {
+    if jobs.is_empty() {
+        return Err(Status::invalid_argument("jobs: name at least one job"));
+    }
+    if jobs.len() > MAX_REFS {
+        return Err(Status::invalid_argument(format!(
+            "jobs: {} named; the limit is {MAX_REFS} per request",
+            jobs.len()
+        )));
+    }
+    Ok(jobs.iter().map(convert::job_ref).collect())
+}
+
 #[tonic::async_trait]
 impl Jobs for JobsService {
     async fn submit_jobs(
         &self,
         request: Request<pb::SubmitJobsRequest>,
     ) -> Result<TonicResponse<pb::SubmitJobsResponse>, Status> {
-        let actor = caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let user: UserName = match &actor {
             Actor::User(u) => u.clone(),
             Actor::Operator => "root"
                 .parse()
                 .map_err(|e| Status::internal(format!("root is not a user name: {e}")))?,
+            Actor::Controller | Actor::Node(_) => {
+                return Err(Status::permission_denied("only users submit jobs"));
+            }
         };
-        let specs = &request.get_ref().jobs;
+        let (max_array_index, max_batch) = self.replica.read_stale(|a| {
+            let c = &a.machine.state.config;
+            (c.max_array_size.saturating_sub(1), c.max_batch)
+        });
+        let specs = request.into_inner().jobs;
         if specs.is_empty() {
             return Err(Status::invalid_argument("jobs: submit at least one job"));
         }
-        let max_array_index = self
-            .replica
-            .read_stale(|a| a.machine.state.config.max_array_size.saturating_sub(1));
-        let mut blobs = Vec::new();
-        let jobs = specs
+        // Before any per-job work: the batch limit (MaxSubmitBatch) the core would apply.
+        if specs.len() as u64 > u64::from(max_batch) {
+            return Err(Status::invalid_argument(format!(
+                "jobs: {} in one request exceeds the limit of {max_batch} (MaxSubmitBatch)",
+                specs.len()
+            )));
+        }
+        // Hashing scripts is linear in the request's bytes, but a large request's is still
+        // milliseconds: off the async workers.
+        let bytes: usize = specs
             .iter()
-            .enumerate()
-            .map(|(i, s)| convert::job_spec(i, s, user.clone(), max_array_index, &mut blobs))
-            .collect::<Result<Vec<_>, _>>()?;
-        let command = Command::SubmitJobs { actor, blobs, jobs };
-        let response = write(&self.replica, Envelope::new(command)).await?;
+            .map(|s| s.script.len() + s.environment.as_ref().map_or(0, Vec::len))
+            .sum();
+        let large = specs.len() > 64 || bytes > 256 << 10;
+        let convert = move || {
+            let mut blobs = convert::Blobs::default();
+            let jobs = specs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| convert::job_spec(i, s, user.clone(), max_array_index, &mut blobs))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok::<_, Status>((jobs, blobs.into_vec()))
+        };
+        let (jobs, blobs) = if large {
+            tokio::task::spawn_blocking(convert)
+                .await
+                .map_err(|e| Status::internal(format!("reading the jobs: {e}")))??
+        } else {
+            convert()?
+        };
+        let command = Command::SubmitJobs { blobs, jobs };
+        let response = write(&self.replica, Envelope::new(actor, command)).await?;
         let Response::Submitted(results) = response else {
             return Err(Status::internal(format!("unexpected answer {response:?}")));
         };
@@ -149,7 +192,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::CancelJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::CancelJobs { jobs })
             .await
     }
 
@@ -157,7 +200,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::HoldJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::HoldJobs { jobs })
             .await
     }
 
@@ -165,7 +208,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::ReleaseJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::ReleaseJobs { jobs })
             .await
     }
 
@@ -173,7 +216,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::RequeueJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::RequeueJobs { jobs })
             .await
     }
 
@@ -182,12 +225,9 @@ impl Jobs for JobsService {
         request: Request<pb::UpdateJobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
         use docket_core::job::spec::TimeRequest;
-        let actor = caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.into_inner();
-        let refs: Vec<_> = req.jobs.iter().map(convert::job_ref).collect();
-        if refs.is_empty() {
-            return Err(Status::invalid_argument("jobs: name at least one job"));
-        }
+        let refs = job_refs(&req.jobs)?;
         let time_limit = match req.time_limit_seconds {
             None => None,
             Some(0) => Some(TimeRequest::Unlimited),
@@ -209,18 +249,17 @@ impl Jobs for JobsService {
             nice: req.nice,
         };
         let command = Command::UpdateJobs {
-            actor,
             jobs: refs.clone(),
             update,
         };
-        self.per_job_command(command, &refs).await
+        self.per_job_command(actor, command, &refs).await
     }
 
     async fn signal_jobs(
         &self,
         request: Request<pb::SignalJobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        let actor = caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.into_inner();
         if !(1..=64).contains(&req.signal) {
             return Err(Status::invalid_argument(format!(
@@ -228,16 +267,13 @@ impl Jobs for JobsService {
                 req.signal
             )));
         }
-        if req.jobs.is_empty() {
-            return Err(Status::invalid_argument("jobs: name at least one job"));
-        }
+        let refs = job_refs(&req.jobs)?;
         let Some(agents) = &self.agents else {
             return Err(Status::unimplemented(
                 "this controller runs no agent sessions",
             ));
         };
         agents.require_leader()?;
-        let refs: Vec<_> = req.jobs.iter().map(convert::job_ref).collect();
         let targets = self
             .replica
             .read_stale(|a| a.machine.state.signal_targets(&actor, &refs));
@@ -263,7 +299,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::ShareTreeRequest>,
     ) -> Result<TonicResponse<pb::ShareTreeResponse>, Status> {
-        caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.into_inner();
         let users: BTreeSet<String> = req.users.iter().cloned().collect();
         let accounts: BTreeSet<String> = req.accounts.iter().cloned().collect();
@@ -295,6 +331,7 @@ impl Jobs for JobsService {
                 .collect();
             let rows = lines
                 .iter()
+                .filter(|l| state.may_see_usage(&actor, &l.row.account, l.row.user.as_ref()))
                 .filter(|l| {
                     users.is_empty()
                         || match &l.row.user {
@@ -341,7 +378,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::ExplainPriorityRequest>,
     ) -> Result<TonicResponse<pb::ExplainPriorityResponse>, Status> {
-        caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.into_inner();
         let ids: BTreeSet<u64> = req.job_ids.iter().copied().collect();
         let users: BTreeSet<String> = req.users.iter().cloned().collect();
@@ -353,6 +390,7 @@ impl Jobs for JobsService {
                 .filter(|j| j.state == JobState::Pending)
                 .filter(|j| ids.is_empty() || ids.contains(&j.id.0))
                 .filter(|j| users.is_empty() || users.contains(j.spec.user.as_str()))
+                .filter(|j| state.may_see_job(&actor, j, Data::Jobs))
                 .take(MAX_PAGE)
                 .map(|j| {
                     let e = docket_core::priority::explain(&inputs, j);
@@ -387,7 +425,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::SuspendJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::SuspendJobs { jobs })
             .await
     }
 
@@ -395,7 +433,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::JobsRequest>,
     ) -> Result<TonicResponse<pb::PerJobResponse>, Status> {
-        self.per_job(request, |actor, jobs| Command::ResumeJobs { actor, jobs })
+        self.per_job(request, |jobs| Command::ResumeJobs { jobs })
             .await
     }
 
@@ -403,11 +441,16 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::GetJobRequest>,
     ) -> Result<TonicResponse<pb::JobInfo>, Status> {
-        caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let id = JobId(request.get_ref().job_id);
         let stale = stale(request.get_ref().consistency);
+        // A job the caller may not see is, to them, not there.
         let info = read(&self.replica, stale, self.read_timeout, |state| {
-            state.jobs.get(&id).map(|j| convert::job_info(j))
+            state
+                .jobs
+                .get(&id)
+                .filter(|j| state.may_see_job(&actor, j, Data::Jobs))
+                .map(|j| convert::job_info(j))
         })
         .await?;
         info.map(TonicResponse::new)
@@ -418,7 +461,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<TonicResponse<pb::ListJobsResponse>, Status> {
-        caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.get_ref();
         let filter = Filter::new(req)?;
         let page = match req.page_size as usize {
@@ -449,7 +492,7 @@ impl Jobs for JobsService {
                 let mut jobs = Vec::new();
                 let mut more = false;
                 for job in state.jobs.range((start, Bound::Unbounded)).map(|(_, j)| j) {
-                    if !filter.admits(job) {
+                    if !filter.admits(job) || !state.may_see_job(&actor, job, Data::Jobs) {
                         continue;
                     }
                     if jobs.len() == page {
@@ -476,7 +519,7 @@ impl Jobs for JobsService {
         &self,
         request: Request<pb::AccountingRequest>,
     ) -> Result<TonicResponse<pb::AccountingResponse>, Status> {
-        caller(&request)?;
+        let actor = self.auth.caller(&request).await?;
         let req = request.into_inner();
         let filter = Filter::new(&pb::ListJobsRequest {
             users: req.users.clone(),
@@ -516,28 +559,62 @@ impl Jobs for JobsService {
             })?))
         };
         // The queue's part (linearizable), then the archive's, merged by job id.
-        let (mut records, now) = read(&self.replica, false, self.read_timeout, |state| {
+        let (mut records, now, sees_all) = read(&self.replica, false, self.read_timeout, |state| {
             let now = state.applied.now;
+            // Who may see archived jobs: the archive holds them outside the state, so the
+            // rule is taken now (admins and public accounting see all; coordinators, the
+            // accounts they coordinate; others, their own).
+            let private = state.config.private_data.jobs || state.config.private_data.accounting;
+            let sees_all = !private || state.is_admin(&actor);
             let start_bound = after.map_or(Bound::Unbounded, Bound::Excluded);
             let records: Vec<(u64, pb::AccountingRecord)> = state
                 .jobs
                 .range((start_bound, Bound::Unbounded))
                 .map(|(_, j)| j)
                 .filter(|j| filter.admits(j) && in_window(j, start, end, now.0))
+                .filter(|j| state.may_see_job(&actor, j, Data::Accounting))
                 .take(page + 1)
                 .map(|j| {
                     let charged = state.charged_milli_su(&j.id);
                     (j.id.0, accounting_record(j, charged, false, now))
                 })
                 .collect();
-            (records, now)
+            (records, now, sees_all)
         })
         .await?;
+        // For archived jobs the visibility rule needs the state's accounts; read them once.
+        let coordinated: Option<BTreeSet<String>> = match (&actor, sees_all) {
+            (_, true) => None,
+            (Actor::User(u), false) => Some(self.replica.read_stale(|a| {
+                let s = &a.machine.state;
+                s.accounts
+                    .accounts
+                    .keys()
+                    .filter(|acct| s.is_coordinator(u, acct))
+                    .map(|acct| acct.to_string())
+                    .collect()
+            })),
+            _ => Some(BTreeSet::new()),
+        };
+        let me = match &actor {
+            Actor::User(u) => Some(u.to_string()),
+            _ => None,
+        };
+        let visible = |job: &docket_core::job::Job| match &coordinated {
+            None => true,
+            Some(accounts) => {
+                me.as_deref() == Some(job.spec.user.as_str())
+                    || accounts.contains(job.resolved.account.as_str())
+            }
+        };
         if let Some(archive) = &self.archive {
             let mut taken = 0;
             archive
                 .scan(after, |a| {
-                    if filter.admits(&a.job) && in_window(&a.job, start, end, now.0) {
+                    if filter.admits(&a.job)
+                        && visible(&a.job)
+                        && in_window(&a.job, start, end, now.0)
+                    {
                         records.push((
                             a.job.id.0,
                             accounting_record(&a.job, a.charged_milli_su, true, now),

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use docket_core::job::JobRef;
 use docket_core::plan::{Budget, Plan};
 use docket_core::quantity::TimeMs;
-use docket_core::{Actor, Command, Envelope, State};
+use docket_core::{Command, Envelope, State};
 use docket_raft::replica::Replica;
 use docket_raft::status::Role;
 use tokio::sync::Notify;
@@ -298,14 +298,7 @@ async fn propose_plan(ctx: &LoopContext, plan: Plan) {
                 task: None,
             })
             .collect();
-        propose(
-            ctx,
-            Command::ResumeJobs {
-                actor: Actor::Operator,
-                jobs,
-            },
-        )
-        .await;
+        propose(ctx, Command::ResumeJobs { jobs }).await;
     }
     if !plan.preemptions.is_empty() {
         propose(ctx, Command::Preempt(plan.preemptions)).await;
@@ -323,7 +316,7 @@ async fn propose_plan(ctx: &LoopContext, plan: Plan) {
 }
 
 async fn propose(ctx: &LoopContext, command: Command) -> bool {
-    match ctx.replica.write_one(Envelope::new(command)).await {
+    match ctx.replica.write_one(Envelope::controller(command)).await {
         Ok(Ok(_)) => true,
         Ok(Err(rejection)) => {
             tracing::warn!(%rejection, "a scheduling command was refused");

@@ -106,7 +106,7 @@ mod tests {
     #[test]
     fn commands_of_one_entry_apply_in_order_and_a_replay_is_refused() {
         let mut m = CoreMachine::new(State::new(SchedConfig::default()));
-        let tick = || Envelope::new(Command::Tick);
+        let tick = || Envelope::controller(Command::Tick);
         assert!(m.apply(ctx(5, 0), tick()).is_ok());
         assert!(m.apply(ctx(5, 1), tick()).is_ok());
         assert!(m.apply(ctx(6, 0), tick()).is_ok());
@@ -120,7 +120,8 @@ mod tests {
     #[test]
     fn snapshot_restores_the_same_state() {
         let mut m = CoreMachine::new(State::new(SchedConfig::default()));
-        m.apply(ctx(1, 0), Envelope::new(Command::Tick)).unwrap();
+        m.apply(ctx(1, 0), Envelope::controller(Command::Tick))
+            .unwrap();
         let mut bytes = Vec::new();
         m.write_snapshot(&mut bytes).unwrap();
         let mut other = CoreMachine::new(State::new(SchedConfig::default()));

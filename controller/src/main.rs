@@ -41,6 +41,17 @@ enum Cmd {
     },
     /// Measure submissions per second and latency against a 3-replica cluster of this
     /// binary on loopback (fsync on), and a queue listing's latency during the storm.
+    /// The cluster's certificate authority and its certificates: `init` makes a CA, `issue`
+    /// a certificate for a replica, a node agent or an operator's tool.
+    #[command(subcommand)]
+    Certs(Certs),
+    /// Write a new credential key file (32 random bytes, mode 0400) for auth/docket: copy it
+    /// to every controller and every host running docket-authd.
+    AuthKey {
+        /// The file to create (never overwritten).
+        #[arg(long, default_value = "/etc/docket/auth.key")]
+        out: PathBuf,
+    },
     Bench {
         /// Concurrent submitting clients per run, comma-separated.
         #[arg(
@@ -56,6 +67,42 @@ enum Cmd {
         /// Print one JSON object instead of a table.
         #[arg(long, env = "DOCKET_BENCH_JSON")]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Certs {
+    /// Create a cluster CA in DIR: ca.pem (give it to every host) and ca.key (keep it where
+    /// certificates are issued, nowhere else).
+    Init {
+        #[arg(long, default_value = "/etc/docket/tls")]
+        dir: PathBuf,
+        /// The cluster's name, in the CA's name.
+        #[arg(long, default_value = "docket")]
+        cluster: String,
+        /// Validity, days.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Issue a certificate signed by the CA in DIR, written as ROLE-NAME.pem and .key into
+    /// --out (default DIR).
+    Issue {
+        #[arg(long, default_value = "/etc/docket/tls")]
+        dir: PathBuf,
+        /// replica, node or tool.
+        role: String,
+        /// The replica's id, the node's name, or the tool's name.
+        name: String,
+        /// Host names and IP addresses the holder is reached at (replicas: every name
+        /// clients and peers use), repeated or comma-separated.
+        #[arg(long = "host", value_delimiter = ',')]
+        hosts: Vec<String>,
+        /// Validity, days.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+        /// Where to write it (default: DIR).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -109,6 +156,45 @@ struct RunArgs {
     /// Margin added to the agents' fence timeout before a node is declared down (ms).
     #[arg(long, env = "DOCKET_NODE_DOWN_MARGIN_MS", default_value_t = 10_000)]
     node_down_margin_ms: u64,
+    /// The cluster CA's certificate: peers' and agents' certificates must chain to it.
+    #[arg(long, env = "DOCKET_TLS_CA", default_value = "/etc/docket/tls/ca.pem")]
+    tls_ca: PathBuf,
+    /// This replica's certificate (`certs issue replica ID`), reloaded on SIGHUP or change.
+    #[arg(
+        long,
+        env = "DOCKET_TLS_CERT",
+        default_value = "/etc/docket/tls/replica.pem"
+    )]
+    tls_cert: PathBuf,
+    /// This replica's private key (readable by the controller's user only).
+    #[arg(
+        long,
+        env = "DOCKET_TLS_KEY",
+        default_value = "/etc/docket/tls/replica.key"
+    )]
+    tls_key: PathBuf,
+    /// How users prove who they are: auth/docket (credentials from docket-authd) or
+    /// auth/munge (from the site's munged).
+    #[arg(long, env = "DOCKET_AUTH_TYPE", default_value = "auth/docket")]
+    auth_type: docket_auth::AuthType,
+    /// The credential key file (auth/docket), reloaded on SIGHUP.
+    #[arg(long, env = "DOCKET_AUTH_KEY", default_value = "/etc/docket/auth.key")]
+    auth_key: PathBuf,
+    /// munged's socket (auth/munge; default: libmunge's).
+    #[arg(long, env = "DOCKET_MUNGE_SOCKET")]
+    munge_socket: Option<PathBuf>,
+    /// How far a credential's signer's clock may be from this host's, seconds.
+    #[arg(long, env = "DOCKET_AUTH_CLOCK_SKEW_S", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    auth_clock_skew_s: u64,
+    /// Requests per second one user may make to this replica, sustained (root is exempt;
+    /// 0: no limit). Over it, requests are refused with RESOURCE_EXHAUSTED and the
+    /// command line retries a second later.
+    #[arg(long, env = "DOCKET_USER_RPC_RATE", default_value_t = 200)]
+    user_rpc_rate: u32,
+    /// Requests one user may make in a burst above the sustained rate.
+    #[arg(long, env = "DOCKET_USER_RPC_BURST", default_value_t = 1000)]
+    user_rpc_burst: u32,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `docket_controller=debug`.
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -175,6 +261,28 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+        Cmd::Certs(c) => match certs(c) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("docket-controller certs: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Cmd::AuthKey { out } => match docket_auth::KeyRing::create_file(&out) {
+            Ok(key) => {
+                println!(
+                    "{}: new credential key {} (mode 0400); copy it to every controller and \
+                     every host that runs docket-authd",
+                    out.display(),
+                    key.id()
+                );
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("docket-controller auth-key: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Cmd::Run(args) => match run(*args) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -183,6 +291,56 @@ fn main() -> std::process::ExitCode {
             }
         },
     }
+}
+
+fn certs(c: Certs) -> Result<()> {
+    use docket_auth::tls::Role;
+    use docket_auth::tls::pki::{self, CertAuthority};
+    match c {
+        Certs::Init { dir, cluster, days } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            CertAuthority::create(&cluster, days)?.save(&dir)?;
+            println!(
+                "{}: cluster CA created (ca.pem for every host; keep ca.key here only)",
+                dir.display()
+            );
+        }
+        Certs::Issue {
+            dir,
+            role,
+            name,
+            hosts,
+            days,
+            out,
+        } => {
+            let role = match role.as_str() {
+                "replica" => Role::Replica(
+                    name.parse()
+                        .ok()
+                        .filter(|id| *id > 0)
+                        .with_context(|| format!("replica id {name:?}: give a positive integer"))?,
+                ),
+                "node" => Role::Node(name),
+                "tool" => Role::Tool(name),
+                other => bail!("role {other:?}: give replica, node or tool"),
+            };
+            if Role::from_uri(&role.uri()).is_none_or(|r| r.is_err()) {
+                bail!("{role}: names are letters, digits, '-', '_' and '.', up to 64");
+            }
+            if matches!(role, Role::Replica(_)) && hosts.is_empty() {
+                bail!(
+                    "a replica's certificate needs --host: every name and address clients and peers reach it at"
+                );
+            }
+            let ca = CertAuthority::load(&dir)?;
+            let out = out.unwrap_or(dir);
+            let (cert, key) = ca
+                .issue(&role, &hosts, days)?
+                .save(&out, &pki::stem(&role))?;
+            println!("{role}: {} and {}", cert.display(), key.display());
+        }
+    }
+    Ok(())
 }
 
 fn bench(clients: &[usize], seconds: u64, json: bool) -> Result<()> {
@@ -230,6 +388,23 @@ fn run(args: RunArgs) -> Result<()> {
             heartbeat: Duration::from_millis(args.agent_heartbeat_ms.max(1)),
             fence_timeout: Duration::from_millis(args.agent_fence_ms),
             down_margin: Duration::from_millis(args.node_down_margin_ms),
+        },
+        tls: docket_auth::tls::TlsFiles {
+            ca: args.tls_ca,
+            identity: Some((args.tls_cert, args.tls_key)),
+        },
+        auth: daemon::AuthConfig {
+            kind: args.auth_type,
+            key_file: args.auth_key,
+            munge_socket: args.munge_socket,
+            rules: docket_auth::TimeRules {
+                skew_ms: args.auth_clock_skew_s * 1000,
+                ..docket_auth::TimeRules::default()
+            },
+            rate: (args.user_rpc_rate > 0).then_some(docket_controller::identity::RateLimit {
+                per_second: args.user_rpc_rate,
+                burst: args.user_rpc_burst,
+            }),
         },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

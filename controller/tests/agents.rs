@@ -14,11 +14,15 @@ use docket_proto::v1::agents_client::AgentsClient;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
-fn client(addr: &str) -> AgentsClient<Channel> {
+/// The agents API at `addr`, as node `node`'s agent (its certificate).
+fn client(addr: &str, node: &str) -> AgentsClient<Channel> {
+    let files = common::secrets()
+        .local
+        .issue(&docket_auth::tls::Role::Node(node.into()), &[])
+        .unwrap();
+    let tls = docket_auth::tls::TlsContext::load(files).unwrap();
     AgentsClient::new(
-        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_lazy(),
+        docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None).unwrap(),
     )
 }
 
@@ -36,7 +40,7 @@ impl FakeAgent {
         let start = Instant::now();
         loop {
             for addr in cluster.procs.keys().map(|id| cluster.addrs[id].clone()) {
-                let mut c = client(&addr);
+                let mut c = client(&addr, node);
                 let r = c
                     .register(pb::RegisterRequest {
                         node: node.into(),
@@ -300,7 +304,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         ..Default::default()
     });
     req.metadata_mut()
-        .insert("x-docket-user", "alice".parse().unwrap());
+        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
     let r = jobs.update_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.is_empty(), "{r:?}");
     let pb::instruction::Kind::TimeLimit(t) = agent.next().await else {
@@ -320,7 +324,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         ..Default::default()
     });
     req.metadata_mut()
-        .insert("x-docket-user", "alice".parse().unwrap());
+        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
     let r = jobs.update_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.contains("administrator"), "{r:?}");
     // Requeued by its owner: killed, back in the queue, and launched again under a new epoch.
@@ -331,7 +335,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         }],
     });
     req.metadata_mut()
-        .insert("x-docket-user", "alice".parse().unwrap());
+        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
     let r = jobs.requeue_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.is_empty(), "{r:?}");
     let pb::instruction::Kind::Kill(k) = agent.next().await else {
@@ -352,7 +356,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
 async fn an_unknown_node_or_session_is_refused() {
     let cluster = Cluster::start(3).await;
     let leader = cluster.leader().await;
-    let mut c = client(&cluster.addrs[&leader]);
+    let mut c = client(&cluster.addrs[&leader], "nosuch");
     let e = c
         .register(pb::RegisterRequest {
             node: "nosuch".into(),
@@ -361,6 +365,7 @@ async fn an_unknown_node_or_session_is_refused() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+    let mut c = client(&cluster.addrs[&leader], "n01");
     let e = c
         .heartbeat(pb::HeartbeatRequest {
             node: "n01".into(),
@@ -371,4 +376,86 @@ async fn an_unknown_node_or_session_is_refused() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("register again"), "{e}");
+}
+
+/// An agent speaks for the node its certificate names, and only for it: g01's certificate
+/// cannot register as g02, and g01 cannot report the end of a run dispatched to g02.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_certificate_speaks_for_its_node_only() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    // g01's certificate, claiming g02.
+    let mut as_g01 = client(&cluster.addrs[&leader], "g01");
+    let e = as_g01
+        .register(pb::RegisterRequest {
+            node: "g02".into(),
+            cpus: 16,
+            memory_mib: 65536,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("cannot speak for node g02"), "{e}");
+    // A tool's certificate is no agent's.
+    let tool = AgentsClient::new(common::channel(&cluster.addrs[&leader]));
+    let e = tool
+        .clone()
+        .register(pb::RegisterRequest {
+            node: "g01".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+
+    // A job runs on g02; g01, registered as itself, reports it ended.
+    let mut g02 = FakeAgent::register(&cluster, "g02", vec![]).await;
+    let mut g01 = FakeAgent::register(&cluster, "g01", vec![]).await;
+    let mut jobs = cluster.jobs(cluster.leader().await).await;
+    let r = submit(&mut jobs, "alice", vec![pinned("on-g02", "g02")])
+        .await
+        .unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let pb::instruction::Kind::Launch(l) = g02.next().await else {
+        panic!("expected the launch on g02")
+    };
+    assert_eq!(l.job_id, id);
+    wait_state(&cluster, id, "RUNNING").await;
+    let r = g01
+        .client
+        .report_events(pb::ReportEventsRequest {
+            node: "g01".into(),
+            session: g01.session.clone(),
+            events: vec![pb::JobEvent {
+                job_id: id,
+                epoch: l.epoch,
+                event: Some(pb::job_event::Event::Ended(pb::Ended {
+                    cause: "completed".into(),
+                    ..Default::default()
+                })),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.errors[0].contains("is on node g02"), "{r:?}");
+    // Its certificate cannot carry the report in g02's name either.
+    let e = g01
+        .client
+        .report_events(pb::ReportEventsRequest {
+            node: "g02".into(),
+            session: g02.session.clone(),
+            events: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(state_of(&cluster, id).await, "RUNNING", "nothing changed");
+    // g02 itself may.
+    g02.ended(id, l.epoch, "completed", 0).await;
+    wait_state(&cluster, id, "COMPLETED").await;
 }

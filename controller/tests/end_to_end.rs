@@ -109,6 +109,7 @@ async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
                 "1",
             ])
             .args(["--confinement", "none", "--log", "warn"])
+            .args(common::node_flags("n01"))
             .arg("--state-dir")
             .arg(work.path().join("agent"))
             .stdout(Stdio::null())
@@ -201,7 +202,7 @@ while true; do sleep 0.2; done
             signal: 10,
         });
         req.metadata_mut()
-            .insert("x-docket-user", user.parse().unwrap());
+            .insert(docket_auth::CREDENTIAL_HEADER, common::credential(user));
         req
     };
     let follower = *cluster

@@ -26,13 +26,7 @@ async fn burst(
     for c in 0..clients {
         let mut conns: Vec<_> = addrs
             .iter()
-            .map(|a| {
-                docket_proto::v1::jobs_client::JobsClient::new(
-                    tonic::transport::Endpoint::from_shared(format!("http://{a}"))
-                        .unwrap()
-                        .connect_lazy(),
-                )
-            })
+            .map(|a| docket_proto::v1::jobs_client::JobsClient::new(common::channel(a)))
             .collect();
         let acked_count = acked_count.clone();
         tasks.push(tokio::spawn(async move {
@@ -145,11 +139,7 @@ async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job(
             loop {
                 let addr = &addrs[turn % addrs.len()];
                 turn += 1;
-                let mut c = docket_proto::v1::jobs_client::JobsClient::new(
-                    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                        .unwrap()
-                        .connect_lazy(),
-                );
+                let mut c = docket_proto::v1::jobs_client::JobsClient::new(common::channel(addr));
                 if let Ok(r) = submit(&mut c, "alice", vec![job("probe-after-kill", "big")]).await
                     && let Some(pb::submit_result::Result::JobId(id)) = r[0].result
                 {

@@ -90,7 +90,7 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
         users: vec![],
     });
     req.metadata_mut()
-        .insert("x-docket-user", "alice".parse().unwrap());
+        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
     let explained = client.explain_priority(req).await.unwrap().into_inner();
     assert_eq!(explained.jobs.len(), 1, "{explained:?}");
     assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");
@@ -131,10 +131,12 @@ async fn bad_requests_get_clear_errors_and_change_nothing() {
     let e = submit(&mut client, "alice", vec![]).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 
+    // A credential (validly signed) for a name Docket does not accept.
     let e = submit(&mut client, "bad name!", vec![job("x", "")])
         .await
         .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    assert!(e.message().contains("not a name Docket accepts"), "{e}");
 
     let e = client
         .submit_jobs(pb::SubmitJobsRequest {

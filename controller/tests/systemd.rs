@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,6 +32,7 @@ fn readiness_and_stopping_reach_the_notify_socket() {
             "0",
         ])
         .args(["--log", "off", "--bootstrap", &format!("1={addr}")])
+        .args(common::secret_flags(1))
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .env("NOTIFY_SOCKET", &socket_path)

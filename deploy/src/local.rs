@@ -16,6 +16,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
+use docket_auth::local::LocalSecrets;
+use docket_auth::tls::Role;
+
 use crate::layout::{AgentSpec, Layout};
 use crate::{LaunchError, rpc};
 
@@ -43,10 +46,24 @@ pub struct AgentProc {
     pub cgroups: Vec<PathBuf>,
 }
 
+/// The credential signer (`docket-authd`) of the host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuthdProc {
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    pub pid: Option<i32>,
+}
+
 /// What was started: `STATE/cluster.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Record {
     pub state_dir: PathBuf,
+    /// The cluster's CA, certificates and credential key (`STATE/secrets`, 0700).
+    #[serde(default)]
+    pub secrets: Option<PathBuf>,
+    /// The host's credential signer.
+    #[serde(default)]
+    pub authd: Option<AuthdProc>,
     pub bin_dir: PathBuf,
     pub site: PathBuf,
     pub confinement: String,
@@ -96,34 +113,9 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
-/// A free loopback port below the kernel's ephemeral range, so that no outgoing connection
-/// (of this or any other process) can take it between our check and the daemon's bind, as
-/// can happen with a port the kernel handed out for port 0.
+/// A free loopback address for a daemon of a local cluster.
 fn free_addr() -> Result<String, LaunchError> {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let (from, to) = (10_000u16, low.clamp(10_001, 32_768));
-    // Start somewhere different for every process and call.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let salt = std::process::id()
-        .wrapping_mul(2_654_435_761)
-        .wrapping_add(NEXT.fetch_add(7_919, std::sync::atomic::Ordering::Relaxed))
-        ^ (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0));
-    let span = u32::from(to - from);
-    for k in 0..span {
-        let port = from + ((salt.wrapping_add(k)) % span) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(format!("127.0.0.1:{port}"));
-        }
-    }
-    Err(LaunchError::Invalid(format!(
-        "no free loopback port between {from} and {to}"
-    )))
+    docket_auth::local::free_loopback_addr().map_err(LaunchError::Invalid)
 }
 
 fn record_path(state_dir: &Path) -> PathBuf {
@@ -206,7 +198,7 @@ impl LocalCluster {
                 state.display()
             )));
         }
-        for bin in ["docket-controller", "docket-nodeagent"] {
+        for bin in ["docket-controller", "docket-nodeagent", "docket-authd"] {
             if !layout.bin_dir.join(bin).exists() {
                 return Err(LaunchError::Invalid(format!(
                     "{} is missing: build the workspace first (cargo build --workspace --bins)",
@@ -270,9 +262,34 @@ impl LocalCluster {
                 cgroups: Vec::new(),
             })
             .collect();
+        // The cluster's secrets: a CA, a certificate per replica (for the address it is
+        // reached at), per agent and for this launcher, and the credential key.
+        let secrets_dir = state.join("secrets");
+        let secrets = LocalSecrets::create(&secrets_dir, "local")
+            .map_err(|e| LaunchError::Invalid(format!("making the cluster's secrets: {e}")))?;
+        let issue = |role: Role, hosts: Vec<String>| {
+            secrets
+                .issue(&role, &hosts)
+                .map(|_| ())
+                .map_err(|e| LaunchError::Invalid(format!("issuing {role}'s certificate: {e}")))
+        };
+        for r in &replicas {
+            let host = r.addr.rsplit_once(':').map_or(r.addr.as_str(), |(h, _)| h);
+            issue(Role::Replica(r.id), vec![host.to_owned()])?;
+        }
+        for a in &layout.agents {
+            issue(Role::Node(a.name.clone()), Vec::new())?;
+        }
+        rpc::use_secrets(&secrets)?;
         let mut cluster = LocalCluster {
             record: Record {
                 state_dir: state.clone(),
+                secrets: Some(secrets_dir),
+                authd: Some(AuthdProc {
+                    socket: state.join("authd.sock"),
+                    log: state.join("logs").join("authd.log"),
+                    pid: None,
+                }),
                 bin_dir: layout.bin_dir.clone(),
                 site,
                 confinement: layout.confinement.clone(),
@@ -321,6 +338,7 @@ impl LocalCluster {
                 })?;
             }
         }
+        cluster.start_authd()?;
         let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
         for id in ids {
             cluster.start_replica(id, id == 1)?;
@@ -343,8 +361,13 @@ impl LocalCluster {
         let path = record_path(state_dir);
         let text = std::fs::read_to_string(&path)
             .map_err(LaunchError::io(format!("reading {}", path.display())))?;
-        let record = serde_json::from_str(&text)
+        let record: Record = serde_json::from_str(&text)
             .map_err(|e| LaunchError::Invalid(format!("{}: {e}", path.display())))?;
+        if let Some(dir) = &record.secrets
+            && dir.exists()
+        {
+            rpc::use_secrets(&LocalSecrets::open(dir))?;
+        }
         Ok(LocalCluster {
             record,
             children: BTreeMap::new(),
@@ -393,7 +416,67 @@ impl LocalCluster {
             .iter()
             .filter_map(|r| r.pid)
             .chain(self.record.agents.iter().filter_map(|a| a.pid))
+            .chain(self.record.authd.iter().filter_map(|a| a.pid))
             .collect()
+    }
+
+    /// The cluster's secrets.
+    pub fn secrets(&self) -> Result<LocalSecrets, LaunchError> {
+        self.record
+            .secrets
+            .as_deref()
+            .map(LocalSecrets::open)
+            .ok_or_else(|| LaunchError::Invalid("this cluster was started without secrets".into()))
+    }
+
+    /// The credential signer's socket (`DOCKET_AUTH_SOCKET` for the commands).
+    pub fn auth_socket(&self) -> Option<&Path> {
+        self.record.authd.as_ref().map(|a| a.socket.as_path())
+    }
+
+    /// The shell lines pointing the commands at this cluster.
+    pub fn env_lines(&self) -> Result<Vec<String>, LaunchError> {
+        let secrets = self.secrets()?;
+        let mut lines = vec![
+            format!("export DOCKET_ADDR={}", self.docket_addr()),
+            format!("export DOCKET_TLS_CA={}", secrets.ca().display()),
+        ];
+        if let Some(socket) = self.auth_socket() {
+            lines.push(format!("export DOCKET_AUTH_SOCKET={}", socket.display()));
+        }
+        Ok(lines)
+    }
+
+    /// Starts the host's credential signer (`docket-authd`) with the cluster key.
+    fn start_authd(&mut self) -> Result<(), LaunchError> {
+        let Some(authd) = self.record.authd.clone() else {
+            return Ok(());
+        };
+        let key = self.secrets()?.key_file();
+        let mut cmd = Command::new(self.record.bin_dir.join("docket-authd"));
+        cmd.arg("--socket")
+            .arg(&authd.socket)
+            .arg("--key")
+            .arg(&key)
+            .args(["--log", "info"]);
+        let pid = self.spawn(cmd, &authd.log)?;
+        if let Some(a) = &mut self.record.authd {
+            a.pid = Some(pid);
+        }
+        // Ready when its socket answers.
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&authd.socket).is_err() {
+            if !alive(pid) || start.elapsed() > Duration::from_secs(10) {
+                let log = std::fs::read_to_string(&authd.log).unwrap_or_default();
+                return Err(LaunchError::Invalid(format!(
+                    "docket-authd did not start; see {} ({})",
+                    authd.log.display(),
+                    log.lines().last().unwrap_or_default()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.save()
     }
 
     fn spawn(&mut self, mut cmd: Command, log: &Path) -> Result<i32, LaunchError> {
@@ -469,7 +552,8 @@ impl LocalCluster {
                 &self.record.node_down_margin_ms.to_string(),
                 "--log",
                 "info",
-            ]);
+            ])
+            .args(self.secrets()?.controller_flags(id));
         if let Some(ms) = self.record.raft_heartbeat_ms {
             cmd.args(["--heartbeat-ms", &ms.to_string()]);
         }
@@ -520,7 +604,8 @@ impl LocalCluster {
                 &self.record.kill_grace_s.to_string(),
                 "--log",
                 "info",
-            ]);
+            ])
+            .args(self.secrets()?.agent_flags(name));
         if a.spec.simulated {
             cmd.args(["--execution", "simulated", "--confinement", "none"]);
         } else {
@@ -788,7 +873,8 @@ impl LocalCluster {
         }
         let agents: Vec<i32> = self.record.agents.iter().filter_map(|a| a.pid).collect();
         let replicas: Vec<i32> = self.record.replicas.iter().filter_map(|r| r.pid).collect();
-        for group in [agents, replicas] {
+        let authd: Vec<i32> = self.record.authd.iter().filter_map(|a| a.pid).collect();
+        for group in [agents, replicas, authd] {
             for pid in &group {
                 let _ = self.signal(*pid, Signal::SIGTERM);
             }
@@ -824,6 +910,9 @@ impl LocalCluster {
             r.pid = None;
         }
         for a in &mut self.record.agents {
+            a.pid = None;
+        }
+        if let Some(a) = &mut self.record.authd {
             a.pid = None;
         }
         if remove {

@@ -145,7 +145,9 @@ fn print_endpoints(c: &LocalCluster, leader: u64) {
     }
     let bin = c.record.state_dir.join("bin");
     println!("\nTo use it from a shell (or: eval \"$(docket-local env)\"):\n");
-    println!("  export DOCKET_ADDR={}", c.docket_addr());
+    for line in c.env_lines().unwrap_or_default() {
+        println!("  {line}");
+    }
     println!("  export PATH={}:$PATH", bin.display());
     println!(
         "\n  sinfo; squeue; printf '#!/bin/sh\\nsleep 30\\n' | sbatch -t 1; docket cluster status"
@@ -324,7 +326,9 @@ async fn run(cli: Cli) -> Result<()> {
         Cmd::Status => status(cli.state_dir).await,
         Cmd::Env => {
             let c = LocalCluster::open(&cli.state_dir)?;
-            println!("export DOCKET_ADDR={}", c.docket_addr());
+            for line in c.env_lines()? {
+                println!("{line}");
+            }
             println!(
                 "export PATH={}:\"$PATH\"",
                 c.record.state_dir.join("bin").display()

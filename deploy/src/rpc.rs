@@ -1,21 +1,69 @@
-//! Calls to the controllers, as the launcher makes them: one short-timeout channel per call,
-//! the caller named in `x-docket-user`.
+//! Calls to the controllers, as the launcher makes them: one short-timeout TLS channel per
+//! call (with the launcher's tool certificate), and for each request a fresh credential for
+//! the user it acts as, minted with the cluster key the launcher made ([`use_secrets`]).
 
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use docket_auth::local::{LocalSecrets, Minter};
+use docket_auth::tls::{Role, TlsContext};
 use docket_proto::v1 as pb;
 use docket_proto::v1::admin_client::AdminClient;
 use docket_proto::v1::jobs_client::JobsClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::LaunchError;
 
+/// How the launcher reaches a cluster: TLS as the tool `docket-local`, credentials by the key.
+#[derive(Debug, Clone)]
+pub struct Access {
+    pub tls: TlsContext,
+    pub minter: Minter,
+}
+
+static ACCESS: RwLock<Option<Arc<Access>>> = RwLock::new(None);
+
+/// The tool's role.
+pub fn tool() -> Role {
+    Role::Tool("docket-local".into())
+}
+
+/// Makes the calls of this process use the cluster whose secrets are in `secrets` (set when a
+/// cluster is started or opened).
+pub fn use_secrets(secrets: &LocalSecrets) -> Result<(), LaunchError> {
+    let files = secrets
+        .issue(&tool(), &[])
+        .map_err(|e| LaunchError::Invalid(format!("the launcher's certificate: {e}")))?;
+    let access = Access {
+        tls: TlsContext::load(files)
+            .map_err(|e| LaunchError::Invalid(format!("the launcher's TLS: {e}")))?,
+        minter: secrets
+            .minter()
+            .map_err(|e| LaunchError::Invalid(format!("the credential key: {e}")))?,
+    };
+    *ACCESS.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(access));
+    Ok(())
+}
+
+/// The access [`use_secrets`] set.
+pub fn access() -> Result<Arc<Access>, LaunchError> {
+    ACCESS
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or_else(|| {
+            LaunchError::Invalid("no cluster secrets loaded (start or open a cluster first)".into())
+        })
+}
+
 fn channel(addr: &str) -> Result<Channel, LaunchError> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| LaunchError::Invalid(format!("{addr}: {e}")))?
-        .connect_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(10))
-        .connect_lazy())
+    docket_auth::tls::connect::channel(
+        addr,
+        &access()?.tls,
+        Duration::from_millis(500),
+        Some(Duration::from_secs(10)),
+    )
+    .map_err(LaunchError::Invalid)
 }
 
 pub fn admin(addr: &str) -> Result<AdminClient<Channel>, LaunchError> {
@@ -26,11 +74,15 @@ pub fn jobs(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
     Ok(JobsClient::new(channel(addr)?))
 }
 
-/// `message` from `user`.
+/// `message` with a fresh credential for `user` (`root` is the operator). Without the
+/// cluster's secrets it goes without one, and the controller says so.
 pub fn as_user<T>(user: &str, message: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(message);
-    if let Ok(v) = user.parse() {
-        r.metadata_mut().insert("x-docket-user", v);
+    if let Ok(access) = access()
+        && let Ok(credential) = access.minter.credential_for(user)
+        && let Ok(v) = credential.parse()
+    {
+        r.metadata_mut().insert(docket_auth::CREDENTIAL_HEADER, v);
     }
     r
 }

@@ -13,6 +13,7 @@ fn package_of(bin: &str) -> &str {
     match bin {
         "docket" => "docket-cli",
         "docket-local" => "docket-deploy",
+        "docket-authd" => "docket-auth",
         other => other,
     }
 }

@@ -11,7 +11,12 @@ use std::process::{Command, Output};
 fn bin_dir() -> PathBuf {
     docket_deploy::testing::bin_dir(
         env!("CARGO_BIN_EXE_docket-local"),
-        &["docket-controller", "docket-nodeagent", "docket"],
+        &[
+            "docket-controller",
+            "docket-nodeagent",
+            "docket-authd",
+            "docket",
+        ],
     )
 }
 

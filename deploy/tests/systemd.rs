@@ -20,7 +20,7 @@ fn unit(name: &str) -> String {
 fn bins() -> PathBuf {
     docket_deploy::testing::bin_dir(
         env!("CARGO_BIN_EXE_docket-local"),
-        &["docket-controller", "docket-nodeagent"],
+        &["docket-controller", "docket-nodeagent", "docket-authd"],
     )
 }
 
@@ -33,6 +33,16 @@ fn the_units_say_what_the_daemons_need() {
         "EnvironmentFile=/etc/docket/controller.env",
     ] {
         assert!(controller.lines().any(|l| l == line), "{line}");
+    }
+    let authd = unit("docket-authd.service");
+    for line in [
+        "Type=notify",
+        "User=root",
+        "ExecStart=/usr/local/bin/docket-authd",
+        "EnvironmentFile=/etc/docket/authd.env",
+        "RuntimeDirectory=docket",
+    ] {
+        assert!(authd.lines().any(|l| l == line), "{line}");
     }
     let agent = unit("docket-nodeagent.service");
     for line in [
@@ -48,14 +58,16 @@ fn the_units_say_what_the_daemons_need() {
 #[test]
 fn every_variable_of_the_environment_files_is_a_flag() {
     let bins = bins();
-    for (env, bin) in [
-        ("controller.env", "docket-controller"),
-        ("nodeagent.env", "docket-nodeagent"),
+    for (env, bin, args) in [
+        (
+            "controller.env",
+            "docket-controller",
+            &["run", "--help"][..],
+        ),
+        ("nodeagent.env", "docket-nodeagent", &["run", "--help"][..]),
+        ("authd.env", "docket-authd", &["--help"][..]),
     ] {
-        let help = Command::new(bins.join(bin))
-            .args(["run", "--help"])
-            .output()
-            .unwrap();
+        let help = Command::new(bins.join(bin)).args(args).output().unwrap();
         let help = String::from_utf8_lossy(&help.stdout).into_owned();
         let text = unit(env);
         let vars: Vec<&str> = text
@@ -64,7 +76,7 @@ fn every_variable_of_the_environment_files_is_a_flag() {
             .filter(|l| l.starts_with("DOCKET_"))
             .filter_map(|l| l.split('=').next())
             .collect();
-        assert!(vars.len() >= 5, "{env}: {vars:?}");
+        assert!(vars.len() >= 4, "{env}: {vars:?}");
         for v in vars {
             assert!(
                 help.contains(&format!("[env: {v}=")),
@@ -85,7 +97,11 @@ fn systemd_analyze_accepts_the_units() {
     let dir = tempfile::tempdir().unwrap();
     let env_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
     let mut paths = Vec::new();
-    for name in ["docket-controller.service", "docket-nodeagent.service"] {
+    for name in [
+        "docket-controller.service",
+        "docket-nodeagent.service",
+        "docket-authd.service",
+    ] {
         let text = unit(name)
             .replace("/usr/local/bin/", &format!("{}/", bins.display()))
             .replace("/etc/docket/", &format!("{}/", env_dir.display()));

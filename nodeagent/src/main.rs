@@ -138,6 +138,24 @@ struct RunArgs {
     /// Cluster name for SLURM_CLUSTER_NAME.
     #[arg(long, env = "DOCKET_CLUSTER", default_value = "docket")]
     cluster: String,
+    /// The cluster CA's certificate: the controllers' certificates must chain to it.
+    #[arg(long, env = "DOCKET_TLS_CA", default_value = "/etc/docket/tls/ca.pem")]
+    tls_ca: PathBuf,
+    /// This node's certificate (`docket-controller certs issue node NAME`): the agent
+    /// speaks for the node it names, and only for it. Reloaded on SIGHUP or change.
+    #[arg(
+        long,
+        env = "DOCKET_TLS_CERT",
+        default_value = "/etc/docket/tls/node.pem"
+    )]
+    tls_cert: PathBuf,
+    /// This node's private key (readable by root only).
+    #[arg(
+        long,
+        env = "DOCKET_TLS_KEY",
+        default_value = "/etc/docket/tls/node.key"
+    )]
+    tls_key: PathBuf,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -191,6 +209,21 @@ fn run(args: RunArgs) -> Result<()> {
         .init();
     if let Some(point) = args.crash_at {
         docket_nodeagent::crash::arm(point).map_err(anyhow::Error::msg)?;
+    }
+    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: args.tls_ca.clone(),
+        identity: Some((args.tls_cert.clone(), args.tls_key.clone())),
+    })
+    .context("TLS")?;
+    match tls.role() {
+        Some(docket_auth::tls::Role::Node(name)) if name == args.node => {}
+        other => anyhow::bail!(
+            "--tls-cert is {}, not node {}'s certificate; issue one with `docket-controller \
+             certs issue node {}`",
+            other.map_or_else(|| "no certificate".to_owned(), |r| format!("{r}'s")),
+            args.node,
+            args.node
+        ),
     }
     std::fs::create_dir_all(&args.state_dir)
         .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
@@ -249,6 +282,7 @@ fn run(args: RunArgs) -> Result<()> {
         cpus: args.cpus,
         memory_mib: args.memory_mib,
         gpus: args.gpus,
+        tls: tls.clone(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -265,12 +299,14 @@ fn run(args: RunArgs) -> Result<()> {
         if let Some(j) = &jobfs_for_reaping {
             j.reap_stale(&keep_scratch);
         }
+        let tls_watch = tls.watch(Duration::from_secs(5));
         let agent = tokio::spawn(session::run(config, runner, events));
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
         agent.abort();
+        tls_watch.abort();
         Ok(())
     })
 }

@@ -17,7 +17,8 @@ use tonic::transport::Channel;
 
 use crate::runner::Runner;
 
-/// What the agent declares and where it finds controllers.
+/// What the agent declares, where it finds controllers, and its TLS (the node's
+/// certificate, which is what the leader believes it is).
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     pub node: String,
@@ -25,16 +26,19 @@ pub struct SessionConfig {
     pub cpus: u32,
     pub memory_mib: u64,
     pub gpus: u32,
+    pub tls: docket_auth::tls::TlsContext,
 }
 
-fn client(addr: &str) -> Option<AgentsClient<Channel>> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?;
-    Some(AgentsClient::new(
-        endpoint
-            .connect_timeout(Duration::from_millis(500))
-            .timeout(Duration::from_secs(10))
-            .connect_lazy(),
-    ))
+fn client(addr: &str, tls: &docket_auth::tls::TlsContext) -> Option<AgentsClient<Channel>> {
+    let channel = docket_auth::tls::connect::channel(
+        addr,
+        tls,
+        Duration::from_millis(500),
+        Some(Duration::from_secs(10)),
+    )
+    .map_err(|e| tracing::warn!(controller = %addr, error = %e, "not a controller address"))
+    .ok()?;
+    Some(AgentsClient::new(channel))
 }
 
 struct Live {
@@ -54,7 +58,9 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
         if tried > 16 {
             break;
         }
-        let Some(mut c) = client(&addr) else { continue };
+        let Some(mut c) = client(&addr, &config.tls) else {
+            continue;
+        };
         let request = pb::RegisterRequest {
             node: config.node.clone(),
             cpus: config.cpus,
@@ -81,7 +87,12 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
                     .and_then(|v| v.to_str().ok())
                 {
                     queue.insert(0, leader.to_owned());
-                } else if status.code() == tonic::Code::NotFound {
+                } else if matches!(
+                    status.code(),
+                    tonic::Code::NotFound
+                        | tonic::Code::PermissionDenied
+                        | tonic::Code::Unauthenticated
+                ) {
                     tracing::error!(node = %config.node, "{}", status.message());
                 }
             }

@@ -102,7 +102,43 @@ fn privileged(why: &str) -> bool {
     false
 }
 
-/// Serves `leader` on a fresh loopback port; its address and the server task.
+/// The test process's cluster secrets: a CA, the in-test leader's replica certificate
+/// (127.0.0.1), and node certificates issued on demand.
+fn secrets() -> &'static docket_auth::local::LocalSecrets {
+    static SECRETS: std::sync::OnceLock<(tempfile::TempDir, docket_auth::local::LocalSecrets)> =
+        std::sync::OnceLock::new();
+    &SECRETS
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let local =
+                docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "test")
+                    .unwrap();
+            local
+                .issue(&docket_auth::tls::Role::Replica(1), &["127.0.0.1".into()])
+                .unwrap();
+            (dir, local)
+        })
+        .1
+}
+
+/// The flags giving the agent of `node` its certificate.
+fn tls_flags(node: &str) -> Vec<String> {
+    let files = secrets()
+        .issue(&docket_auth::tls::Role::Node(node.into()), &[])
+        .unwrap();
+    let (cert, key) = files.identity.unwrap();
+    vec![
+        "--tls-ca".into(),
+        files.ca.display().to_string(),
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+    ]
+}
+
+/// Serves `leader` on a fresh loopback port, over TLS as replica 1; its address and the
+/// server task.
 async fn serve(
     leader: &FakeLeader,
 ) -> (
@@ -111,10 +147,13 @@ async fn serve(
 ) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let tls =
+        docket_auth::tls::TlsContext::load(secrets().files(&docket_auth::tls::Role::Replica(1)))
+            .unwrap();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(AgentsServer::new(leader.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            .serve_with_incoming(docket_auth::tls::serve::incoming(listener, tls)),
     );
     (addr, server)
 }
@@ -134,6 +173,7 @@ fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) -> Age
             ])
             .arg("--state-dir")
             .arg(state)
+            .args(tls_flags(node))
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
@@ -858,6 +898,25 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
     let bin = dir.path().join("docket-nodeagent");
     std::fs::copy(env!("CARGO_BIN_EXE_docket-nodeagent"), &bin).unwrap();
     std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Its certificate, readable by nobody (the key its own, 0600).
+    let files = secrets()
+        .issue(&docket_auth::tls::Role::Node("n09".into()), &[])
+        .unwrap();
+    let (cert, key) = files.identity.unwrap();
+    let mut tls = Vec::new();
+    for (flag, from, mode) in [
+        ("--tls-ca", files.ca, 0o644),
+        ("--tls-cert", cert, 0o644),
+        ("--tls-key", key, 0o600),
+    ] {
+        let to = dir.path().join(from.file_name().unwrap());
+        std::fs::copy(&from, &to).unwrap();
+        std::os::unix::fs::chown(&to, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw()))
+            .unwrap();
+        std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        tls.push(flag.to_owned());
+        tls.push(to.display().to_string());
+    }
     // As an unprivileged user no cgroup is writable: a clear error, not a silent agent.
     let out = Command::new(&bin)
         .args([
@@ -870,6 +929,7 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
             "1",
         ])
         .args(["--memory-mib", "64"])
+        .args(&tls)
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .uid(nobody.uid.as_raw())

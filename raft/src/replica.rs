@@ -262,6 +262,12 @@ impl<M: StateMachine> Replica<M> {
         &self.addr
     }
 
+    /// The channels this replica reaches its peers through (to ask them for their status
+    /// over the same transport).
+    pub fn channels(&self) -> &Channels {
+        &self.channels
+    }
+
     /// The fault switch of this replica's data directory (tests only).
     pub fn faults(&self) -> &FaultInjection {
         &self.faults

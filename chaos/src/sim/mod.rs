@@ -203,13 +203,15 @@ fn submit_command(name: &str) -> Option<Envelope> {
         ..Default::default()
     };
     let user = "root".parse().ok()?;
-    let mut blobs = Vec::new();
+    let mut blobs = docket_controller::convert::Blobs::default();
     let job = docket_controller::convert::job_spec(0, &spec, user, 1000, &mut blobs).ok()?;
-    Some(Envelope::new(Command::SubmitJobs {
-        actor: Actor::Operator,
-        blobs,
-        jobs: vec![job],
-    }))
+    Some(Envelope::new(
+        Actor::Operator,
+        Command::SubmitJobs {
+            blobs: blobs.into_vec(),
+            jobs: vec![job],
+        },
+    ))
 }
 
 /// Runs seed `seed` for `steps` client steps.
@@ -298,7 +300,7 @@ async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(200)).await;
         sim.now_ms += 200;
-        let commands = site.iter().cloned().map(Envelope::new).collect();
+        let commands = site.iter().cloned().map(Envelope::controller).collect();
         if let Some(Ok(_)) = sim.write(commands).await {
             configured = true;
             break;

@@ -26,7 +26,7 @@ use docket_core::partition::Partition;
 use docket_core::priority::{self, It4i, Multifactor, PriorityFormula};
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds, TimeMs};
-use docket_core::{Actor, Command, NodeName, Response, State};
+use docket_core::{Command, NodeName, Response, State};
 use support::{Bench, name};
 
 /// Counts live heap bytes, so the state's size is measured, not estimated.
@@ -136,7 +136,6 @@ fn main() {
             })
             .collect();
         let cmd = Command::SubmitJobs {
-            actor: Actor::Operator,
             blobs: vec![SCRIPT.to_vec()],
             jobs: specs,
         };
@@ -199,7 +198,6 @@ fn main() {
     let victim = *b.state.jobs.keys().next().expect("jobs");
     let t = Instant::now();
     b.apply(Command::CancelJobs {
-        actor: Actor::Operator,
         jobs: vec![docket_core::job::JobRef {
             job: victim,
             task: None,

@@ -24,7 +24,7 @@ use docket_core::partition::Partition;
 use docket_core::plan::Unlimited;
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds};
-use docket_core::{Actor, Command, NodeName, Response, State, UserName};
+use docket_core::{Command, NodeName, Response, State, UserName};
 use support::{Bench, name, time_runs};
 
 const SCRIPT: &[u8] = b"#!/bin/sh\nsrun ./app\n";
@@ -70,7 +70,6 @@ fn submit(b: &mut Bench, specs: Vec<JobSpec>) -> Vec<docket_core::JobId> {
     let mut ids = Vec::new();
     for chunk in specs.chunks(10_000) {
         let r = b.apply(Command::SubmitJobs {
-            actor: Actor::Operator,
             blobs: vec![SCRIPT.to_vec()],
             jobs: chunk.to_vec(),
         });

@@ -4,6 +4,12 @@
 //! Raft log, so its encoding is versioned ([`Envelope::version`]): a replica refuses a
 //! command newer than it understands instead of misapplying it, which is what makes rolling
 //! upgrades safe (upgrade every replica before the leader proposes the new version).
+//!
+//! Every command travels with its [`Actor`]: who asked, as the controller proved it (a user's
+//! credential, an agent's certificate) or the controller itself. Apply checks the actor's
+//! authority for every command against the state at that point of the log
+//! ([`crate::apply::authority`]), so a change of role (an admin demoted) takes effect exactly
+//! where it is in the log, and no request reaches the state on anyone's word.
 
 use serde::{Deserialize, Serialize};
 
@@ -15,32 +21,60 @@ use crate::node::NodeSpec;
 use crate::partition::Partition;
 use crate::qos::Qos;
 
-/// The command encoding this build writes and the newest it applies.
-pub const COMMAND_VERSION: u16 = 1;
+/// The command encoding this build writes and the newest it applies. Version 2 carries the
+/// actor in the envelope for every command.
+pub const COMMAND_VERSION: u16 = 2;
 
-/// A command as it travels through the log.
+/// A command as it travels through the log: what to do and who asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     pub version: u16,
+    pub actor: Actor,
     pub command: Command,
 }
 
 impl Envelope {
-    pub fn new(command: Command) -> Envelope {
+    pub fn new(actor: Actor, command: Command) -> Envelope {
         Envelope {
             version: COMMAND_VERSION,
+            actor,
             command,
         }
     }
+
+    /// A command the controller makes on its own behalf (scheduling passes, node liveness,
+    /// the site file at bootstrap).
+    pub fn controller(command: Command) -> Envelope {
+        Envelope::new(Actor::Controller, command)
+    }
 }
 
-/// Who asks. The controller authenticates the caller; the core decides what they may do.
+/// Who asks. The controller proves the caller (a user's credential, an agent's certificate);
+/// the core decides what they may do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Actor {
-    /// A user, who may act on their own jobs (and on anyone's if an admin in state).
+    /// A user (a credential for their uid): acts on their own jobs, and on others' as an
+    /// account coordinator or an admin (`AdminLevel` in state).
     User(UserName),
-    /// The cluster operator or the controller itself (root, the admin API, the leader).
+    /// Root (a credential for uid 0): the cluster's operator, an admin of everything.
     Operator,
+    /// The controller itself: the leader's scheduling passes and node liveness, and the site
+    /// file a new cluster starts from. Never what a request becomes.
+    Controller,
+    /// The agent of a compute node (its certificate): it may only report the ends of runs
+    /// dispatched to that node.
+    Node(NodeName),
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Actor::User(u) => write!(f, "{u}"),
+            Actor::Operator => f.write_str("root"),
+            Actor::Controller => f.write_str("the controller"),
+            Actor::Node(n) => write!(f, "the agent of node {n}"),
+        }
+    }
 }
 
 /// How a job ended, as far as the scheduler cares.
@@ -148,30 +182,24 @@ pub enum Command {
     /// Submit jobs. Each is accepted or rejected on its own; `blobs` carries the scripts and
     /// environments they reference (content-addressed, stored once).
     SubmitJobs {
-        actor: Actor,
         blobs: Vec<Vec<u8>>,
         jobs: Vec<JobSpec>,
     },
     CancelJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     /// Freeze running jobs (admin): they keep memory and jobfs; walltime stops.
     SuspendJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     /// Thaw suspended jobs (admin).
     ResumeJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     HoldJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     ReleaseJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     /// The planner's start decisions.
@@ -182,7 +210,6 @@ pub enum Command {
     Tick,
     /// Stop running or suspended jobs and put them back in the queue (`scontrol requeue`).
     RequeueJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
     },
     /// Make exactly these users the coordinators of an account.
@@ -192,7 +219,6 @@ pub enum Command {
     },
     /// Change jobs' time limit, name or nice (`scontrol update job`).
     UpdateJobs {
-        actor: Actor,
         jobs: Vec<JobRef>,
         update: crate::apply::update::JobUpdate,
     },

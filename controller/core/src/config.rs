@@ -215,6 +215,41 @@ impl SchedParams {
     }
 }
 
+/// What users may see of other users' work (Slurm's `PrivateData`). Off by default, as in
+/// Slurm; admins, and coordinators for their accounts, always see everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrivateData {
+    /// Queue listings, job details and priorities (`squeue`, `scontrol show job`, `sprio`)
+    /// show a user only their own jobs. As in Slurm, this covers accounting too.
+    pub jobs: bool,
+    /// Accounting records (`sacct`) show a user only their own jobs.
+    pub accounting: bool,
+    /// Fair-share usage (`sshare`) shows a user only their own rows and the accounts above
+    /// them.
+    pub usage: bool,
+}
+
+/// Caps that keep one user from exhausting a replica's memory with queued work. Admins
+/// (and root) are exempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserCaps {
+    /// Most job records a user may have queued or running (`MaxSubmitJobsPerUser`; an array
+    /// is one record until its tasks start).
+    pub max_jobs: Option<u32>,
+    /// Most bytes of distinct scripts and environments a user's queued jobs may hold
+    /// (`MaxScriptBytesPerUser`).
+    pub max_script_bytes: Option<u64>,
+}
+
+impl Default for UserCaps {
+    fn default() -> Self {
+        UserCaps {
+            max_jobs: Some(10_000),
+            max_script_bytes: Some(256 << 20),
+        }
+    }
+}
+
 /// Replicated scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedConfig {
@@ -247,6 +282,10 @@ pub struct SchedConfig {
     pub sched: SchedParams,
     /// Preemption (priority-run and parallel-run).
     pub preempt: crate::preempt::PreemptConfig,
+    /// What users may see of each other's work.
+    pub private_data: PrivateData,
+    /// Per-user caps on queued work.
+    pub user_caps: UserCaps,
 }
 
 impl Default for SchedConfig {
@@ -270,6 +309,8 @@ impl Default for SchedConfig {
             bonus_qos: None,
             sched: SchedParams::default(),
             preempt: crate::preempt::PreemptConfig::default(),
+            private_data: PrivateData::default(),
+            user_caps: UserCaps::default(),
         }
     }
 }

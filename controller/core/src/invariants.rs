@@ -123,7 +123,13 @@ impl State {
         self.check_queue_caps()?;
         self.check_blobs()?;
         let (live, assocs) = self.compute_user_index();
+        let stored = self.compute_stored();
         for (name, entry) in &self.users {
+            let (held, bytes) = stored.get(name).cloned().unwrap_or_default();
+            ensure!(
+                held == entry.stored && bytes == entry.stored_bytes,
+                "user {name}'s stored-blobs index differs from the jobs"
+            );
             ensure!(
                 live.get(name).unwrap_or(&BTreeSet::new()) == &entry.live,
                 "user {name}'s live-jobs index differs from the jobs"

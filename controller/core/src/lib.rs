@@ -18,6 +18,7 @@
 //! - ordering: [`priority`] (five formulas, `explain`, the order of consideration);
 //! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
+pub mod access;
 pub mod account;
 pub mod apply;
 pub mod assoc;

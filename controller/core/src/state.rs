@@ -41,6 +41,13 @@ pub struct UserEntry {
     /// Their associations in account order (derived from the association table).
     #[serde(skip)]
     pub(crate) assocs: Vec<(AccountName, AssocId)>,
+    /// The scripts and environments their jobs in the queue hold, with how many of their
+    /// jobs hold each (derived from the jobs), and those blobs' total size: what the
+    /// per-user cap on stored bytes counts.
+    #[serde(skip)]
+    pub(crate) stored: BTreeMap<BlobId, u32>,
+    #[serde(skip)]
+    pub(crate) stored_bytes: u64,
 }
 
 impl UserEntry {
@@ -49,6 +56,8 @@ impl UserEntry {
             user,
             live: BTreeSet::new(),
             assocs: Vec::new(),
+            stored: BTreeMap::new(),
+            stored_bytes: 0,
         }
     }
 
@@ -144,9 +153,11 @@ impl State {
     /// Recomputes every derived index from the jobs and the association table.
     pub fn rebuild_indexes(&mut self) {
         let (mut live, mut assocs) = self.compute_user_index();
+        let mut stored = self.compute_stored();
         for (name, entry) in self.users.iter_mut() {
             entry.live = live.remove(name).unwrap_or_default();
             entry.assocs = assocs.remove(name).unwrap_or_default();
+            (entry.stored, entry.stored_bytes) = stored.remove(name).unwrap_or_default();
         }
         self.holding = self.compute_holding();
         self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
@@ -185,6 +196,65 @@ impl State {
                 .push((account.clone(), id));
         }
         (live, assocs)
+    }
+
+    /// Each user's stored blobs (with the count of their jobs holding each) and their total
+    /// size, as [`UserEntry`]'s derived fields should hold them.
+    pub(crate) fn compute_stored(&self) -> NameMap<UserName, (BTreeMap<BlobId, u32>, u64)> {
+        let mut out: NameMap<UserName, (BTreeMap<BlobId, u32>, u64)> = NameMap::default();
+        for job in self.jobs.values() {
+            let (held, bytes) = out.entry(job.spec.user.clone()).or_default();
+            for id in std::iter::once(job.spec.script).chain(job.spec.env) {
+                let n = held.entry(id).or_default();
+                if *n == 0 {
+                    *bytes += self.blobs.get(&id).map_or(0, |b| b.data.len() as u64);
+                }
+                *n += 1;
+            }
+        }
+        out
+    }
+
+    /// One more of `user`'s jobs holds blob `id` (which is stored).
+    pub(crate) fn retain_blob(&mut self, user: &UserName, id: BlobId) {
+        let Some(blob) = self.blobs.get_mut(&id) else {
+            return;
+        };
+        blob.refs += 1;
+        let size = blob.data.len() as u64;
+        if let Some(entry) = self.users.get_mut(user) {
+            let n = entry.stored.entry(id).or_default();
+            if *n == 0 {
+                entry.stored_bytes += size;
+            }
+            *n += 1;
+        }
+    }
+
+    /// One fewer of `user`'s jobs holds blob `id`; the blob goes when no job holds it.
+    pub(crate) fn release_blob(&mut self, user: &UserName, id: BlobId) {
+        let Some(blob) = self.blobs.get_mut(&id) else {
+            return;
+        };
+        blob.refs = blob.refs.saturating_sub(1);
+        let size = blob.data.len() as u64;
+        if blob.refs == 0 {
+            self.blobs.remove(&id);
+        }
+        if let Some(entry) = self.users.get_mut(user)
+            && let Some(n) = entry.stored.get_mut(&id)
+        {
+            *n -= 1;
+            if *n == 0 {
+                entry.stored.remove(&id);
+                entry.stored_bytes -= size;
+            }
+        }
+    }
+
+    /// The bytes `user`'s queued jobs hold in scripts and environments.
+    pub fn stored_bytes_of(&self, user: &UserName) -> u64 {
+        self.users.get(user).map_or(0, |e| e.stored_bytes)
     }
 
     /// The user's jobs that are not terminal, in id order.
@@ -230,7 +300,6 @@ impl State {
         self.partitions.values().find(|p| p.is_default)
     }
 
-    /// Is the actor an administrator?
     /// The jobs holding node resources (running, suspended, completing), from the index kept
     /// for that: the daemon's dispatcher walks these, not the whole queue.
     pub fn holding_jobs(&self) -> impl Iterator<Item = &Job> + '_ {
@@ -254,10 +323,13 @@ impl State {
         false
     }
 
+    /// Whether `actor` is an administrator: root, the controller, or a user with
+    /// `AdminLevel`. A node's agent never is.
     pub fn is_admin(&self, actor: &crate::command::Actor) -> bool {
         match actor {
-            crate::command::Actor::Operator => true,
+            crate::command::Actor::Operator | crate::command::Actor::Controller => true,
             crate::command::Actor::User(u) => self.users.get(u).is_some_and(|e| e.user.admin),
+            crate::command::Actor::Node(_) => false,
         }
     }
 

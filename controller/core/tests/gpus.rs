@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{Cluster, jr, name};
+use common::{Cluster, by, jr, name};
 use docket_core::command::EndCause;
 use docket_core::config::SchedConfig;
 use docket_core::job::Reason;
@@ -165,10 +165,12 @@ fn a_suspended_job_keeps_its_gpus_so_suspension_cannot_free_them() {
         "{plan:?}"
     );
     // An express job needing only cpus does suspend it.
-    c.ok(Command::CancelJobs {
-        actor: docket_core::Actor::Operator,
-        jobs: vec![jr(needs_gpu)],
-    });
+    c.ok(by(
+        docket_core::Actor::Operator,
+        Command::CancelJobs {
+            jobs: vec![jr(needs_gpu)],
+        },
+    ));
     let mut s = c.spec("bob");
     s.partition = Some(name("express"));
     s.ntasks = 8;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, jr, name};
+use common::{Cluster, by, jr, name};
 use docket_core::command::{EndCause, EndReport};
 use docket_core::config::SchedConfig;
 use docket_core::job::{
@@ -61,7 +61,8 @@ fn stale_epochs_are_ignored_and_requeue_takes_a_new_epoch() {
         r,
         Response::Ended {
             applied: 0,
-            stale: 1
+            stale: 1,
+            refused: 0,
         }
     );
     assert_eq!(c.job(id).state, JobState::Running);
@@ -106,28 +107,36 @@ fn cancel_hold_release_and_permissions() {
     let ids = c.submit(vec![c.spec("alice"), c.spec("alice")]);
     let bob = Actor::User(name("bob"));
     let alice = Actor::User(name("alice"));
-    let r = c.ok(Command::CancelJobs {
-        actor: bob.clone(),
-        jobs: vec![jr(ids[0])],
-    });
+    let r = c.ok(by(
+        bob.clone(),
+        Command::CancelJobs {
+            jobs: vec![jr(ids[0])],
+        },
+    ));
     let Response::PerJob(r) = r else { panic!() };
     assert!(matches!(r[0], Err(Rejection::NotPermitted(_))));
     assert_eq!(c.job(ids[0]).state, JobState::Pending);
 
-    c.ok(Command::HoldJobs {
-        actor: alice.clone(),
-        jobs: vec![jr(ids[0])],
-    });
+    c.ok(by(
+        alice.clone(),
+        Command::HoldJobs {
+            jobs: vec![jr(ids[0])],
+        },
+    ));
     assert_eq!(c.job(ids[0]).reason, Reason::JobHeldUser);
-    c.ok(Command::HoldJobs {
-        actor: Actor::Operator,
-        jobs: vec![jr(ids[1])],
-    });
+    c.ok(by(
+        Actor::Operator,
+        Command::HoldJobs {
+            jobs: vec![jr(ids[1])],
+        },
+    ));
     assert_eq!(c.job(ids[1]).reason, Reason::JobHeldAdmin);
-    let Response::PerJob(r) = c.ok(Command::ReleaseJobs {
-        actor: alice.clone(),
-        jobs: vec![jr(ids[0]), jr(ids[1])],
-    }) else {
+    let Response::PerJob(r) = c.ok(by(
+        alice.clone(),
+        Command::ReleaseJobs {
+            jobs: vec![jr(ids[0]), jr(ids[1])],
+        },
+    )) else {
         panic!()
     };
     assert!(r[0].is_ok());
@@ -138,10 +147,12 @@ fn cancel_hold_release_and_permissions() {
     assert_eq!(c.job(ids[0]).reason, Reason::None);
 
     c.start(jr(ids[0]), &["n001"]).unwrap();
-    c.ok(Command::CancelJobs {
-        actor: alice,
-        jobs: vec![jr(ids[0])],
-    });
+    c.ok(by(
+        alice,
+        Command::CancelJobs {
+            jobs: vec![jr(ids[0])],
+        },
+    ));
     // Running: the agent must confirm; resources stay held until it does.
     assert_eq!(c.job(ids[0]).state, JobState::Completing);
     assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 1);
@@ -205,19 +216,21 @@ fn arrays_split_tasks_and_honour_the_throttle() {
     )
     .unwrap();
     // Cancelling one pending task splits it off and cancels only it.
-    c.ok(Command::CancelJobs {
-        actor: Actor::User(name("alice")),
-        jobs: vec![JobRef {
-            job: a,
-            task: Some(9),
-        }],
-    });
+    c.ok(by(
+        Actor::User(name("alice")),
+        Command::CancelJobs {
+            jobs: vec![JobRef {
+                job: a,
+                task: Some(9),
+            }],
+        },
+    ));
     assert_eq!(c.job(a).pending_count(), 6);
     // Cancelling the array cancels the rest, running tasks included.
-    c.ok(Command::CancelJobs {
-        actor: Actor::User(name("alice")),
-        jobs: vec![jr(a)],
-    });
+    c.ok(by(
+        Actor::User(name("alice")),
+        Command::CancelJobs { jobs: vec![jr(a)] },
+    ));
     assert_eq!(c.job(a).state, JobState::Cancelled);
     assert_eq!(c.job(t1).state, JobState::Completing);
 }
@@ -366,20 +379,20 @@ fn suspend_stops_walltime_and_keeps_resources() {
     let id = c.submit(vec![spec])[0];
     c.start(jr(id), &["n001"]).unwrap();
     c.apply_after(600, Command::Tick).unwrap();
-    let Response::PerJob(r) = c.ok(Command::SuspendJobs {
-        actor: Actor::User(name("alice")),
-        jobs: vec![jr(id)],
-    }) else {
+    let Response::PerJob(r) = c.ok(by(
+        Actor::User(name("alice")),
+        Command::SuspendJobs { jobs: vec![jr(id)] },
+    )) else {
         panic!()
     };
     assert!(
         matches!(r[0], Err(Rejection::NotPermitted(_))),
         "users may not suspend"
     );
-    c.ok(Command::SuspendJobs {
-        actor: Actor::Operator,
-        jobs: vec![jr(id)],
-    });
+    c.ok(by(
+        Actor::Operator,
+        Command::SuspendJobs { jobs: vec![jr(id)] },
+    ));
     assert_eq!(c.job(id).state, JobState::Suspended);
     c.apply_after(3000, Command::Tick).unwrap();
     assert_eq!(
@@ -391,10 +404,10 @@ fn suspend_stops_walltime_and_keeps_resources() {
     assert_eq!(node.used_cpus(), 0, "cpus free while suspended");
     assert!(node.used_memory().0 > 0, "memory stays held");
     assert!(node.used_jobfs().0 > 0, "jobfs stays held");
-    c.ok(Command::ResumeJobs {
-        actor: Actor::Operator,
-        jobs: vec![jr(id)],
-    });
+    c.ok(by(
+        Actor::Operator,
+        Command::ResumeJobs { jobs: vec![jr(id)] },
+    ));
     c.apply_after(60, Command::Tick).unwrap();
     assert_eq!(
         c.job(id).run_time(c.now),
@@ -464,19 +477,23 @@ fn finished_jobs_are_purged_after_min_job_age_unless_still_needed() {
         c.state.jobs.contains_key(&ids[1]),
         "a live dependency still names it"
     );
-    c.ok(Command::ReleaseJobs {
-        actor: Actor::User(name("alice")),
-        jobs: vec![jr(waiter)],
-    });
+    c.ok(by(
+        Actor::User(name("alice")),
+        Command::ReleaseJobs {
+            jobs: vec![jr(waiter)],
+        },
+    ));
     assert_eq!(
         c.job(waiter).reason,
         Reason::None,
         "the outcome is still known"
     );
-    c.ok(Command::CancelJobs {
-        actor: Actor::User(name("alice")),
-        jobs: vec![jr(waiter)],
-    });
+    c.ok(by(
+        Actor::User(name("alice")),
+        Command::CancelJobs {
+            jobs: vec![jr(waiter)],
+        },
+    ));
     c.apply_after(300, Command::Tick).unwrap();
     assert!(c.state.jobs.is_empty());
     assert!(
@@ -625,10 +642,7 @@ fn partition_submit_limit_refuses_more_jobs() {
 fn requeue_stops_a_running_job_and_puts_it_back_for_a_new_run() {
     let mut c = cluster();
     let id = c.submit(vec![c.spec("alice")])[0];
-    let requeue = |actor: Actor| Command::RequeueJobs {
-        actor,
-        jobs: vec![jr(id)],
-    };
+    let requeue = |actor: Actor| by(actor, Command::RequeueJobs { jobs: vec![jr(id)] });
     // A pending job has nothing to requeue.
     let Response::PerJob(r) = c.ok(requeue(Actor::User(name("alice")))) else {
         panic!()
@@ -662,9 +676,11 @@ fn an_account_coordinator_may_act_on_that_accounts_jobs_and_no_others() {
     c.set_account("other", docket_core::account::AssocLimits::default(), None);
     c.add_user("carol", "other");
     let alices = c.submit(vec![c.spec("alice")])[0];
-    let hold = |user: &str, id| Command::HoldJobs {
-        actor: Actor::User(name(user)),
-        jobs: vec![jr(id)],
+    let hold = |user: &str, id| {
+        by(
+            Actor::User(name(user)),
+            Command::HoldJobs { jobs: vec![jr(id)] },
+        )
     };
     let Response::PerJob(r) = c.ok(hold("carol", alices)) else {
         panic!()
@@ -680,10 +696,12 @@ fn an_account_coordinator_may_act_on_that_accounts_jobs_and_no_others() {
     };
     assert!(r[0].is_ok(), "{r:?}");
     // Not suspend (administrators only), and not an unknown coordinator.
-    let Response::PerJob(r) = c.ok(Command::SuspendJobs {
-        actor: Actor::User(name("carol")),
-        jobs: vec![jr(alices)],
-    }) else {
+    let Response::PerJob(r) = c.ok(by(
+        Actor::User(name("carol")),
+        Command::SuspendJobs {
+            jobs: vec![jr(alices)],
+        },
+    )) else {
         panic!()
     };
     assert!(r[0].is_err());
@@ -705,10 +723,14 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
     let mut spec = c.spec("alice");
     spec.time = TimeRequest::Limit(Seconds(3600));
     let id = c.submit(vec![spec])[0];
-    let update = |actor: Actor, update: JobUpdate| Command::UpdateJobs {
-        actor,
-        jobs: vec![jr(id)],
-        update,
+    let update = |actor: Actor, update: JobUpdate| {
+        by(
+            actor,
+            Command::UpdateJobs {
+                jobs: vec![jr(id)],
+                update,
+            },
+        )
     };
     let alice = || Actor::User(name("alice"));
     let one = |c: &mut Cluster, cmd| {

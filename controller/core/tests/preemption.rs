@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Cluster, jr, name};
+use common::{Cluster, by, jr, name};
 use docket_core::command::{EndCause, PreemptDecision};
 use docket_core::config::SchedConfig;
 use docket_core::job::{JobState, TimeRequest};
@@ -75,19 +75,23 @@ fn express_suspends_normal_and_normal_resumes_after() {
     c.apply_after(1800, Command::Tick).unwrap();
     assert_eq!(c.job(normal).run_time(c.now), ran);
     // Resuming by hand is refused while its cpus are taken.
-    let r = c.ok(Command::ResumeJobs {
-        actor: Actor::Operator,
-        jobs: vec![jr(normal)],
-    });
+    let r = c.ok(by(
+        Actor::Operator,
+        Command::ResumeJobs {
+            jobs: vec![jr(normal)],
+        },
+    ));
     assert!(matches!(&r, Response::PerJob(v) if v[0].is_err()), "{r:?}");
     // The express job ends; the next main pass resumes the normal one.
     c.end(express, EndCause::Exited, 0);
     let plan = c.state.main_pass(c.now, &mut Unlimited, None);
     assert_eq!(plan.resumes, vec![normal]);
-    c.ok(Command::ResumeJobs {
-        actor: Actor::Operator,
-        jobs: plan.resumes.iter().map(|id| jr(*id)).collect(),
-    });
+    c.ok(by(
+        Actor::Operator,
+        Command::ResumeJobs {
+            jobs: plan.resumes.iter().map(|id| jr(*id)).collect(),
+        },
+    ));
     assert_eq!(c.job(normal).state, JobState::Running);
     assert_eq!(c.job(normal).run_time(c.now), ran);
 }

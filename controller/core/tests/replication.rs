@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Cluster, SCRIPT, name};
+use common::{Cluster, SCRIPT, by, name};
 use docket_core::account::AssocLimits;
 use docket_core::command::{EndCause, EndReport, StartDecision};
 use docket_core::config::{QueuePolicy, SchedConfig};
@@ -64,12 +64,16 @@ enum Op {
         cause: usize,
         code: i32,
         stale: bool,
+        /// 0: the controller; 1: the run's node; 2: another node.
+        reporter: u8,
     },
     Down {
         node: usize,
     },
     Drain {
         node: usize,
+        /// A user (refused), not an admin.
+        user: Option<usize>,
     },
     Resume {
         node: usize,
@@ -124,12 +128,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::Release { pick, admin }),
         6 => (0..64usize, proptest::option::of(0..7u32), prop_oneof![6 => 0..3usize, 1 => Just(3usize)])
             .prop_map(|(pick, task, node)| Op::Start { pick, task, node }),
-        4 => (0..64usize, 0..7usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1))
-            .prop_map(|(pick, cause, code, stale)| Op::End { pick, cause, code, stale }),
+        4 => (0..64usize, 0..7usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1),
+              prop_oneof![6 => Just(0u8), 2 => Just(1u8), 1 => Just(2u8)])
+            .prop_map(|(pick, cause, code, stale, reporter)| Op::End { pick, cause, code, stale, reporter }),
         1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::SuspendJob { pick, admin }),
         1 => (0..64usize).prop_map(|pick| Op::ResumeJob { pick }),
         1 => (0..4usize).prop_map(|node| Op::Down { node }),
-        1 => (0..4usize).prop_map(|node| Op::Drain { node }),
+        1 => (0..4usize, proptest::option::weighted(0.3, 0..3usize))
+            .prop_map(|(node, user)| Op::Drain { node, user }),
         3 => (0..4usize).prop_map(|node| Op::Resume { node }),
         2 => (0..4000u64).prop_map(|secs| Op::Tick { secs }),
         1 => (proptest::option::of(1..5u32), proptest::option::of(2..8u32),
@@ -170,8 +176,13 @@ fn pick_where(
     }
 }
 
+/// A command of the controller's own.
+fn ctl(cmd: Command) -> Envelope {
+    Envelope::controller(cmd)
+}
+
 /// Turns an abstract op into a concrete command against the current state.
-fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Command, u64) {
+fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Envelope, u64) {
     let job = |pick| JobRef {
         job: pick_job(state, pick).unwrap_or(JobId(999_999)),
         task: None,
@@ -196,8 +207,10 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             }
             s.user = name(USERS[*user]);
             s.ntasks = if *express { 16 } else { *ntasks };
-            // Some jobs want GPUs (one in three with 2 tasks, ...), which suspension keeps.
-            s.gpus_per_node = (*ntasks % 3).min(2);
+            // Some work jobs want GPUs (one in three with 2 tasks, ...), which suspension
+            // keeps; express jobs want none, or a node whose GPUs its suspended victims keep
+            // could never take one.
+            s.gpus_per_node = if *express { 0 } else { (*ntasks % 3).min(2) };
             s.time = if *secs == 0 {
                 TimeRequest::Limit(Seconds(0))
             } else {
@@ -218,19 +231,23 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
             s.requeue = *requeue;
             let actor = Actor::User(s.user.clone());
             (
-                Command::SubmitJobs {
+                by(
                     actor,
-                    blobs: vec![SCRIPT.to_vec()],
-                    jobs: vec![s; *count],
-                },
+                    Command::SubmitJobs {
+                        blobs: vec![SCRIPT.to_vec()],
+                        jobs: vec![s; *count],
+                    },
+                ),
                 1,
             )
         }
         Op::Cancel { pick, user } => (
-            Command::CancelJobs {
-                actor: Actor::User(name(USERS[*user])),
-                jobs: vec![job(*pick)],
-            },
+            by(
+                Actor::User(name(USERS[*user])),
+                Command::CancelJobs {
+                    jobs: vec![job(*pick)],
+                },
+            ),
             0,
         ),
         Op::Hold { pick, admin } => {
@@ -240,10 +257,12 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 owner(state, *pick)
             };
             (
-                Command::HoldJobs {
+                by(
                     actor,
-                    jobs: vec![job(*pick)],
-                },
+                    Command::HoldJobs {
+                        jobs: vec![job(*pick)],
+                    },
+                ),
                 0,
             )
         }
@@ -254,10 +273,12 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 owner(state, *pick)
             };
             (
-                Command::ReleaseJobs {
+                by(
                     actor,
-                    jobs: vec![job(*pick)],
-                },
+                    Command::ReleaseJobs {
+                        jobs: vec![job(*pick)],
+                    },
+                ),
                 0,
             )
         }
@@ -281,13 +302,17 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 });
             }
             let nodes = vec![name(NODES[*node])];
-            (Command::StartJobs(vec![StartDecision { job: r, nodes }]), 1)
+            (
+                ctl(Command::StartJobs(vec![StartDecision { job: r, nodes }])),
+                1,
+            )
         }
         Op::End {
             pick,
             cause,
             code,
             stale,
+            reporter,
         } => {
             let id =
                 pick_where(state, *pick, |j| j.state.holds_resources()).unwrap_or(JobId(999_999));
@@ -314,7 +339,24 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                     signal: 0,
                 },
             };
-            (Command::EndJobs(vec![report]), 30)
+            // Most reports come through the controller; some from a node's agent: the one
+            // the run is on (accepted), or another one (refused: it speaks for its node only).
+            let on = state
+                .jobs
+                .get(&id)
+                .and_then(|j| j.alloc.as_ref())
+                .and_then(|a| a.shares.first())
+                .map(|s| s.node.clone());
+            let actor = match (reporter, on) {
+                (1, Some(node)) => Actor::Node(node),
+                (2, Some(node)) => Actor::Node(name(if node.as_str() == NODES[0] {
+                    NODES[1]
+                } else {
+                    NODES[0]
+                })),
+                _ => Actor::Controller,
+            };
+            (by(actor, Command::EndJobs(vec![report])), 30)
         }
         Op::SuspendJob { pick, admin } => {
             let id = pick_where(state, *pick, |j| j.state == JobState::Running);
@@ -327,7 +369,7 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 job: id.unwrap_or(JobId(999_999)),
                 task: None,
             }];
-            (Command::SuspendJobs { actor, jobs }, 0)
+            (by(actor, Command::SuspendJobs { jobs }), 0)
         }
         Op::ResumeJob { pick } => {
             let id = pick_where(state, *pick, |j| j.state == JobState::Suspended);
@@ -335,30 +377,35 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 job: id.unwrap_or(JobId(999_999)),
                 task: None,
             }];
+            (by(Actor::Operator, Command::ResumeJobs { jobs }), 0)
+        }
+        Op::Down { node } => (
+            ctl(Command::DownNode {
+                node: name(NODES[*node]),
+                reason: "test".into(),
+            }),
+            0,
+        ),
+        Op::Drain { node, user } => {
+            // Most drains by an admin; some by a user, who must be refused with nothing
+            // changed.
+            let actor = match user {
+                Some(u) => Actor::User(name(USERS[*u])),
+                None => Actor::Operator,
+            };
             (
-                Command::ResumeJobs {
-                    actor: Actor::Operator,
-                    jobs,
-                },
+                by(
+                    actor,
+                    Command::DrainNode {
+                        node: name(NODES[*node]),
+                        reason: "test".into(),
+                    },
+                ),
                 0,
             )
         }
-        Op::Down { node } => (
-            Command::DownNode {
-                node: name(NODES[*node]),
-                reason: "test".into(),
-            },
-            0,
-        ),
-        Op::Drain { node } => (
-            Command::DrainNode {
-                node: name(NODES[*node]),
-                reason: "test".into(),
-            },
-            0,
-        ),
-        Op::Resume { node } => (Command::ResumeNode(name(NODES[*node])), 0),
-        Op::Tick { secs } => (Command::Tick, *secs),
+        Op::Resume { node } => (ctl(Command::ResumeNode(name(NODES[*node]))), 0),
+        Op::Tick { secs } => (ctl(Command::Tick), *secs),
         Op::Plan { backfill, what } => {
             let now = state.applied.now;
             let plan = if *backfill {
@@ -367,21 +414,23 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 state.main_pass(now, &mut Unlimited, None)
             };
             let cmd = match what {
-                0 | 1 => Command::StartJobs(plan.starts),
-                2 | 3 => Command::Preempt(plan.preemptions),
-                4 => Command::ResumeJobs {
-                    actor: Actor::Operator,
-                    jobs: plan
-                        .resumes
-                        .iter()
-                        .map(|id| JobRef {
-                            job: *id,
-                            task: None,
-                        })
-                        .collect(),
-                },
-                5 => Command::NoteBypassed(plan.bypassed),
-                _ => Command::SetSchedulerReasons(plan.reasons),
+                0 | 1 => ctl(Command::StartJobs(plan.starts)),
+                2 | 3 => ctl(Command::Preempt(plan.preemptions)),
+                4 => by(
+                    Actor::Operator,
+                    Command::ResumeJobs {
+                        jobs: plan
+                            .resumes
+                            .iter()
+                            .map(|id| JobRef {
+                                job: *id,
+                                task: None,
+                            })
+                            .collect(),
+                    },
+                ),
+                5 => ctl(Command::NoteBypassed(plan.bypassed)),
+                _ => ctl(Command::SetSchedulerReasons(plan.reasons)),
             };
             (cmd, 0)
         }
@@ -393,14 +442,14 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
         } => {
             let start = state.applied.now.plus(Seconds(*from));
             (
-                Command::UpsertReservation(Box::new(Reservation {
+                ctl(Command::UpsertReservation(Box::new(Reservation {
                     name: name(&format!("r{node}")),
                     nodes: [name(NODES[*node])].into(),
                     start,
                     end: start.plus(Seconds::hours(*hours)),
                     users: [name(USERS[*user])].into(),
                     accounts: Default::default(),
-                })),
+                }))),
                 0,
             )
         }
@@ -413,7 +462,7 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 maxps_hard: soft.map(|s| s * 3),
                 ..QueuePolicy::default()
             };
-            (Command::SetConfig(Box::new(config)), 0)
+            (ctl(Command::SetConfig(Box::new(config))), 0)
         }
         Op::Limits {
             qos_grp_jobs,
@@ -425,10 +474,10 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                 let mut q = Qos::new(name("normal"));
                 q.limits.grp_jobs = *qos_grp_jobs;
                 q.limits.max_jobs_per_user = *qos_user_jobs;
-                (Command::UpsertQos(Box::new(q)), 0)
+                (ctl(Command::UpsertQos(Box::new(q))), 0)
             } else {
                 (
-                    Command::UpsertAccount {
+                    ctl(Command::UpsertAccount {
                         name: name("proj"),
                         parent: name("root"),
                         shares: 1,
@@ -437,7 +486,7 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Co
                             ..AssocLimits::default()
                         },
                         grant: None,
-                    },
+                    }),
                     0,
                 )
             }
@@ -500,6 +549,10 @@ struct Stats {
     blocked_by_group_limits: u64,
     preempted: u64,
     planned_starts: u64,
+    /// End reports a node's agent made on another node's runs (refused).
+    foreign_reports: u64,
+    /// Admin commands users tried (refused).
+    users_refused_admin: u64,
 }
 
 /// Applies a stream to one replica (checking invariants and refusals), replays it on a second
@@ -523,7 +576,9 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
                 r
             );
         }
-        if let (Ok(Response::Ended { applied: 1, .. }), Command::EndJobs(reports)) = (&r, &cmd) {
+        if let (Ok(Response::Ended { applied: 1, .. }), Command::EndJobs(reports)) =
+            (&r, &cmd.command)
+        {
             let done = a.state.jobs.get(&reports[0].job).map(|j| j.state);
             stats.completed += u64::from(done == Some(JobState::Completed));
         }
@@ -540,10 +595,14 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
             Ok(Response::Preempted(v)) => {
                 stats.preempted += v.iter().filter(|x| x.is_ok()).count() as u64
             }
+            Ok(Response::Ended { refused, .. }) => stats.foreign_reports += u64::from(*refused),
+            Err(Rejection::NotPermitted(_)) if matches!(op, Op::Drain { user: Some(_), .. }) => {
+                stats.users_refused_admin += 1
+            }
             _ => {}
         }
         log.push((
-            Envelope::new(cmd),
+            cmd,
             ApplyCtx {
                 index: a.index,
                 time_ms: a.now,
@@ -613,6 +672,8 @@ fn random_streams_exercise_the_interesting_paths() {
         total.blocked_by_group_limits += s.blocked_by_group_limits;
         total.preempted += s.preempted;
         total.planned_starts += s.planned_starts;
+        total.foreign_reports += s.foreign_reports;
+        total.users_refused_admin += s.users_refused_admin;
     }
     eprintln!("{total:?}");
     assert!(total.accepted_jobs > 100, "{total:?}");
@@ -624,6 +685,8 @@ fn random_streams_exercise_the_interesting_paths() {
     assert!(total.blocked_by_group_limits > 0, "{total:?}");
     assert!(total.planned_starts > 20, "{total:?}");
     assert!(total.preempted > 0, "{total:?}");
+    assert!(total.foreign_reports > 0, "{total:?}");
+    assert!(total.users_refused_admin > 0, "{total:?}");
 }
 
 #[test]

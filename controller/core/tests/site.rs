@@ -450,3 +450,30 @@ DefaultAccount = "proj"
         .unwrap_err();
     assert!(err.to_string().contains("nobody"), "{err}");
 }
+
+#[test]
+fn privacy_and_per_user_caps_come_from_the_file() {
+    let text = format!(
+        "PrivateData = [\"jobs\", \"usage\"]\nMaxSubmitJobsPerUser = 500\n\
+         MaxScriptBytesPerUser = \"64M\"\n{BASE}"
+    );
+    let site = site::parse(&text).unwrap().site;
+    let config = &site.sched;
+    assert!(config.private_data.jobs && config.private_data.usage);
+    assert!(!config.private_data.accounting);
+    assert_eq!(config.user_caps.max_jobs, Some(500));
+    assert_eq!(config.user_caps.max_script_bytes, Some(64 << 20));
+    // 0 lifts a cap; the defaults keep one user from filling the queue.
+    let site = site::parse(&format!("MaxSubmitJobsPerUser = 0\n{BASE}"))
+        .unwrap()
+        .site;
+    assert_eq!(site.sched.user_caps.max_jobs, None);
+    let site = site::parse(BASE).unwrap().site;
+    assert_eq!(site.sched.user_caps.max_jobs, Some(10_000));
+    assert!(
+        !site.sched.private_data.jobs,
+        "public by default, as in Slurm"
+    );
+    let e = error_of(&format!("PrivateData = [\"everything\"]\n{BASE}"));
+    assert!(e.contains("PrivateData") || e.contains("everything"), "{e}");
+}

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, SCRIPT, name};
+use common::{Cluster, SCRIPT, by, name};
 use docket_core::config::SchedConfig;
 use docket_core::job::{
     ArraySpec, BlobId, Dependency, JobSpec, MemoryRequest, Part, Reason, TimeRequest,
@@ -194,22 +194,26 @@ fn oversized_batches_and_blobs_are_refused_whole() {
     c.ok(Command::SetConfig(Box::new(config)));
     let before = content(&c.state);
     let err = c
-        .apply(Command::SubmitJobs {
-            actor: Actor::Operator,
-            blobs: vec![],
-            jobs: vec![c.spec("alice"); 3],
-        })
+        .apply(by(
+            Actor::Operator,
+            Command::SubmitJobs {
+                blobs: vec![],
+                jobs: vec![c.spec("alice"); 3],
+            },
+        ))
         .unwrap_err();
     assert_eq!(
         err.to_string(),
         "jobs per submission = 3 exceeds the limit of 2"
     );
     let err = c
-        .apply(Command::SubmitJobs {
-            actor: Actor::Operator,
-            blobs: vec![vec![0u8; 17]],
-            jobs: vec![],
-        })
+        .apply(by(
+            Actor::Operator,
+            Command::SubmitJobs {
+                blobs: vec![vec![0u8; 17]],
+                jobs: vec![],
+            },
+        ))
         .unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -242,7 +246,7 @@ fn held_and_future_jobs_are_blocked_with_their_reason() {
 #[test]
 fn commands_from_a_newer_version_or_replayed_indexes_are_refused() {
     let mut c = cluster();
-    let mut env = docket_core::Envelope::new(Command::Tick);
+    let mut env = docket_core::Envelope::controller(Command::Tick);
     env.version = docket_core::command::COMMAND_VERSION + 1;
     let ctx = docket_core::ApplyCtx {
         index: c.index + 1,
@@ -252,7 +256,7 @@ fn commands_from_a_newer_version_or_replayed_indexes_are_refused() {
     assert!(err.to_string().contains("upgrade every replica"), "{err}");
     let err = c
         .state
-        .apply(&docket_core::Envelope::new(Command::Tick), ctx)
+        .apply(&docket_core::Envelope::controller(Command::Tick), ctx)
         .unwrap_err();
     assert!(
         err.to_string().contains("not after the last applied index"),

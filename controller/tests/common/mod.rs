@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use docket_auth::local::{LocalSecrets, Minter};
+use docket_auth::tls::TlsContext;
 use docket_proto::v1 as pb;
 use docket_proto::v1::admin_client::AdminClient;
 use docket_proto::v1::health_client::HealthClient;
@@ -20,6 +22,80 @@ use tonic::transport::Channel;
 
 pub const DEADLINE: Duration = Duration::from_secs(30);
 
+/// The test process's cluster secrets: one CA and credential key shared by every cluster a
+/// test starts, replica certificates for 127.0.0.1, and the harness's own tool certificate.
+pub struct Secrets {
+    _dir: tempfile::TempDir,
+    pub local: LocalSecrets,
+    pub minter: Minter,
+    /// The harness's TLS: the CA, and a tool certificate (Raft status only).
+    pub tls: TlsContext,
+}
+
+pub fn secrets() -> &'static Secrets {
+    static SECRETS: std::sync::OnceLock<Secrets> = std::sync::OnceLock::new();
+    SECRETS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let local = LocalSecrets::create(&dir.path().join("secrets"), "test").unwrap();
+        for id in 1..=9 {
+            local
+                .issue(
+                    &docket_auth::tls::Role::Replica(id),
+                    &["127.0.0.1".to_owned()],
+                )
+                .unwrap();
+        }
+        let tool = local
+            .issue(&docket_auth::tls::Role::Tool("test".into()), &[])
+            .unwrap();
+        Secrets {
+            minter: local.minter().unwrap(),
+            tls: TlsContext::load(tool).unwrap(),
+            local,
+            _dir: dir,
+        }
+    })
+}
+
+/// The flags giving replica `id` its certificate and the credential key.
+pub fn secret_flags(id: u64) -> Vec<String> {
+    secrets().local.controller_flags(id)
+}
+
+/// The flags giving the agent of `node` its certificate.
+pub fn node_flags(node: &str) -> Vec<String> {
+    secrets()
+        .local
+        .issue(&docket_auth::tls::Role::Node(node.into()), &[])
+        .unwrap();
+    secrets().local.agent_flags(node)
+}
+
+/// A TLS channel to `addr` with the harness's certificate.
+pub fn channel(addr: &str) -> Channel {
+    docket_auth::tls::connect::channel(addr, &secrets().tls, Duration::from_secs(2), None).unwrap()
+}
+
+/// Raft channels (status) over TLS with the harness's certificate.
+pub fn raft_channels() -> Channels {
+    Channels::with_maker(
+        NetworkConfig::default(),
+        std::sync::Arc::new(|addr: &str| {
+            docket_auth::tls::connect::channel(addr, &secrets().tls, Duration::from_secs(2), None)
+        }),
+    )
+}
+
+/// A fresh credential for `user` (root is uid 0, the operator).
+pub fn credential(user: &str) -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+    secrets()
+        .minter
+        .credential_for(user)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 pub fn site_config() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
@@ -28,8 +104,7 @@ pub fn site_config() -> PathBuf {
 }
 
 fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    docket_auth::local::free_loopback_addr().unwrap()
 }
 
 pub struct Cluster {
@@ -79,7 +154,7 @@ impl Cluster {
             addrs,
             http,
             procs: BTreeMap::new(),
-            raft: Channels::tcp(NetworkConfig::default()),
+            raft: raft_channels(),
         };
         let bootstrap = cluster
             .addrs
@@ -105,6 +180,7 @@ impl Cluster {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_docket-controller"));
         cmd.args(["run", "--id", &id.to_string(), "--listen", &self.addrs[&id]])
             .args(["--http-listen", &self.http[&id]])
+            .args(secret_flags(id))
             .args(&self.extra)
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("r{id}")))
@@ -181,11 +257,7 @@ impl Cluster {
     }
 
     pub async fn admin(&self, id: u64) -> AdminClient<Channel> {
-        AdminClient::new(
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[&id]))
-                .unwrap()
-                .connect_lazy(),
-        )
+        AdminClient::new(channel(&self.addrs[&id]))
     }
 
     /// GET `path` from replica `id`'s HTTP endpoint; the body.
@@ -206,22 +278,14 @@ impl Cluster {
     }
 
     pub async fn jobs(&self, id: u64) -> JobsClient<Channel> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[&id]))
-                .unwrap()
-                .connect_lazy();
-        JobsClient::new(channel)
+        JobsClient::new(channel(&self.addrs[&id]))
     }
 
     pub async fn wait_configured(&self) {
         let start = Instant::now();
         loop {
             let leader = self.leader().await;
-            let mut health = HealthClient::new(
-                tonic::transport::Endpoint::from_shared(format!("http://{}", self.addrs[&leader]))
-                    .unwrap()
-                    .connect_lazy(),
-            );
+            let mut health = HealthClient::new(channel(&self.addrs[&leader]));
             let serving = health
                 .check(pb::HealthCheckRequest {})
                 .await
@@ -252,9 +316,7 @@ impl Cluster {
         // instead: submit nothing, list partitions through a job listing filter (none yet).
         let mut jobs = self.jobs(id).await;
         let spec = job("probe", "");
-        let mut req = tonic::Request::new(pb::SubmitJobsRequest { jobs: vec![spec] });
-        req.metadata_mut()
-            .insert("x-docket-user", "alice".parse().unwrap());
+        let req = as_user("alice", pb::SubmitJobsRequest { jobs: vec![spec] });
         // Held, so the probe never runs; cancelled right away.
         match jobs.submit_jobs(req).await {
             Ok(r) => match r.into_inner().results[0].result.clone() {
@@ -285,11 +347,11 @@ pub fn job(name: &str, partition: &str) -> pb::JobSpec {
     }
 }
 
-/// `request` with the caller `user`.
+/// `request` with a fresh credential for `user`.
 pub fn as_user<T>(user: &str, request: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(request);
     req.metadata_mut()
-        .insert("x-docket-user", user.parse().unwrap());
+        .insert(docket_auth::CREDENTIAL_HEADER, credential(user));
     req
 }
 
@@ -298,9 +360,7 @@ pub async fn submit(
     user: &str,
     jobs: Vec<pb::JobSpec>,
 ) -> Result<Vec<pb::SubmitResult>, tonic::Status> {
-    let mut req = tonic::Request::new(pb::SubmitJobsRequest { jobs });
-    req.metadata_mut()
-        .insert("x-docket-user", user.parse().unwrap());
+    let req = as_user(user, pb::SubmitJobsRequest { jobs });
     client
         .submit_jobs(req)
         .await
@@ -315,9 +375,7 @@ pub async fn list(
     let mut all = Vec::new();
     let mut request = request;
     loop {
-        let mut req = tonic::Request::new(request.clone());
-        req.metadata_mut()
-            .insert("x-docket-user", user.parse().unwrap());
+        let req = as_user(user, request.clone());
         let page = client.list_jobs(req).await?.into_inner();
         all.extend(page.jobs);
         if page.next_page_token.is_empty() {
@@ -347,9 +405,7 @@ pub async fn act(
             task: None,
         })
         .collect();
-    let mut req = tonic::Request::new(pb::JobsRequest { jobs });
-    req.metadata_mut()
-        .insert("x-docket-user", user.parse().unwrap());
+    let req = as_user(user, pb::JobsRequest { jobs });
     let r = match what {
         Act::Cancel => client.cancel_jobs(req).await,
         Act::Hold => client.hold_jobs(req).await,

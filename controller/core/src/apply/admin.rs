@@ -428,8 +428,20 @@ impl State {
         match self.users.get_mut(&user.name) {
             Some(entry) => entry.user = user.clone(),
             None => {
-                self.users
-                    .insert(user.name.clone(), UserEntry::new(user.clone()));
+                // A user removed and added again: their ended jobs still in the queue hold
+                // scripts, which count against them again.
+                let mut entry = UserEntry::new(user.clone());
+                for job in self.jobs.values().filter(|j| j.spec.user == user.name) {
+                    for id in std::iter::once(job.spec.script).chain(job.spec.env) {
+                        let n = entry.stored.entry(id).or_default();
+                        if *n == 0 {
+                            entry.stored_bytes +=
+                                self.blobs.get(&id).map_or(0, |b| b.data.len() as u64);
+                        }
+                        *n += 1;
+                    }
+                }
+                self.users.insert(user.name.clone(), entry);
             }
         }
         self.reindex_assocs_of(&user.name, assocs.iter().map(|(a, _)| a));

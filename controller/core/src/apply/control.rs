@@ -127,13 +127,9 @@ impl State {
             .jobs
             .get(&target.job)
             .ok_or_else(|| Rejection::unknown("job", target))?;
-        if let Actor::User(u) = actor
-            && !admin
-            && u != &head.spec.user
-            && !self.is_coordinator(u, &head.resolved.account)
-        {
+        if !admin && !self.may_act_on(actor, head) {
             return Err(Rejection::NotPermitted(format!(
-                "user {u} cannot {verb} job {target} of user {}",
+                "{actor} cannot {verb} job {target} of user {}",
                 head.spec.user
             )));
         }
@@ -376,9 +372,7 @@ impl State {
         self.next_job_id += 1;
         task.id = id;
         for blob in std::iter::once(task.spec.script).chain(task.spec.env) {
-            if let Some(b) = self.blobs.get_mut(&blob) {
-                b.refs += 1;
-            }
+            self.retain_blob(&task.spec.user, blob);
         }
         self.index_live(&task);
         self.relations.add(&task);

@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use crate::apply::{Rejection, Response};
-use crate::command::{EndCause, EndReport, StartDecision};
+use crate::command::{Actor, EndCause, EndReport, StartDecision};
 use crate::ids::{JobId, NodeName};
 use crate::job::{Allocation, ArrayPart, JobState, NodeShare, Part, Reason};
 use crate::node::NodeUse;
@@ -229,14 +229,33 @@ impl State {
         Ok(shares)
     }
 
-    pub(crate) fn end_jobs(&mut self, reports: &[EndReport], now: TimeMs) -> Response {
-        let (mut applied, mut stale) = (0, 0);
+    /// Agents' end reports. A report whose epoch is not the job's current run is stale and
+    /// ignored (an old run's end, or one already recorded). From a node's agent, a report on a
+    /// current run dispatched to another node is refused: an agent speaks for its node only.
+    pub(crate) fn end_jobs(
+        &mut self,
+        actor: &Actor,
+        reports: &[EndReport],
+        now: TimeMs,
+    ) -> Response {
+        let (mut applied, mut stale, mut refused) = (0, 0, 0);
         let mut affected = Affected::default();
         for r in reports {
-            let current = self.jobs.get(&r.job).is_some_and(|j| {
-                j.state.holds_resources() && j.alloc.as_ref().is_some_and(|a| a.epoch == r.epoch)
+            let run = self.jobs.get(&r.job).and_then(|j| {
+                j.alloc
+                    .as_ref()
+                    .filter(|a| j.state.holds_resources() && a.epoch == r.epoch)
             });
-            if current {
+            let current = run.is_some();
+            let foreign = match (actor, run) {
+                (Actor::Node(node), Some(alloc)) => {
+                    alloc.shares.first().map(|s| &s.node) != Some(node)
+                }
+                _ => false,
+            };
+            if foreign {
+                refused += 1;
+            } else if current {
                 self.finish(r.job, r.cause, Some(r.exit), now);
                 self.note_changed(r.job, &mut affected);
                 applied += 1;
@@ -245,7 +264,11 @@ impl State {
             }
         }
         self.refresh_affected(affected, now);
-        Response::Ended { applied, stale }
+        Response::Ended {
+            applied,
+            stale,
+            refused,
+        }
     }
 
     pub(crate) fn down_node(

@@ -5,6 +5,7 @@
 //! command or rejected item changes nothing: each handler validates before it mutates.
 
 mod admin;
+pub mod authority;
 pub mod charging;
 mod control;
 pub use control::SignalTarget;
@@ -42,10 +43,12 @@ pub enum Response {
     Started(Vec<Result<JobId, Rejection>>),
     /// One result per preemption: the preemptor started, or its victims are being killed.
     Preempted(Vec<Result<PreemptOutcome, Rejection>>),
-    /// How many end reports took effect (stale ones are ignored).
+    /// How many end reports took effect; stale ones are ignored, and reports a node's agent
+    /// made on another node's runs are refused.
     Ended {
         applied: u32,
         stale: u32,
+        refused: u32,
     },
 }
 
@@ -141,6 +144,8 @@ impl State {
                 supported: COMMAND_VERSION,
             });
         }
+        let actor = &envelope.actor;
+        self.authorize(actor, &envelope.command)?;
         match &envelope.command {
             Command::SetConfig(c) => self.set_config(c),
             Command::UpsertNode(spec) => self.upsert_node(spec),
@@ -164,19 +169,15 @@ impl State {
             Command::RemoveAccount(name) => self.remove_account(name),
             Command::UpsertUser { user, assocs } => self.upsert_user(user, assocs),
             Command::RemoveUser(name) => self.remove_user(name),
-            Command::SubmitJobs { actor, blobs, jobs } => self.submit_jobs(actor, blobs, jobs, now),
-            Command::CancelJobs { actor, jobs } => Ok(self.cancel_jobs(actor, jobs, now)),
-            Command::SuspendJobs { actor, jobs } => Ok(self.suspend_jobs(actor, jobs, now)),
-            Command::ResumeJobs { actor, jobs } => Ok(self.resume_jobs(actor, jobs, now)),
-            Command::HoldJobs { actor, jobs } => Ok(self.hold_jobs(actor, jobs, now)),
-            Command::ReleaseJobs { actor, jobs } => Ok(self.release_jobs(actor, jobs, now)),
-            Command::RequeueJobs { actor, jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
+            Command::SubmitJobs { blobs, jobs } => self.submit_jobs(actor, blobs, jobs, now),
+            Command::CancelJobs { jobs } => Ok(self.cancel_jobs(actor, jobs, now)),
+            Command::SuspendJobs { jobs } => Ok(self.suspend_jobs(actor, jobs, now)),
+            Command::ResumeJobs { jobs } => Ok(self.resume_jobs(actor, jobs, now)),
+            Command::HoldJobs { jobs } => Ok(self.hold_jobs(actor, jobs, now)),
+            Command::ReleaseJobs { jobs } => Ok(self.release_jobs(actor, jobs, now)),
+            Command::RequeueJobs { jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
             Command::SetCoordinators { account, users } => self.set_coordinators(account, users),
-            Command::UpdateJobs {
-                actor,
-                jobs,
-                update,
-            } => Ok(self.update_jobs(actor, jobs, update, now)),
+            Command::UpdateJobs { jobs, update } => Ok(self.update_jobs(actor, jobs, update, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
             Command::SetSchedulerReasons(reasons) => {
@@ -209,7 +210,7 @@ impl State {
                 }
                 Ok(Response::Done)
             }
-            Command::EndJobs(reports) => Ok(self.end_jobs(reports, now)),
+            Command::EndJobs(reports) => Ok(self.end_jobs(actor, reports, now)),
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);

@@ -47,12 +47,7 @@ impl State {
             };
             self.relations.remove(&job);
             for blob in std::iter::once(job.spec.script).chain(job.spec.env) {
-                if let Some(b) = self.blobs.get_mut(&blob) {
-                    b.refs -= 1;
-                    if b.refs == 0 {
-                        self.blobs.remove(&blob);
-                    }
-                }
+                self.release_blob(&job.spec.user, blob);
             }
             self.finished.0.push(Finished {
                 job,

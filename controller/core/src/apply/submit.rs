@@ -193,11 +193,12 @@ impl State {
                 ));
             }
         }
+        if !admin {
+            self.check_user_caps(spec)?;
+        }
         // Accepted: nothing below can fail.
         for (_, b) in blob_refs {
-            if let Some(blob) = self.blobs.get_mut(&b) {
-                blob.refs += 1;
-            }
+            self.retain_blob(&spec.user, b);
         }
         let id = JobId(self.next_job_id);
         self.next_job_id += 1;
@@ -234,6 +235,48 @@ impl State {
         self.relations.add(&job);
         self.jobs.insert(id, Box::new(job));
         Ok(id)
+    }
+
+    /// The site's per-user caps on queued work (admins are exempt): job records, and bytes of
+    /// distinct scripts and environments.
+    fn check_user_caps(&self, spec: &JobSpec) -> Result<(), Rejection> {
+        let caps = self.config.user_caps;
+        let entry = self.users.get(&spec.user);
+        if let Some(max) = caps.max_jobs {
+            let live = entry.map_or(0, |e| e.live.len() as u64);
+            if live >= u64::from(max) {
+                return Err(Rejection::too_large(
+                    format!(
+                        "jobs queued or running for user {} (MaxSubmitJobsPerUser)",
+                        spec.user
+                    ),
+                    live + 1,
+                    u64::from(max),
+                ));
+            }
+        }
+        if let Some(max) = caps.max_script_bytes {
+            let held = |id: &BlobId| entry.is_some_and(|e| e.stored.contains_key(id));
+            let mut new = 0u64;
+            for id in std::iter::once(spec.script).chain(spec.env) {
+                if !held(&id) {
+                    new += self.blobs.get(&id).map_or(0, |b| b.data.len() as u64);
+                }
+            }
+            let stored = entry.map_or(0, |e| e.stored_bytes);
+            if new > 0 && stored + new > max {
+                return Err(Rejection::too_large(
+                    format!(
+                        "bytes of scripts and environments stored for user {} \
+                         (MaxScriptBytesPerUser)",
+                        spec.user
+                    ),
+                    stored + new,
+                    max,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks a spec and fills in its defaults from partition, association and config.

@@ -72,13 +72,9 @@ impl State {
             .jobs
             .get(&target.job)
             .ok_or_else(|| Rejection::unknown("job", target))?;
-        if let Actor::User(u) = actor
-            && !admin
-            && u != &job.spec.user
-            && !self.is_coordinator(u, &job.resolved.account)
-        {
+        if !admin && !self.may_act_on(actor, job) {
             return Err(Rejection::NotPermitted(format!(
-                "user {u} cannot update job {target} of user {}",
+                "{actor} cannot update job {target} of user {}",
                 job.spec.user
             )));
         }

@@ -17,7 +17,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
-use crate::command::{Actor, Command, EndCause, EndReport, Envelope};
+use crate::command::{Command, EndCause, EndReport, Envelope};
 use crate::config::BackfillMode;
 use crate::ids::JobId;
 use crate::job::{ExitStatus, JobRef};
@@ -173,7 +173,7 @@ impl Driver {
         };
         let response = self
             .state
-            .apply(&Envelope::new(cmd), ctx)
+            .apply(&Envelope::controller(cmd), ctx)
             .map_err(|e| SimError::Refused(e.to_string()));
         // A replay keeps no accounting archive: purged jobs are dropped.
         drop(self.state.take_finished());
@@ -350,14 +350,7 @@ pub fn replay(
                 .collect::<Result<Vec<_>, _>>()?;
             // Sent with every batch: stored once, dropped when no job uses it any more.
             let blobs = vec![machine::SCRIPT.to_vec()];
-            let r = d.apply(
-                Command::SubmitJobs {
-                    actor: Actor::Operator,
-                    blobs,
-                    jobs: specs,
-                },
-                t,
-            )?;
+            let r = d.apply(Command::SubmitJobs { blobs, jobs: specs }, t)?;
             let Response::Submitted(results) = r else {
                 return Err(SimError::Refused(format!("submission answered {r:?}")));
             };
@@ -438,13 +431,8 @@ pub fn replay(
                             task: None,
                         })
                         .collect();
-                    let Response::PerJob(results) = d.apply(
-                        Command::ResumeJobs {
-                            actor: Actor::Operator,
-                            jobs: refs,
-                        },
-                        t,
-                    )?
+                    let Response::PerJob(results) =
+                        d.apply(Command::ResumeJobs { jobs: refs }, t)?
                     else {
                         return Err(SimError::Refused("resume answered otherwise".into()));
                     };

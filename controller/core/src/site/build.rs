@@ -250,6 +250,20 @@ fn sched_config(raw: &RawFile) -> Result<SchedConfig> {
     if let Some(v) = &raw.max_blob_size {
         c.max_blob_bytes = size("MaxBlobSize", v)?.0.saturating_mul(1 << 20);
     }
+    if let Some(list) = &raw.private_data {
+        c.private_data = crate::config::PrivateData {
+            jobs: list.contains(&RawPrivateData::Jobs),
+            accounting: list.contains(&RawPrivateData::Accounting),
+            usage: list.contains(&RawPrivateData::Usage),
+        };
+    }
+    if let Some(v) = raw.max_submit_jobs_per_user {
+        c.user_caps.max_jobs = (v > 0).then_some(v);
+    }
+    if let Some(v) = &raw.max_script_bytes_per_user {
+        let mib = size("MaxScriptBytesPerUser", v)?.0;
+        c.user_caps.max_script_bytes = (mib > 0).then(|| mib.saturating_mul(1 << 20));
+    }
     c.queue_ordering = match raw.queue_ordering {
         None | Some(RawQueueOrdering::Priority) => QueueOrdering::Priority,
         Some(RawQueueOrdering::ShuffleUser) => QueueOrdering::Shuffle(ShuffleBy::User),

@@ -103,6 +103,15 @@ pub enum RawPartitionState {
     Down,
 }
 
+/// Slurm's `PrivateData` values Docket honours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawPrivateData {
+    Jobs,
+    Accounting,
+    Usage,
+}
+
 #[derive(Debug, Clone, Copy, Deserialize)]
 pub enum RawAdminLevel {
     None,
@@ -136,6 +145,13 @@ pub struct RawFile {
     pub bonus_qos: Option<String>,
     pub max_blob_size: Option<RawSize>,
     pub queue_ordering: Option<RawQueueOrdering>,
+    /// `["jobs", "accounting", "usage"]`: what users may not see of each other's.
+    pub private_data: Option<Vec<RawPrivateData>>,
+    /// Job records one user may have queued or running; 0 for no cap (admins exempt).
+    pub max_submit_jobs_per_user: Option<u32>,
+    /// Bytes of distinct scripts and environments one user's queued jobs may hold; 0 for no
+    /// cap (admins exempt).
+    pub max_script_bytes_per_user: Option<RawSize>,
 
     pub scheduler_type: Option<RawSchedulerType>,
     pub scheduler_parameters: Option<RawSchedParams>,

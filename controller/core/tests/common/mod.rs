@@ -16,6 +16,28 @@ use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response
 
 pub const SCRIPT: &[u8] = b"#!/bin/sh\necho hello\n";
 
+/// What the test cluster applies: a bare command is the controller's own.
+pub trait IntoEnvelope {
+    fn into_envelope(self) -> Envelope;
+}
+
+impl IntoEnvelope for Command {
+    fn into_envelope(self) -> Envelope {
+        Envelope::controller(self)
+    }
+}
+
+impl IntoEnvelope for Envelope {
+    fn into_envelope(self) -> Envelope {
+        self
+    }
+}
+
+/// `cmd` as `actor` asks for it.
+pub fn by(actor: Actor, cmd: Command) -> Envelope {
+    Envelope::new(actor, cmd)
+}
+
 pub struct Cluster {
     pub state: State,
     pub index: u64,
@@ -114,12 +136,17 @@ impl Cluster {
         });
     }
 
-    /// Applies a command one log entry later, `advance` seconds later; checks invariants.
-    pub fn apply_after(&mut self, advance: u64, cmd: Command) -> Result<Response, Rejection> {
+    /// Applies a command one log entry later, `advance` seconds later; checks invariants. A
+    /// bare [`Command`] comes from the controller; [`by`] names another actor.
+    pub fn apply_after(
+        &mut self,
+        advance: u64,
+        cmd: impl IntoEnvelope,
+    ) -> Result<Response, Rejection> {
         self.index += 1;
         self.now = self.now.plus(Seconds(advance));
         let r = self.state.apply(
-            &Envelope::new(cmd),
+            &cmd.into_envelope(),
             ApplyCtx {
                 index: self.index,
                 time_ms: self.now,
@@ -131,11 +158,12 @@ impl Cluster {
         r
     }
 
-    pub fn apply(&mut self, cmd: Command) -> Result<Response, Rejection> {
+    pub fn apply(&mut self, cmd: impl IntoEnvelope) -> Result<Response, Rejection> {
         self.apply_after(0, cmd)
     }
 
-    pub fn ok(&mut self, cmd: Command) -> Response {
+    pub fn ok(&mut self, cmd: impl IntoEnvelope) -> Response {
+        let cmd = cmd.into_envelope();
         let shown = format!("{cmd:?}");
         self.apply(cmd)
             .unwrap_or_else(|e| panic!("{} rejected: {e}", &shown[..shown.len().min(200)]))
@@ -153,11 +181,13 @@ impl Cluster {
         actor: Actor,
         specs: Vec<JobSpec>,
     ) -> Vec<Result<JobId, Rejection>> {
-        match self.ok(Command::SubmitJobs {
+        match self.ok(by(
             actor,
-            blobs: vec![SCRIPT.to_vec()],
-            jobs: specs,
-        }) {
+            Command::SubmitJobs {
+                blobs: vec![SCRIPT.to_vec()],
+                jobs: specs,
+            },
+        )) {
             Response::Submitted(r) => r,
             other => panic!("unexpected {other:?}"),
         }

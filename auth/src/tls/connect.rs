@@ -1,0 +1,101 @@
+//! TLS channels to the controllers for tonic clients (replicas to each other, agents, the
+//! command line).
+//!
+//! [`Connector`] is the tower service tonic's `Endpoint::connect_with_connector_lazy` calls
+//! for each new connection: TCP (no Nagle delay), then a TLS handshake with the client
+//! configuration in force at that moment, checking that the server is a controller replica
+//! for the name dialled. The channel itself speaks plain `http://` to that stream.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::tls::config::TlsContext;
+
+/// Makes TLS connections to controllers.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    tls: TlsContext,
+}
+
+impl Connector {
+    pub fn new(tls: TlsContext) -> Self {
+        Connector { tls }
+    }
+}
+
+type Connecting =
+    Pin<Box<dyn Future<Output = Result<TokioIo<TlsStream<TcpStream>>, std::io::Error>> + Send>>;
+
+impl tower::Service<http::Uri> for Connector {
+    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Error = std::io::Error;
+    type Future = Connecting;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let config = self.tls.client_config();
+        Box::pin(async move {
+            let invalid =
+                |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+            let host = uri
+                .host()
+                .ok_or_else(|| invalid(format!("{uri}: no host")))?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = uri
+                .port_u16()
+                .ok_or_else(|| invalid(format!("{uri}: no port")))?;
+            let name = ServerName::try_from(host.clone())
+                .map_err(|e| invalid(format!("{host}: not a server name: {e}")))?;
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await?;
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+/// A lazily connected TLS channel to the controller at `addr` (`host:port`).
+pub fn channel(
+    addr: &str,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+    timeout: Option<Duration>,
+) -> Result<Channel, String> {
+    let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
+        .connect_timeout(connect_timeout);
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}
+
+/// Like [`channel`], with HTTP/2 keep-alives (for long-lived channels between replicas and
+/// from agents, which must notice a dead peer).
+pub fn channel_with_keepalive(
+    addr: &str,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+) -> Result<Channel, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
+        .connect_timeout(connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}

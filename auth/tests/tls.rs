@@ -1,0 +1,167 @@
+//! Mutual TLS as the daemons use it, over real loopback connections: the server asks for a
+//! client certificate of the cluster CA but takes anonymous clients too (users' commands);
+//! clients accept only a controller replica's certificate; certificates of another CA are
+//! refused in the handshake; and a server's certificate changes without a restart when its
+//! files do (or on SIGHUP).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use docket_auth::local::LocalSecrets;
+use docket_auth::tls::{Role, TlsContext};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_stream::StreamExt;
+
+/// A server accepting on a fresh port with `tls`, echoing one byte per connection.
+async fn echo_server(tls: TlsContext) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut incoming = docket_auth::tls::serve::incoming(listener, tls);
+    tokio::spawn(async move {
+        while let Some(Ok(mut stream)) = incoming.next().await {
+            tokio::spawn(async move {
+                let mut b = [0u8; 1];
+                if stream.read_exact(&mut b).await.is_ok() {
+                    let _ = stream.write_all(&b).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Connects to `addr` as `client`; the server's leaf certificate, or the handshake's error.
+async fn connect(
+    addr: &str,
+    client: &TlsContext,
+) -> Result<rustls_pki_types::CertificateDer<'static>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(client.client_config());
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    // TLS 1.3 reports a refused client certificate only on the first read.
+    stream.write_all(b"x").await.map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    stream.read_exact(&mut b).await.map_err(|e| e.to_string())?;
+    let (_, session) = stream.get_ref();
+    Ok(session.peer_certificates().unwrap()[0].clone())
+}
+
+fn secrets(dir: &std::path::Path, name: &str) -> LocalSecrets {
+    LocalSecrets::create(&dir.join(name), name).unwrap()
+}
+
+#[tokio::test]
+async fn roles_and_cas_are_checked_in_the_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let theirs = secrets(dir.path(), "theirs");
+    let localhost = ["127.0.0.1".to_owned()];
+    let replica = TlsContext::load(ours.issue(&Role::Replica(1), &localhost).unwrap()).unwrap();
+    let addr = echo_server(replica).await;
+
+    // An anonymous client (the command line) and a node of this cluster are served.
+    let anonymous = TlsContext::load(ours.anonymous()).unwrap();
+    connect(&addr, &anonymous).await.unwrap();
+    let node = TlsContext::load(ours.issue(&Role::Node("n01".into()), &[]).unwrap()).unwrap();
+    connect(&addr, &node).await.unwrap();
+    // A client certificate of another cluster's CA is refused.
+    let stranger = TlsContext::load(theirs.issue(&Role::Replica(1), &localhost).unwrap()).unwrap();
+    let e = connect(&addr, &stranger).await.unwrap_err();
+    assert!(!e.is_empty());
+    // A client of another cluster refuses our server (unknown issuer).
+    let e = connect(&addr, &TlsContext::load(theirs.anonymous()).unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("UnknownIssuer") || e.contains("unknown issuer"),
+        "{e}"
+    );
+
+    // A server holding a node's certificate is no controller: our CA's node certificates are
+    // for client authentication only, which the clients' check refuses first...
+    let node_served = ours.issue(&Role::Node("n98".into()), &localhost).unwrap();
+    let addr2 = echo_server(TlsContext::load(node_served).unwrap()).await;
+    let e = connect(&addr2, &anonymous).await.unwrap_err();
+    assert!(e.contains("extended key usage"), "{e}");
+    // ... and a site PKI that let one serve still cannot pass it off as a controller: the
+    // role is checked too.
+    let dirty = tempfile::tempdir().unwrap();
+    let cert = {
+        let ca_key =
+            rcgen::KeyPair::from_pem(&std::fs::read_to_string(ours.dir().join("ca.key")).unwrap())
+                .unwrap();
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(ours.ca()).unwrap(), ca_key)
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        params.subject_alt_names.push(rcgen::SanType::URI(
+            Role::Node("n99".into()).uri().try_into().unwrap(),
+        ));
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        std::fs::write(dirty.path().join("n.pem"), cert.pem()).unwrap();
+        let key_path = dirty.path().join("n.key");
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        (dirty.path().join("n.pem"), key_path)
+    };
+    let impostor = TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: ours.ca(),
+        identity: Some(cert),
+    })
+    .unwrap();
+    let addr3 = echo_server(impostor).await;
+    let e = connect(&addr3, &anonymous).await.unwrap_err();
+    assert!(e.contains("not a controller replica"), "{e}");
+}
+
+#[tokio::test]
+async fn a_servers_certificate_changes_with_its_files_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let files = ours.issue(&Role::Replica(1), &localhost).unwrap();
+    let server = TlsContext::load(files.clone()).unwrap();
+    let watch = server.watch(Duration::from_millis(100));
+    let addr = echo_server(server.clone()).await;
+    let client = TlsContext::load(ours.anonymous()).unwrap();
+    let first = connect(&addr, &client).await.unwrap();
+
+    // A new certificate for the same replica replaces the files (as an operator's renewal
+    // would): new connections get it within the watch period, no restart.
+    let renewed = tempfile::tempdir().unwrap();
+    let (cert, key) = files.identity.clone().unwrap();
+    docket_auth::tls::pki::CertAuthority::load(ours.dir())
+        .unwrap()
+        .issue(&Role::Replica(1), &localhost, 30)
+        .unwrap()
+        .save(renewed.path(), "r")
+        .unwrap();
+    std::fs::copy(renewed.path().join("r.key"), &key).unwrap();
+    std::fs::copy(renewed.path().join("r.pem"), &cert).unwrap();
+    let start = Instant::now();
+    loop {
+        let now = connect(&addr, &client).await.unwrap();
+        if now != first {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the server still presents the old certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A bad replacement is refused and the certificate in force stays.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    assert!(server.reload().is_err());
+    connect(&addr, &client).await.unwrap();
+    watch.abort();
+}

@@ -1,0 +1,204 @@
+//! Attacks on the controllers' transport and roles, each refused with a clear error and
+//! nothing changed: plain text; Raft calls (appends, votes, a forged `Forward` of an admin
+//! command) from certificates that are not replicas', or from no certificate; credentials
+//! expired, from the future, or too long-lived; a user over their request rate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Cluster, as_user, list};
+use docket_core::{Actor, Command, Envelope};
+use docket_proto::v1 as pb;
+use docket_proto::v1::raft_client::RaftClient;
+
+/// The Raft service at `addr`, over TLS with `role`'s certificate.
+fn raft_as(addr: &str, role: docket_auth::tls::Role) -> RaftClient<tonic::transport::Channel> {
+    let files = common::secrets().local.issue(&role, &[]).unwrap();
+    let tls = docket_auth::tls::TlsContext::load(files).unwrap();
+    RaftClient::new(
+        docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None).unwrap(),
+    )
+}
+
+/// A forwarded batch: root draining node n01, as a follower would forward it.
+fn forged_drain() -> pb::RaftPayload {
+    let commands = vec![Envelope::new(
+        Actor::Operator,
+        Command::DrainNode {
+            node: "n01".parse().unwrap(),
+            reason: "forged".into(),
+        },
+    )];
+    pb::RaftPayload {
+        data: docket_raft::codec::encode(&commands).unwrap(),
+    }
+}
+
+async fn n01_drained(cluster: &Cluster) -> bool {
+    let leader = cluster.leader().await;
+    let mut admin = cluster.admin(leader).await;
+    let nodes = admin
+        .list_nodes(as_user("alice", pb::ListNodesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    nodes
+        .iter()
+        .any(|n| n.name == "n01" && !n.reason.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_answers_replicas_only() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let addr = cluster.addrs[&leader].clone();
+    for role in [
+        docket_auth::tls::Role::Node("n01".into()),
+        docket_auth::tls::Role::Tool("intruder".into()),
+    ] {
+        let mut raft = raft_as(&addr, role.clone());
+        let e = raft.forward(forged_drain()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}: {e:?}");
+        assert!(
+            e.message()
+                .contains("Raft.Forward is for controller replicas"),
+            "{e}"
+        );
+        let e = raft
+            .append_entries(pb::RaftPayload { data: vec![] })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}: {e:?}");
+        let e = raft
+            .vote(pb::RaftPayload { data: vec![] })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}: {e:?}");
+        // The status is for any certificate of the cluster (operators' tools read it).
+        raft.status(pb::RaftPayload {
+            data: docket_raft::codec::encode(&()).unwrap(),
+        })
+        .await
+        .unwrap();
+    }
+    // No certificate at all (a user's command line): not even the status.
+    let anonymous =
+        docket_auth::tls::TlsContext::load(common::secrets().local.anonymous()).unwrap();
+    let mut raft = RaftClient::new(
+        docket_auth::tls::connect::channel(&addr, &anonymous, Duration::from_secs(2), None)
+            .unwrap(),
+    );
+    let e = raft.forward(forged_drain()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let e = raft
+        .status(pb::RaftPayload { data: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    // Plain text: no TLS session, no answer.
+    let mut plain = RaftClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .timeout(Duration::from_secs(5))
+            .connect_lazy(),
+    );
+    assert!(plain.forward(forged_drain()).await.is_err());
+    assert!(
+        !n01_drained(&cluster).await,
+        "the forged drain never applied"
+    );
+    // A replica's certificate is what Raft takes: the same forward from a replica's
+    // identity applies (root may drain) — the refusals above were the role, not the payload.
+    let mut replica = raft_as(&addr, docket_auth::tls::Role::Replica(9));
+    replica.forward(forged_drain()).await.unwrap();
+    assert!(n01_drained(&cluster).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_out_of_their_time_are_refused() {
+    let cluster = Cluster::start(1).await;
+    let mut jobs = cluster.jobs(1).await;
+    let before = list(&mut jobs, "alice", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+    let key = docket_auth::KeyRing::load(&common::secrets().local.key_file()).unwrap();
+    let now = docket_auth::signer::now_ms();
+    let with = |issued_ms: u64, expires_ms: u64| {
+        let claims = docket_auth::Claims {
+            uid: 60_001,
+            gid: 60_001,
+            gids: vec![],
+            user: "alice".into(),
+            host: "login".into(),
+            issued_ms,
+            expires_ms,
+            nonce: docket_auth::credential::nonce().unwrap(),
+        };
+        let token = docket_auth::credential::sign(&key, &claims).unwrap();
+        let mut req = tonic::Request::new(pb::SubmitJobsRequest {
+            jobs: vec![common::job("late", "")],
+        });
+        req.metadata_mut()
+            .insert(docket_auth::CREDENTIAL_HEADER, token.parse().unwrap());
+        req
+    };
+    for (issued, expires, says) in [
+        (now - 600_000, now - 300_000, "expired"),
+        (now + 300_000, now + 360_000, "in the future"),
+        (now, now + 24 * 3_600_000, "lifetime"),
+    ] {
+        let e = jobs.submit_jobs(with(issued, expires)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{says}: {e:?}");
+        assert!(e.message().contains(says), "{says}: {e}");
+    }
+    // Within the skew allowance (issued 10 s ahead) it is fine.
+    jobs.submit_jobs(with(now + 10_000, now + 70_000))
+        .await
+        .unwrap();
+    let after = list(&mut jobs, "alice", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(after.len(), before.len() + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_user_is_held_to_a_request_rate_and_root_is_not() {
+    let cluster = Cluster::start_with(
+        1,
+        &[
+            "--agent-fence-ms",
+            "0",
+            "--user-rpc-rate",
+            "5",
+            "--user-rpc-burst",
+            "10",
+        ],
+    )
+    .await;
+    let mut jobs = cluster.jobs(1).await;
+    let mut limited = 0;
+    for _ in 0..40 {
+        if let Err(e) = jobs
+            .list_jobs(as_user("bob", pb::ListJobsRequest::default()))
+            .await
+        {
+            assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+            assert!(e.message().contains("user bob: too many requests"), "{e}");
+            limited += 1;
+        }
+    }
+    assert!(limited >= 20, "only {limited} of 40 refused");
+    // Another user is not held back by bob, nor is root.
+    jobs.list_jobs(as_user("alice", pb::ListJobsRequest::default()))
+        .await
+        .unwrap();
+    for _ in 0..40 {
+        jobs.list_jobs(as_user("root", pb::ListJobsRequest::default()))
+            .await
+            .unwrap();
+    }
+}
