@@ -59,6 +59,28 @@ pub enum SignerError {
     NotASocket(PathBuf),
 }
 
+/// Re-reads the key file at `path` into `shared` on every SIGHUP, for as long as the returned
+/// task runs; a file that does not load is logged and the keys in force stay.
+pub fn reload_on_sighup(
+    shared: SharedRing,
+    path: PathBuf,
+) -> io::Result<tokio::task::JoinHandle<()>> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    Ok(tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match KeyRing::load(&path) {
+                Ok(ring) => {
+                    tracing::info!(key = %ring.signing().id(), "credential key file reloaded");
+                    *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ring);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "credential key file not reloaded; the old keys stay")
+                }
+            }
+        }
+    }))
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

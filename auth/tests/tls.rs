@@ -165,3 +165,39 @@ async fn a_servers_certificate_changes_with_its_files_without_a_restart() {
     connect(&addr, &client).await.unwrap();
     watch.abort();
 }
+
+#[tokio::test]
+async fn sighup_reloads_a_servers_certificate_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let files = ours.issue(&Role::Replica(2), &localhost).unwrap();
+    let server = TlsContext::load(files.clone()).unwrap();
+    // File changes are looked for only hourly here: the signal alone must do it.
+    let watch = server.watch(Duration::from_secs(3600));
+    let addr = echo_server(server.clone()).await;
+    let client = TlsContext::load(ours.anonymous()).unwrap();
+    let first = connect(&addr, &client).await.unwrap();
+    let renewed = tempfile::tempdir().unwrap();
+    docket_auth::tls::pki::CertAuthority::load(ours.dir())
+        .unwrap()
+        .issue(&Role::Replica(2), &localhost, 30)
+        .unwrap()
+        .save(renewed.path(), "r")
+        .unwrap();
+    let (cert, key) = files.identity.clone().unwrap();
+    std::fs::copy(renewed.path().join("r.key"), &key).unwrap();
+    std::fs::copy(renewed.path().join("r.pem"), &cert).unwrap();
+    // Let the watcher's first (immediate) tick pass, then signal.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    nix::sys::signal::raise(nix::sys::signal::Signal::SIGHUP).unwrap();
+    let start = Instant::now();
+    while connect(&addr, &client).await.unwrap() == first {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "SIGHUP did not reload the certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    watch.abort();
+}

@@ -119,6 +119,23 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// nobody cannot cancel root's `job`, but can submit (and cancel) a job of its own; the id
+/// of nobody's job.
+fn nobody_is_held_to_itself(kit: &Path, env: &[(&str, String)], job: &str) -> String {
+    let o = as_nobody(kit, "scancel", &[job], env, None);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(stderr(&o).contains("nobody cannot cancel job"), "{o:?}");
+    let o = as_nobody(
+        kit,
+        "sbatch",
+        &["--parsable", "-H", "-t", "5"],
+        env,
+        Some("#!/bin/sh\ntrue\n"),
+    );
+    assert!(o.status.success(), "{o:?}");
+    text(&o).trim().to_owned()
+}
+
 /// Submits a held job as root (through the commands, as root runs them); its id.
 fn roots_job(dir: &Path, addr: &str) -> String {
     let start = Instant::now();
@@ -197,10 +214,13 @@ fn an_unprivileged_user_cannot_act_as_anyone_else() {
     let job = roots_job(d, &addr);
     assert_eq!(state_of(d, &addr, &job), "PD");
 
-    // nobody cancels root's job through the commands: refused.
-    let o = as_nobody(&kit, "scancel", &[&job], &env, None);
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    assert!(stderr(&o).contains("nobody cannot cancel job"), "{o:?}");
+    // nobody cancels root's job through the commands: refused; what nobody may do, it can:
+    // submit a job of its own, owned by nobody.
+    let mine = nobody_is_held_to_itself(&kit, &env, &job);
+    let o = run(d, &addr, "squeue", &["-h", "-o", "%u", "-j", &mine], None);
+    assert_eq!(text(&o).trim(), "nobody");
+    let o = as_nobody(&kit, "scancel", &[&mine], &env, None);
+    assert!(o.status.success(), "{o:?}");
     // ... drains a node: refused.
     let o = as_nobody(
         &kit,
@@ -304,21 +324,6 @@ fn an_unprivileged_user_cannot_act_as_anyone_else() {
         assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
     });
     assert_eq!(state_of(d, &addr, &job), "PD", "root's job is untouched");
-
-    // What nobody may do, it can: submit a job of its own, owned by nobody.
-    let o = as_nobody(
-        &kit,
-        "sbatch",
-        &["--parsable", "-H", "-t", "5"],
-        &env,
-        Some("#!/bin/sh\ntrue\n"),
-    );
-    assert!(o.status.success(), "{o:?}");
-    let mine = text(&o).trim().to_owned();
-    let o = run(d, &addr, "squeue", &["-h", "-o", "%u", "-j", &mine], None);
-    assert_eq!(text(&o).trim(), "nobody");
-    let o = as_nobody(&kit, "scancel", &[&mine], &env, None);
-    assert!(o.status.success(), "{o:?}");
 }
 
 /// `credential` with its claims changed to uid 0 and user root, the signature kept.
@@ -461,18 +466,7 @@ fn munge_credentials_from_a_real_munged_prove_users_too() {
         ("DOCKET_AUTH_TYPE", "auth/munge".to_owned()),
         ("DOCKET_AUTH_SOCKET", socket.display().to_string()),
     ];
-    let o = as_nobody(&kit, "scancel", &[&job], &env, None);
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    assert!(stderr(&o).contains("nobody cannot cancel job"), "{o:?}");
-    let o = as_nobody(
-        &kit,
-        "sbatch",
-        &["--parsable", "-H", "-t", "5"],
-        &env,
-        Some("#!/bin/sh\ntrue\n"),
-    );
-    assert!(o.status.success(), "{o:?}");
-    let mine = text(&o).trim().to_owned();
+    let mine = nobody_is_held_to_itself(&kit, &env, &job);
     let mut cmd = Command::new(d.join("squeue"));
     cmd.args(["-h", "-o", "%u", "-j", &mine])
         .env("DOCKET_ADDR", &addr)

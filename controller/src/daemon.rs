@@ -85,25 +85,9 @@ fn authenticator(
             tracing::info!(key = %ring.signing().id(), "accepting auth/docket credentials");
             let shared: docket_auth::signer::SharedRing =
                 Arc::new(std::sync::RwLock::new(Arc::new(ring)));
-            let reload = {
-                let (shared, path) = (shared.clone(), config.key_file.clone());
-                let mut hup =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                        .context("installing the SIGHUP handler")?;
-                tokio::spawn(async move {
-                    while hup.recv().await.is_some() {
-                        match KeyRing::load(&path) {
-                            Ok(ring) => {
-                                tracing::info!(key = %ring.signing().id(), "credential key file reloaded");
-                                *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ring);
-                            }
-                            Err(e) => {
-                                tracing::error!(error = %e, "credential key file not reloaded; the old keys stay")
-                            }
-                        }
-                    }
-                })
-            };
+            let reload =
+                docket_auth::signer::reload_on_sighup(shared.clone(), config.key_file.clone())
+                    .context("installing the SIGHUP handler")?;
             let verifier =
                 Verifier::docket(shared, config.rules, docket_auth::replay::DEFAULT_CAPACITY);
             Ok((Authenticator::new(verifier, config.rate), Some(reload)))

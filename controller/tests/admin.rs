@@ -251,16 +251,24 @@ async fn a_replica_is_added_and_removed_at_run_time() {
         ))
         .await
         .unwrap();
-    let status = admin
-        .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(status.replicas.len(), 4);
-    assert!(
-        status.replicas.iter().all(|r| r.voter && r.reachable),
-        "{status:?}"
-    );
+    // Every member answers; the new one may take a moment to accept the leader's first
+    // status call after it joined.
+    let start = Instant::now();
+    loop {
+        let status = admin
+            .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(status.replicas.len(), 4);
+        assert!(status.replicas.iter().all(|r| r.voter), "{status:?}");
+        if status.replicas.iter().all(|r| r.reachable) {
+            break;
+        }
+        eprintln!("not yet all reachable: {status:?}");
+        assert!(start.elapsed() < DEADLINE, "{status:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // The new replica serves reads of the whole queue.
     // (UNAVAILABLE, retryable, until it has heard from the leader.)
     let mut jobs = cluster.jobs(4).await;

@@ -202,3 +202,114 @@ async fn one_user_is_held_to_a_request_rate_and_root_is_not() {
             .unwrap();
     }
 }
+
+/// The test site with `prefix` in front (top-level keys).
+fn site_with(dir: &std::path::Path, prefix: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(common::site_config()).unwrap();
+    let path = dir.join("site.toml");
+    std::fs::write(&path, format!("{prefix}\n{text}")).unwrap();
+    path
+}
+
+fn ids(jobs: &[pb::JobInfo]) -> Vec<u64> {
+    jobs.iter().map(|j| j.job_id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = site_with(
+        dir.path(),
+        "PrivateData = [\"jobs\", \"usage\"]\nMaxSubmitBatch = 2",
+    );
+    let cluster = Cluster::start_custom(1, site, &["--agent-fence-ms", "0"]).await;
+    let mut jobs = cluster.jobs(1).await;
+    let held = |name: &str| {
+        let mut j = common::job(name, "");
+        j.hold = true;
+        j
+    };
+    let submitted = |r: Vec<pb::SubmitResult>| match r[0].result {
+        Some(pb::submit_result::Result::JobId(id)) => id,
+        ref other => panic!("{other:?}"),
+    };
+    let a = submitted(
+        common::submit(&mut jobs, "alice", vec![held("a")])
+            .await
+            .unwrap(),
+    );
+    let b = submitted(
+        common::submit(&mut jobs, "bob", vec![held("b")])
+            .await
+            .unwrap(),
+    );
+    // Listings: bob sees his own; root both.
+    let mine = list(&mut jobs, "bob", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+    assert!(
+        ids(&mine).contains(&b) && !ids(&mine).contains(&a),
+        "{mine:?}"
+    );
+    let all = list(&mut jobs, "root", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+    assert!(ids(&all).contains(&a) && ids(&all).contains(&b));
+    // A job bob may not see is, to him, not there.
+    let e = jobs
+        .get_job(as_user(
+            "bob",
+            pb::GetJobRequest {
+                job_id: a,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    jobs.get_job(as_user(
+        "alice",
+        pb::GetJobRequest {
+            job_id: a,
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    // Priorities and accounting likewise.
+    let prio = jobs
+        .explain_priority(as_user("bob", pb::ExplainPriorityRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(prio.jobs.iter().all(|j| j.user == "bob"), "{prio:?}");
+    let acct = jobs
+        .accounting(as_user("bob", pb::AccountingRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    let seen: Vec<u64> = acct
+        .records
+        .iter()
+        .filter_map(|r| r.job.as_ref().map(|j| j.job_id))
+        .collect();
+    assert!(seen.contains(&b) && !seen.contains(&a), "{seen:?}");
+    // Usage: bob's own row, not alice's.
+    let tree = jobs
+        .share_tree(as_user("bob", pb::ShareTreeRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(tree.rows.iter().any(|r| r.user == "bob"), "{tree:?}");
+    assert!(!tree.rows.iter().any(|r| r.user == "alice"), "{tree:?}");
+    // Over MaxSubmitBatch: refused whole, before any job is read, naming the limit.
+    let e = common::submit(&mut jobs, "alice", vec![held("x"), held("y"), held("z")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("MaxSubmitBatch"), "{e}");
+    let after = list(&mut jobs, "root", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(after.len(), all.len(), "nothing was queued");
+}

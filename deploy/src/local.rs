@@ -280,6 +280,9 @@ impl LocalCluster {
         for a in &layout.agents {
             issue(Role::Node(a.name.clone()), Vec::new())?;
         }
+        // The CA certificate every user's commands need, where every user can read it.
+        std::fs::copy(secrets.ca(), state.join("ca.pem"))
+            .map_err(LaunchError::io("copying the CA certificate"))?;
         rpc::use_secrets(&secrets)?;
         let mut cluster = LocalCluster {
             record: Record {
@@ -436,10 +439,12 @@ impl LocalCluster {
 
     /// The shell lines pointing the commands at this cluster.
     pub fn env_lines(&self) -> Result<Vec<String>, LaunchError> {
-        let secrets = self.secrets()?;
         let mut lines = vec![
             format!("export DOCKET_ADDR={}", self.docket_addr()),
-            format!("export DOCKET_TLS_CA={}", secrets.ca().display()),
+            format!(
+                "export DOCKET_TLS_CA={}",
+                self.record.state_dir.join("ca.pem").display()
+            ),
         ];
         if let Some(socket) = self.auth_socket() {
             lines.push(format!("export DOCKET_AUTH_SOCKET={}", socket.display()));

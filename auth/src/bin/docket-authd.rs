@@ -88,23 +88,8 @@ fn run(args: Args) -> Result<()> {
         let listener = signer::bind(&args.socket)?;
         let shared: signer::SharedRing = Arc::new(RwLock::new(Arc::new(ring)));
         tracing::info!(socket = %args.socket.display(), key = %shared.read().unwrap_or_else(|p| p.into_inner()).signing().id(), "signing credentials");
-        let reloader = {
-            let shared = shared.clone();
-            let path = args.key.clone();
-            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                .context("installing the SIGHUP handler")?;
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    match KeyRing::load(&path) {
-                        Ok(ring) => {
-                            tracing::info!(key = %ring.signing().id(), "key file reloaded");
-                            *shared.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(ring);
-                        }
-                        Err(e) => tracing::error!(error = %e, "key file not reloaded; the old keys stay"),
-                    }
-                }
-            })
-        };
+        let reloader = signer::reload_on_sighup(shared.clone(), args.key.clone())
+            .context("installing the SIGHUP handler")?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);

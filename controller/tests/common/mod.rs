@@ -229,25 +229,45 @@ impl Cluster {
         }
     }
 
-    /// The replica every running replica agrees leads.
+    /// The replica every running replica agrees leads: one claims the role, and every voter
+    /// of its membership that answers is a follower that has heard from it (so a follower
+    /// asked next names it, and reports itself a follower). Stopped replicas do not answer.
     pub async fn leader(&self) -> u64 {
         let start = Instant::now();
         loop {
-            let mut leaders = Vec::new();
+            let mut seen = BTreeMap::new();
             for id in self.procs.keys() {
                 if let Ok(s) = self
                     .raft
                     .status(&self.addrs[id], Duration::from_millis(500))
                     .await
-                    && s.role == Role::Leader
                 {
-                    leaders.push(*id);
+                    seen.insert(*id, s);
                 }
             }
+            let leaders: Vec<u64> = seen
+                .iter()
+                .filter(|(_, s)| s.role == Role::Leader)
+                .map(|(id, _)| *id)
+                .collect();
             if let [leader] = leaders[..] {
-                return leader;
+                let agreed = seen[&leader]
+                    .members
+                    .iter()
+                    .filter(|m| m.voter && m.id.0 != leader)
+                    .filter_map(|m| seen.get(&m.id.0))
+                    .all(|s| s.role == Role::Follower && s.leader.map(|l| l.0) == Some(leader));
+                if agreed {
+                    return leader;
+                }
             }
-            assert!(start.elapsed() < DEADLINE, "no single leader: {leaders:?}");
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no single leader all voters follow: {:?}",
+                seen.iter()
+                    .map(|(id, s)| (*id, s.role, s.leader))
+                    .collect::<Vec<_>>()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
