@@ -191,17 +191,23 @@ impl Minter {
     /// uid when the user exists; otherwise a stable made-up uid above 60,000, for users
     /// that exist only in a test's configuration).
     pub fn credential_for(&self, user: &str) -> Result<String, LocalError> {
-        let uid = match nix::unistd::User::from_name(user) {
-            Ok(Some(u)) => u.uid.as_raw(),
-            _ => {
-                60_000
-                    + user
-                        .bytes()
-                        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
-                        % 5_000
-            }
-        };
-        self.credential(uid, user)
+        self.credential(uid_for(user), user)
+    }
+}
+
+/// The uid [`Minter::credential_for`] signs for `user`: the host's, or a stable made-up one
+/// above 60,000 for a user the host does not know. It reads the user database; callers that
+/// mint many credentials for one user look it up once.
+pub fn uid_for(user: &str) -> u32 {
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => u.uid.as_raw(),
+        _ => {
+            60_000
+                + user
+                    .bytes()
+                    .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)))
+                    % 5_000
+        }
     }
 }
 

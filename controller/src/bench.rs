@@ -52,6 +52,9 @@ Name = "bench"
 DefaultAccount = "bench"
 "#;
 
+/// The user the benchmark submits as (declared in [`SITE`]).
+const BENCH_USER: &str = "bench";
+
 struct Procs(Vec<Child>);
 
 impl Drop for Procs {
@@ -72,6 +75,8 @@ fn free_addr() -> Result<String> {
 struct Access {
     tls: docket_auth::tls::TlsContext,
     minter: docket_auth::local::Minter,
+    /// The benchmark user's uid, looked up once (a lookup reads the user database).
+    uid: u32,
 }
 
 impl Access {
@@ -87,7 +92,7 @@ impl Access {
         let mut req = tonic::Request::new(message);
         let credential = self
             .minter
-            .credential_for("bench")
+            .credential(self.uid, BENCH_USER)
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
         req.metadata_mut().insert(
             docket_auth::CREDENTIAL_HEADER,
@@ -165,6 +170,7 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
     let access = Access {
         tls: docket_auth::tls::TlsContext::load(secrets.issue(&tool, &[])?)?,
         minter: secrets.minter()?,
+        uid: docket_auth::local::uid_for(BENCH_USER),
     };
     let addrs: BTreeMap<u64, String> = (1..=3)
         .map(|id| free_addr().map(|a| (id, a)))
