@@ -1,7 +1,7 @@
 //! The agents' own launch records, checked against the jobs' run log.
 //!
 //! Every real agent keeps a directory per run it was told to launch,
-//! `STATE/agents/NODE/jobs/JOB.EPOCH/`: its monitor writes `pgid` once it has started the
+//! `STATE/agents/NODE/runs/JOB.EPOCH/`: its monitor writes `pgid` once it has started the
 //! job, and an agent that found no monitor after a restart writes `abandoned` (a monitor must
 //! then never start the job). The jobs themselves append `ID NAME start MS NODE` to
 //! `runs.log`. So, whatever crashed in between:
@@ -25,7 +25,7 @@ pub struct LaunchRecord {
     pub abandoned: bool,
 }
 
-/// Reads every agent's run directories under `agents_dir` (`NODE/jobs/JOB.EPOCH`).
+/// Reads every agent's run directories under `agents_dir` (`NODE/runs/JOB.EPOCH`).
 pub fn read(agents_dir: &Path) -> Vec<LaunchRecord> {
     let mut out = Vec::new();
     let Ok(nodes) = std::fs::read_dir(agents_dir) else {
@@ -33,7 +33,7 @@ pub fn read(agents_dir: &Path) -> Vec<LaunchRecord> {
     };
     for node in nodes.flatten() {
         let name = node.file_name().to_string_lossy().into_owned();
-        let Ok(runs) = std::fs::read_dir(node.path().join("jobs")) else {
+        let Ok(runs) = std::fs::read_dir(node.path().join("runs")) else {
             continue;
         };
         for run in runs.flatten() {
@@ -137,7 +137,7 @@ mod tests {
     fn agents_run_dirs_are_read_as_launch_records() {
         let dir = tempfile::tempdir().unwrap();
         let run = |node: &str, name: &str, files: &[&str]| {
-            let d = dir.path().join(node).join("jobs").join(name);
+            let d = dir.path().join(node).join("runs").join(name);
             std::fs::create_dir_all(&d).unwrap();
             for f in files {
                 std::fs::write(d.join(f), "").unwrap();

@@ -419,6 +419,38 @@ impl JobCgroup {
         }
     }
 
+    /// Sends `signal` to every process of the job. SIGKILL on v2 is `cgroup.kill` (the
+    /// kernel kills every member, forks included). Otherwise the job is frozen first, so no
+    /// member can fork a child the signal would miss, each member is signalled, and the job is
+    /// thawed again — unless `stay_frozen` (a suspended job keeps the signal pending until it
+    /// is resumed).
+    pub fn signal_all(
+        &self,
+        signal: nix::sys::signal::Signal,
+        stay_frozen: bool,
+    ) -> Result<(), CgroupError> {
+        let Some(d) = self.dir("freezer") else {
+            return Err(CgroupError::Unavailable("no freezer for this job".into()));
+        };
+        if signal == nix::sys::signal::Signal::SIGKILL && d.join("cgroup.kill").exists() {
+            return write(&d.join("cgroup.kill"), "1");
+        }
+        self.freeze(true)?;
+        let procs = d.join("cgroup.procs");
+        let members = std::fs::read_to_string(&procs).map_err(io_err(&procs))?;
+        for pid in members.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                Err(e) => tracing::warn!(pid, ?signal, error = %e, "signalling a job process"),
+            }
+        }
+        if stay_frozen {
+            Ok(())
+        } else {
+            self.freeze(false)
+        }
+    }
+
     /// SIGKILLs everything still in the job's cgroups.
     pub fn kill_all(&self) {
         for d in self.dirs.values() {
@@ -437,14 +469,33 @@ impl JobCgroup {
     }
 }
 
+/// SIGKILLs every process in the cgroup `dir`: `cgroup.kill` where the kernel has it (v2);
+/// on a v1 freezer cgroup, frozen first so nothing forks meanwhile, then thawed so the
+/// signals are delivered; elsewhere, each member (a job's memory or cpuset cgroup holds the
+/// same processes as its freezer cgroup, which is emptied this way too).
 fn kill_all(dir: &Path) {
-    // A frozen v1 cgroup must be thawed for its processes to die.
-    if let Some(state) = read(&dir.join("freezer.state"))
-        && state.contains("FROZEN")
-    {
+    if dir.join("cgroup.kill").exists() && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    let v1_freezer = dir.join("freezer.state").exists();
+    if v1_freezer {
+        let _ = std::fs::write(dir.join("freezer.state"), "FROZEN");
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(1)
+            && !read(&dir.join("freezer.state")).is_some_and(|s| s.contains("FROZEN"))
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    kill_members(dir);
+    // A frozen cgroup must be thawed for its processes to die.
+    if v1_freezer {
         let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
     }
     let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+}
+
+fn kill_members(dir: &Path) {
     if let Some(procs) = read(&dir.join("cgroup.procs")) {
         for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
             let _ = nix::sys::signal::kill(

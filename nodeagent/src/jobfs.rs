@@ -6,13 +6,25 @@
 //!   loop device);
 //! - **tmpfs** (when configured): `tmpfs` with `size=` — in RAM, counted against nothing else.
 //!
-//! The directory belongs to the job's user, is exported as `TMPDIR`, `PBS_JOBFS` and
-//! `DOCKET_JOBFS`, and is unmounted and removed when the job ends. A job that fills it sees
+//! Private to its job: the mounted root belongs to the job's user with mode 0700; images are
+//! 0600 in `<dir>/.images`, a directory of root's with mode 0700 (a readable image would let
+//! anyone read the job's files with `debugfs`); `<dir>` itself is 0711, so a job reaches its
+//! own mount and nobody lists the others. The directory is exported as `TMPDIR`, `PBS_JOBFS`
+//! and `DOCKET_JOBFS`, and is unmounted and removed when the job ends. A job that fills it sees
 //! ENOSPC; one that ended unsuccessfully with its jobfs full is reported as "jobfs exceeded".
 //! Mounts left by an agent that died mid-job are removed at start.
 
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::rootdir::RootDir;
+
+/// The area's mode: jobs pass through to their own mounts; nobody lists them.
+const AREA_MODE: u32 = 0o711;
+/// Where the loop images are, and its mode.
+const IMAGES: &str = ".images";
+const IMAGES_MODE: u32 = 0o700;
 
 /// How job scratch is mounted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +78,19 @@ pub struct JobScratch {
 }
 
 impl Jobfs {
-    /// The area at `dir` (created), with stale mounts from a previous agent removed.
+    /// The area at `dir` (created, root's with mode 0711, its images' directory 0700).
     pub fn open(dir: PathBuf, kind: JobfsKind) -> Result<Self, JobfsError> {
-        std::fs::create_dir_all(&dir).map_err(|e| failed(&dir, e.to_string()))?;
+        let area =
+            RootDir::open_or_create(&dir, AREA_MODE).map_err(|e| failed(&dir, e.to_string()))?;
+        area.subdir(IMAGES, IMAGES_MODE)
+            .map_err(|e| failed(&dir.join(IMAGES), e.to_string()))?;
         Ok(Jobfs { dir, kind })
+    }
+
+    fn images(&self) -> Result<RootDir, JobfsError> {
+        RootDir::open_or_create(&self.dir, AREA_MODE)
+            .and_then(|area| area.subdir(IMAGES, IMAGES_MODE))
+            .map_err(|e| failed(&self.dir.join(IMAGES), e.to_string()))
     }
 
     /// Unmounts and removes scratch left by an agent that died mid-job, except the scratch of
@@ -90,18 +111,21 @@ impl Jobfs {
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
             for e in entries.flatten() {
                 let p = e.path();
-                let image_of_kept = p
-                    .to_str()
-                    .and_then(|s| s.strip_suffix(".img"))
-                    .is_some_and(|m| keep.contains(Path::new(m)));
-                if keep.contains(&p) || image_of_kept {
+                if keep.contains(&p) || e.file_name() == IMAGES {
                     continue;
                 }
-                let _ = if p.is_dir() {
-                    std::fs::remove_dir_all(&p)
-                } else {
-                    std::fs::remove_file(&p)
-                };
+                let _ = std::fs::remove_dir(&p);
+            }
+        }
+        if let Ok(images) = self.images()
+            && let Ok(entries) = std::fs::read_dir(images.path())
+        {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let mount = name.strip_suffix(".img").map(|m| self.dir.join(m));
+                if !mount.is_some_and(|m| keep.contains(&m)) {
+                    let _ = images.remove_file(&name);
+                }
             }
         }
     }
@@ -115,8 +139,13 @@ impl Jobfs {
         uid: u32,
         gid: u32,
     ) -> Result<JobScratch, JobfsError> {
-        let path = self.dir.join(format!("{job}.{epoch}"));
-        std::fs::create_dir_all(&path).map_err(|e| failed(&path, e.to_string()))?;
+        let name = format!("{job}.{epoch}");
+        let path = self.dir.join(&name);
+        let area = RootDir::open_or_create(&self.dir, AREA_MODE)
+            .map_err(|e| failed(&self.dir, e.to_string()))?;
+        // The mount point is root's until the filesystem is on it.
+        area.fresh_subdir(&name, 0o700)
+            .map_err(|e| failed(&path, e.to_string()))?;
         let image = match self.kind {
             JobfsKind::Tmpfs => {
                 run(
@@ -130,9 +159,15 @@ impl Jobfs {
                 None
             }
             JobfsKind::Loop => {
-                let image = self.dir.join(format!("{job}.{epoch}.img"));
-                let file =
-                    std::fs::File::create(&image).map_err(|e| failed(&image, e.to_string()))?;
+                let images = self.images()?;
+                let image_name = format!("{name}.img");
+                let image = images.path().join(&image_name);
+                images
+                    .remove_file(&image_name)
+                    .map_err(|e| failed(&image, e.to_string()))?;
+                let file = images
+                    .create_new(&image_name, 0o600)
+                    .map_err(|e| failed(&image, e.to_string()))?;
                 file.set_len(size_mib << 20)
                     .map_err(|e| failed(&image, e.to_string()))?;
                 drop(file);
@@ -153,9 +188,21 @@ impl Jobfs {
             }
         };
         let scratch = JobScratch { path, image };
-        if let Err(e) = std::os::unix::fs::chown(&scratch.path, Some(uid), Some(gid)) {
+        // The mounted root: the user's, 0700 (the mount is root's own, freshly made).
+        let owned = area.open_subdir(&name, 0o700).and_then(|root| {
+            nix::unistd::fchown(
+                root.fd().as_fd(),
+                Some(nix::unistd::Uid::from_raw(uid)),
+                Some(nix::unistd::Gid::from_raw(gid)),
+            )
+            .map_err(std::io::Error::from)
+        });
+        if let Err(e) = owned {
             scratch.remove();
-            return Err(failed(&scratch.path, format!("chown: {e}")));
+            return Err(failed(
+                &scratch.path,
+                format!("giving it to uid {uid}: {e}"),
+            ));
         }
         Ok(scratch)
     }

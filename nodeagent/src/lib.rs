@@ -7,6 +7,7 @@
 //!
 //! - [`cgroup`]: confinement on cgroup v2 and v1 hosts (cpuset, memory, vmem, pids, freezer).
 //! - [`shim`]: the job's first process, which joins the cgroups and becomes the user.
+//! - [`rootdir`]: the agent's private directories, used only through their handles.
 //!
 //! - [`jobfs`]: each job's size-capped scratch mount.
 //!
@@ -15,6 +16,7 @@
 pub mod cgroup;
 pub mod crash;
 pub mod jobfs;
+pub mod rootdir;
 pub mod runner;
 pub mod session;
 pub mod shim;

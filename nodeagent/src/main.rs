@@ -56,6 +56,17 @@ struct ExecJobArgs {
     /// RLIMIT_AS in bytes.
     #[arg(long)]
     rlimit_as: Option<u64>,
+    /// The job's environment (NUL-separated NAME=value), in the run's private directory.
+    #[arg(long)]
+    env_file: Option<PathBuf>,
+    /// The job's working directory, entered as the user.
+    #[arg(long)]
+    work_dir: PathBuf,
+    /// The job's output files, opened as the user.
+    #[arg(long)]
+    stdout: PathBuf,
+    #[arg(long)]
+    stderr: PathBuf,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -183,8 +194,8 @@ fn main() -> std::process::ExitCode {
             };
         }
         Cmd::ExecAsUser(a) => {
-            let Err(e) = docket_nodeagent::shim::exec_as_user(&shim_args(a));
-            eprintln!("docket-nodeagent exec-as-user: {e:#}");
+            // The reason went to the monitor (and the job's stderr, if it was open).
+            let _ = docket_nodeagent::shim::exec_as_user(&shim_args(a));
             return std::process::ExitCode::from(127);
         }
     };
@@ -225,8 +236,13 @@ fn run(args: RunArgs) -> Result<()> {
             args.node
         ),
     }
-    std::fs::create_dir_all(&args.state_dir)
-        .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    // Root's own (0711: jobs reach their own directories in it, nobody lists it).
+    docket_nodeagent::rootdir::RootDir::open_or_create(
+        &args.state_dir,
+        docket_nodeagent::runner::STATE_DIR_MODE,
+    )
+    .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    warn_if_unreachable(&args.state_dir);
     let cgroups = match (args.confinement, args.execution) {
         (_, Execution::Simulated) | (Confinement::None, _) => None,
         (Confinement::Auto, Execution::Real) => Some(
@@ -318,7 +334,31 @@ fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
         uid: a.uid,
         gid: a.gid,
         rlimit_as: a.rlimit_as,
+        env_file: a.env_file,
+        work_dir: a.work_dir,
+        stdout: a.stdout,
+        stderr: a.stderr,
         command: a.command,
+    }
+}
+
+/// Jobs read their scripts under the state directory as their users: every directory above
+/// it must let others pass (mode o+x).
+fn warn_if_unreachable(state_dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(full) = std::fs::canonicalize(state_dir) else {
+        return;
+    };
+    for dir in full.ancestors().skip(1) {
+        if let Ok(m) = std::fs::metadata(dir)
+            && m.permissions().mode() & 0o001 == 0
+        {
+            tracing::warn!(
+                directory = %dir.display(),
+                "jobs of users other than root cannot reach their scripts under --state-dir: \
+                 this directory does not let others pass (chmod o+x)"
+            );
+        }
     }
 }
 

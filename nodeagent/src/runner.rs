@@ -5,10 +5,18 @@
 //! twice. A run's end is kept until the leader has acknowledged its report (an agent that
 //! loses its leader reports it to the next one).
 //!
-//! Real runs are the batch script as a process group of the submitting user, signalled as a
-//! group: SIGSTOP/SIGCONT to suspend and resume (walltime stops meanwhile), SIGTERM then
-//! SIGKILL after the grace to kill or at the time limit. Simulated runs occupy their
-//! allocation for the script's `sleep N` (or until killed) without a process, for scale tests.
+//! Real runs are the batch script run as the submitting user by a monitor ([`crate::shim`]),
+//! confined in cgroups of their own and controlled through them: the freezer suspends and
+//! resumes (walltime stops meanwhile), every process in the cgroups gets SIGTERM, then SIGKILL
+//! after the grace, to kill or at the time limit. Only an agent told to confine nothing falls
+//! back to the job's process group. Simulated runs occupy their allocation for the script's
+//! `sleep N` (or until killed) without a process, for scale tests.
+//!
+//! On disk, under the state directory (root's, 0711): `state.json`; `runs/<job>.<epoch>/`,
+//! root's bookkeeping of a run (0700: the monitor's lock, the job's process group and exit,
+//! its environment); `jobs/<job>.<epoch>/`, the job's own directory (its user's, 0700: the
+//! script and PBS's node file). Root writes only in its own directories, through their handles
+//! ([`crate::rootdir`]), and reads a run's end only from what its monitor recorded there.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,8 +29,31 @@ use nix::unistd::Pid;
 use tokio::sync::{Notify, mpsc};
 
 use crate::crash::CrashPoint;
+use crate::rootdir::RootDir;
 use crate::shim::Monitor;
 use crate::world;
+
+/// The state directory's mode: root's, and jobs pass through it to their own directories.
+pub const STATE_DIR_MODE: u32 = 0o711;
+/// Root's bookkeeping of each run, `runs/<job>.<epoch>`: nobody else may even look.
+const RUNS: &str = "runs";
+const RUNS_MODE: u32 = 0o700;
+/// Each job's own directory, `jobs/<job>.<epoch>` (the user's, 0700): its script and node
+/// file. Jobs pass through to theirs; nobody lists the others.
+const JOBS: &str = "jobs";
+const JOBS_MODE: u32 = 0o711;
+const SCRIPT: &str = "script";
+const NODEFILE: &str = "nodefile";
+/// In a run's directory: the job's environment, and the monitor's own messages.
+const ENVIRON: &str = "environ";
+const MONITOR_LOG: &str = "monitor.log";
+/// The agent's state file, in the state directory.
+const STATE_FILE: &str = "state.json";
+
+/// A run's name in `runs/` and `jobs/`.
+fn run_name(job: u64, epoch: u64) -> String {
+    format!("{job}.{epoch}")
+}
 
 /// How runs execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,14 +219,14 @@ impl Runner {
         running.max(finished)
     }
 
-    fn state_file(&self) -> PathBuf {
-        self.config.state_dir.join("state.json")
+    fn state_dir(&self) -> std::io::Result<RootDir> {
+        RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)
     }
 
     /// Writes every run to the state file (atomically), so a restarted agent finds them.
     fn persist(&self) {
         if let Err(e) = self.save() {
-            tracing::error!(error = %e, path = %self.state_file().display(), "saving the agent state");
+            tracing::error!(error = %e, "saving the agent state");
         }
     }
 
@@ -236,8 +267,8 @@ impl Runner {
                 sim_runtime_ms: r.sim_runtime.map(|d| d.as_millis() as u64),
             })
             .collect();
-        let text = serde_json::to_string(&saved)?;
-        crate::shim::write_atomically(&self.state_file(), &text)
+        let text = serde_json::to_vec(&saved)?;
+        self.state_dir()?.write_atomically(STATE_FILE, &text)
     }
 
     /// Reads the state file a previous agent left and re-adopts its runs: ends not yet
@@ -252,13 +283,22 @@ impl Runner {
     ) {
         let mut keep_cgroups = std::collections::BTreeSet::new();
         let mut keep_scratch = std::collections::BTreeSet::new();
-        let Ok(text) = std::fs::read_to_string(self.state_file()) else {
+        let text = match self.state_dir() {
+            Ok(dir) => dir.read_text(STATE_FILE),
+            Err(e) => {
+                tracing::error!(error = %e, "the state directory");
+                None
+            }
+        };
+        let Some(text) = text else {
+            self.reap_directories();
             return (keep_cgroups, keep_scratch);
         };
         let saved: Vec<SavedRun> = match serde_json::from_str(&text) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "the agent state file is unreadable; starting afresh");
+                self.reap_directories();
                 return (keep_cgroups, keep_scratch);
             }
         };
@@ -334,7 +374,59 @@ impl Runner {
             let this = self.clone();
             tokio::spawn(async move { this.watch_walltime(job, epoch, changed).await });
         }
+        self.reap_directories();
         (keep_cgroups, keep_scratch)
+    }
+
+    /// Removes the job directories of runs this agent no longer holds running (an agent that
+    /// died between recording an end and removing them leaves some).
+    fn reap_directories(&self) {
+        let keep: std::collections::BTreeSet<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, r)| r.running)
+            .map(|(job, r)| run_name(*job, r.epoch))
+            .collect();
+        let Ok(jobs) = self
+            .state_dir()
+            .and_then(|s| s.open_subdir(JOBS, JOBS_MODE))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(jobs.path()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let entry = e.file_name().to_string_lossy().into_owned();
+            if !keep.contains(&entry)
+                && let Err(e) = jobs.remove_tree(&entry)
+            {
+                tracing::warn!(error = %e, "removing a stale job directory");
+            }
+        }
+    }
+
+    /// Removes what a finished run no longer needs: the job's own directory and the copy of
+    /// its environment. The run's record (`runs/<job>.<epoch>`: whether its monitor started
+    /// it, or it was abandoned, and how it ended) stays, for fault drills to check launches
+    /// against.
+    fn remove_directories(&self, job: u64, epoch: u64) {
+        if self.config.mode == Mode::Simulated {
+            return;
+        }
+        let Ok(state) = self.state_dir() else { return };
+        let name = run_name(job, epoch);
+        if let Ok(jobs) = state.open_subdir(JOBS, JOBS_MODE)
+            && let Err(e) = jobs.remove_tree(&name)
+        {
+            tracing::warn!(job, epoch, error = %e, "removing a finished job's directory");
+        }
+        if let Ok(run) = state
+            .open_subdir(RUNS, RUNS_MODE)
+            .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
+        {
+            let _ = run.remove_file(ENVIRON);
+        }
     }
 
     /// Carries out one instruction.
@@ -423,41 +515,42 @@ impl Runner {
                 l.user, user.uid
             ));
         }
-        let dir = self
-            .config
-            .state_dir
-            .join("jobs")
-            .join(format!("{}.{}", l.job_id, l.epoch));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let script = dir.join("script");
-        std::fs::write(&script, &l.script).map_err(|e| format!("writing the script: {e}"))?;
-        let nodefile = dir.join("nodefile");
-        std::fs::write(&nodefile, world::nodefile_contents(l, &self.config.node))
-            .map_err(|e| format!("writing the node file: {e}"))?;
-        for p in [&dir, &script, &nodefile] {
-            std::os::unix::fs::chown(p, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-                .map_err(|e| format!("chown {}: {e}", p.display()))?;
-        }
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("chmod the script: {e}"))?;
-        let (out_path, err_path) = world::output_paths(l, &self.config.node);
-        let open = |p: &PathBuf| -> Result<std::fs::File, String> {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|e| format!("opening {}: {e}", p.display()))?;
-            std::os::unix::fs::fchown(&f, Some(user.uid.as_raw()), Some(user.gid.as_raw()))
-                .map_err(|e| format!("chown {}: {e}", p.display()))?;
-            Ok(f)
+        let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
+        let name = run_name(l.job_id, l.epoch);
+        let fail = |what: &str| {
+            let what = what.to_owned();
+            move |e: std::io::Error| format!("{what}: {e}")
         };
-        let stdout = open(&out_path)?;
-        let stderr = if err_path == out_path {
-            stdout.try_clone().map_err(|e| e.to_string())?
-        } else {
-            open(&err_path)?
-        };
+        let state = RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)
+            .map_err(fail("the state directory"))?;
+        // Root's bookkeeping for the run: the monitor's lock, the job's process group and exit.
+        let run_dir = state
+            .subdir(RUNS, RUNS_MODE)
+            .and_then(|runs| runs.fresh_subdir(&name, crate::shim::RUN_DIR_MODE))
+            .map_err(fail("the run's directory"))?;
+        // The job's own directory: made and filled while root's, then handed to the user.
+        let job_dir = state
+            .subdir(JOBS, JOBS_MODE)
+            .and_then(|jobs| jobs.fresh_subdir(&name, 0o700))
+            .map_err(fail("the job's directory"))?;
+        job_dir
+            .write_new(SCRIPT, &l.script, 0o500)
+            .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
+            .map_err(fail("writing the script"))?;
+        job_dir
+            .write_new(
+                NODEFILE,
+                world::nodefile_contents(l, &self.config.node).as_bytes(),
+                0o400,
+            )
+            .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
+            .map_err(fail("writing the node file"))?;
+        job_dir
+            .give_to(uid, gid)
+            .map_err(fail("the job's directory"))?;
+        let script = job_dir.path().join(SCRIPT);
+        let nodefile = job_dir.path().join(NODEFILE);
+        let (stdout, stderr) = world::output_paths(l, &self.config.node);
         let who = world::Identity {
             user: l.user.clone(),
             home: user.dir.display().to_string(),
@@ -466,13 +559,7 @@ impl Runner {
         let scratch = match &self.config.jobfs {
             Some(jobfs) if l.jobfs_mib > 0 => {
                 let s = jobfs
-                    .create(
-                        l.job_id,
-                        l.epoch,
-                        l.jobfs_mib,
-                        user.uid.as_raw(),
-                        user.gid.as_raw(),
-                    )
+                    .create(l.job_id, l.epoch, l.jobfs_mib, uid, gid)
                     .map_err(|e| e.to_string())?;
                 if let Some(r) = self.lock().get_mut(&l.job_id) {
                     r.scratch = Some(s.clone());
@@ -489,6 +576,9 @@ impl Runner {
             scratch.as_ref().map(|s| s.path.as_path()),
             &self.config.cluster,
         );
+        run_dir
+            .write_new(ENVIRON, &crate::shim::encode_environment(&env), 0o600)
+            .map_err(fail("writing the job's environment"))?;
         // Confinement: the job's cgroups, which the shim joins before it becomes the user.
         let mut join = Vec::new();
         if let Some(cgroups) = &self.config.cgroups {
@@ -507,45 +597,55 @@ impl Runner {
                 r.cgroup = Some(cg);
             }
         }
-        let mut argv: Vec<String> = Vec::new();
+        let mut command: Vec<String> = Vec::new();
         if !l.script.starts_with(b"#!") {
-            argv.push("/bin/sh".into());
+            command.push("/bin/sh".into());
         }
-        argv.push(script.display().to_string());
+        command.push(script.display().to_string());
+        let shim = crate::shim::ShimArgs {
+            join,
+            user: l.user.clone(),
+            uid,
+            gid,
+            rlimit_as: l
+                .vmem_mib
+                .or(Some(l.memory_mib))
+                .filter(|v| *v > 0 && l.address_space_limit)
+                .map(|v| v << 20),
+            env_file: Some(run_dir.path().join(ENVIRON)),
+            work_dir: PathBuf::from(&l.work_dir),
+            stdout,
+            stderr,
+            command,
+        };
+        // The monitor's own messages (never the job's output) go to a log of root's.
+        let log = run_dir
+            .create_new(MONITOR_LOG, 0o600)
+            .map_err(fail("the monitor's log"))?;
+        let log_too = log.try_clone().map_err(fail("the monitor's log"))?;
         let mut cmd = tokio::process::Command::new(&self.config.shim);
         cmd.arg("exec-job")
             .arg("--run-dir")
-            .arg(&dir)
-            .args(["--user", &l.user])
-            .args(["--uid", &user.uid.as_raw().to_string()])
-            .args(["--gid", &user.gid.as_raw().to_string()]);
-        for f in &join {
-            cmd.arg("--join").arg(f);
-        }
-        if l.address_space_limit
-            && let Some(v) = l.vmem_mib.or(Some(l.memory_mib)).filter(|v| *v > 0)
-        {
-            cmd.args(["--rlimit-as", &(v << 20).to_string()]);
-        }
-        cmd.arg("--")
-            .args(&argv)
-            .current_dir(&l.work_dir)
+            .arg(run_dir.path())
+            .args(shim.to_args())
+            // Root runs with root's environment, never the job's.
             .env_clear()
-            .envs(env)
+            .env("PATH", crate::shim::ROOT_PATH)
+            .current_dir("/")
             .stdin(std::process::Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
+            .stdout(log)
+            .stderr(log_too)
             .process_group(0)
             .kill_on_drop(false);
         // The run directory is recorded before the monitor starts: an agent restarted after
         // this point finds the monitor by its lock there (or stops it from starting the job).
         if let Some(r) = self.lock().get_mut(&l.job_id) {
-            r.run_dir = Some(dir.clone());
+            r.run_dir = Some(run_dir.path().to_path_buf());
         }
         self.persist();
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("starting {} in {}: {e}", script.display(), l.work_dir))?;
+            .map_err(|e| format!("starting the job's monitor: {e}"))?;
         crate::crash::reached(CrashPoint::LaunchSpawned);
         let monitor = child.id().map(|p| p as i32);
         if let Some(r) = self.lock().get_mut(&l.job_id) {
@@ -555,10 +655,12 @@ impl Runner {
         // The job's own process group, once the monitor has started it.
         let start = Instant::now();
         let pgid = loop {
-            if let Some(p) = crate::shim::read_pgid(&dir) {
+            if let Some(p) = crate::shim::read_pgid(&run_dir) {
                 break Some(p);
             }
-            if start.elapsed() > Duration::from_secs(10) || crate::shim::read_exit(&dir).is_some() {
+            if start.elapsed() > Duration::from_secs(10)
+                || crate::shim::read_exit(&run_dir).is_some()
+            {
                 break None;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -572,10 +674,12 @@ impl Runner {
         };
         self.persist();
         // Instructions that came while the process was being started apply now.
-        if stopping {
-            signal_group(pgid, Signal::SIGTERM);
-        } else if suspended && let Some(r) = self.lock().get(&l.job_id) {
-            freeze(r, true);
+        if let Some(r) = self.lock().get(&l.job_id) {
+            if stopping {
+                signal_run(r, Signal::SIGTERM);
+            } else if suspended {
+                freeze(r, true);
+            }
         }
         let _ = self.events.send(pb::JobEvent {
             job_id: l.job_id,
@@ -586,57 +690,87 @@ impl Runner {
         });
         let status = child.wait().await;
         crate::crash::reached(CrashPoint::ExitObserved);
-        Ok(self.recorded_exit(l.job_id, &dir, status.ok()))
+        self.recorded_exit(l.job_id, &run_dir, status.ok())
     }
 
     /// Watches a run a previous agent started to its end, by its monitor's lock and exit file.
-    async fn readopt(&self, job: u64, epoch: u64, dir: &std::path::Path) {
+    async fn readopt(&self, job: u64, epoch: u64, path: &std::path::Path) {
+        let dir = match RootDir::open(path, crate::shim::RUN_DIR_MODE) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(job, epoch, error = %e, "the run's directory is gone");
+                if let Some(r) = self.lock().get_mut(&job) {
+                    r.stopping.get_or_insert("node_failure");
+                }
+                use std::os::unix::process::ExitStatusExt;
+                self.finish(job, epoch, Ok(std::process::ExitStatus::from_raw(9)));
+                return;
+            }
+        };
         loop {
             // The job's process group, if the previous agent died before it learnt it.
             if let Some(r) = self.lock().get_mut(&job).filter(|r| r.pgid.is_none()) {
-                r.pgid = crate::shim::read_pgid(dir);
+                r.pgid = crate::shim::read_pgid(&dir);
             }
-            match crate::shim::probe(dir) {
+            match crate::shim::probe(&dir) {
                 Monitor::Running => tokio::time::sleep(Duration::from_millis(100)).await,
                 Monitor::Ended(..) => break,
                 Monitor::Gone => {
                     // The monitor died without the job's end: nothing will report it, so
-                    // nothing of it may keep running (its cgroups go when the run finishes;
-                    // the group is killed only if its leader still runs this run's script,
-                    // not a process that was given the number since).
-                    let pgid = crate::shim::read_pgid(dir).filter(|p| {
+                    // nothing of it may keep running. Confined, its cgroups are emptied when
+                    // the run finishes; unconfined, its process group is killed, but only if
+                    // its leader still runs this run's script (not a process that was given
+                    // the number since).
+                    let script = self
+                        .config
+                        .state_dir
+                        .join(JOBS)
+                        .join(run_name(job, epoch))
+                        .join(SCRIPT);
+                    let pgid = crate::shim::read_pgid(&dir).filter(|p| {
                         std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
-                            String::from_utf8_lossy(&c).contains(&*dir.to_string_lossy())
+                            String::from_utf8_lossy(&c).contains(&*script.to_string_lossy())
                         })
                     });
-                    signal_group(pgid, Signal::SIGKILL);
+                    let unconfined = self.lock().get(&job).is_some_and(|r| r.cgroup.is_none());
+                    if unconfined {
+                        signal_group(pgid, Signal::SIGKILL);
+                    }
                     break;
                 }
             }
         }
-        let status = self.recorded_exit(job, dir, None);
-        self.finish(job, epoch, Ok(status));
+        let outcome = self.recorded_exit(job, &dir, None);
+        self.finish(job, epoch, outcome);
     }
 
-    /// How a run ended, as its monitor recorded it; a monitor that died without recording
-    /// anything means the run was lost (counted as a node failure).
+    /// How a run ended, as its monitor recorded it (`Err`: the job could not be started, and
+    /// why); a monitor that died without recording anything means the run was lost (counted as
+    /// a node failure).
     fn recorded_exit(
         &self,
         job: u64,
-        dir: &std::path::Path,
+        dir: &RootDir,
         monitor_status: Option<std::process::ExitStatus>,
-    ) -> std::process::ExitStatus {
+    ) -> Result<std::process::ExitStatus, String> {
         use std::os::unix::process::ExitStatusExt;
         match crate::shim::read_exit(dir) {
-            Some((code, signal)) => {
-                std::process::ExitStatus::from_raw(if signal != 0 { signal } else { code << 8 })
-            }
+            Some(crate::shim::RecordedEnd {
+                launch_error: Some(why),
+                ..
+            }) => Err(why),
+            Some(end) => Ok(std::process::ExitStatus::from_raw(if end.signal != 0 {
+                end.signal
+            } else {
+                end.code << 8
+            })),
             None => {
-                tracing::warn!(job, ?monitor_status, "the job's monitor recorded no exit");
+                let log = dir.read_text(MONITOR_LOG).unwrap_or_default();
+                tracing::warn!(job, ?monitor_status, monitor_log = %log.trim(), "the job's monitor recorded no exit");
                 if let Some(r) = self.lock().get_mut(&job) {
                     r.stopping.get_or_insert("node_failure");
                 }
-                std::process::ExitStatus::from_raw(9)
+                Ok(std::process::ExitStatus::from_raw(9))
             }
         }
     }
@@ -729,6 +863,7 @@ impl Runner {
         run.changed.notify_one();
         drop(runs);
         self.persist();
+        self.remove_directories(job, epoch);
         crate::crash::reached(CrashPoint::ExitRecorded);
         let _ = self.events.send(pb::JobEvent {
             job_id: job,
@@ -818,8 +953,8 @@ impl Runner {
         }
     }
 
-    /// `scancel --signal`: the signal to the run's process group, if the epoch is the
-    /// run's; a simulated run has no processes and ignores it.
+    /// `scancel --signal`: the signal to every process of the run, if the epoch is the run's;
+    /// a simulated run has no processes and ignores it.
     fn signal(&self, s: &pb::SignalJob) {
         let signal = match Signal::try_from(s.signal) {
             Ok(sig) => sig,
@@ -828,15 +963,14 @@ impl Runner {
                 return;
             }
         };
-        let pgid = self
-            .lock()
+        let runs = self.lock();
+        match runs
             .get(&s.job_id)
-            .filter(|r| r.epoch == s.epoch && r.running)
-            .and_then(|r| r.pgid);
-        match pgid {
-            Some(pgid) => {
+            .filter(|r| r.epoch == s.epoch && r.running && (r.cgroup.is_some() || r.pgid.is_some()))
+        {
+            Some(run) => {
                 tracing::info!(job = s.job_id, ?signal, "signalling");
-                signal_group(Some(pgid), signal);
+                signal_run(run, signal);
             }
             None => tracing::debug!(
                 job = s.job_id,
@@ -857,9 +991,9 @@ impl Runner {
         self.persist();
     }
 
-    /// Stops a run: SIGTERM to its process group (thawed first), SIGKILL after the grace.
+    /// Stops a run: thawed, SIGTERM to every process of it, SIGKILL after the grace.
     pub fn stop(&self, job: u64, epoch: u64, why: &'static str) {
-        let pgid = {
+        {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&job).filter(|r| r.epoch == epoch && r.running) else {
                 return;
@@ -870,27 +1004,21 @@ impl Runner {
             run.changed.notify_one();
             if run.suspended_since.is_some() {
                 freeze(run, false);
+                run.suspended_since = None;
             }
-            run.pgid
-        };
+            signal_run(run, Signal::SIGTERM);
+        }
         self.persist();
-        signal_group(pgid, Signal::SIGCONT);
-        signal_group(pgid, Signal::SIGTERM);
         let grace = self.config.kill_grace;
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            let cgroup = this
+            if let Some(run) = this
                 .lock()
                 .get(&job)
                 .filter(|r| r.epoch == epoch && r.running)
-                .map(|r| r.cgroup.clone());
-            if let Some(cgroup) = cgroup {
-                signal_group(pgid, Signal::SIGKILL);
-                // Processes that left the group are still in the cgroup.
-                if let Some(cg) = cgroup {
-                    cg.kill_all();
-                }
+            {
+                signal_run(run, Signal::SIGKILL);
             }
         });
     }
@@ -935,23 +1063,39 @@ impl Runner {
     }
 }
 
-/// Freezes or thaws a run: the cgroup freezer when confined, SIGSTOP/SIGCONT to its process
-/// group otherwise (or when the freezer fails).
+/// Freezes or thaws a run: with the cgroup freezer when confined (a failure is an error,
+/// never a quiet fall back to signals a job can catch or undo); with SIGSTOP/SIGCONT to its
+/// process group only when the agent confines nothing.
 fn freeze(run: &Run, frozen: bool) {
-    if let Some(cg) = &run.cgroup {
-        match cg.freeze(frozen) {
-            Ok(()) => return,
-            Err(e) => tracing::warn!(error = %e, "freezer failed; signalling the process group"),
+    match &run.cgroup {
+        Some(cg) => {
+            if let Err(e) = cg.freeze(frozen) {
+                tracing::error!(error = %e, frozen, "the cgroup freezer failed");
+            }
         }
+        None => signal_group(
+            run.pgid,
+            if frozen {
+                Signal::SIGSTOP
+            } else {
+                Signal::SIGCONT
+            },
+        ),
     }
-    signal_group(
-        run.pgid,
-        if frozen {
-            Signal::SIGSTOP
-        } else {
-            Signal::SIGCONT
-        },
-    );
+}
+
+/// Sends `signal` to every process of a run: through its cgroups when confined (what is in
+/// them is the job, whatever process groups or sessions it made); to its process group, as
+/// the monitor recorded it, only when the agent confines nothing.
+fn signal_run(run: &Run, signal: Signal) {
+    match &run.cgroup {
+        Some(cg) => {
+            if let Err(e) = cg.signal_all(signal, run.suspended_since.is_some()) {
+                tracing::error!(error = %e, ?signal, "signalling a job's cgroup");
+            }
+        }
+        None => signal_group(run.pgid, signal),
+    }
 }
 
 /// `0-3,8` from sorted cpu ids.

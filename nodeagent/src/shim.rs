@@ -1,23 +1,46 @@
-//! The processes between the agent and a job's script.
+//! The processes between the agent and a job's script, and where root stops.
 //!
 //! `docket-nodeagent exec-job` is the job's **monitor**, started by the agent as root in a
-//! process group of its own and outside the job's cgroups: it starts `exec-as-user` in a new
-//! process group (the job's), records that group in `<run dir>/pgid`, waits for it, and writes
-//! how it ended to `<run dir>/exit` (`code signal`). The monitor outlives an agent restart
-//! (like Slurm's slurmstepd), so a restarted agent re-adopts the run and still learns its exit
-//! status.
+//! process group of its own, outside the job's cgroups, with a fixed minimal environment (never
+//! the job's: the dynamic loader would honour a user's `LD_PRELOAD` in a root process). It
+//! starts `exec-as-user` in a new process group (the job's), records that group, waits for it
+//! with its own `waitpid`, and records how it ended — all in the run's private directory,
+//! which belongs to root with mode 0700 and is written only through its handle
+//! ([`crate::rootdir`]), so nothing the job does can plant, forge or redirect those records.
+//! The monitor outlives an agent restart (like Slurm's slurmstepd), so a restarted agent
+//! re-adopts the run and still learns its exit status.
 //!
-//! `docket-nodeagent exec-as-user` joins the job's cgroups while still root (so nothing the
-//! job forks can escape them), sets the address-space limit when the job asked for one, takes
-//! the user's identity (supplementary groups, group, user) and executes the batch script in
-//! its place. Safe Rust only: no code runs between fork and exec in the agent itself.
+//! `docket-nodeagent exec-as-user` is the only process that crosses from root to the user.
+//! While still root it joins the job's cgroups (so nothing the job forks can escape them),
+//! reads the job's environment from the run's private directory, and sets the address-space
+//! limit. Then it becomes the user for good — supplementary groups, group, user, checked
+//! (real, effective and saved ids; a way back to root must fail), and `PR_SET_NO_NEW_PRIVS` —
+//! and only then touches anything of the user's: it enters the working directory, opens the
+//! output files as the user with `O_NOFOLLOW` (a symlink planted at `slurm-%j.out`, or
+//! `-o /etc/passwd`, opens nothing the user could not open anyway), and executes the batch
+//! script with the job's environment. A failure before that exec is sent to the monitor on a
+//! close-on-exec pipe and reported as a launch failure with its reason. Safe Rust only.
 
 use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use nix::unistd::{Gid, Uid};
+
+use crate::rootdir::RootDir;
+
+/// The environment of every process the agent runs as root: this and nothing else.
+pub const ROOT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The mode of a run's private directory.
+pub const RUN_DIR_MODE: u32 = 0o700;
+
+/// The most of the job's environment block the shim reads (ARG_MAX-sized, like a real one).
+const MAX_ENVIRONMENT: u64 = 4 << 20;
 
 /// What the shims do, from their command lines.
 #[derive(Debug, Clone)]
@@ -27,14 +50,43 @@ pub struct ShimArgs {
     pub uid: u32,
     pub gid: u32,
     pub rlimit_as: Option<u64>,
+    /// The job's environment (NUL-separated `NAME=value`), in the run's private directory.
+    pub env_file: Option<PathBuf>,
+    /// Entered as the user (`/tmp` when the user cannot enter it, as Slurm does).
+    pub work_dir: PathBuf,
+    /// Opened as the user, appended to, never through a symlink.
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
     pub command: Vec<String>,
 }
 
-/// Writes `contents` to `path` atomically (write a temporary file, rename).
-pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path)
+impl ShimArgs {
+    /// The arguments that hand these to `exec-job` / `exec-as-user`.
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut a: Vec<std::ffi::OsString> = Vec::new();
+        let mut push = |k: &str, v: &std::ffi::OsStr| {
+            a.push(k.into());
+            a.push(v.to_owned());
+        };
+        push("--user", self.user.as_ref());
+        push("--uid", self.uid.to_string().as_ref());
+        push("--gid", self.gid.to_string().as_ref());
+        for j in &self.join {
+            push("--join", j.as_os_str());
+        }
+        if let Some(r) = self.rlimit_as {
+            push("--rlimit-as", r.to_string().as_ref());
+        }
+        if let Some(e) = &self.env_file {
+            push("--env-file", e.as_os_str());
+        }
+        push("--work-dir", self.work_dir.as_os_str());
+        push("--stdout", self.stdout.as_os_str());
+        push("--stderr", self.stderr.as_os_str());
+        a.push("--".into());
+        a.extend(self.command.iter().map(Into::into));
+        a
+    }
 }
 
 /// The lock a monitor holds for its whole life: an agent tells a live monitor from a dead one
@@ -43,125 +95,258 @@ const MONITOR_LOCK: &str = "monitor.lock";
 /// Written by an agent that found no monitor and gave the run up: a monitor that starts after
 /// that (the agent crashed between starting it and recording it) must not start the job.
 const ABANDONED: &str = "abandoned";
+/// The job's process group, as the monitor started it.
+const PGID: &str = "pgid";
+/// How the job ended, as the monitor's `waitpid` saw it ([`RecordedEnd`]).
+const EXIT: &str = "exit";
+
+/// How a run ended, as its monitor recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RecordedEnd {
+    /// Exit code (0 when killed by a signal).
+    pub code: i32,
+    /// The signal that killed it, 0 if none.
+    pub signal: i32,
+    /// Why the job could not be started, when it could not (nothing of it ran).
+    #[serde(default)]
+    pub launch_error: Option<String>,
+}
 
 /// The monitor: runs `exec-as-user` as the job and records its end in `run_dir`.
 pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(run_dir.join(MONITOR_LOCK))
+    let dir = RootDir::open(run_dir, RUN_DIR_MODE).context("the run's directory")?;
+    let lock = dir
+        .open_lock(MONITOR_LOCK)
         .context("opening the monitor lock")?;
     // Held until this process exits (the file is close-on-exec: the job does not inherit it).
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .context("taking the monitor lock")?;
-    if run_dir.join(ABANDONED).exists() {
+    if dir.exists(ABANDONED) {
         bail!("the agent gave this run up before its monitor started; not starting the job");
     }
+    // exec-as-user's stdout and stderr until it execs the job: whatever it writes there is
+    // why it could not; at the exec the pipe closes with nothing written.
+    let (status_read, status_write) = nix::unistd::pipe().context("a status pipe")?;
     let me = std::env::current_exe().context("locating this binary")?;
     let mut cmd = std::process::Command::new(me);
     cmd.arg("exec-as-user")
-        .args(["--user", &args.user])
-        .args(["--uid", &args.uid.to_string()])
-        .args(["--gid", &args.gid.to_string()]);
-    for j in &args.join {
-        cmd.arg("--join").arg(j);
-    }
-    if let Some(r) = args.rlimit_as {
-        cmd.args(["--rlimit-as", &r.to_string()]);
-    }
-    cmd.arg("--").args(&args.command).process_group(0);
-    let mut child = cmd.spawn().context("starting the job")?;
-    write_atomically(&run_dir.join("pgid"), &child.id().to_string())
+        .args(args.to_args())
+        .env_clear()
+        .env("PATH", ROOT_PATH)
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(
+            status_write.try_clone().context("a status pipe")?,
+        ))
+        .stderr(std::process::Stdio::from(status_write))
+        .process_group(0);
+    let spawned = cmd.spawn();
+    // Our copies of the pipe's write end go with the command.
+    drop(cmd);
+    let mut child = spawned.context("starting the job")?;
+    dir.write_atomically(PGID, child.id().to_string().as_bytes())
         .context("recording the job's process group")?;
+    let mut why = Vec::new();
+    let _ = std::fs::File::from(status_read)
+        .take(64 << 10)
+        .read_to_end(&mut why);
     let status = child.wait().context("waiting for the job")?;
-    let (code, signal) = (status.code().unwrap_or(0), status.signal().unwrap_or(0));
-    write_atomically(&run_dir.join("exit"), &format!("{code} {signal}\n"))
+    let why = String::from_utf8_lossy(&why).trim().to_owned();
+    let end = RecordedEnd {
+        code: status.code().unwrap_or(0),
+        signal: status.signal().unwrap_or(0),
+        launch_error: (!why.is_empty()).then_some(why),
+    };
+    let text = serde_json::to_vec(&end).context("encoding the job's end")?;
+    dir.write_atomically(EXIT, &text)
         .context("recording the job's exit")?;
     Ok(())
 }
 
-/// Reads what the monitor recorded: (exit code, signal).
-pub fn read_exit(run_dir: &Path) -> Option<(i32, i32)> {
-    let text = std::fs::read_to_string(run_dir.join("exit")).ok()?;
-    let mut it = text.split_whitespace();
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+/// Reads what the monitor recorded.
+pub fn read_exit(dir: &RootDir) -> Option<RecordedEnd> {
+    serde_json::from_str(&dir.read_text(EXIT)?).ok()
 }
 
 /// What an agent finds of a run's monitor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Monitor {
     /// It lives (it holds its lock).
     Running,
-    /// It recorded the job's end: (exit code, signal).
-    Ended(i32, i32),
+    /// It recorded the job's end.
+    Ended(RecordedEnd),
     /// None lives and none recorded an end. The run is marked abandoned, so a monitor that
     /// was started but had not yet taken its lock never starts the job.
     Gone,
 }
 
-/// Looks for the monitor of the run in `run_dir`.
-pub fn probe(run_dir: &Path) -> Monitor {
-    if let Some((code, signal)) = read_exit(run_dir) {
-        return Monitor::Ended(code, signal);
+/// Looks for the monitor of the run in `dir`.
+pub fn probe(dir: &RootDir) -> Monitor {
+    if let Some(end) = read_exit(dir) {
+        return Monitor::Ended(end);
     }
-    let Ok(lock) = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(run_dir.join(MONITOR_LOCK))
-    else {
+    let Ok(lock) = dir.open_lock(MONITOR_LOCK) else {
         return Monitor::Gone;
     };
     match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Err(_) => Monitor::Running,
         Ok(_held) => {
             // It may have finished between the first look and the lock.
-            if let Some((code, signal)) = read_exit(run_dir) {
-                return Monitor::Ended(code, signal);
+            if let Some(end) = read_exit(dir) {
+                return Monitor::Ended(end);
             }
             // Under the lock, so a monitor not yet started sees it before it could start the job.
-            let _ = std::fs::write(run_dir.join(ABANDONED), "");
+            let _ = dir.write_atomically(ABANDONED, b"");
             Monitor::Gone
         }
     }
 }
 
 /// Reads the job's process group, once the monitor has recorded it.
-pub fn read_pgid(run_dir: &Path) -> Option<i32> {
-    std::fs::read_to_string(run_dir.join("pgid"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+pub fn read_pgid(dir: &RootDir) -> Option<i32> {
+    dir.read_text(PGID)?.trim().parse().ok()
 }
 
-/// Becomes the job: joins cgroups, limits, identity, exec. Returns only on failure.
-pub fn exec_as_user(args: &ShimArgs) -> Result<std::convert::Infallible> {
+/// Becomes the job: joins cgroups, limits, identity, outputs, exec. Returns only on failure,
+/// after telling the monitor why (and the job's stderr, when it is open).
+pub fn exec_as_user(args: &ShimArgs) -> anyhow::Error {
+    // The monitor's pipe, kept (close-on-exec) apart from stdout, which becomes the job's.
+    let status = std::io::stdout().as_fd().try_clone_to_owned().ok();
+    let mut outputs_open = false;
+    let Err(e) = become_job(args, &mut outputs_open);
+    let message = format!("{e:#}");
+    if let Some(status) = status {
+        let _ = std::fs::File::from(status).write_all(message.as_bytes());
+    }
+    if outputs_open {
+        eprintln!("docket: the job could not start: {message}");
+    }
+    e
+}
+
+fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::Infallible> {
+    // As root: things of root's only.
     let pid = std::process::id().to_string();
     for procs in &args.join {
         std::fs::write(procs, &pid).with_context(|| format!("joining {}", procs.display()))?;
     }
+    let environment = match &args.env_file {
+        Some(path) => read_environment(path)?,
+        None => Vec::new(),
+    };
     if let Some(bytes) = args.rlimit_as {
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, bytes, bytes)
             .context("setting RLIMIT_AS")?;
     }
-    let (uid, gid) = (Uid::from_raw(args.uid), Gid::from_raw(args.gid));
+    drop_privileges(&args.user, args.uid, args.gid)?;
+
+    // As the user: things of the user's.
+    let mut warning = None;
+    if let Err(e) = std::env::set_current_dir(&args.work_dir) {
+        warning = Some(format!(
+            "could not enter {}: {e}; running in /tmp",
+            args.work_dir.display()
+        ));
+        std::env::set_current_dir("/tmp").context("entering /tmp")?;
+    }
+    let stdout = open_output(&args.stdout)?;
+    let stderr = if args.stderr == args.stdout {
+        stdout.try_clone().context("stderr")?
+    } else {
+        open_output(&args.stderr)?
+    };
+    nix::unistd::dup2_stdout(&stdout).context("stdout")?;
+    nix::unistd::dup2_stderr(&stderr).context("stderr")?;
+    *outputs_open = true;
+    drop((stdout, stderr));
+    if let Some(w) = warning {
+        eprintln!("docket: {w}");
+    }
+    let Some((program, rest)) = args.command.split_first() else {
+        bail!("no command");
+    };
+    let err = std::process::Command::new(program)
+        .args(rest)
+        .env_clear()
+        .envs(environment)
+        .exec();
+    Err(err).with_context(|| format!("executing {program}"))
+}
+
+/// Takes `user`'s identity for good: supplementary groups, group, user, each checked, then
+/// `PR_SET_NO_NEW_PRIVS` (no setuid binary gives root back). A job of root's stays root.
+pub fn drop_privileges(user: &str, uid: u32, gid: u32) -> Result<()> {
+    let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     if nix::unistd::geteuid() != uid {
-        let name = CString::new(args.user.as_bytes()).context("user name")?;
+        let name = CString::new(user.as_bytes()).context("user name")?;
         nix::unistd::initgroups(&name, gid).context("initgroups")?;
         nix::unistd::setgid(gid).context("setgid")?;
         nix::unistd::setuid(uid).context("setuid")?;
-        if nix::unistd::geteuid() != uid || nix::unistd::getegid() != gid {
-            bail!("could not take uid {} gid {}", args.uid, args.gid);
-        }
     }
-    let Some((program, rest)) = args.command.split_first() else {
-        bail!("exec-as-user: no command");
-    };
-    let err = std::process::Command::new(program).args(rest).exec();
-    Err(err).with_context(|| format!("executing {program}"))
+    let r = nix::unistd::getresuid().context("getresuid")?;
+    let g = nix::unistd::getresgid().context("getresgid")?;
+    if [r.real, r.effective, r.saved] != [uid; 3] || [g.real, g.effective, g.saved] != [gid; 3] {
+        bail!("could not take uid {uid} gid {gid} for good (have {r:?} {g:?})");
+    }
+    if !uid.is_root() && nix::unistd::setuid(Uid::from_raw(0)).is_ok() {
+        bail!("uid {uid} could become root again");
+    }
+    nix::sys::prctl::set_no_new_privs().context("PR_SET_NO_NEW_PRIVS")?;
+    Ok(())
+}
+
+/// Opens an output file as whoever runs this (the job's user), appending, created 0644, and
+/// never through a symlink.
+fn open_output(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .with_context(|| format!("opening the output file {}", path.display()))
+}
+
+/// Reads the job's environment block (root's, in the run's private directory).
+fn read_environment(path: &Path) -> Result<Vec<(String, String)>> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .with_context(|| format!("the job's environment {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ENVIRONMENT + 1)
+        .read_to_end(&mut bytes)
+        .context("the job's environment")?;
+    if bytes.len() as u64 > MAX_ENVIRONMENT {
+        bail!("the job's environment is over {MAX_ENVIRONMENT} bytes");
+    }
+    Ok(decode_environment(&bytes))
+}
+
+/// NUL-separated `NAME=value` → pairs (items without a name are skipped).
+pub fn decode_environment(bytes: &[u8]) -> Vec<(String, String)> {
+    bytes
+        .split(|b| *b == 0)
+        .filter_map(|item| {
+            let text = String::from_utf8_lossy(item);
+            let (k, v) = text.split_once('=')?;
+            (!k.is_empty()).then(|| (k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// Pairs → NUL-separated `NAME=value`.
+pub fn encode_environment<'a>(vars: impl IntoIterator<Item = (&'a String, &'a String)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (k, v) in vars {
+        out.extend_from_slice(k.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -175,28 +360,55 @@ mod tests {
             uid: 65534,
             gid: 65534,
             rlimit_as: None,
+            env_file: None,
+            work_dir: "/".into(),
+            stdout: "/dev/null".into(),
+            stderr: "/dev/null".into(),
             command: vec!["/bin/true".into()],
         }
     }
 
     #[test]
     fn a_run_without_a_live_monitor_is_given_up_and_its_late_monitor_starts_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(probe(dir.path()), Monitor::Gone);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RootDir::open_or_create(&tmp.path().join("run"), RUN_DIR_MODE).unwrap();
+        assert_eq!(probe(&dir), Monitor::Gone);
         let err = monitor(dir.path(), &args()).unwrap_err();
         assert!(format!("{err:#}").contains("gave this run up"), "{err:#}");
-        assert!(read_pgid(dir.path()).is_none(), "a job was started");
+        assert!(read_pgid(&dir).is_none(), "a job was started");
     }
 
     #[test]
     fn a_held_lock_is_a_live_monitor_and_a_recorded_exit_is_an_end() {
-        let dir = tempfile::tempdir().unwrap();
-        let lock = std::fs::File::create(dir.path().join(MONITOR_LOCK)).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RootDir::open_or_create(&tmp.path().join("run"), RUN_DIR_MODE).unwrap();
+        let lock = dir.open_lock(MONITOR_LOCK).unwrap();
         let held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        assert_eq!(probe(dir.path()), Monitor::Running);
-        write_atomically(&dir.path().join("exit"), "0 9\n").unwrap();
-        assert_eq!(probe(dir.path()), Monitor::Ended(0, 9));
+        assert_eq!(probe(&dir), Monitor::Running);
+        let end = RecordedEnd {
+            code: 0,
+            signal: 9,
+            launch_error: None,
+        };
+        dir.write_atomically(EXIT, &serde_json::to_vec(&end).unwrap())
+            .unwrap();
+        assert_eq!(probe(&dir), Monitor::Ended(end));
         drop(held);
-        assert!(!dir.path().join(ABANDONED).exists());
+        assert!(!dir.exists(ABANDONED));
+    }
+
+    #[test]
+    fn environments_round_trip_and_nameless_items_are_skipped() {
+        let vars: std::collections::BTreeMap<String, String> = [
+            ("A".to_owned(), "1=2".to_owned()),
+            ("B".to_owned(), String::new()),
+        ]
+        .into();
+        let bytes = encode_environment(&vars);
+        assert_eq!(
+            decode_environment(&bytes),
+            vec![("A".into(), "1=2".into()), ("B".into(), String::new())]
+        );
+        assert!(decode_environment(b"=x\0noequals\0").is_empty());
     }
 }

@@ -1,0 +1,414 @@
+//! Attacks on the node agent's privilege boundary, each made by a job of an unprivileged user
+//! (`nobody`) against a real agent running as root with cgroup confinement, each of which
+//! must fail: root running the job's `LD_PRELOAD`; output files that point at root's files
+//! (`-o` at one, or a symlink planted at `slurm-%j.out`); writing, planting symlinks in, or
+//! even listing the agent's bookkeeping (to forge the job's exit or aim a kill at process
+//! group 1); a process that leaves the job's process group and session to dodge a signal;
+//! regaining root; and another user reading a job's scratch.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use docket_proto::v1 as pb;
+
+fn nobody() -> nix::unistd::User {
+    nix::unistd::User::from_name("nobody").unwrap().unwrap()
+}
+
+/// A launch of `script` as nobody in `work`, with `env` exported (plus a PATH).
+fn launch_as_nobody(job: u64, work: &Path, script: &str, env: &[(&str, &str)]) -> pb::Launch {
+    let pb::instruction::Kind::Launch(mut l) = launch(job, 1, work, script, 120) else {
+        unreachable!()
+    };
+    l.user = "nobody".into();
+    l.cpus = 1;
+    let mut block = b"PATH=/usr/local/bin:/usr/bin:/bin\0".to_vec();
+    for (k, v) in env {
+        block.extend_from_slice(format!("{k}={v}\0").as_bytes());
+    }
+    l.environment = Some(block);
+    l
+}
+
+/// A file of root's, 0644, that no job may write, own or replace.
+fn victim(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("victim");
+    std::fs::write(&p, "precious\n").unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    p
+}
+
+fn assert_untouched(victim: &Path) {
+    let meta = std::fs::symlink_metadata(victim).unwrap();
+    assert!(
+        meta.file_type().is_file(),
+        "{} was replaced",
+        victim.display()
+    );
+    assert_eq!(meta.uid(), 0, "{} was given away", victim.display());
+    assert_eq!(std::fs::read_to_string(victim).unwrap(), "precious\n");
+}
+
+async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < DEADLINE, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_regain_root() {
+    if !privileged("an agent running jobs as nobody needs root") {
+        return;
+    }
+    if std::process::Command::new("cc")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("a C compiler (cc) is needed to build the LD_PRELOAD library of this attack");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let state = dir.path().join("state");
+    let agent = agent(
+        "a01",
+        &addr,
+        &state,
+        &["--cpus", "1", "--memory-mib", "512"],
+    );
+    let work = user_dir(dir.path(), "work", &nobody());
+    // Where the library records every process that loads it, by euid: writable by all.
+    let marks = dir.path().join("marks");
+    std::fs::create_dir(&marks).unwrap();
+    std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let source = dir.path().join("evil.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <stdio.h>\n#include <unistd.h>\n#include <fcntl.h>\n\
+             __attribute__((constructor)) static void evil(void) {{\n\
+               char p[4096]; snprintf(p, sizeof p, \"{}/loaded-by-%d\", (int)geteuid());\n\
+               close(open(p, O_CREAT | O_WRONLY, 0644));\n}}\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let library = dir.path().join("evil.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+    std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let script = "#!/bin/sh\ngrep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status\n";
+    let lib = library.display().to_string();
+    let env = [
+        ("LD_PRELOAD", lib.as_str()),
+        ("LD_LIBRARY_PATH", dir.path().to_str().unwrap()),
+    ];
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            21, &work, script, &env,
+        )))
+        .await;
+    let (_, end) = leader.ended(21).await;
+    assert_eq!(end.cause, "completed", "{end:?}");
+    let loaded: Vec<String> = std::fs::read_dir(&marks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let uid = nobody().uid.as_raw();
+    // The job's own processes loaded it (the environment did reach the job) ...
+    assert!(
+        loaded.contains(&format!("loaded-by-{uid}")),
+        "the job never loaded its LD_PRELOAD: {loaded:?}"
+    );
+    // ... and no process of root's did.
+    assert!(
+        !loaded.contains(&"loaded-by-0".to_owned()),
+        "a root process ran the job's LD_PRELOAD: {loaded:?}"
+    );
+    let out = std::fs::read_to_string(work.join("slurm-21.out")).unwrap();
+    assert!(
+        out.contains(&format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}")),
+        "{out}"
+    );
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    let groups = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .unwrap_or_default();
+    assert!(
+        !groups.split_whitespace().any(|g| g == "0"),
+        "the job kept root's group: {out}"
+    );
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a01");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
+    if !privileged("an agent running jobs as nobody needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let agent = agent(
+        "a02",
+        &addr,
+        &dir.path().join("state"),
+        &["--cpus", "1", "--memory-mib", "512"],
+    );
+    let work = user_dir(dir.path(), "work", &nobody());
+    let victim = victim(dir.path());
+
+    // `sbatch -o /etc/passwd`: an absolute output path at a file of root's.
+    let mut l = launch_as_nobody(22, &work, "#!/bin/sh\necho OWNED\n", &[]);
+    l.stdout = victim.display().to_string();
+    leader.send(pb::instruction::Kind::Launch(l)).await;
+    let (_, end) = leader.ended(22).await;
+    assert_eq!(end.cause, "launch_failed", "{end:?}");
+    assert_untouched(&victim);
+
+    // A symlink planted where the default output goes.
+    std::os::unix::fs::symlink(&victim, work.join("slurm-23.out")).unwrap();
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            23,
+            &work,
+            "#!/bin/sh\necho OWNED\n",
+            &[],
+        )))
+        .await;
+    let (_, end) = leader.ended(23).await;
+    assert_eq!(end.cause, "launch_failed", "{end:?}");
+    assert_untouched(&victim);
+
+    // An honest job's output is its user's.
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            24,
+            &work,
+            "#!/bin/sh\necho hello\n",
+            &[],
+        )))
+        .await;
+    let (_, end) = leader.ended(24).await;
+    assert_eq!(end.cause, "completed", "{end:?}");
+    let out = work.join("slurm-24.out");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().uid(),
+        nobody().uid.as_raw()
+    );
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a02");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge_a_signal() {
+    if !privileged("an agent running jobs as nobody needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let state = dir.path().join("state");
+    let agent = agent(
+        "a03",
+        &addr,
+        &state,
+        &["--cpus", "1", "--memory-mib", "512", "--kill-grace-s", "1"],
+    );
+    let work = user_dir(dir.path(), "work", &nobody());
+    let victim = victim(dir.path());
+
+    // It tries to write its own exit and process group, to plant symlinks where root writes
+    // them, and to list the agent's directories; then fails with 3.
+    let script = r#"#!/bin/sh
+runs="$STATE/runs"
+for f in exit .exit.tmp pgid .pgid.tmp state.json; do
+  echo '{"code":0,"signal":0}' > "$runs/31.1/$f" 2>/dev/null && echo "WROTE $f"
+  ln -s "$VICTIM" "$runs/31.1/$f" 2>/dev/null && echo "LINKED $f"
+  echo 1 > "$STATE/$f" 2>/dev/null && echo "WROTE state/$f"
+done
+ls "$runs" >/dev/null 2>&1 && echo "LISTED runs"
+ls "$STATE/jobs" >/dev/null 2>&1 && echo "LISTED jobs"
+exit 3
+"#;
+    let env = [
+        ("STATE", state.to_str().unwrap()),
+        ("VICTIM", victim.to_str().unwrap()),
+    ];
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            31, &work, script, &env,
+        )))
+        .await;
+    let (_, end) = leader.ended(31).await;
+    assert_eq!(
+        (end.cause.as_str(), end.exit_code),
+        ("failed", 3),
+        "{end:?}"
+    );
+    let out = std::fs::read_to_string(work.join("slurm-31.out")).unwrap();
+    for word in ["WROTE", "LINKED", "LISTED"] {
+        assert!(!out.contains(word), "the job got in: {out}");
+    }
+    assert_untouched(&victim);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    assert_eq!(mode(&state), 0o711);
+    assert_eq!(mode(&state.join("runs")), 0o700);
+    assert_eq!(std::fs::metadata(state.join("runs")).unwrap().uid(), 0);
+
+    // A process that leaves the job's process group and session still gets the job's
+    // signals (they go to the job's cgroup), and a process of the same user outside the job
+    // does not.
+    let bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .uid(nobody().uid.as_raw())
+        .gid(nobody().gid.as_raw())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let bystander = KillOnDrop(bystander);
+    let script = r#"#!/bin/sh
+cd "$WORK"
+setsid sh -c 'trap "echo escaped-got-usr1 >> marks; exit 0" USR1; echo $$ > escaped.pid; while :; do sleep 0.1; done' &
+trap 'echo main-got-usr1 >> marks' USR1
+while :; do sleep 0.1; done
+"#;
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            32,
+            &work,
+            script,
+            &[("WORK", work.to_str().unwrap())],
+        )))
+        .await;
+    wait_for("the escaped process", || work.join("escaped.pid").exists()).await;
+    leader
+        .send(pb::instruction::Kind::Signal(pb::SignalJob {
+            job_id: 32,
+            epoch: 1,
+            signal: nix::sys::signal::Signal::SIGUSR1 as i32,
+        }))
+        .await;
+    wait_for("both processes got SIGUSR1", || {
+        std::fs::read_to_string(work.join("marks"))
+            .is_ok_and(|m| m.contains("escaped-got-usr1") && m.contains("main-got-usr1"))
+    })
+    .await;
+    leader
+        .send(pb::instruction::Kind::Kill(control(32, 1)))
+        .await;
+    let (_, end) = leader.ended(32).await;
+    assert_eq!(end.cause, "cancelled", "{end:?}");
+    let mut bystander = bystander;
+    assert!(
+        bystander.0.try_wait().unwrap().is_none(),
+        "a process outside the job was killed"
+    );
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a03");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_scratch_is_private_to_it() {
+    if !privileged("jobfs mounts need root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let state = dir.path().join("state");
+    let agent = agent(
+        "a04",
+        &addr,
+        &state,
+        &["--cpus", "1", "--memory-mib", "512"],
+    );
+    let work = user_dir(dir.path(), "work", &nobody());
+    let mut l = launch_as_nobody(
+        41,
+        &work,
+        "#!/bin/sh\necho secret > \"$TMPDIR/secret\"\necho \"jobfs=$TMPDIR\"\nsleep 60\n",
+        &[],
+    );
+    l.jobfs_mib = 16;
+    leader.send(pb::instruction::Kind::Launch(l)).await;
+    let out = work.join("slurm-41.out");
+    wait_for("the job's scratch", || {
+        std::fs::read_to_string(&out).is_ok_and(|o| o.contains("jobfs="))
+    })
+    .await;
+    let mount = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("jobfs="))
+        .unwrap()
+        .to_owned();
+    let meta = std::fs::metadata(&mount).unwrap();
+    assert_eq!(meta.uid(), nobody().uid.as_raw(), "{mount}");
+    assert_eq!(meta.mode() & 0o7777, 0o700, "{mount}");
+    let images = state.join("jobfs/.images");
+    assert_eq!(std::fs::metadata(&images).unwrap().mode() & 0o7777, 0o700);
+    let image = images.join("41.1.img");
+    let image_meta = std::fs::metadata(&image).unwrap();
+    assert_eq!((image_meta.mode() & 0o7777, image_meta.uid()), (0o600, 0));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(mount.as_str()))
+        .unwrap();
+    assert!(line.contains("nosuid") && line.contains("nodev"), "{line}");
+    // Another unprivileged user can read neither the scratch nor its image.
+    let daemon = nix::unistd::User::from_name("daemon").unwrap().unwrap();
+    for probe in [
+        vec!["cat".to_owned(), format!("{mount}/secret")],
+        vec!["ls".to_owned(), mount.clone()],
+        vec!["cat".to_owned(), image.display().to_string()],
+    ] {
+        let got = std::process::Command::new(&probe[0])
+            .args(&probe[1..])
+            .uid(daemon.uid.as_raw())
+            .gid(daemon.gid.as_raw())
+            .output()
+            .unwrap();
+        assert!(!got.status.success(), "{probe:?} as daemon: {got:?}");
+    }
+    leader
+        .send(pb::instruction::Kind::Kill(control(41, 1)))
+        .await;
+    let (_, end) = leader.ended(41).await;
+    assert_eq!(end.cause, "cancelled", "{end:?}");
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a04");
+}
+
+struct KillOnDrop(std::process::Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+use std::os::unix::process::CommandExt;

@@ -1,0 +1,352 @@
+//! What the agent tests share: a small in-test leader speaking the agents protocol over TLS,
+//! the agent binary started against it, and launch instructions.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use docket_proto::v1 as pb;
+use docket_proto::v1::agents_server::{Agents, AgentsServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+pub struct Shared {
+    /// The fence timeout handed out (0: 60 s).
+    pub fence_ms: u64,
+    /// Unreachable: every call fails as a dead leader's would.
+    pub dark: bool,
+    pub registered: Vec<pb::RegisterRequest>,
+    pub events: Vec<pb::JobEvent>,
+    pub held: Vec<pb::HeldJob>,
+    pub tx: Option<mpsc::Sender<Result<pb::Instruction, Status>>>,
+}
+
+#[derive(Clone, Default)]
+pub struct FakeLeader(pub Arc<Mutex<Shared>>);
+
+#[tonic::async_trait]
+impl Agents for FakeLeader {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let mut shared = self.0.lock().unwrap();
+        if shared.dark {
+            return Err(Status::unavailable("gone"));
+        }
+        shared.registered.push(request.into_inner());
+        let fence = if shared.fence_ms == 0 {
+            60_000
+        } else {
+            shared.fence_ms
+        };
+        Ok(Response::new(pb::RegisterResponse {
+            session: "s1".into(),
+            heartbeat_ms: 100,
+            fence_timeout_ms: fence,
+        }))
+    }
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let mut shared = self.0.lock().unwrap();
+        if shared.dark {
+            return Err(Status::unavailable("gone"));
+        }
+        shared.held = request.into_inner().jobs;
+        Ok(Response::new(pb::HeartbeatResponse {}))
+    }
+    type InstructionsStream = ReceiverStream<Result<pb::Instruction, Status>>;
+    async fn instructions(
+        &self,
+        _: Request<pb::InstructionsRequest>,
+    ) -> Result<Response<Self::InstructionsStream>, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        self.0.lock().unwrap().tx = Some(tx);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+    async fn report_events(
+        &self,
+        request: Request<pb::ReportEventsRequest>,
+    ) -> Result<Response<pb::ReportEventsResponse>, Status> {
+        let events = request.into_inner().events;
+        let n = events.len();
+        self.0.lock().unwrap().events.extend(events);
+        Ok(Response::new(pb::ReportEventsResponse {
+            errors: vec![String::new(); n],
+        }))
+    }
+}
+
+/// True when running as root. Otherwise the test is skipped with `why` printed, unless
+/// DOCKET_REQUIRE_PRIVILEGED is set, which turns the skip into a failure.
+pub fn privileged(why: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+        "DOCKET_REQUIRE_PRIVILEGED is set but this test runs as a user ({why})"
+    );
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// The test process's cluster secrets: a CA, the in-test leader's replica certificate
+/// (127.0.0.1), and node certificates issued on demand.
+pub fn secrets() -> &'static docket_auth::local::LocalSecrets {
+    static SECRETS: std::sync::OnceLock<(tempfile::TempDir, docket_auth::local::LocalSecrets)> =
+        std::sync::OnceLock::new();
+    &SECRETS
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let local =
+                docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "test")
+                    .unwrap();
+            local
+                .issue(&docket_auth::tls::Role::Replica(1), &["127.0.0.1".into()])
+                .unwrap();
+            (dir, local)
+        })
+        .1
+}
+
+/// The flags giving the agent of `node` its certificate.
+pub fn tls_flags(node: &str) -> Vec<String> {
+    let files = secrets()
+        .issue(&docket_auth::tls::Role::Node(node.into()), &[])
+        .unwrap();
+    let (cert, key) = files.identity.unwrap();
+    vec![
+        "--tls-ca".into(),
+        files.ca.display().to_string(),
+        "--tls-cert".into(),
+        cert.display().to_string(),
+        "--tls-key".into(),
+        key.display().to_string(),
+    ]
+}
+
+/// Serves `leader` on a fresh loopback port, over TLS as replica 1; its address and the
+/// server task.
+pub async fn serve(
+    leader: &FakeLeader,
+) -> (
+    String,
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let tls =
+        docket_auth::tls::TlsContext::load(secrets().files(&docket_auth::tls::Role::Replica(1)))
+            .unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentsServer::new(leader.clone()))
+            .serve_with_incoming(docket_auth::tls::serve::incoming(listener, tls)),
+    );
+    (addr, server)
+}
+
+/// Starts the agent binary for `node` talking to `addr`, state in `state`, with `extra` flags.
+pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) -> Agent {
+    Agent(
+        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args([
+                "run",
+                "--node",
+                node,
+                "--controllers",
+                addr,
+                "--log",
+                "warn",
+            ])
+            .arg("--state-dir")
+            .arg(state)
+            .args(tls_flags(node))
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Removes the agent's (empty) `docket-<node>` cgroups, so a test leaves nothing behind.
+pub fn remove_agent_cgroups(node: &str) {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for line in own.lines() {
+        let mut p = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (p.next(), p.next(), p.next()) else {
+            continue;
+        };
+        let mount = if ctrls.is_empty() {
+            "/sys/fs/cgroup".to_owned()
+        } else if let Some(c) = ctrls.split(',').find(|c| !c.starts_with("name=")) {
+            format!("/sys/fs/cgroup/{c}")
+        } else {
+            continue;
+        };
+        let dir = std::path::Path::new(&mount)
+            .join(path.trim_start_matches('/'))
+            .join(format!("docket-{node}"));
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
+pub struct Agent(pub Child);
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl FakeLeader {
+    pub async fn send(&self, kind: pb::instruction::Kind) {
+        let start = Instant::now();
+        let tx = loop {
+            if let Some(tx) = self.0.lock().unwrap().tx.clone() {
+                break tx;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the agent never opened its stream"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        tx.send(Ok(pb::Instruction { kind: Some(kind) }))
+            .await
+            .unwrap();
+    }
+
+    pub async fn ended(&self, job: u64) -> (u64, pb::Ended) {
+        let start = Instant::now();
+        loop {
+            let found = self
+                .0
+                .lock()
+                .unwrap()
+                .events
+                .iter()
+                .find_map(|e| match &e.event {
+                    Some(pb::job_event::Event::Ended(x)) if e.job_id == job => {
+                        Some((e.epoch, x.clone()))
+                    }
+                    _ => None,
+                });
+            if let Some(f) = found {
+                return f;
+            }
+            assert!(start.elapsed() < DEADLINE, "job {job} never ended");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn started(&self, job: u64) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .any(|e| e.job_id == job && matches!(e.event, Some(pb::job_event::Event::Started(_))))
+    }
+}
+
+pub fn launch(
+    job: u64,
+    epoch: u64,
+    dir: &std::path::Path,
+    script: &str,
+    limit: u64,
+) -> pb::instruction::Kind {
+    pb::instruction::Kind::Launch(pb::Launch {
+        job_id: job,
+        epoch,
+        name: format!("t{job}"),
+        user: "root".into(),
+        account: "acct".into(),
+        partition: "batch".into(),
+        work_dir: dir.display().to_string(),
+        script: script.as_bytes().to_vec(),
+        cpus: 2,
+        memory_mib: 1024,
+        time_limit_seconds: limit,
+        node_list: "n01".into(),
+        node_count: 1,
+        ntasks: 1,
+        cpus_per_task: 2,
+        submit_host_dir: dir.display().to_string(),
+        ..Default::default()
+    })
+}
+
+pub fn control(job: u64, epoch: u64) -> pb::JobControl {
+    pb::JobControl {
+        job_id: job,
+        epoch,
+        reason: "test".into(),
+    }
+}
+
+/// Where the agent (started by this process, so in its cgroups) puts job memory cgroups, and
+/// the memory limit's file name there: cgroup v2 when the unified hierarchy has the memory
+/// controller, else v1.
+pub fn memory_cgroup_base() -> (std::path::PathBuf, &'static str) {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    if v2 {
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = text
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap()
+            .to_owned();
+        let base = std::path::Path::new("/sys/fs/cgroup")
+            .join(path.trim_start_matches('/'))
+            .join("docket-n01");
+        (base, "memory.max")
+    } else {
+        (
+            own_cgroup_dir("memory").join("docket-n01"),
+            "memory.limit_in_bytes",
+        )
+    }
+}
+
+/// This process's cgroup directory in the v1 `controller` hierarchy (the agent it starts
+/// inherits it).
+pub fn own_cgroup_dir(controller: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let mut p = l.splitn(3, ':');
+            let (_, c, path) = (p.next()?, p.next()?, p.next()?);
+            c.split(',')
+                .any(|x| x == controller)
+                .then(|| path.to_owned())
+        })
+        .unwrap_or_else(|| panic!("no {controller} cgroup in {text}"));
+    std::path::Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join(path.trim_start_matches('/'))
+}
+
+/// Makes `name` under `tmp` a directory of `user`'s (mode 0700) and lets others pass through
+/// `tmp` (a test's temporary directory is 0700), as a home directory is reached on a node.
+pub fn user_dir(tmp: &std::path::Path, name: &str, user: &nix::unistd::User) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(user.uid.as_raw()), Some(user.gid.as_raw())).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
