@@ -77,6 +77,8 @@ const FIELDS: &[(&str, usize)] = &[
     ("Timelimit", 10),
     ("CPUTime", 10),
     ("CPUTimeRAW", 10),
+    ("TotalCPU", 10),
+    ("MaxRSS", 10),
     ("Charged", 10),
     ("Restarts", 8),
     ("WorkDir", 20),
@@ -153,6 +155,8 @@ pub fn value(r: &pb::AccountingRecord, j: &pb::JobInfo, field: &str) -> String {
         "Timelimit" => slurmtime::limit(j.time_limit_seconds),
         "CPUTime" => slurmtime::duration(cpu_seconds),
         "CPUTimeRAW" => cpu_seconds.to_string(),
+        "TotalCPU" => slurmtime::cpu_time(r.total_cpu_ms),
+        "MaxRSS" => format!("{}K", r.max_rss_mib * 1024),
         "Charged" => format!("{:.3}", r.charged_milli_su as f64 / 1000.0),
         "Restarts" => j.requeue_count.to_string(),
         "WorkDir" => j.work_dir.clone(),
@@ -314,6 +318,8 @@ mod tests {
             elapsed_seconds: 90,
             charged_milli_su: 100,
             archived: true,
+            total_cpu_ms: 61_500,
+            max_rss_mib: 64,
         }
     }
 
@@ -343,6 +349,11 @@ mod tests {
         assert_eq!(
             text,
             "JobID|Elapsed|CPUTime|State|Charged\n9|1:30|6:00|OUT_OF_MEMORY|0.100\n"
+        );
+        let cols = columns("JobID,TotalCPU,MaxRSS").unwrap();
+        assert_eq!(
+            table(&[record()], &cols, false, Some("|")),
+            "9|01:01.500|65536K|\n"
         );
         let e = columns("JobID,Colour").unwrap_err().to_string();
         assert!(e.contains("\"Colour\" is not a field"), "{e}");

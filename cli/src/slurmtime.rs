@@ -18,6 +18,22 @@ pub fn duration(seconds: u64) -> String {
     }
 }
 
+/// CPU time as sacct prints TotalCPU: `MM:SS.mmm` under an hour, `HH:MM:SS` under a day,
+/// `D-HH:MM:SS` beyond.
+pub fn cpu_time(ms: u64) -> String {
+    let seconds = ms / 1000;
+    let (d, rem) = (seconds / 86_400, seconds % 86_400);
+    let (h, rem) = (rem / 3600, rem % 3600);
+    let (m, s) = (rem / 60, rem % 60);
+    if d > 0 {
+        format!("{d}-{h:02}:{m:02}:{s:02}")
+    } else if h > 0 {
+        format!("{h:02}:{m:02}:{s:02}")
+    } else {
+        format!("{m:02}:{s:02}.{:03}", ms % 1000)
+    }
+}
+
 /// A time limit: 0 is `UNLIMITED`.
 pub fn limit(seconds: u64) -> String {
     if seconds == 0 {
@@ -149,5 +165,10 @@ mod tests {
         assert_eq!(duration(2 * 86_400 + 3 * 3600 + 4 * 60 + 5), "2-03:04:05");
         assert_eq!(limit(0), "UNLIMITED");
         assert_eq!(limit(3600), "1:00:00");
+        // TotalCPU keeps milliseconds under an hour.
+        assert_eq!(cpu_time(4), "00:00.004");
+        assert_eq!(cpu_time(65_123), "01:05.123");
+        assert_eq!(cpu_time(3_723_000), "01:02:03");
+        assert_eq!(cpu_time(90_000_000), "1-01:00:00");
     }
 }

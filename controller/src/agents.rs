@@ -103,20 +103,21 @@ fn held_map(jobs: &[pb::HeldJob]) -> BTreeMap<JobId, (u64, bool)> {
         .collect()
 }
 
-fn end_cause(cause: &str) -> Result<EndCause, String> {
-    Ok(match cause {
-        "completed" | "failed" => EndCause::Exited,
-        "timeout" => EndCause::Timeout,
-        "out_of_memory" => EndCause::OutOfMemory,
-        "jobfs_exceeded" => EndCause::JobfsExceeded,
-        "cancelled" => EndCause::Cancelled,
-        "node_failure" => EndCause::NodeFail,
-        "launch_failed" => EndCause::LaunchFailed,
-        "preempted" => EndCause::Preempted,
-        other => {
+fn end_cause(cause: i32) -> Result<EndCause, String> {
+    Ok(match pb::EndCause::try_from(cause) {
+        Ok(pb::EndCause::Completed | pb::EndCause::Failed) => EndCause::Exited,
+        Ok(pb::EndCause::Timeout) => EndCause::Timeout,
+        Ok(pb::EndCause::OutOfMemory) => EndCause::OutOfMemory,
+        Ok(pb::EndCause::JobfsExceeded) => EndCause::JobfsExceeded,
+        Ok(pb::EndCause::Cancelled) => EndCause::Cancelled,
+        Ok(pb::EndCause::NodeFailure) => EndCause::NodeFail,
+        Ok(pb::EndCause::LaunchFailed) => EndCause::LaunchFailed,
+        Ok(pb::EndCause::Preempted) => EndCause::Preempted,
+        Ok(pb::EndCause::Unspecified) | Err(_) => {
             return Err(format!(
-                "cause: {other:?} is not completed, failed, timeout, out_of_memory, \
-                 jobfs_exceeded, cancelled, node_failure, launch_failed or preempted"
+                "cause: {cause} is not a cause of EndCause (completed, failed, timeout, \
+                 out_of_memory, jobfs_exceeded, cancelled, node_failure, launch_failed or \
+                 preempted)"
             ));
         }
     })
@@ -621,16 +622,29 @@ impl Agents for AgentsService {
                 continue;
             }
             match &event.event {
-                Some(pb::job_event::Event::Ended(ended)) => match end_cause(&ended.cause) {
-                    Ok(cause) => reports.push(EndReport {
-                        job: JobId(event.job_id),
-                        epoch: event.epoch,
-                        cause,
-                        exit: ExitStatus {
-                            code: ended.exit_code,
-                            signal: ended.signal,
-                        },
-                    }),
+                Some(pb::job_event::Event::Ended(ended)) => match end_cause(ended.cause) {
+                    Ok(cause) => {
+                        if !ended.reason.is_empty() {
+                            tracing::warn!(
+                                job = event.job_id,
+                                epoch = event.epoch,
+                                %node,
+                                reason = %ended.reason,
+                                "a job could not be launched"
+                            );
+                        }
+                        reports.push(EndReport {
+                            job: JobId(event.job_id),
+                            epoch: event.epoch,
+                            cause,
+                            exit: ExitStatus {
+                                code: ended.exit_code,
+                                signal: ended.signal,
+                                cpu_time_ms: ended.cpu_time_ms,
+                                max_rss_mib: ended.max_rss_mib,
+                            },
+                        })
+                    }
                     Err(e) => errors[i] = format!("events[{i}].ended.{e}"),
                 },
                 Some(pb::job_event::Event::Started(_)) => {

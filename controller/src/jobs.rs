@@ -653,6 +653,8 @@ fn accounting_record(
         elapsed_seconds: job.run_time(job.end_time.unwrap_or(now)).0,
         charged_milli_su,
         archived,
+        total_cpu_ms: job.exit.map_or(0, |e| e.cpu_time_ms),
+        max_rss_mib: job.exit.map_or(0, |e| e.max_rss_mib),
     }
 }
 

@@ -103,7 +103,7 @@ impl FakeAgent {
             .unwrap();
     }
 
-    async fn ended(&mut self, job_id: u64, epoch: u64, cause: &str, code: i32) {
+    async fn ended(&mut self, job_id: u64, epoch: u64, cause: pb::EndCause, code: i32) {
         let r = self
             .client
             .report_events(pb::ReportEventsRequest {
@@ -259,7 +259,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         panic!("expected the kill, not a second launch")
     };
     assert_eq!((k.job_id, k.epoch), (id, epoch));
-    agent.ended(id, epoch, "cancelled", 0).await;
+    agent.ended(id, epoch, pb::EndCause::Cancelled, 0).await;
     wait_state(&cluster, id, "CANCELLED").await;
 
     // A report under an old epoch is ignored; a bad cause is named.
@@ -272,7 +272,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
                 job_id: id,
                 epoch,
                 event: Some(pb::job_event::Event::Ended(pb::Ended {
-                    cause: "exploded".into(),
+                    cause: 99,
                     ..Default::default()
                 })),
             }],
@@ -342,13 +342,13 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         panic!("expected the requeue's kill")
     };
     assert_eq!((k.job_id, k.epoch), (id2, l.epoch));
-    agent.ended(id2, l.epoch, "cancelled", 0).await;
+    agent.ended(id2, l.epoch, pb::EndCause::Cancelled, 0).await;
     let pb::instruction::Kind::Launch(again) = agent.next().await else {
         panic!("expected the requeued job's new launch")
     };
     assert_eq!(again.job_id, id2);
     assert!(again.epoch > l.epoch, "{} <= {}", again.epoch, l.epoch);
-    agent.ended(id2, again.epoch, "completed", 0).await;
+    agent.ended(id2, again.epoch, pb::EndCause::Completed, 0).await;
     wait_state(&cluster, id2, "COMPLETED").await;
 }
 
@@ -433,7 +433,7 @@ async fn a_node_certificate_speaks_for_its_node_only() {
                 job_id: id,
                 epoch: l.epoch,
                 event: Some(pb::job_event::Event::Ended(pb::Ended {
-                    cause: "completed".into(),
+                    cause: pb::EndCause::Completed.into(),
                     ..Default::default()
                 })),
             }],
@@ -456,6 +456,6 @@ async fn a_node_certificate_speaks_for_its_node_only() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(state_of(&cluster, id).await, "RUNNING", "nothing changed");
     // g02 itself may.
-    g02.ended(id, l.epoch, "completed", 0).await;
+    g02.ended(id, l.epoch, pb::EndCause::Completed, 0).await;
     wait_state(&cluster, id, "COMPLETED").await;
 }

@@ -95,7 +95,7 @@ struct Run {
     paused: Duration,
     suspended_since: Option<Instant>,
     /// Why it is being stopped (cancelled, timeout, node_failure), if it is.
-    stopping: Option<&'static str>,
+    stopping: Option<pb::EndCause>,
     /// Its cgroups, when confined.
     cgroup: Option<crate::cgroup::JobCgroup>,
     /// The cpus it holds from the pool.
@@ -241,15 +241,7 @@ impl Runner {
                 job: *job,
                 epoch: r.epoch,
                 running: r.running,
-                ended: r.ended.as_ref().map(|e| {
-                    (
-                        e.cause.clone(),
-                        e.exit_code,
-                        e.signal,
-                        e.cpu_time_ms,
-                        e.max_rss_mib,
-                    )
-                }),
+                ended: r.ended.as_ref().map(SavedEnd::from),
                 started_unix_ms: r.started_unix_ms,
                 limit_s: r.limit.map(|l| l.as_secs()),
                 paused_ms: (r.paused
@@ -257,7 +249,7 @@ impl Runner {
                         .map_or(Duration::ZERO, |s| now.duration_since(s)))
                 .as_millis() as u64,
                 suspended: r.suspended_since.is_some(),
-                stopping: r.stopping.map(str::to_owned),
+                stopping: r.stopping.map(|c| c.as_str_name().to_owned()),
                 monitor: r.monitor,
                 pgid: r.pgid,
                 run_dir: r.run_dir.clone(),
@@ -311,17 +303,7 @@ impl Runner {
                 epoch: s.epoch,
                 pgid: s.pgid,
                 running: s.running,
-                ended: s
-                    .ended
-                    .map(
-                        |(cause, exit_code, signal, cpu_time_ms, max_rss_mib)| pb::Ended {
-                            cause,
-                            exit_code,
-                            signal,
-                            cpu_time_ms,
-                            max_rss_mib,
-                        },
-                    ),
+                ended: s.ended.map(pb::Ended::from),
                 started: now.checked_sub(ago).unwrap_or(now),
                 limit: s.limit_s.map(Duration::from_secs),
                 paused: Duration::from_millis(s.paused_ms),
@@ -364,7 +346,7 @@ impl Runner {
                 (Mode::Real, _, None) => {
                     // Nothing was started for it (its run directory is recorded first): lost.
                     if let Some(r) = self.lock().get_mut(&job) {
-                        r.stopping = Some("node_failure");
+                        r.stopping = Some(pb::EndCause::NodeFailure);
                     }
                     use std::os::unix::process::ExitStatusExt;
                     self.finish(job, epoch, Ok(std::process::ExitStatus::from_raw(9)));
@@ -463,7 +445,7 @@ impl Runner {
         // A newer epoch replaces an older run of the same job, which must not keep running.
         let old = self.lock().get(&job).filter(|r| r.running).map(|r| r.epoch);
         if let Some(old) = old {
-            self.stop(job, old, "cancelled");
+            self.stop(job, old, pb::EndCause::Cancelled);
         }
         let changed = Arc::new(Notify::new());
         let limit = (l.time_limit_seconds > 0).then(|| Duration::from_secs(l.time_limit_seconds));
@@ -700,7 +682,7 @@ impl Runner {
             Err(e) => {
                 tracing::warn!(job, epoch, error = %e, "the run's directory is gone");
                 if let Some(r) = self.lock().get_mut(&job) {
-                    r.stopping.get_or_insert("node_failure");
+                    r.stopping.get_or_insert(pb::EndCause::NodeFailure);
                 }
                 use std::os::unix::process::ExitStatusExt;
                 self.finish(job, epoch, Ok(std::process::ExitStatus::from_raw(9)));
@@ -768,7 +750,7 @@ impl Runner {
                 let log = dir.read_text(MONITOR_LOG).unwrap_or_default();
                 tracing::warn!(job, ?monitor_status, monitor_log = %log.trim(), "the job's monitor recorded no exit");
                 if let Some(r) = self.lock().get_mut(&job) {
-                    r.stopping.get_or_insert("node_failure");
+                    r.stopping.get_or_insert(pb::EndCause::NodeFailure);
                 }
                 Ok(std::process::ExitStatus::from_raw(9))
             }
@@ -819,7 +801,8 @@ impl Runner {
             Err(why) => {
                 tracing::warn!(job, epoch, %why, "launch failed");
                 pb::Ended {
-                    cause: "launch_failed".into(),
+                    cause: pb::EndCause::LaunchFailed.into(),
+                    reason: why,
                     exit_code: 1,
                     ..Default::default()
                 }
@@ -829,8 +812,8 @@ impl Runner {
                 let signal = status.signal().unwrap_or(0);
                 let cause = match run.stopping {
                     Some(why) => why,
-                    None if code == 0 && signal == 0 => "completed",
-                    None => "failed",
+                    None if code == 0 && signal == 0 => pb::EndCause::Completed,
+                    None => pb::EndCause::Failed,
                 };
                 pb::Ended {
                     cause: cause.into(),
@@ -842,15 +825,15 @@ impl Runner {
         };
         let mut ended = ended;
         if let Some(scratch) = run.scratch.take() {
-            let unsuccessful = ended.cause == "failed";
+            let unsuccessful = ended.cause() == pb::EndCause::Failed;
             if unsuccessful && scratch.full() {
-                ended.cause = "jobfs_exceeded".into();
+                ended.set_cause(pb::EndCause::JobfsExceeded);
             }
             scratch.remove();
         }
         if let Some(cg) = run.cgroup.take() {
             if cg.oom_killed() && run.stopping.is_none() {
-                ended.cause = "out_of_memory".into();
+                ended.set_cause(pb::EndCause::OutOfMemory);
             }
             ended.cpu_time_ms = cg.cpu_time_ms();
             ended.max_rss_mib = cg.peak_memory_mib();
@@ -883,7 +866,7 @@ impl Runner {
             match remaining {
                 Some(left) if left.is_zero() => {
                     tracing::info!(job, epoch, "time limit reached");
-                    self.stop(job, epoch, "timeout");
+                    self.stop(job, epoch, pb::EndCause::Timeout);
                     return;
                 }
                 Some(left) => {
@@ -937,7 +920,9 @@ impl Runner {
         }
         let held = self.lock().get(&c.job_id).map(|r| (r.epoch, r.running));
         match held {
-            Some((e, true)) if e == c.epoch => self.stop(c.job_id, c.epoch, "cancelled"),
+            Some((e, true)) if e == c.epoch => {
+                self.stop(c.job_id, c.epoch, pb::EndCause::Cancelled)
+            }
             Some((e, false)) if e == c.epoch => {}
             // Never held here (the launch never came): it ended, cancelled.
             _ => {
@@ -945,7 +930,7 @@ impl Runner {
                     job_id: c.job_id,
                     epoch: c.epoch,
                     event: Some(pb::job_event::Event::Ended(pb::Ended {
-                        cause: "cancelled".into(),
+                        cause: pb::EndCause::Cancelled.into(),
                         ..Default::default()
                     })),
                 });
@@ -992,7 +977,7 @@ impl Runner {
     }
 
     /// Stops a run: thawed, SIGTERM to every process of it, SIGKILL after the grace.
-    pub fn stop(&self, job: u64, epoch: u64, why: &'static str) {
+    pub fn stop(&self, job: u64, epoch: u64, why: pb::EndCause) {
         {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&job).filter(|r| r.epoch == epoch && r.running) else {
@@ -1050,7 +1035,7 @@ impl Runner {
     }
 
     /// Stops every running job (the fence: no leader for too long).
-    pub fn stop_all(&self, why: &'static str) {
+    pub fn stop_all(&self, why: pb::EndCause) {
         let running: Vec<(u64, u64)> = self
             .lock()
             .iter()
@@ -1143,8 +1128,7 @@ struct SavedRun {
     job: u64,
     epoch: u64,
     running: bool,
-    /// (cause, exit code, signal, cpu ms, peak MiB) once ended.
-    ended: Option<(String, i32, i32, u64, u64)>,
+    ended: Option<SavedEnd>,
     started_unix_ms: u64,
     limit_s: Option<u64>,
     paused_ms: u64,
@@ -1159,12 +1143,55 @@ struct SavedRun {
     sim_runtime_ms: Option<u64>,
 }
 
-/// The stop reasons a run can carry, as static strings again.
-fn stop_reason(text: &str) -> &'static str {
-    match text {
-        "timeout" => "timeout",
-        "node_failure" => "node_failure",
-        _ => "cancelled",
+/// A run's end as the state file keeps it (its cause by the protocol's name for it).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SavedEnd {
+    cause: String,
+    #[serde(default)]
+    reason: String,
+    exit_code: i32,
+    signal: i32,
+    cpu_time_ms: u64,
+    max_rss_mib: u64,
+}
+
+impl From<&pb::Ended> for SavedEnd {
+    fn from(e: &pb::Ended) -> Self {
+        SavedEnd {
+            cause: e.cause().as_str_name().to_owned(),
+            reason: e.reason.clone(),
+            exit_code: e.exit_code,
+            signal: e.signal,
+            cpu_time_ms: e.cpu_time_ms,
+            max_rss_mib: e.max_rss_mib,
+        }
+    }
+}
+
+impl From<SavedEnd> for pb::Ended {
+    fn from(s: SavedEnd) -> Self {
+        pb::Ended {
+            // An unknown name (a file from another version) reads as a lost run.
+            cause: pb::EndCause::from_str_name(&s.cause)
+                .unwrap_or(pb::EndCause::NodeFailure)
+                .into(),
+            reason: s.reason,
+            exit_code: s.exit_code,
+            signal: s.signal,
+            cpu_time_ms: s.cpu_time_ms,
+            max_rss_mib: s.max_rss_mib,
+        }
+    }
+}
+
+/// Why a run is being stopped, from the state file (what is not a timeout or a lost node
+/// was a cancellation).
+fn stop_reason(text: &str) -> pb::EndCause {
+    match pb::EndCause::from_str_name(text) {
+        Some(c @ (pb::EndCause::Timeout | pb::EndCause::NodeFailure | pb::EndCause::Preempted)) => {
+            c
+        }
+        _ => pb::EndCause::Cancelled,
     }
 }
 

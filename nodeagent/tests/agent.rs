@@ -45,7 +45,7 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
     let (epoch, end) = leader.ended(1).await;
     assert_eq!(epoch, 5);
     assert_eq!(
-        (end.cause.as_str(), end.exit_code, end.signal),
+        (cause(&end), end.exit_code, end.signal),
         ("completed", 0, 0)
     );
     assert!(leader.started(1));
@@ -65,14 +65,14 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
         .send(launch(2, 1, &work, "#!/bin/sh\nexit 3\n", 60))
         .await;
     let (_, end) = leader.ended(2).await;
-    assert_eq!((end.cause.as_str(), end.exit_code), ("failed", 3));
+    assert_eq!((cause(&end), end.exit_code), ("failed", 3));
 
     // 3. Walltime: SIGTERM at the limit (the script ignores nothing): timeout.
     leader
         .send(launch(3, 1, &work, "#!/bin/sh\nsleep 30\n", 1))
         .await;
     let (_, end) = leader.ended(3).await;
-    assert_eq!(end.cause, "timeout", "{end:?}");
+    assert_eq!(cause(&end), "timeout", "{end:?}");
 
     // 4. Kill: cancelled, the whole process group (a child that ignores SIGTERM dies by the
     //    SIGKILL after the grace).
@@ -108,7 +108,7 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
         .send(pb::instruction::Kind::Kill(control(4, 2)))
         .await;
     let (_, end) = leader.ended(4).await;
-    assert_eq!(end.cause, "cancelled");
+    assert_eq!(cause(&end), "cancelled");
 
     // 5. Suspend stops the clock: a 2 s limit survives 3 s of suspension.
     leader
@@ -132,14 +132,14 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
         .send(pb::instruction::Kind::Resume(control(5, 1)))
         .await;
     let (_, end) = leader.ended(5).await;
-    assert_eq!(end.cause, "completed", "{end:?}");
+    assert_eq!(cause(&end), "completed", "{end:?}");
 
     // 6. A kill for a run this node never had is reported as cancelled at once.
     leader
         .send(pb::instruction::Kind::Kill(control(99, 7)))
         .await;
     let (epoch, end) = leader.ended(99).await;
-    assert_eq!((epoch, end.cause.as_str()), (7, "cancelled"));
+    assert_eq!((epoch, cause(&end)), (7, "cancelled"));
 
     // 7. A second launch of a run already held does nothing.
     let before = leader.0.lock().unwrap().events.len();
@@ -190,7 +190,7 @@ sleep 2
     let limit = std::fs::read_to_string(job_dir.join(limit_file)).unwrap();
     assert_eq!(limit.trim(), (256u64 << 20).to_string());
     let (_, end) = leader.ended(8).await;
-    assert_eq!(end.cause, "completed", "{end:?}");
+    assert_eq!(cause(&end), "completed", "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-8.out")).unwrap();
     assert!(out.contains("Cpus_allowed_list:\t0\n"), "{out:?}");
     assert!(!job_dir.exists(), "the job's cgroup was not removed");
@@ -212,7 +212,7 @@ dd if=/dev/zero of=/dev/null bs=300M count=1
     }
     leader.send(l).await;
     let (_, end) = leader.ended(9).await;
-    assert_eq!(end.cause, "out_of_memory", "{end:?}");
+    assert_eq!(cause(&end), "out_of_memory", "{end:?}");
     assert!(end.max_rss_mib <= 64, "{end:?}");
 
     // 10. jobfs: a 16 MiB scratch exported as TMPDIR/PBS_JOBFS; 8 MiB fit, filling it fails
@@ -230,7 +230,7 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
     }
     leader.send(l).await;
     let (_, end) = leader.ended(10).await;
-    assert_eq!(end.cause, "jobfs_exceeded", "{end:?}");
+    assert_eq!(cause(&end), "jobfs_exceeded", "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-10.out")).unwrap();
     let mount = out
         .lines()
@@ -259,7 +259,7 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
     }
     leader.send(l).await;
     let (_, end) = leader.ended(11).await;
-    assert_eq!(end.cause, "completed", "{end:?}");
+    assert_eq!(cause(&end), "completed", "{end:?}");
     let out = std::fs::read_to_string(theirs.join("slurm-11.out")).unwrap();
     assert!(
         out.contains(&format!("uid={} user=nobody", nobody.uid)),
@@ -295,7 +295,7 @@ async fn simulated_runs_occupy_their_time_without_processes() {
         .send(launch(1, 1, work, "#!/bin/sh\nsleep 1\n", 60))
         .await;
     let (_, end) = leader.ended(1).await;
-    assert_eq!(end.cause, "completed");
+    assert_eq!(cause(&end), "completed");
     assert!(
         began.elapsed() >= Duration::from_secs(1),
         "ended before its simulated runtime"
@@ -311,11 +311,11 @@ async fn simulated_runs_occupy_their_time_without_processes() {
     leader
         .send(pb::instruction::Kind::Kill(control(2, 1)))
         .await;
-    assert_eq!(leader.ended(2).await.1.cause, "cancelled");
+    assert_eq!(cause(&leader.ended(2).await.1), "cancelled");
     leader
         .send(launch(3, 1, work, "#!/bin/sh\nsleep 600\n", 1))
         .await;
-    assert_eq!(leader.ended(3).await.1.cause, "timeout");
+    assert_eq!(cause(&leader.ended(3).await.1), "timeout");
     server.abort();
 }
 
@@ -388,7 +388,7 @@ async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_lat
     // A leader comes back: the agent reports the run's end (node failure) to it.
     leader.0.lock().unwrap().dark = false;
     let (epoch, end) = leader.ended(1).await;
-    assert_eq!((epoch, end.cause.as_str()), (1, "node_failure"), "{end:?}");
+    assert_eq!((epoch, cause(&end)), (1, "node_failure"), "{end:?}");
     server.abort();
 }
 
@@ -456,13 +456,13 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     );
     let (epoch, end) = leader.ended(2).await;
     assert_eq!(
-        (epoch, end.cause.as_str(), end.exit_code),
+        (epoch, cause(&end), end.exit_code),
         (1, "failed", 5),
         "{end:?}"
     );
     let (epoch, end) = leader.ended(1).await;
     assert_eq!(
-        (epoch, end.cause.as_str(), end.exit_code),
+        (epoch, cause(&end), end.exit_code),
         (3, "failed", 7),
         "{end:?}"
     );
@@ -531,7 +531,7 @@ async fn an_agent_crashing_at_a_launch_or_an_exit_never_loses_nor_repeats_a_run(
             ("failed", 3)
         };
         assert_eq!(
-            (epoch, end.cause.as_str(), end.exit_code),
+            (epoch, cause(&end), end.exit_code),
             (1, expected.0, expected.1),
             "crash at {point}: {end:?}"
         );
@@ -649,7 +649,7 @@ async fn tmpfs_jobfs_is_capped_too() {
     }
     leader.send(l).await;
     let (_, end) = leader.ended(1).await;
-    assert_eq!(end.cause, "jobfs_exceeded", "{end:?}");
+    assert_eq!(cause(&end), "jobfs_exceeded", "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-1.out")).unwrap();
     assert!(out.contains("type=tmpfs"), "{out}");
     server.abort();

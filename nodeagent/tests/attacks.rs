@@ -124,7 +124,7 @@ async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_rega
         )))
         .await;
     let (_, end) = leader.ended(21).await;
-    assert_eq!(end.cause, "completed", "{end:?}");
+    assert_eq!(cause(&end), "completed", "{end:?}");
     let loaded: Vec<String> = std::fs::read_dir(&marks)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -181,7 +181,7 @@ async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
     l.stdout = victim.display().to_string();
     leader.send(pb::instruction::Kind::Launch(l)).await;
     let (_, end) = leader.ended(22).await;
-    assert_eq!(end.cause, "launch_failed", "{end:?}");
+    assert_eq!(cause(&end), "launch_failed", "{end:?}");
     assert_untouched(&victim);
 
     // A symlink planted where the default output goes.
@@ -195,7 +195,7 @@ async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
         )))
         .await;
     let (_, end) = leader.ended(23).await;
-    assert_eq!(end.cause, "launch_failed", "{end:?}");
+    assert_eq!(cause(&end), "launch_failed", "{end:?}");
     assert_untouched(&victim);
 
     // An honest job's output is its user's.
@@ -208,7 +208,7 @@ async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
         )))
         .await;
     let (_, end) = leader.ended(24).await;
-    assert_eq!(end.cause, "completed", "{end:?}");
+    assert_eq!(cause(&end), "completed", "{end:?}");
     let out = work.join("slurm-24.out");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
     assert_eq!(
@@ -261,11 +261,7 @@ exit 3
         )))
         .await;
     let (_, end) = leader.ended(31).await;
-    assert_eq!(
-        (end.cause.as_str(), end.exit_code),
-        ("failed", 3),
-        "{end:?}"
-    );
+    assert_eq!((cause(&end), end.exit_code), ("failed", 3), "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-31.out")).unwrap();
     for word in ["WROTE", "LINKED", "LISTED"] {
         assert!(!out.contains(word), "the job got in: {out}");
@@ -318,7 +314,7 @@ while :; do sleep 0.1; done
         .send(pb::instruction::Kind::Kill(control(32, 1)))
         .await;
     let (_, end) = leader.ended(32).await;
-    assert_eq!(end.cause, "cancelled", "{end:?}");
+    assert_eq!(cause(&end), "cancelled", "{end:?}");
     let mut bystander = bystander;
     assert!(
         bystander.0.try_wait().unwrap().is_none(),
@@ -397,7 +393,7 @@ async fn a_jobs_scratch_is_private_to_it() {
         .send(pb::instruction::Kind::Kill(control(41, 1)))
         .await;
     let (_, end) = leader.ended(41).await;
-    assert_eq!(end.cause, "cancelled", "{end:?}");
+    assert_eq!(cause(&end), "cancelled", "{end:?}");
     drop(agent);
     server.abort();
     remove_agent_cgroups("a04");

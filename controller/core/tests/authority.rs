@@ -116,7 +116,11 @@ fn a_nodes_agent_reports_only_on_runs_dispatched_to_its_node() {
         job: id,
         epoch,
         cause: EndCause::Exited,
-        exit: ExitStatus { code: 0, signal: 0 },
+        exit: ExitStatus {
+            code: 0,
+            signal: 0,
+            ..Default::default()
+        },
     };
     let before = content(&c.state);
     let r = c.ok(by(

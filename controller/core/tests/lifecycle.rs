@@ -55,7 +55,11 @@ fn stale_epochs_are_ignored_and_requeue_takes_a_new_epoch() {
         job: id,
         epoch: first_epoch,
         cause: EndCause::Exited,
-        exit: ExitStatus { code: 0, signal: 0 },
+        exit: ExitStatus {
+            code: 0,
+            signal: 0,
+            ..Default::default()
+        },
     }]));
     assert_eq!(
         r,

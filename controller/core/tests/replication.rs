@@ -337,6 +337,7 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 exit: ExitStatus {
                     code: *code,
                     signal: 0,
+                    ..Default::default()
                 },
             };
             // Most reports come through the controller; some from a node's agent: the one

@@ -350,3 +350,19 @@ pub fn user_dir(tmp: &std::path::Path, name: &str, user: &nix::unistd::User) -> 
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     dir
 }
+
+/// A reported end's cause by its short name (`completed`, `out_of_memory`, ...).
+pub fn cause(end: &pb::Ended) -> &'static str {
+    match end.cause() {
+        pb::EndCause::Unspecified => "unspecified",
+        pb::EndCause::Completed => "completed",
+        pb::EndCause::Failed => "failed",
+        pb::EndCause::Timeout => "timeout",
+        pb::EndCause::OutOfMemory => "out_of_memory",
+        pb::EndCause::JobfsExceeded => "jobfs_exceeded",
+        pb::EndCause::Cancelled => "cancelled",
+        pb::EndCause::NodeFailure => "node_failure",
+        pb::EndCause::LaunchFailed => "launch_failed",
+        pb::EndCause::Preempted => "preempted",
+    }
+}

@@ -68,13 +68,17 @@ impl Allocation {
     }
 }
 
-/// How a job ended, as its agent reported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How a job ended, and what it used, as its agent reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitStatus {
     /// The script's exit code (0-255).
     pub code: i32,
     /// The signal that killed it, 0 if none.
     pub signal: i32,
+    /// CPU time its processes used (user + system), milliseconds (sacct's TotalCPU).
+    pub cpu_time_ms: u64,
+    /// Its peak memory, MiB (sacct's MaxRSS).
+    pub max_rss_mib: u64,
 }
 
 /// The effective request after defaults: what limits and scheduling use.

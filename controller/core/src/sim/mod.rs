@@ -322,7 +322,11 @@ pub fn replay(
                 job: id,
                 epoch,
                 cause: EndCause::Exited,
-                exit: ExitStatus { code: 0, signal: 0 },
+                exit: ExitStatus {
+                    code: 0,
+                    signal: 0,
+                    ..Default::default()
+                },
             });
             if let Some(&k) = which.get(&id) {
                 running.busy -= jobs[k].procs;
@@ -413,6 +417,7 @@ pub fn replay(
                                     exit: ExitStatus {
                                         code: 0,
                                         signal: 15,
+                                        ..Default::default()
                                     },
                                 });
                             }

@@ -218,7 +218,11 @@ impl Cluster {
             job,
             epoch,
             cause,
-            exit: ExitStatus { code, signal: 0 },
+            exit: ExitStatus {
+                code,
+                signal: 0,
+                ..Default::default()
+            },
         }]))
     }
 
