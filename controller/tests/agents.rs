@@ -348,7 +348,9 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
     };
     assert_eq!(again.job_id, id2);
     assert!(again.epoch > l.epoch, "{} <= {}", again.epoch, l.epoch);
-    agent.ended(id2, again.epoch, pb::EndCause::Completed, 0).await;
+    agent
+        .ended(id2, again.epoch, pb::EndCause::Completed, 0)
+        .await;
     wait_state(&cluster, id2, "COMPLETED").await;
 }
 

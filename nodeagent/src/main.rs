@@ -196,7 +196,7 @@ fn main() -> std::process::ExitCode {
         Cmd::ExecAsUser(a) => {
             // The reason went to the monitor (and the job's stderr, if it was open).
             let _ = docket_nodeagent::shim::exec_as_user(&shim_args(a));
-            return std::process::ExitCode::from(127);
+            return std::process::ExitCode::from(docket_nodeagent::shim::LAUNCH_FAILED as u8);
         }
     };
     match run(*args) {

@@ -8,9 +8,8 @@
 //! to that handle (`openat`, `mkdirat`, `renameat`, `unlinkat`) and never through a symlink
 //! (`O_NOFOLLOW`, `O_EXCL` for new files). A name is one path component, never `..`.
 //!
-//! This is also where a job's own directory (its script and node file) is made: fresh, by
-//! root, filled while still root's, and handed to the user last with `fchown` — after which
-//! root does not write in it again.
+//! This is also where a job's own directory (its script and node file) is made: root's, with
+//! the files written while root's and given to the user by `fchown` on their handles.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -257,13 +256,6 @@ impl RootDir {
                 format!("removing {}: {e}", self.path.join(name).display()),
             )),
         }
-    }
-
-    /// Gives the directory itself to `uid:gid` (the last thing root does to a job's own
-    /// directory).
-    pub fn give_to(&self, uid: u32, gid: u32) -> io::Result<()> {
-        fchown(&self.fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-            .map_err(at(&self.path, ""))
     }
 
     /// The directory's handle.

@@ -14,8 +14,8 @@
 //!
 //! On disk, under the state directory (root's, 0711): `state.json`; `runs/<job>.<epoch>/`,
 //! root's bookkeeping of a run (0700: the monitor's lock, the job's process group and exit,
-//! its environment); `jobs/<job>.<epoch>/`, the job's own directory (its user's, 0700: the
-//! script and PBS's node file). Root writes only in its own directories, through their handles
+//! its environment); `jobs/<job>.<epoch>/`, the job's own directory (root's, 0711; the
+//! script and PBS's node file are the user's). Root writes only in its own directories, through their handles
 //! ([`crate::rootdir`]), and reads a run's end only from what its monitor recorded there.
 
 use std::collections::BTreeMap;
@@ -38,8 +38,8 @@ pub const STATE_DIR_MODE: u32 = 0o711;
 /// Root's bookkeeping of each run, `runs/<job>.<epoch>`: nobody else may even look.
 const RUNS: &str = "runs";
 const RUNS_MODE: u32 = 0o700;
-/// Each job's own directory, `jobs/<job>.<epoch>` (the user's, 0700): its script and node
-/// file. Jobs pass through to theirs; nobody lists the others.
+/// Each job's own directory, `jobs/<job>.<epoch>` (root's, 0711): its script and node
+/// file, which are the user's. Jobs pass through to theirs; nobody lists the others.
 const JOBS: &str = "jobs";
 const JOBS_MODE: u32 = 0o711;
 const SCRIPT: &str = "script";
@@ -510,10 +510,11 @@ impl Runner {
             .subdir(RUNS, RUNS_MODE)
             .and_then(|runs| runs.fresh_subdir(&name, crate::shim::RUN_DIR_MODE))
             .map_err(fail("the run's directory"))?;
-        // The job's own directory: made and filled while root's, then handed to the user.
+        // The job's own directory: root's (0711, so the job cannot fill it or grow a tree in
+        // it root would have to remove), its files the user's.
         let job_dir = state
             .subdir(JOBS, JOBS_MODE)
-            .and_then(|jobs| jobs.fresh_subdir(&name, 0o700))
+            .and_then(|jobs| jobs.fresh_subdir(&name, 0o711))
             .map_err(fail("the job's directory"))?;
         job_dir
             .write_new(SCRIPT, &l.script, 0o500)
@@ -527,9 +528,6 @@ impl Runner {
             )
             .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
             .map_err(fail("writing the node file"))?;
-        job_dir
-            .give_to(uid, gid)
-            .map_err(fail("the job's directory"))?;
         let script = job_dir.path().join(SCRIPT);
         let nodefile = job_dir.path().join(NODEFILE);
         let (stdout, stderr) = world::output_paths(l, &self.config.node);

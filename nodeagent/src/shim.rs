@@ -36,6 +36,9 @@ use crate::rootdir::RootDir;
 /// The environment of every process the agent runs as root: this and nothing else.
 pub const ROOT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// exec-as-user's exit status when it could not start the job.
+pub const LAUNCH_FAILED: i32 = 127;
+
 /// The mode of a run's private directory.
 pub const RUN_DIR_MODE: u32 = 0o700;
 
@@ -127,7 +130,11 @@ pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
     }
     // exec-as-user's stdout and stderr until it execs the job: whatever it writes there is
     // why it could not; at the exec the pipe closes with nothing written.
-    let (status_read, status_write) = nix::unistd::pipe().context("a status pipe")?;
+    // Close-on-exec: only the copies made for exec-as-user's stdout and stderr cross the
+    // exec, and exec-as-user replaces both before the job's exec (a job holding this pipe
+    // could write its own "launch failure" over its real end).
+    let (status_read, status_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a status pipe")?;
     let me = std::env::current_exe().context("locating this binary")?;
     let mut cmd = std::process::Command::new(me);
     cmd.arg("exec-as-user")
@@ -153,10 +160,12 @@ pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
         .read_to_end(&mut why);
     let status = child.wait().context("waiting for the job")?;
     let why = String::from_utf8_lossy(&why).trim().to_owned();
+    // exec-as-user exits 127 when it could not start the job; anything else is the job's.
+    let failed_to_start = status.code() == Some(LAUNCH_FAILED) && !why.is_empty();
     let end = RecordedEnd {
         code: status.code().unwrap_or(0),
         signal: status.signal().unwrap_or(0),
-        launch_error: (!why.is_empty()).then_some(why),
+        launch_error: failed_to_start.then_some(why),
     };
     let text = serde_json::to_vec(&end).context("encoding the job's end")?;
     dir.write_atomically(EXIT, &text)
