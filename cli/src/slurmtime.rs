@@ -6,9 +6,7 @@ use anyhow::{Result, anyhow};
 
 /// `5:23`, `1:02:03`, `2-03:04:05` (days and hours only when needed).
 pub fn duration(seconds: u64) -> String {
-    let (d, rem) = (seconds / 86_400, seconds % 86_400);
-    let (h, rem) = (rem / 3600, rem % 3600);
-    let (m, s) = (rem / 60, rem % 60);
+    let (d, h, m, s) = days_hours_minutes_seconds(seconds);
     if d > 0 {
         format!("{d}-{h:02}:{m:02}:{s:02}")
     } else if h > 0 {
@@ -21,10 +19,7 @@ pub fn duration(seconds: u64) -> String {
 /// CPU time as sacct prints TotalCPU: `MM:SS.mmm` under an hour, `HH:MM:SS` under a day,
 /// `D-HH:MM:SS` beyond.
 pub fn cpu_time(ms: u64) -> String {
-    let seconds = ms / 1000;
-    let (d, rem) = (seconds / 86_400, seconds % 86_400);
-    let (h, rem) = (rem / 3600, rem % 3600);
-    let (m, s) = (rem / 60, rem % 60);
+    let (d, h, m, s) = days_hours_minutes_seconds(ms / 1000);
     if d > 0 {
         format!("{d}-{h:02}:{m:02}:{s:02}")
     } else if h > 0 {
@@ -32,6 +27,11 @@ pub fn cpu_time(ms: u64) -> String {
     } else {
         format!("{m:02}:{s:02}.{:03}", ms % 1000)
     }
+}
+
+fn days_hours_minutes_seconds(seconds: u64) -> (u64, u64, u64, u64) {
+    let (d, rem) = (seconds / 86_400, seconds % 86_400);
+    (d, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// A time limit: 0 is `UNLIMITED`.

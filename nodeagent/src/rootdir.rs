@@ -182,7 +182,8 @@ impl RootDir {
             Err(e) => return Err(at(&self.path, name)(e)),
         };
         let st = fstat(&fd).map_err(at(&self.path, name))?;
-        if st.st_mode & libc_s_ifmt() != libc_s_ifreg() {
+        use nix::sys::stat::SFlag;
+        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} is not a regular file", self.path.join(name).display()),
@@ -262,14 +263,6 @@ impl RootDir {
     pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
-}
-
-fn libc_s_ifmt() -> u32 {
-    nix::sys::stat::SFlag::S_IFMT.bits()
-}
-
-fn libc_s_ifreg() -> u32 {
-    nix::sys::stat::SFlag::S_IFREG.bits()
 }
 
 /// Gives the open file `file` to `uid:gid`.

@@ -140,6 +140,8 @@ pub struct Runner {
     /// land in the order they were taken: the file never goes back to an older state, and
     /// two saves never share the temporary file.
     saving: Arc<Mutex<()>>,
+    /// The state directory's handle, once opened.
+    state: Arc<std::sync::OnceLock<RootDir>>,
 }
 
 impl Runner {
@@ -153,6 +155,7 @@ impl Runner {
                 finished: Arc::new(Mutex::new(BTreeMap::new())),
                 events,
                 saving: Arc::new(Mutex::new(())),
+                state: Arc::new(std::sync::OnceLock::new()),
             },
             rx,
         )
@@ -219,8 +222,13 @@ impl Runner {
         running.max(finished)
     }
 
-    fn state_dir(&self) -> std::io::Result<RootDir> {
-        RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)
+    /// The state directory, opened (and checked) once: every save writes through it.
+    fn state_dir(&self) -> std::io::Result<&RootDir> {
+        if let Some(dir) = self.state.get() {
+            return Ok(dir);
+        }
+        let dir = RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)?;
+        Ok(self.state.get_or_init(|| dir))
     }
 
     /// Writes every run to the state file (atomically), so a restarted agent finds them.
@@ -503,8 +511,7 @@ impl Runner {
             let what = what.to_owned();
             move |e: std::io::Error| format!("{what}: {e}")
         };
-        let state = RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)
-            .map_err(fail("the state directory"))?;
+        let state = self.state_dir().map_err(fail("the state directory"))?;
         // Root's bookkeeping for the run: the monitor's lock, the job's process group and exit.
         let run_dir = state
             .subdir(RUNS, RUNS_MODE)

@@ -91,14 +91,7 @@ pub fn environment(
 ) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     if let Some(exported) = &launch.environment {
-        for item in exported.split(|b| *b == 0) {
-            let text = String::from_utf8_lossy(item);
-            if let Some((k, v)) = text.split_once('=')
-                && !k.is_empty()
-            {
-                env.insert(k.to_owned(), v.to_owned());
-            }
-        }
+        env.extend(crate::shim::decode_environment(exported));
     } else {
         env.insert(
             "PATH".into(),
