@@ -65,6 +65,14 @@ ensure_prereqs() {
   # RocksDB is C++; rustup's toolchain needs only a C linker.
   command -v c++ >/dev/null 2>&1 || pkgs+=(g++)
   command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
+  # libbpf (the cgroup v2 device program that keeps a job off the GPUs it was not given) is
+  # built from source against libelf and zlib.
+  if command -v dpkg-query >/dev/null 2>&1; then
+    deb_installed libelf-dev || pkgs+=(libelf-dev)
+    deb_installed zlib1g-dev || pkgs+=(zlib1g-dev)
+    command -v pkg-config >/dev/null 2>&1 || pkgs+=(pkg-config)
+    command -v make >/dev/null 2>&1 || pkgs+=(make)
+  fi
   # The tests: libfaketime makes one replica's clock jump (chaos/); iproute2 makes the network
   # namespaces partitions are cut in; munge is the real munged auth/munge is tested against.
   if [ "${1:-}" = test ] && command -v dpkg-query >/dev/null 2>&1; then

@@ -2,7 +2,8 @@
 //!
 //! `qsub` reads `#PBS` directives (up to the first command) under the command line, and
 //! takes PBS Pro's resource syntax: `-l select=N:ncpus=C:mem=M[:ngpus=G]`,
-//! `-l walltime=H:M:S`, `-l jobfs=SIZE` (NCI), `-N -q -P -A -J -W depend= -h -j oe -o -e -v -V`.
+//! `-l walltime=H:M:S`, `-l jobfs=SIZE` (NCI), `-l vmem=SIZE` (the job's memory and swap
+//! together, as NCI enforces it), `-N -q -P -A -J -W depend= -h -j oe -o -e -v -V`.
 //! It prints `ID.server` (the server name from `DOCKET_PBS_SERVER`, default `docket`).
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -112,8 +113,11 @@ pub fn apply_resources(spec: &mut pb::JobSpec, l: &str) -> Result<()> {
                                 .parse()
                                 .map_err(|_| anyhow!("-l select ngpus: {rv:?} is not a number"))?
                         }
+                        "vmem" => spec.vmem_mib = Some(pbs_size("vmem", rv)?),
                         "mpiprocs" => {}
-                        other => bail!("-l select: {other} is not ncpus, mem, ngpus or mpiprocs"),
+                        other => {
+                            bail!("-l select: {other} is not ncpus, mem, vmem, ngpus or mpiprocs")
+                        }
                     }
                 }
             }
@@ -129,6 +133,7 @@ pub fn apply_resources(spec: &mut pb::JobSpec, l: &str) -> Result<()> {
                     .map_err(|_| anyhow!("-l ngpus: {v:?} is not a number"))?
             }
             "jobfs" => spec.jobfs_mib = Some(pbs_size("jobfs", v)?),
+            "vmem" => spec.vmem_mib = Some(pbs_size("vmem", v)?),
             "walltime" => {
                 spec.time_limit_seconds = Some(
                     match parse_duration(v).map_err(|e| anyhow!("-l walltime: {e}"))? {
@@ -138,7 +143,8 @@ pub fn apply_resources(spec: &mut pb::JobSpec, l: &str) -> Result<()> {
                 )
             }
             other => bail!(
-                "-l {other}: not a resource qsub knows (select, ncpus, mem, ngpus, jobfs, walltime)"
+                "-l {other}: not a resource qsub knows (select, ncpus, mem, vmem, ngpus, jobfs, \
+                 walltime)"
             ),
         }
     }
@@ -539,9 +545,27 @@ mod tests {
         );
         assert_eq!(spec.time_limit_seconds, Some(7200));
         assert_eq!(spec.jobfs_mib, Some(100 * 1024));
+        assert_eq!(spec.vmem_mib, None);
         assert_eq!(spec.dependency, "afterok:12");
         assert!(spec.hold);
         assert_eq!(spec.work_dir, "/scratch");
+    }
+
+    #[test]
+    fn vmem_is_a_resource_of_the_job_and_of_a_chunk() {
+        let mut spec = pb::JobSpec::default();
+        apply_resources(&mut spec, "vmem=2gb").unwrap();
+        assert_eq!(
+            (spec.vmem_mib, spec.address_space_limit),
+            (Some(2048), false)
+        );
+        let mut spec = pb::JobSpec::default();
+        apply_resources(&mut spec, "select=1:ncpus=2:vmem=4gb").unwrap();
+        assert_eq!(spec.vmem_mib, Some(4096));
+        let e = apply_resources(&mut spec, "vmem=huge")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vmem"), "{e}");
     }
 
     #[test]

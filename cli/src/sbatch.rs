@@ -347,6 +347,10 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
             vars.push((k.to_owned(), v.to_owned()));
         }
     }
+    // Slurm's: the job creates its files with the submitter's umask.
+    if base != "NONE" && !vars.iter().any(|(k, _)| k == "SLURM_UMASK") {
+        vars.push(("SLURM_UMASK".into(), format!("{:04o}", current_umask())));
+    }
     if base != "NONE" || !vars.is_empty() {
         let mut env = Vec::new();
         for (k, v) in vars {
@@ -358,6 +362,14 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
         spec.environment = Some(env);
     }
     Ok(spec)
+}
+
+/// This process's umask (read by setting it, then set back).
+fn current_umask() -> u32 {
+    use nix::sys::stat::{Mode, umask};
+    let mask = umask(Mode::from_bits_truncate(0o022));
+    umask(mask);
+    mask.bits()
 }
 
 /// Runs sbatch with the command-line options `cli`.

@@ -9,7 +9,10 @@
 //!   leaf `agent` cgroup next to its jobs.
 //! - **v1** (controllers mounted one per hierarchy, as on this build machine): `cpuset`,
 //!   `memory` (`limit_in_bytes`, `memsw.limit_in_bytes` for vmem when the kernel accounts
-//!   swap), `pids`, `freezer` (`FROZEN`/`THAWED`), `cpuacct` for cpu time.
+//!   swap), `pids`, `freezer` (`FROZEN`/`THAWED`), `cpuacct` for cpu time, `devices` for the
+//!   GPUs a job was not given.
+//!
+//! On both, the GPUs a job was not given are denied to it ([`crate::devices`]).
 //!
 //! A process joins its job's cgroups before it runs anything of the job (see
 //! [`crate::shim`]), so nothing it forks escapes. Job cgroups are removed when the job ends,
@@ -29,6 +32,8 @@ pub enum CgroupError {
          or start it with --confinement none"
     )]
     Unavailable(String),
+    #[error(transparent)]
+    Devices(#[from] crate::devices::DevicesError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -59,6 +64,11 @@ pub enum Version {
     V2,
 }
 
+/// How long suspending or resuming a job waits for the freezer.
+const FREEZE_WAIT: Duration = Duration::from_secs(2);
+/// How long signalling a job waits for it to freeze before it signals it anyway.
+const SIGNAL_FREEZE_WAIT: Duration = Duration::from_millis(500);
+
 /// The limits of one job.
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
@@ -68,6 +78,8 @@ pub struct Limits {
     /// Memory plus swap.
     pub vmem_bytes: Option<u64>,
     pub pids: Option<u64>,
+    /// Devices the job may not open (the node's GPUs it was not given).
+    pub denied_devices: Vec<crate::devices::CharDevice>,
 }
 
 /// The agent's place in the cgroup hierarchies.
@@ -79,12 +91,13 @@ pub struct Cgroups {
 }
 
 /// Controllers used on v1, and whether each is required.
-const V1_CONTROLLERS: [(&str, bool); 5] = [
+const V1_CONTROLLERS: [(&str, bool); 6] = [
     ("memory", true),
     ("freezer", true),
     ("cpuset", false),
     ("pids", false),
     ("cpuacct", false),
+    ("devices", false),
 ];
 
 impl Cgroups {
@@ -220,6 +233,12 @@ impl Cgroups {
         self.version
     }
 
+    /// Whether jobs can be kept off devices: v2 always (a device program), v1 with the devices
+    /// controller.
+    pub fn constrains_devices(&self) -> bool {
+        self.version == Version::V2 || self.bases.contains_key("devices")
+    }
+
     /// Removes job cgroups left by an agent that died mid-job (killing what is in them),
     /// except those of runs it re-adopted (`keep`: `job_<id>_<epoch>` names).
     pub fn reap_stale(&self, keep: &std::collections::BTreeSet<String>) {
@@ -256,6 +275,22 @@ impl Cgroups {
     }
 }
 
+impl Limits {
+    /// The memory limit and the memory-plus-swap limit, bytes, if either is set. vmem bounds
+    /// memory and swap together (PBS's `vmem`, NCI: the job's whole virtual memory), so it
+    /// also caps memory alone: a vmem under the memory limit lowers it, and a vmem without a
+    /// memory limit is both. Without vmem no swap is allowed beyond memory.
+    pub fn memory_and_swap(&self) -> Option<(u64, u64)> {
+        let memory = match (self.memory_bytes, self.vmem_bytes) {
+            (Some(m), Some(v)) => m.min(v),
+            (Some(m), None) => m,
+            (None, Some(v)) => v,
+            (None, None) => return None,
+        };
+        Some((memory, self.vmem_bytes.unwrap_or(memory).max(memory)))
+    }
+}
+
 /// One job's cgroups (serializable, so a restarted agent finds them again).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobCgroup {
@@ -284,17 +319,18 @@ impl JobCgroup {
                 {
                     write(&d.join("cpuset.cpus"), cpus)?;
                 }
-                if let Some(m) = l.memory_bytes {
+                if let Some((m, with_swap)) = l.memory_and_swap() {
                     write(&d.join("memory.max"), &m.to_string())?;
-                    let swap = l.vmem_bytes.map_or(0, |v| v.saturating_sub(m));
+                    // v2's file is swap only: Slurm's memsw limit less the memory limit.
                     if d.join("memory.swap.max").exists() {
-                        write(&d.join("memory.swap.max"), &swap.to_string())?;
+                        write(&d.join("memory.swap.max"), &(with_swap - m).to_string())?;
                     }
                 }
                 write(&d.join("memory.oom.group"), "1")?;
                 if let Some(p) = l.pids {
                     write(&d.join("pids.max"), &p.to_string())?;
                 }
+                crate::devices::deny_v2(d, &l.denied_devices)?;
             }
             Version::V1 => {
                 if let Some(d) = self.dir("cpuset") {
@@ -313,19 +349,33 @@ impl JobCgroup {
                     write(&d.join("cpuset.mems"), parent_mems.trim())?;
                 }
                 if let Some(d) = self.dir("memory")
-                    && let Some(m) = l.memory_bytes
+                    && let Some((m, with_swap)) = l.memory_and_swap()
                 {
                     write(&d.join("memory.limit_in_bytes"), &m.to_string())?;
                     let memsw = d.join("memory.memsw.limit_in_bytes");
                     if memsw.exists() {
-                        let v = l.vmem_bytes.unwrap_or(m).max(m);
-                        write(&memsw, &v.to_string())?;
+                        write(&memsw, &with_swap.to_string())?;
+                    } else if l.vmem_bytes.is_some() {
+                        tracing::warn!(
+                            "this kernel does not account swap (swapaccount=0): vmem limits \
+                             memory only"
+                        );
                     }
                 }
                 if let Some(d) = self.dir("pids")
                     && let Some(p) = l.pids
                 {
                     write(&d.join("pids.max"), &p.to_string())?;
+                }
+                if !l.denied_devices.is_empty() {
+                    let d = self.dir("devices").ok_or_else(|| {
+                        CgroupError::Unavailable(
+                            "the v1 devices controller is not mounted: GPUs cannot be kept \
+                             apart"
+                                .into(),
+                        )
+                    })?;
+                    crate::devices::deny_v1(d, &l.denied_devices)?;
                 }
             }
         }
@@ -337,8 +387,12 @@ impl JobCgroup {
         self.dirs.values().map(|d| d.join("cgroup.procs")).collect()
     }
 
-    /// Freezes or thaws every process of the job, waiting (up to 5 s) until it took effect.
+    /// Freezes or thaws every process of the job, waiting (up to 2 s) until it took effect.
     pub fn freeze(&self, frozen: bool) -> Result<(), CgroupError> {
+        self.freeze_within(frozen, FREEZE_WAIT)
+    }
+
+    fn freeze_within(&self, frozen: bool, wait: Duration) -> Result<(), CgroupError> {
         let (file, value, check, want) = match self.version {
             Version::V2 => (
                 "cgroup.freeze",
@@ -358,16 +412,21 @@ impl JobCgroup {
         };
         write(&d.join(file), value)?;
         let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(5) {
+        loop {
             if read(&d.join(check)).is_some_and(|s| s.contains(want)) {
                 return Ok(());
             }
-            std::thread::sleep(Duration::from_millis(10));
+            if start.elapsed() >= wait {
+                return Err(CgroupError::Io {
+                    path: d.join(check),
+                    source: io::Error::other(format!(
+                        "did not reach {want} within {} ms",
+                        wait.as_millis()
+                    )),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
-        Err(CgroupError::Io {
-            path: d.join(check),
-            source: io::Error::other(format!("did not reach {want} within 5 s")),
-        })
     }
 
     /// Whether the kernel's OOM killer killed something of the job.
@@ -423,7 +482,11 @@ impl JobCgroup {
     /// kernel kills every member, forks included). Otherwise the job is frozen first, so no
     /// member can fork a child the signal would miss, each member is signalled, and the job is
     /// thawed again — unless `stay_frozen` (a suspended job keeps the signal pending until it
-    /// is resumed).
+    /// is resumed). A job that cannot be frozen (a member stuck in the kernel, on a hung
+    /// network filesystem, say) is signalled all the same: the freezer's failure is returned
+    /// after the signal went out, never instead of it. A SIGKILL is repeated until the job's
+    /// cgroup is empty (a member forked while the first round went out dies in the next),
+    /// for up to a second.
     pub fn signal_all(
         &self,
         signal: nix::sys::signal::Signal,
@@ -432,10 +495,13 @@ impl JobCgroup {
         let Some(d) = self.dir("freezer") else {
             return Err(CgroupError::Unavailable("no freezer for this job".into()));
         };
-        if signal == nix::sys::signal::Signal::SIGKILL && d.join("cgroup.kill").exists() {
-            return write(&d.join("cgroup.kill"), "1");
+        if signal == nix::sys::signal::Signal::SIGKILL
+            && d.join("cgroup.kill").exists()
+            && write(&d.join("cgroup.kill"), "1").is_ok()
+        {
+            return Ok(());
         }
-        self.freeze(true)?;
+        let frozen = self.freeze_within(true, SIGNAL_FREEZE_WAIT);
         let procs = d.join("cgroup.procs");
         let members = std::fs::read_to_string(&procs).map_err(io_err(&procs))?;
         for pid in members.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
@@ -444,11 +510,18 @@ impl JobCgroup {
                 Err(e) => tracing::warn!(pid, ?signal, error = %e, "signalling a job process"),
             }
         }
-        if stay_frozen {
-            Ok(())
-        } else {
-            self.freeze(false)
+        if stay_frozen && frozen.is_ok() {
+            return Ok(());
         }
+        let thawed = self.freeze_within(false, SIGNAL_FREEZE_WAIT);
+        if signal == nix::sys::signal::Signal::SIGKILL {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(1) && !members_of(d).is_empty() {
+                kill_members(d);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        frozen.and(thawed)
     }
 
     /// SIGKILLs everything still in the job's cgroups.
@@ -469,40 +542,62 @@ impl JobCgroup {
     }
 }
 
-/// SIGKILLs every process in the cgroup `dir`: `cgroup.kill` where the kernel has it (v2);
-/// on a v1 freezer cgroup, frozen first so nothing forks meanwhile, then thawed so the
-/// signals are delivered; elsewhere, each member (a job's memory or cpuset cgroup holds the
-/// same processes as its freezer cgroup, which is emptied this way too).
+/// SIGKILLs every process in the cgroup `dir`: `cgroup.kill` where the kernel has it (v2
+/// from Linux 5.14); otherwise frozen first (v1 `freezer.state`, v2 `cgroup.freeze`) so nothing
+/// forks meanwhile, every member killed, then thawed so the signals are delivered. A job's
+/// memory or cpuset cgroup on v1 holds the same processes as its freezer cgroup, which is
+/// emptied this way too.
 fn kill_all(dir: &Path) {
     if dir.join("cgroup.kill").exists() && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
         return;
     }
-    let v1_freezer = dir.join("freezer.state").exists();
-    if v1_freezer {
-        let _ = std::fs::write(dir.join("freezer.state"), "FROZEN");
+    let freezer = if dir.join("freezer.state").exists() {
+        Some((
+            "freezer.state",
+            "FROZEN",
+            "THAWED",
+            "freezer.state",
+            "FROZEN",
+        ))
+    } else if dir.join("cgroup.freeze").exists() {
+        Some(("cgroup.freeze", "1", "0", "cgroup.events", "frozen 1"))
+    } else {
+        None
+    };
+    if let Some((file, freeze, _, check, frozen)) = freezer {
+        let _ = std::fs::write(dir.join(file), freeze);
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(1)
-            && !read(&dir.join("freezer.state")).is_some_and(|s| s.contains("FROZEN"))
+            && !read(&dir.join(check)).is_some_and(|s| s.contains(frozen))
         {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
     kill_members(dir);
     // A frozen cgroup must be thawed for its processes to die.
-    if v1_freezer {
-        let _ = std::fs::write(dir.join("freezer.state"), "THAWED");
+    if let Some((file, _, thaw, _, _)) = freezer {
+        let _ = std::fs::write(dir.join(file), thaw);
     }
-    let _ = std::fs::write(dir.join("cgroup.freeze"), "0");
+}
+
+/// The pids in the cgroup `dir`.
+fn members_of(dir: &Path) -> Vec<i32> {
+    read(&dir.join("cgroup.procs"))
+        .map(|procs| {
+            procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn kill_members(dir: &Path) {
-    if let Some(procs) = read(&dir.join("cgroup.procs")) {
-        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+    for pid in members_of(dir) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 }
 
@@ -524,6 +619,20 @@ fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vmem_bounds_memory_and_swap_together() {
+        let l = |memory_bytes, vmem_bytes| Limits {
+            memory_bytes,
+            vmem_bytes,
+            ..Limits::default()
+        };
+        assert_eq!(l(None, None).memory_and_swap(), None);
+        assert_eq!(l(Some(100), None).memory_and_swap(), Some((100, 100)));
+        assert_eq!(l(Some(100), Some(300)).memory_and_swap(), Some((100, 300)));
+        assert_eq!(l(Some(100), Some(40)).memory_and_swap(), Some((40, 40)));
+        assert_eq!(l(None, Some(40)).memory_and_swap(), Some((40, 40)));
+    }
 
     #[test]
     fn a_cgroup_name_is_one_path_component() {

@@ -47,6 +47,15 @@ fn failed(path: &Path, message: impl Into<String>) -> JobfsError {
     }
 }
 
+/// A system tool run as root: root's fixed path and nothing else of the agent's environment.
+fn tool(name: &str) -> Command {
+    let mut cmd = Command::new(name);
+    cmd.env_clear()
+        .env("PATH", crate::shim::ROOT_PATH)
+        .current_dir("/");
+    cmd
+}
+
 fn run(cmd: &mut Command, path: &Path) -> Result<(), JobfsError> {
     let out = cmd
         .output()
@@ -105,7 +114,7 @@ impl Jobfs {
                 && !keep.contains(Path::new(mount))
             {
                 tracing::warn!(mount, "removing a stale jobfs mount");
-                let _ = Command::new("umount").args(["-l", mount]).output();
+                let _ = tool("umount").args(["-l", mount]).output();
             }
         }
         if let Ok(entries) = std::fs::read_dir(&self.dir) {
@@ -149,7 +158,7 @@ impl Jobfs {
         let image = match self.kind {
             JobfsKind::Tmpfs => {
                 run(
-                    Command::new("mount")
+                    tool("mount")
                         .args(["-t", "tmpfs", "-o"])
                         .arg(format!("size={size_mib}m,mode=0700,nosuid,nodev"))
                         .arg("tmpfs")
@@ -172,13 +181,13 @@ impl Jobfs {
                     .map_err(|e| failed(&image, e.to_string()))?;
                 drop(file);
                 run(
-                    Command::new("mkfs.ext4")
+                    tool("mkfs.ext4")
                         .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
                         .arg(&image),
                     &image,
                 )?;
                 run(
-                    Command::new("mount")
+                    tool("mount")
                         .args(["-o", "loop,nosuid,nodev"])
                         .arg(&image)
                         .arg(&path),
@@ -222,12 +231,15 @@ impl JobScratch {
             .unwrap_or(false)
     }
 
-    /// Unmounts and removes it.
+    /// Unmounts and removes it. The job's processes are gone by now (its cgroup is emptied
+    /// first); if another process of the same user still holds the mount (nobody else can
+    /// enter it), it is detached lazily: that process keeps what it has open, the space comes
+    /// back when it lets go, and the name is free at once.
     pub fn remove(&self) {
-        let out = Command::new("umount").arg(&self.path).output();
+        let out = tool("umount").arg(&self.path).output();
         if !out.as_ref().is_ok_and(|o| o.status.success()) {
             // Something still holds it open: detach it lazily.
-            let _ = Command::new("umount").arg("-l").arg(&self.path).output();
+            let _ = tool("umount").arg("-l").arg(&self.path).output();
         }
         let _ = std::fs::remove_dir(&self.path);
         if let Some(image) = &self.image {

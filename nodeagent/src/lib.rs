@@ -15,6 +15,8 @@
 
 pub mod cgroup;
 pub mod crash;
+pub mod devices;
+pub mod gpu;
 pub mod jobfs;
 pub mod rootdir;
 pub mod runner;

@@ -120,6 +120,10 @@ struct RunArgs {
     /// GPUs this agent declares.
     #[arg(long, env = "DOCKET_GPUS", default_value_t = 0)]
     gpus: u32,
+    /// The device files of those GPUs, in index order, comma-separated (default: /dev/nvidia0,
+    /// /dev/nvidia1, ...). Each job is kept off the ones it was not given.
+    #[arg(long, env = "DOCKET_GPU_DEVICES", value_delimiter = ',')]
+    gpu_devices: Vec<PathBuf>,
     /// Real or simulated execution.
     #[arg(long, env = "DOCKET_EXECUTION", value_enum, default_value = "real")]
     execution: Execution,
@@ -236,6 +240,11 @@ fn run(args: RunArgs) -> Result<()> {
             args.node
         ),
     }
+    // Nobody but root may be able to replace the state or jobfs directories from above.
+    docket_nodeagent::rootdir::check_ancestors(&args.state_dir).context("--state-dir")?;
+    if let Some(dir) = &args.jobfs_dir {
+        docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
+    }
     // Root's own (0711: jobs reach their own directories in it, nobody lists it).
     docket_nodeagent::rootdir::RootDir::open_or_create(
         &args.state_dir,
@@ -275,6 +284,20 @@ fn run(args: RunArgs) -> Result<()> {
             .context("--jobfs-dir")?,
         ),
     };
+    let gpus = match args.execution {
+        Execution::Simulated => docket_nodeagent::gpu::Gpus::default(),
+        Execution::Real => docket_nodeagent::gpu::Gpus::discover(args.gpus, &args.gpu_devices)?,
+    };
+    if gpus.count() > 0
+        && let Some(cg) = &cgroups
+        && !cg.constrains_devices()
+    {
+        anyhow::bail!(
+            "--gpus {}: this host's cgroups cannot keep jobs off each other's GPUs (the v1 \
+             devices controller is not mounted); mount it, or start with --confinement none",
+            args.gpus
+        );
+    }
     let cgroups_for_reaping = cgroups.clone();
     let jobfs_for_reaping = jobfs.clone();
     let (runner, events) = Runner::new(RunnerConfig {
@@ -291,6 +314,7 @@ fn run(args: RunArgs) -> Result<()> {
         pids_max: args.job_pids_max,
         shim,
         jobfs,
+        gpus,
     });
     let config = SessionConfig {
         node: args.node,

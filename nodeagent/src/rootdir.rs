@@ -265,6 +265,55 @@ impl RootDir {
     }
 }
 
+/// Checks that nobody but this process's euid and root can replace `path` or anything on the
+/// way to it: every directory above it (after symlinks are resolved, and the symlinks' own
+/// directories too) must belong to root or to the euid and must not be writable by group or
+/// others, unless it is sticky (`/tmp`: there only an entry's owner may rename or remove it).
+/// The agent's handles are opened without following a final symlink, but a user who could
+/// rename a directory above the state directory could swap the whole tree under a path the
+/// agent hands to its monitor.
+pub fn check_ancestors(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let absolute = std::path::absolute(path)?;
+    // Each ancestor as written, and each as it resolves.
+    let mut dirs: Vec<PathBuf> = absolute
+        .ancestors()
+        .skip(1)
+        .map(Path::to_path_buf)
+        .collect();
+    if let Some(existing) = absolute.ancestors().skip(1).find(|a| a.exists())
+        && let Ok(real) = std::fs::canonicalize(existing)
+    {
+        dirs.extend(real.ancestors().map(Path::to_path_buf));
+    }
+    for dir in dirs {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.mode();
+        let writable_by_others = mode & 0o022 != 0 && mode & 0o1000 == 0;
+        if (meta.uid() != 0 && meta.uid() != me) || writable_by_others {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} (above {}) belongs to uid {} with mode {:o}: someone other than root \
+                     could replace what is below it; keep the agent's directories under \
+                     directories only root can write",
+                    dir.display(),
+                    path.display(),
+                    meta.uid(),
+                    mode & 0o7777
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Gives the open file `file` to `uid:gid`.
 pub fn give_file(file: &std::fs::File, uid: u32, gid: u32) -> io::Result<()> {
     fchown(file, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(io::Error::from)
@@ -317,6 +366,24 @@ mod tests {
         sub.write_new("old", b"x", 0o600).unwrap();
         let fresh = dir.fresh_subdir("runs", 0o700).unwrap();
         assert!(!fresh.exists("old"));
+    }
+
+    #[test]
+    fn a_directory_others_could_write_above_the_state_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_ancestors(&open.join("state")).unwrap_err();
+        assert!(err.to_string().contains("mode 777"), "{err}");
+        // Sticky, like /tmp: fine.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        check_ancestors(&open.join("state")).unwrap();
+        // Through a symlink to an open directory: refused too.
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let safe = tmp.path().join("safe");
+        std::os::unix::fs::symlink(&open, &safe).unwrap();
+        assert!(check_ancestors(&safe.join("x").join("state")).is_err());
     }
 
     #[test]

@@ -47,6 +47,10 @@ const NODEFILE: &str = "nodefile";
 /// In a run's directory: the job's environment, and the monitor's own messages.
 const ENVIRON: &str = "environ";
 const MONITOR_LOG: &str = "monitor.log";
+/// How long a finished run's record stays in `runs/` (fault drills read them minutes after).
+const RUN_RECORD_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// Old records are looked for at start and after every this many acknowledged ends.
+const PRUNE_EVERY: u64 = 512;
 /// The agent's state file, in the state directory.
 const STATE_FILE: &str = "state.json";
 
@@ -81,6 +85,8 @@ pub struct RunnerConfig {
     pub shim: PathBuf,
     /// Where job scratch is mounted; None: no jobfs (simulated runs).
     pub jobfs: Option<crate::jobfs::Jobfs>,
+    /// The node's GPU devices (none in simulated runs).
+    pub gpus: crate::gpu::Gpus,
 }
 
 #[derive(Debug)]
@@ -100,6 +106,8 @@ struct Run {
     cgroup: Option<crate::cgroup::JobCgroup>,
     /// The cpus it holds from the pool.
     cpus: Vec<u32>,
+    /// The GPUs it holds (node indices).
+    gpus: Vec<u32>,
     /// Its scratch, when it has one.
     scratch: Option<crate::jobfs::JobScratch>,
     /// Wakes the run's walltime watcher when its limit or suspension changes.
@@ -142,6 +150,8 @@ pub struct Runner {
     saving: Arc<Mutex<()>>,
     /// The state directory's handle, once opened.
     state: Arc<std::sync::OnceLock<RootDir>>,
+    /// Ends acknowledged, to prune old run records now and then.
+    acknowledged: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Runner {
@@ -156,6 +166,7 @@ impl Runner {
                 events,
                 saving: Arc::new(Mutex::new(())),
                 state: Arc::new(std::sync::OnceLock::new()),
+                acknowledged: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             },
             rx,
         )
@@ -207,6 +218,48 @@ impl Runner {
             drop(finished);
             drop(runs);
             self.persist();
+            let n = self
+                .acknowledged
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n % PRUNE_EVERY == PRUNE_EVERY - 1 {
+                self.prune_run_records();
+            }
+        }
+    }
+
+    /// Removes the records (`runs/<job>.<epoch>`) of runs not held here that ended more than
+    /// [`RUN_RECORD_KEEP`] ago, so a node running millions of jobs does not keep them all.
+    fn prune_run_records(&self) {
+        if self.config.mode == Mode::Simulated {
+            return;
+        }
+        let held: std::collections::BTreeSet<String> = self
+            .lock()
+            .iter()
+            .map(|(job, r)| run_name(*job, r.epoch))
+            .collect();
+        let Ok(runs) = self
+            .state_dir()
+            .and_then(|s| s.open_subdir(RUNS, RUNS_MODE))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(runs.path()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > RUN_RECORD_KEEP);
+            if old
+                && !held.contains(&name)
+                && let Err(e) = runs.remove_tree(&name)
+            {
+                tracing::warn!(error = %e, "removing an old run record");
+            }
         }
     }
 
@@ -264,6 +317,7 @@ impl Runner {
                 cgroup: r.cgroup.clone(),
                 scratch: r.scratch.clone(),
                 cpus: r.cpus.clone(),
+                gpus: r.gpus.clone(),
                 sim_runtime_ms: r.sim_runtime.map(|d| d.as_millis() as u64),
             })
             .collect();
@@ -320,6 +374,7 @@ impl Runner {
                 changed: changed.clone(),
                 cgroup: s.cgroup.clone(),
                 cpus: s.cpus.clone(),
+                gpus: s.gpus.clone(),
                 scratch: s.scratch.clone(),
                 monitor: s.monitor,
                 run_dir: s.run_dir.clone(),
@@ -369,8 +424,9 @@ impl Runner {
     }
 
     /// Removes the job directories of runs this agent no longer holds running (an agent that
-    /// died between recording an end and removing them leaves some).
+    /// died between recording an end and removing them leaves some), and old run records.
     fn reap_directories(&self) {
+        self.prune_run_records();
         let keep: std::collections::BTreeSet<String> = self
             .lock()
             .iter()
@@ -472,6 +528,7 @@ impl Runner {
                 changed: changed.clone(),
                 cgroup: None,
                 cpus: Vec::new(),
+                gpus: Vec::new(),
                 scratch: None,
                 monitor: None,
                 run_dir: None,
@@ -555,13 +612,24 @@ impl Runner {
             }
             _ => None,
         };
-        let env = world::environment(
+        let gpus = self.take_gpus(l.job_id, l.gpus)?;
+        let constrained = self
+            .config
+            .cgroups
+            .as_ref()
+            .is_some_and(|c| c.constrains_devices());
+        let mut env = world::environment(
             l,
             &self.config.node,
             &who,
             &nodefile,
             scratch.as_ref().map(|s| s.path.as_path()),
             &self.config.cluster,
+        );
+        env.extend(
+            crate::gpu::environment(&gpus, constrained)
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
         );
         run_dir
             .write_new(ENVIRON, &crate::shim::encode_environment(&env), 0o600)
@@ -575,6 +643,7 @@ impl Runner {
                 memory_bytes: (l.memory_mib > 0).then_some(l.memory_mib << 20),
                 vmem_bytes: l.vmem_mib.map(|v| v << 20),
                 pids: Some(self.config.pids_max),
+                denied_devices: self.config.gpus.denied(&gpus),
             };
             let cg = cgroups
                 .create(l.job_id, l.epoch, &limits)
@@ -829,13 +898,14 @@ impl Runner {
             }
         };
         let mut ended = ended;
-        if let Some(scratch) = run.scratch.take() {
-            let unsuccessful = ended.cause() == pb::EndCause::Failed;
-            if unsuccessful && scratch.full() {
-                ended.set_cause(pb::EndCause::JobfsExceeded);
-            }
-            scratch.remove();
+        let scratch = run.scratch.take();
+        if let Some(scratch) = &scratch
+            && ended.cause() == pb::EndCause::Failed
+            && scratch.full()
+        {
+            ended.set_cause(pb::EndCause::JobfsExceeded);
         }
+        // The cgroup first: once it is empty nothing of the job holds its scratch.
         if let Some(cg) = run.cgroup.take() {
             if cg.oom_killed() && run.stopping.is_none() {
                 ended.set_cause(pb::EndCause::OutOfMemory);
@@ -844,8 +914,12 @@ impl Runner {
             ended.max_rss_mib = cg.peak_memory_mib();
             cg.remove();
         }
-        // Its cpus return to the pool (held cpus are read from running runs).
+        if let Some(scratch) = scratch {
+            scratch.remove();
+        }
+        // Its cpus and GPUs return to the pool (what is held is read from running runs).
         run.cpus.clear();
+        run.gpus.clear();
         run.running = false;
         run.ended = Some(ended.clone());
         run.changed.notify_one();
@@ -1039,6 +1113,35 @@ impl Runner {
         free
     }
 
+    /// Takes `n` free GPUs for `job` (lowest indices first); fewer free is a launch failure
+    /// (the leader counts GPUs as it counts cpus, so this means the two disagree).
+    fn take_gpus(&self, job: u64, n: u32) -> Result<Vec<u32>, String> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut runs = self.lock();
+        let used: std::collections::BTreeSet<u32> = runs
+            .values()
+            .filter(|r| r.running)
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect();
+        let free: Vec<u32> = (0..self.config.gpus.count())
+            .filter(|g| !used.contains(g))
+            .take(n as usize)
+            .collect();
+        if free.len() < n as usize {
+            return Err(format!(
+                "gpus: {n} asked, {} free of this node's {}",
+                free.len(),
+                self.config.gpus.count()
+            ));
+        }
+        if let Some(r) = runs.get_mut(&job) {
+            r.gpus = free.clone();
+        }
+        Ok(free)
+    }
+
     /// Stops every running job (the fence: no leader for too long).
     pub fn stop_all(&self, why: pb::EndCause) {
         let running: Vec<(u64, u64)> = self
@@ -1145,6 +1248,8 @@ struct SavedRun {
     cgroup: Option<crate::cgroup::JobCgroup>,
     scratch: Option<crate::jobfs::JobScratch>,
     cpus: Vec<u32>,
+    #[serde(default)]
+    gpus: Vec<u32>,
     sim_runtime_ms: Option<u64>,
 }
 
@@ -1245,6 +1350,7 @@ mod tests {
             pids_max: 64,
             shim: PathBuf::from("/bin/false"),
             jobfs: None,
+            gpus: crate::gpu::Gpus::default(),
         });
         let (threads, each) = (8u64, 40u64);
         std::thread::scope(|s| {

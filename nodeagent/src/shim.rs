@@ -67,9 +67,12 @@ impl ShimArgs {
     /// The arguments that hand these to `exec-job` / `exec-as-user`.
     pub fn to_args(&self) -> Vec<std::ffi::OsString> {
         let mut a: Vec<std::ffi::OsString> = Vec::new();
+        // `--name=value`, one word each: a value starting with '-' (an output file named
+        // `-x`, say) is never read as an option.
         let mut push = |k: &str, v: &std::ffi::OsStr| {
-            a.push(k.into());
-            a.push(v.to_owned());
+            let mut word = std::ffi::OsString::from(format!("{k}="));
+            word.push(v);
+            a.push(word);
         };
         push("--user", self.user.as_ref());
         push("--uid", self.uid.to_string().as_ref());
@@ -249,6 +252,15 @@ fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::
             .context("setting RLIMIT_AS")?;
     }
     drop_privileges(&args.user, args.uid, args.gid)?;
+    // The files the job creates get the submitter's umask (Slurm's SLURM_UMASK), never the
+    // agent's; 0022 when none came.
+    let mask = environment
+        .iter()
+        .find(|(k, _)| k == "SLURM_UMASK")
+        .and_then(|(_, v)| u32::from_str_radix(v.trim(), 8).ok())
+        .filter(|m| *m <= 0o777)
+        .unwrap_or(0o022);
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(mask));
 
     // As the user: things of the user's.
     let mut warning = None;
@@ -305,8 +317,8 @@ pub fn drop_privileges(user: &str, uid: u32, gid: u32) -> Result<()> {
     Ok(())
 }
 
-/// Opens an output file as whoever runs this (the job's user), appending, created 0644, and
-/// never through a symlink.
+/// Opens an output file as whoever runs this (the job's user), appending, created 0644 less
+/// the job's umask, and never through a symlink.
 fn open_output(path: &Path) -> Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .append(true)

@@ -562,9 +562,10 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
     }
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
+    // Everyone's, sticky like /tmp (without the sticky bit the agent refuses it as a parent).
     std::fs::set_permissions(
         dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();

@@ -12,14 +12,9 @@ mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use common::*;
 use docket_proto::v1 as pb;
-
-fn nobody() -> nix::unistd::User {
-    nix::unistd::User::from_name("nobody").unwrap().unwrap()
-}
 
 /// A launch of `script` as nobody in `work`, with `env` exported (plus a PATH).
 fn launch_as_nobody(job: u64, work: &Path, script: &str, env: &[(&str, &str)]) -> pb::Launch {
@@ -53,14 +48,6 @@ fn assert_untouched(victim: &Path) {
     );
     assert_eq!(meta.uid(), 0, "{} was given away", victim.display());
     assert_eq!(std::fs::read_to_string(victim).unwrap(), "precious\n");
-}
-
-async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(start.elapsed() < DEADLINE, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,10 +198,30 @@ async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
     assert_eq!(cause(&end), "completed", "{end:?}");
     let out = work.join("slurm-24.out");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
-    assert_eq!(
-        std::fs::metadata(&out).unwrap().uid(),
-        nobody().uid.as_raw()
+    let meta = std::fs::metadata(&out).unwrap();
+    assert_eq!(meta.uid(), nobody().uid.as_raw());
+    // Created with the default umask (the agent's own is not the job's).
+    assert_eq!(meta.mode() & 0o777, 0o644);
+
+    // With the submitter's umask (sbatch sends SLURM_UMASK), the job's files get it, and an
+    // output name starting with '-' is a file, not an option of root's processes.
+    let mut l = launch_as_nobody(
+        25,
+        &work,
+        "#!/bin/sh
+echo hello
+touch made
+",
+        &[("SLURM_UMASK", "0077")],
     );
+    l.stdout = "-o".into();
+    leader.send(pb::instruction::Kind::Launch(l)).await;
+    let (_, end) = leader.ended(25).await;
+    assert_eq!(cause(&end), "completed", "{end:?}");
+    for name in ["-o", "made"] {
+        let mode = std::fs::metadata(work.join(name)).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o600, "{name}");
+    }
     drop(agent);
     server.abort();
     remove_agent_cgroups("a02");
@@ -410,3 +417,30 @@ impl Drop for KillOnDrop {
 }
 
 use std::os::unix::process::CommandExt;
+
+/// A user who could rename a directory above the agent's state directory could swap the tree
+/// root writes in: the agent refuses to start there.
+#[test]
+fn the_agent_refuses_a_state_directory_a_user_could_replace() {
+    if !privileged("the agent runs as root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = user_dir(dir.path(), "theirs", &nobody());
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+        .args(["run", "--node", "n31", "--controllers", "127.0.0.1:9"])
+        .args(["--cpus", "1", "--memory-mib", "64"])
+        .arg("--state-dir")
+        .arg(theirs.join("state"))
+        .args(tls_flags("n31"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the agent started: {err}");
+    assert!(
+        err.contains("--state-dir") && err.contains(&format!("uid {}", nobody().uid)),
+        "{err}"
+    );
+    assert!(!theirs.join("state").exists(), "the agent wrote there");
+}

@@ -366,3 +366,63 @@ pub fn cause(end: &pb::Ended) -> &'static str {
         pb::EndCause::Preempted => "preempted",
     }
 }
+
+/// The unprivileged user jobs run as in these tests.
+pub fn nobody() -> nix::unistd::User {
+    nix::unistd::User::from_name("nobody").unwrap().unwrap()
+}
+
+/// Waits (up to [`DEADLINE`]) until `ready`.
+pub async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(start.elapsed() < DEADLINE, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The directory of job (job, epoch)'s cgroup under the agent of `node` (started by this
+/// process, so under its cgroups), in the v1 hierarchy of `controller`, or in the unified
+/// hierarchy on a v2 host.
+pub fn job_cgroup(node: &str, controller: &str, job: u64, epoch: u64) -> std::path::PathBuf {
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    let base = if v2 {
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let path = text
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap()
+            .to_owned();
+        std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+    } else {
+        own_cgroup_dir(controller)
+    };
+    base.join(format!("docket-{node}"))
+        .join(format!("job_{job}_{epoch}"))
+}
+
+/// CPU time the job's cgroup has used, microseconds (v1 `cpuacct.usage`, v2 `cpu.stat`).
+pub fn job_cpu_usage_us(node: &str, job: u64, epoch: u64) -> Option<u64> {
+    let dir = job_cgroup(node, "cpuacct", job, epoch);
+    if let Ok(ns) = std::fs::read_to_string(dir.join("cpuacct.usage")) {
+        return ns.trim().parse::<u64>().ok().map(|ns| ns / 1000);
+    }
+    std::fs::read_to_string(dir.join("cpu.stat"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether the job's cgroup is frozen (v1 `freezer.state`, v2 `cgroup.events`).
+pub fn job_frozen(node: &str, job: u64, epoch: u64) -> bool {
+    let dir = job_cgroup(node, "freezer", job, epoch);
+    std::fs::read_to_string(dir.join("freezer.state"))
+        .map(|s| s.trim() == "FROZEN")
+        .or_else(|_| {
+            std::fs::read_to_string(dir.join("cgroup.events"))
+                .map(|s| s.lines().any(|l| l == "frozen 1"))
+        })
+        .unwrap_or(false)
+}
