@@ -257,6 +257,21 @@ impl Cgroups {
         }
     }
 
+    /// Job `(job, epoch)`'s cgroups as far as they exist (a creation that failed half-way),
+    /// so that they can be removed.
+    pub fn existing(&self, job: u64, epoch: u64) -> JobCgroup {
+        let name = format!("job_{job}_{epoch}");
+        JobCgroup {
+            version: self.version,
+            dirs: self
+                .bases
+                .iter()
+                .map(|(ctrl, base)| (ctrl.clone(), base.join(&name)))
+                .filter(|(_, dir)| dir.exists())
+                .collect(),
+        }
+    }
+
     /// Creates job `(job, epoch)`'s cgroups with `limits`.
     pub fn create(&self, job: u64, epoch: u64, limits: &Limits) -> Result<JobCgroup, CgroupError> {
         let name = format!("job_{job}_{epoch}");

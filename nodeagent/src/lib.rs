@@ -18,6 +18,7 @@ pub mod crash;
 pub mod devices;
 pub mod gpu;
 pub mod jobfs;
+pub mod lifecycle;
 pub mod rootdir;
 pub mod runner;
 pub mod session;

@@ -333,6 +333,7 @@ fn run(args: RunArgs) -> Result<()> {
             .context("installing the SIGTERM handler")?;
         // Runs a previous agent left: re-adopt them, then reap what nobody owns.
         let (keep_cgroups, keep_scratch) = runner.restore();
+        let clock = tokio::spawn(runner.clone().clock());
         if let Some(cg) = &cgroups_for_reaping {
             cg.reap_stale(&keep_cgroups);
         }
@@ -346,6 +347,7 @@ fn run(args: RunArgs) -> Result<()> {
             _ = term.recv() => {}
         }
         agent.abort();
+        clock.abort();
         tls_watch.abort();
         Ok(())
     })

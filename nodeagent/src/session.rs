@@ -141,7 +141,7 @@ pub async fn run(
                     after_ms = last_contact.elapsed().as_millis() as u64,
                     "no leader within the fence timeout: stopping every job"
                 );
-                runner.stop_all(docket_proto::v1::EndCause::NodeFailure);
+                runner.fence();
                 fenced = true;
             }
             let (pause, next) = next_retry(retry);

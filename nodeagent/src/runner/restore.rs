@@ -1,0 +1,183 @@
+//! What a restarted agent takes on from the one before, and what it cleans up: the state
+//! file's runs re-adopted, job directories and run records nobody needs removed.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::launch::ENVIRON;
+use super::{Held, JOBS, JOBS_MODE, Mode, RUNS, RUNS_MODE, RunId, Runner, STATE_FILE, SavedRun};
+use crate::lifecycle::{Input, Outcome};
+
+/// How long a finished run's record stays in `runs/` (fault drills read them minutes after).
+const RUN_RECORD_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// Old records are looked for at start and after every this many acknowledged ends.
+pub(super) const PRUNE_EVERY: u64 = 512;
+
+impl Runner {
+    /// Reads the state file a previous agent left and re-adopts its runs: ends not yet
+    /// reported are reported; runs whose monitor still lives are watched to their end (with
+    /// their walltime); runs whose monitor is gone without a recorded exit are reported as
+    /// node failures. Returns the cgroup names and scratch mounts to keep when reaping.
+    pub fn restore(&self) -> (BTreeSet<String>, BTreeSet<PathBuf>) {
+        let mut keep_cgroups = BTreeSet::new();
+        let mut keep_scratch = BTreeSet::new();
+        let text = match self.state_dir() {
+            Ok(dir) => dir.read_text(STATE_FILE),
+            Err(e) => {
+                tracing::error!(error = %e, "the state directory");
+                None
+            }
+        };
+        let saved: Vec<SavedRun> = match text.map(|t| serde_json::from_str(&t)) {
+            None => Vec::new(),
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "the agent state file is unreadable; starting afresh");
+                Vec::new()
+            }
+        };
+        let mut watch: Vec<(RunId, Option<PathBuf>)> = Vec::new();
+        let mut records = Vec::new();
+        {
+            let mut held = self.holdings();
+            for s in saved {
+                let id = (s.job, s.epoch);
+                if s.record.running {
+                    if s.cgroup.is_some() {
+                        keep_cgroups.insert(format!("job_{}_{}", s.job, s.epoch));
+                    }
+                    if let Some(sc) = &s.scratch {
+                        keep_scratch.insert(sc.path.clone());
+                    }
+                    tracing::info!(job = s.job, epoch = s.epoch, "re-adopting a run");
+                    held.insert(
+                        id,
+                        Held {
+                            cgroup: s.cgroup,
+                            cpus: s.cpus,
+                            gpus: s.gpus,
+                            scratch: s.scratch,
+                            monitor: s.monitor,
+                            run_dir: s.run_dir.clone(),
+                            pgid: s.pgid,
+                        },
+                    );
+                    watch.push((id, s.run_dir));
+                }
+                records.push((id, s.record));
+            }
+        }
+        let mut effects = Vec::new();
+        self.book()
+            .restore(self.now(), super::now_unix_ms(), records, &mut effects);
+        self.execute(effects);
+        if self.config.mode == Mode::Real {
+            for (id, run_dir) in watch {
+                match run_dir {
+                    Some(dir) => {
+                        let this = self.clone();
+                        tokio::spawn(async move { this.readopt(id, &dir).await });
+                    }
+                    // Nothing was started for it (its run directory is recorded first): lost.
+                    None => {
+                        let seen = self.observe(id);
+                        self.step(Input::Ended(id, Outcome::Lost, seen));
+                    }
+                }
+            }
+        }
+        self.reap_directories();
+        (keep_cgroups, keep_scratch)
+    }
+
+    /// Removes the job directories of runs this agent no longer holds running (an agent that
+    /// died between recording an end and removing them leaves some), and old run records.
+    fn reap_directories(&self) {
+        self.prune_run_records();
+        let keep: BTreeSet<String> = self
+            .book()
+            .held()
+            .iter()
+            .filter(|h| h.running)
+            .map(|h| super::run_name((h.job_id, h.epoch)))
+            .collect();
+        let Ok(jobs) = self
+            .state_dir()
+            .and_then(|s| s.open_subdir(JOBS, JOBS_MODE))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(jobs.path()) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let entry = e.file_name().to_string_lossy().into_owned();
+            if !keep.contains(&entry)
+                && let Err(e) = jobs.remove_tree(&entry)
+            {
+                tracing::warn!(error = %e, "removing a stale job directory");
+            }
+        }
+    }
+
+    /// Removes the records (`runs/<job>.<epoch>`) of runs not held here that ended more than
+    /// [`RUN_RECORD_KEEP`] ago, so a node running millions of jobs does not keep them all.
+    pub(super) fn prune_run_records(&self) {
+        if self.config.mode == Mode::Simulated {
+            return;
+        }
+        let held: BTreeSet<String> = self
+            .book()
+            .held()
+            .iter()
+            .map(|h| super::run_name((h.job_id, h.epoch)))
+            .collect();
+        let Ok(runs) = self
+            .state_dir()
+            .and_then(|s| s.open_subdir(RUNS, RUNS_MODE))
+        else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(runs.path()) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > RUN_RECORD_KEEP);
+            if old
+                && !held.contains(&name)
+                && let Err(e) = runs.remove_tree(&name)
+            {
+                tracing::warn!(error = %e, "removing an old run record");
+            }
+        }
+    }
+
+    /// Removes what a finished run no longer needs: the job's own directory and the copy of
+    /// its environment. The run's record (`runs/<job>.<epoch>`: whether its monitor started
+    /// it, or it was abandoned, and how it ended) stays, for fault drills to check launches
+    /// against, until it is pruned.
+    pub(super) fn remove_directories(&self, id: RunId) {
+        if self.config.mode == Mode::Simulated {
+            return;
+        }
+        let Ok(state) = self.state_dir() else { return };
+        let name = super::run_name(id);
+        if let Ok(jobs) = state.open_subdir(JOBS, JOBS_MODE)
+            && let Err(e) = jobs.remove_tree(&name)
+        {
+            tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
+        }
+        if let Ok(run) = state
+            .open_subdir(RUNS, RUNS_MODE)
+            .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
+        {
+            let _ = run.remove_file(ENVIRON);
+        }
+    }
+}
