@@ -86,9 +86,11 @@ async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
     )
     .await;
     let work = tempfile::tempdir().unwrap();
+    // Everyone's and sticky, like /tmp: the job's user writes here, and the agent keeps its
+    // state below it (it refuses a parent others could write without the sticky bit).
     std::fs::set_permissions(
         work.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
     )
     .unwrap();
     let controllers = cluster

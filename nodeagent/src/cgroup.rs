@@ -6,7 +6,8 @@
 //!   `memory.max`, `memory.swap.max` (swap only: vmem − memory), `memory.oom.group` (an OOM
 //!   kills the whole job), `pids.max`; suspend with `cgroup.freeze`. Because v2 forbids
 //!   processes in a cgroup that delegates controllers, the agent first moves itself into a
-//!   leaf `agent` cgroup next to its jobs.
+//!   leaf `agent` cgroup next to its jobs (and a restarted agent started in that leaf, as
+//!   systemd's `DelegateSubgroup=agent` does, delegates from its parent).
 //! - **v1** (controllers mounted one per hierarchy, as on this build machine): `cpuset`,
 //!   `memory` (`limit_in_bytes`, `memsw.limit_in_bytes` for vmem when the kernel accounts
 //!   swap), `pids`, `freezer` (`FROZEN`/`THAWED`), `cpuacct` for cpu time, `devices` for the
@@ -209,20 +210,39 @@ impl Cgroups {
         })
     }
 
+    /// Sets up under the agent's delegated cgroup (systemd's `Delegate=yes`): the agent moves
+    /// into a leaf `agent` (v2 allows no processes in a cgroup that hands controllers down),
+    /// enables the controllers it needs in the delegated cgroup's `cgroup.subtree_control`,
+    /// and keeps its jobs in `dir_name` beside that leaf. An agent already in a leaf named
+    /// `agent` (`DelegateSubgroup=agent`, or restarted into it) delegates from its parent.
     fn setup_v2(own: &Path, dir_name: &str, cpuset: bool) -> Result<Self, CgroupError> {
-        // Leave our own cgroup for a leaf, so ours can delegate controllers.
-        let agent = own.join("agent");
-        std::fs::create_dir_all(&agent).map_err(io_err(&agent))?;
-        write(&agent.join("cgroup.procs"), &std::process::id().to_string())?;
+        let delegated = match own.parent() {
+            Some(parent) if own.file_name().is_some_and(|n| n == "agent") => parent,
+            _ => own,
+        };
+        let unusable = |e: CgroupError| {
+            CgroupError::Unavailable(format!(
+                "cgroup v2: cannot take {} as the agent's delegated cgroup ({e}); start the \
+                 agent as root in a cgroup of its own (systemd: Delegate=yes)",
+                delegated.display()
+            ))
+        };
+        let agent = delegated.join("agent");
+        std::fs::create_dir_all(&agent)
+            .map_err(io_err(&agent))
+            .map_err(unusable)?;
+        write(&agent.join("cgroup.procs"), &std::process::id().to_string()).map_err(unusable)?;
         let enable = if cpuset {
             "+cpuset +memory +pids"
         } else {
             "+memory +pids"
         };
-        write(&own.join("cgroup.subtree_control"), enable)?;
-        let base = own.join(dir_name);
-        std::fs::create_dir_all(&base).map_err(io_err(&base))?;
-        write(&base.join("cgroup.subtree_control"), enable)?;
+        write(&delegated.join("cgroup.subtree_control"), enable).map_err(unusable)?;
+        let base = delegated.join(dir_name);
+        std::fs::create_dir_all(&base)
+            .map_err(io_err(&base))
+            .map_err(unusable)?;
+        write(&base.join("cgroup.subtree_control"), enable).map_err(unusable)?;
         Ok(Cgroups {
             version: Version::V2,
             bases: BTreeMap::from([("unified".to_owned(), base)]),

@@ -1,7 +1,9 @@
 //! Confinement proved on a real agent (root, cgroups): a job opens only the GPUs it was given
 //! (fake GPU device nodes with the NVIDIA driver's major number: with no driver loaded, an
 //! allowed one fails with ENXIO, a denied one with EPERM from the cgroup); a suspended job
-//! uses no cpu; a job over its vmem is stopped and reported.
+//! uses no cpu; a job over its vmem is stopped and reported; a job cannot fork past its pids
+//! limit; stale job cgroups are reaped at start. Run on the host (cgroup v1 here) and in a
+//! cgroup v2 guest (`scripts/test-cgroup-v2`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -290,6 +292,121 @@ async fn a_job_over_its_vmem_is_stopped_and_reported() {
     assert_eq!((cause(&end), end.exit_code), ("failed", 7), "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-3.out")).unwrap();
     assert!(out.contains("memory exhausted"), "{out}");
+    server.abort();
+    drop(_agent);
+    remove_agent_cgroups(node);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cannot_fork_past_its_pids_limit() {
+    if !privileged("the pids controller needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let node = "n24";
+    let _agent = agent(
+        node,
+        &addr,
+        &dir.path().join("state"),
+        &[
+            "--cpus",
+            "1",
+            "--memory-mib",
+            "512",
+            "--job-pids-max",
+            "16",
+            "--kill-grace-s",
+            "1",
+        ],
+    );
+    let mut l = launch(
+        1,
+        1,
+        &work,
+        "#!/bin/sh\nfor i in $(seq 40); do sleep 2 & done\nwait\necho done\n",
+        60,
+    );
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+    }
+    leader.send(l).await;
+    wait_for("the job started", || leader.started(1)).await;
+    let pids = job_cgroup(node, "pids", 1, 1);
+    let limit = std::fs::read_to_string(pids.join("pids.max")).unwrap_or_default();
+    assert_eq!(limit.trim(), "16");
+    let (_, end) = leader.ended(1).await;
+    let out = std::fs::read_to_string(work.join("slurm-1.out")).unwrap();
+    assert!(
+        out.contains("fork"),
+        "40 forks within a limit of 16: {out} {end:?}"
+    );
+    server.abort();
+    drop(_agent);
+    remove_agent_cgroups(node);
+}
+
+/// An agent killed mid-job leaves its job's cgroup behind; the next one kills what is in it
+/// and removes it before it takes any job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_job_cgroups_are_reaped_at_start() {
+    if !privileged("cgroups need root") {
+        return;
+    }
+    let node = "n25";
+    // Made as a dead agent would have left it (v2: under its service cgroup; v1: in the
+    // freezer and memory hierarchies).
+    let controllers: &[&str] = if cgroup_v2() {
+        &["unified"]
+    } else {
+        &["freezer", "memory"]
+    };
+    let stale: Vec<std::path::PathBuf> = controllers
+        .iter()
+        .map(|c| job_cgroup(node, c, 99, 1))
+        .collect();
+    for d in &stale {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mut straggler = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    for d in &stale {
+        std::fs::write(d.join("cgroup.procs"), straggler.id().to_string()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let _agent = agent(
+        node,
+        &addr,
+        &dir.path().join("state"),
+        &["--cpus", "1", "--memory-mib", "512"],
+    );
+    wait_for("the agent registered", || {
+        !leader.0.lock().unwrap().registered.is_empty()
+    })
+    .await;
+    wait_for("the stale cgroups removed", || {
+        stale.iter().all(|d| !d.exists())
+    })
+    .await;
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = straggler.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < DEADLINE, "the straggler still runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
     server.abort();
     drop(_agent);
     remove_agent_cgroups(node);

@@ -155,10 +155,52 @@ pub async fn serve(
     (addr, server)
 }
 
+/// Whether this host has the cgroup v2 controllers (else v1).
+pub fn cgroup_v2() -> bool {
+    std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"))
+}
+
+/// On a cgroup v2 host, the cgroup a site's service manager gives the agent of `node`
+/// (systemd's `Delegate=yes`): `docket.slice/docket-nodeagent@NODE.service`, with the
+/// controllers enabled down to it and nothing else in it. None on v1.
+pub fn service_cgroup(node: &str) -> Option<std::path::PathBuf> {
+    if !cgroup_v2() {
+        return None;
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let slice = root.join("docket.slice");
+    let service = slice.join(format!("docket-nodeagent@{node}.service"));
+    std::fs::create_dir_all(&service).unwrap();
+    for dir in [root, slice.as_path()] {
+        std::fs::write(dir.join("cgroup.subtree_control"), "+cpuset +memory +pids").unwrap();
+    }
+    Some(service)
+}
+
 /// Starts the agent binary for `node` talking to `addr`, state in `state`, with `extra` flags.
+/// On a cgroup v2 host it starts in a delegated service cgroup of its own, as under systemd.
 pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) -> Agent {
+    let bin = env!("CARGO_BIN_EXE_docket-nodeagent");
+    let mut command = match service_cgroup(node) {
+        Some(service) => {
+            let mut c = Command::new("/bin/sh");
+            // Into the service's cgroup, as systemd's Delegate=yes starts it; once the first
+            // agent has handed controllers down from there (no process may join it then), into
+            // its `agent` leaf, as systemd's DelegateSubgroup=agent does.
+            c.args([
+                "-c",
+                "{ echo $$ > \"$0/cgroup.procs\" || echo $$ > \"$0/agent/cgroup.procs\"; } \
+                 2>/dev/null && exec \"$@\"",
+            ])
+            .arg(service)
+            .arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     Agent(
-        Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+        command
             .args([
                 "run",
                 "--node",
@@ -180,6 +222,16 @@ pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) ->
 
 /// Removes the agent's (empty) `docket-<node>` cgroups, so a test leaves nothing behind.
 pub fn remove_agent_cgroups(node: &str) {
+    if let Some(service) = service_cgroup(node) {
+        for dir in [
+            service.join(format!("docket-{node}")),
+            service.join("agent"),
+            service,
+        ] {
+            let _ = std::fs::remove_dir(dir);
+        }
+        return;
+    }
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     for line in own.lines() {
         let mut p = line.splitn(3, ':');
@@ -299,19 +351,8 @@ pub fn control(job: u64, epoch: u64) -> pb::JobControl {
 /// the memory limit's file name there: cgroup v2 when the unified hierarchy has the memory
 /// controller, else v1.
 pub fn memory_cgroup_base() -> (std::path::PathBuf, &'static str) {
-    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
-        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
-    if v2 {
-        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let path = text
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap()
-            .to_owned();
-        let base = std::path::Path::new("/sys/fs/cgroup")
-            .join(path.trim_start_matches('/'))
-            .join("docket-n01");
-        (base, "memory.max")
+    if let Some(service) = service_cgroup("n01") {
+        (service.join("docket-n01"), "memory.max")
     } else {
         (
             own_cgroup_dir("memory").join("docket-n01"),
@@ -385,19 +426,7 @@ pub async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
 /// process, so under its cgroups), in the v1 hierarchy of `controller`, or in the unified
 /// hierarchy on a v2 host.
 pub fn job_cgroup(node: &str, controller: &str, job: u64, epoch: u64) -> std::path::PathBuf {
-    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
-        .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
-    let base = if v2 {
-        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let path = text
-            .lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap()
-            .to_owned();
-        std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
-    } else {
-        own_cgroup_dir(controller)
-    };
+    let base = service_cgroup(node).unwrap_or_else(|| own_cgroup_dir(controller));
     base.join(format!("docket-{node}"))
         .join(format!("job_{job}_{epoch}"))
 }
