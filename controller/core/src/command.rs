@@ -22,8 +22,9 @@ use crate::partition::Partition;
 use crate::qos::Qos;
 
 /// The command encoding this build writes and the newest it applies. Version 2 carries the
-/// actor in the envelope for every command.
-pub const COMMAND_VERSION: u16 = 2;
+/// actor in the envelope for every command; version 3 adds job steps ([`Command::CreateStep`],
+/// [`Command::EndSteps`], [`Command::CancelSteps`]).
+pub const COMMAND_VERSION: u16 = 3;
 
 /// A command as it travels through the log: what to do and who asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,6 +130,17 @@ pub struct EndReport {
     pub exit: ExitStatus,
 }
 
+/// The end of a step's tasks on one node, reported by that node's agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepEndReport {
+    pub step: crate::job::StepRef,
+    /// The job's dispatch epoch the agent holds; a report from an older run is ignored.
+    pub epoch: u64,
+    pub node: NodeName,
+    pub cause: EndCause,
+    pub exit: ExitStatus,
+}
+
 /// Every change to replicated state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
@@ -221,5 +233,16 @@ pub enum Command {
     UpdateJobs {
         jobs: Vec<JobRef>,
         update: crate::apply::update::JobUpdate,
+    },
+    /// `srun` inside a running job: a new step in its allocation.
+    CreateStep {
+        job: JobId,
+        spec: crate::job::StepSpec,
+    },
+    /// Agents' reports that a step's tasks ended on their node.
+    EndSteps(Vec<StepEndReport>),
+    /// Stop steps (`scancel JOBID.STEP`, an interrupted `srun`).
+    CancelSteps {
+        steps: Vec<crate::job::StepRef>,
     },
 }

@@ -1,9 +1,10 @@
 //! Slurm hostlists: `n[001-004,010],login1` for a list of node names.
 //!
 //! Admins write nodes this way in the config (`Nodes = "n[001-128]"`), and users' scripts
-//! read `SLURM_JOB_NODELIST` in it. Expansion is `hostlist-parser`'s; we bound its size
-//! first (a short expression can name billions of nodes) and write the compression, which
-//! that crate does not offer.
+//! and MPI launchers read `SLURM_JOB_NODELIST` in it. Both directions are written here, with
+//! Slurm's rule for padding (a range is as wide as its lower bound when that has a leading
+//! zero: `n[0999-1000]` is n0999 and n1000; `hostlist-parser` 0.1 gets this wrong), and the
+//! size is bounded before anything is expanded (a short expression can name billions).
 
 use std::collections::BTreeMap;
 
@@ -28,7 +29,84 @@ pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
             max: MAX_HOSTS,
         });
     }
-    hostlist_parser::parse(expr).map_err(|_| HostlistError::Syntax(expr.to_string()))
+    let syntax = || HostlistError::Syntax(expr.to_string());
+    let mut out = Vec::new();
+    for item in top_level_items(expr).ok_or_else(syntax)? {
+        if item.is_empty() {
+            return Err(syntax());
+        }
+        // Each bracket group multiplies the names made so far.
+        let mut names = vec![String::new()];
+        let mut rest = item;
+        while let Some(open) = rest.find('[') {
+            let (literal, tail) = rest.split_at(open);
+            let close = tail.find(']').ok_or_else(syntax)?;
+            let numbers = group_numbers(&tail[1..close]).ok_or_else(syntax)?;
+            names = names
+                .iter()
+                .flat_map(|n| numbers.iter().map(move |x| format!("{n}{literal}{x}")))
+                .collect();
+            rest = &tail[close + 1..];
+        }
+        if rest.contains(']') {
+            return Err(syntax());
+        }
+        out.extend(names.into_iter().map(|n| n + rest));
+    }
+    Ok(out)
+}
+
+/// The comma-separated items of an expression, commas inside brackets kept; `None` for
+/// nested or unbalanced brackets.
+fn top_level_items(expr: &str) -> Option<Vec<&str>> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0u8, 0);
+    for (i, c) in expr.char_indices() {
+        match c {
+            '[' if depth == 0 => depth = 1,
+            ']' if depth == 1 => depth = 0,
+            '[' | ']' => return None,
+            ',' if depth == 0 => {
+                items.push(&expr[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    (depth == 0).then(|| {
+        items.push(&expr[start..]);
+        items
+    })
+}
+
+/// The numbers of one bracket group (`001-003,010`), written as the names will carry them.
+fn group_numbers(group: &str) -> Option<Vec<String>> {
+    let digits = |s: &str| !s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit());
+    let mut out = Vec::new();
+    for part in group.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((lo, hi)) => {
+                let (lo, hi) = (lo.trim(), hi.trim());
+                if !digits(lo) || !digits(hi) {
+                    return None;
+                }
+                let (a, b): (u64, u64) = (lo.parse().ok()?, hi.parse().ok()?);
+                if a > b {
+                    return None;
+                }
+                let width = if lo.len() > 1 && lo.starts_with('0') {
+                    lo.len()
+                } else {
+                    0
+                };
+                out.extend((a..=b).map(|n| format!("{n:0width$}")));
+            }
+            None if digits(part) => out.push(part.to_owned()),
+            None => return None,
+        }
+    }
+    Some(out)
 }
 
 /// How many names `expr` expands to at most (`None` when brackets or ranges are malformed),
@@ -171,11 +249,22 @@ mod tests {
             vec!["n001", "n002", "n003", "n010", "login1"]
         );
         assert_eq!(expand("a1").unwrap(), vec!["a1"]);
+        // Slurm pads a range to its lower bound's width when that has a leading zero.
+        assert_eq!(expand("n[0999-1000]").unwrap(), vec!["n0999", "n1000"]);
+        assert_eq!(expand("n[9-10]").unwrap(), vec!["n9", "n10"]);
+        assert_eq!(
+            expand("r[1-2]c[08-09]").unwrap(),
+            vec!["r1c08", "r1c09", "r2c08", "r2c09"]
+        );
+        assert_eq!(expand("n[1-2]-ib").unwrap(), vec!["n1-ib", "n2-ib"]);
     }
 
     #[test]
     fn refuses_malformed_and_absurd_lists() {
-        for bad in ["n[1-", "n]1[", "n[a-b]", "n[[1]]"] {
+        for bad in [
+            "n[1-", "n]1[", "n[a-b]", "n[[1]]", "", "a,,b", "n[3-1]", "n[]", "n[1-]", "n[-1]",
+            "n[1]]",
+        ] {
             assert!(
                 matches!(expand(bad), Err(HostlistError::Syntax(_))),
                 "{bad}"

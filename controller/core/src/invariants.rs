@@ -245,6 +245,7 @@ impl State {
                     "task {id} names a later array job {array_job}"
                 );
             }
+            check_steps(job)?;
         }
         Ok(())
     }
@@ -427,4 +428,65 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// A job's steps: numbered below its counter; live only while the job holds its allocation,
+/// on nodes of it, and never holding more cpus on a node than the job has there.
+fn check_steps(job: &crate::job::Job) -> Result<(), InvariantViolation> {
+    let id = job.id;
+    for (key, step) in &job.steps.list {
+        ensure!(
+            key == &step.id,
+            "job {id}: step key {key} holds step {}",
+            step.id
+        );
+        ensure!(
+            step.id.0 < job.steps.next,
+            "job {id}: step {} is not below the step counter {}",
+            step.id,
+            job.steps.next
+        );
+        ensure!(
+            step.is_live() == (step.end_time.is_none()),
+            "step {id}.{} is {} with end time {:?}",
+            step.id,
+            step.state,
+            step.end_time
+        );
+        if !step.is_live() {
+            continue;
+        }
+        let Some(alloc) = job.alloc.as_ref().filter(|_| job.state.holds_resources()) else {
+            return Err(InvariantViolation(format!(
+                "step {id}.{} is {} but job {id} is {}",
+                step.id, step.state, job.state
+            )));
+        };
+        for share in &step.layout {
+            let Some(node) = alloc.shares.iter().find(|s| s.node == share.node) else {
+                return Err(InvariantViolation(format!(
+                    "step {id}.{} runs on {}, outside job {id}'s allocation",
+                    step.id, share.node
+                )));
+            };
+            ensure!(
+                share.cpus <= node.cpus,
+                "step {id}.{} uses {} cpus on {}, where the job has {}",
+                step.id,
+                share.cpus,
+                share.node,
+                node.cpus
+            );
+        }
+    }
+    for share in job.alloc.iter().flat_map(|a| &a.shares) {
+        let held = job.steps.held_cpus(&share.node);
+        ensure!(
+            held <= share.cpus,
+            "job {id}'s steps hold {held} cpus on {}, where the job has {}",
+            share.node,
+            share.cpus
+        );
+    }
+    Ok(())
 }

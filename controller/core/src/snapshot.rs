@@ -9,8 +9,10 @@
 use crate::invariants::InvariantViolation;
 use crate::state::State;
 
-/// The snapshot layout this build writes and the newest it reads.
-pub const SNAPSHOT_FORMAT: u16 = 1;
+/// The snapshot layout this build writes and the only one it reads. Format 2 added job
+/// steps to every job record; postcard has no optional fields, so a format-1 body cannot be
+/// read as format 2 and is refused with its version named, never misread.
+pub const SNAPSHOT_FORMAT: u16 = 2;
 const MAGIC: &[u8; 4] = b"DKTS";
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +21,11 @@ pub enum SnapshotError {
     BadMagic,
     #[error("snapshot format {found} is newer than format {supported} that this build reads")]
     NewerFormat { found: u16, supported: u16 },
+    #[error(
+        "snapshot format {found} is older than format {supported} that this build reads \
+         (format 2 added job steps); data written before it cannot be upgraded in place"
+    )]
+    OlderFormat { found: u16, supported: u16 },
     #[error("snapshot body does not decode: {0}")]
     Decode(#[from] postcard::Error),
     #[error("restored state is inconsistent: {0}")]
@@ -39,6 +46,12 @@ impl State {
         let found = u16::from_be_bytes([version[0], version[1]]);
         if found > SNAPSHOT_FORMAT {
             return Err(SnapshotError::NewerFormat {
+                found,
+                supported: SNAPSHOT_FORMAT,
+            });
+        }
+        if found < SNAPSHOT_FORMAT {
+            return Err(SnapshotError::OlderFormat {
                 found,
                 supported: SNAPSHOT_FORMAT,
             });

@@ -12,10 +12,11 @@ mod common;
 
 use common::{Cluster, SCRIPT, by, name};
 use docket_core::account::AssocLimits;
-use docket_core::command::{EndCause, EndReport, StartDecision};
+use docket_core::command::{EndCause, EndReport, StartDecision, StepEndReport};
 use docket_core::config::{QueuePolicy, SchedConfig};
 use docket_core::job::{
-    ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, TimeRequest,
+    ArrayPart, ArraySpec, Dependency, ExitStatus, JobRef, JobState, StepId, StepRef, StepSpec,
+    TimeRequest,
 };
 use docket_core::plan::Unlimited;
 use docket_core::qos::Qos;
@@ -111,11 +112,30 @@ enum Op {
         qos_user_jobs: Option<u32>,
         account_max_jobs: Option<u32>,
     },
+    /// `srun` in a job, by its owner (or by another user: refused).
+    Step {
+        pick: usize,
+        ntasks: u32,
+        overlap: bool,
+        stranger: bool,
+    },
+    /// A node's agent reports a step's tasks ended there (or on another node: refused).
+    StepEnd {
+        pick: usize,
+        step: usize,
+        code: i32,
+        foreign: bool,
+    },
+    /// `scancel JOBID.STEP` by the owner.
+    StepCancel {
+        pick: usize,
+        step: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0..3usize, 1..4usize, prop_oneof![8 => 1..5u32, 1 => 1..20u32], 0..20_000u64,
+        4 => (0..3usize, 1..4usize, prop_oneof![6 => 1..5u32, 2 => 8..17u32, 1 => 17..20u32], 0..20_000u64,
               proptest::option::of((1..6u32, proptest::option::of(1..3u32))),
               proptest::option::of((0..5usize, 0..64usize)), any::<bool>(),
               proptest::bool::weighted(0.15), any::<bool>(), proptest::bool::weighted(0.4))
@@ -148,6 +168,11 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(qos_grp_jobs, qos_user_jobs, account_max_jobs)| Op::Limits {
                 qos_grp_jobs, qos_user_jobs, account_max_jobs,
             }),
+        3 => (0..64usize, 1..6u32, proptest::bool::weighted(0.2), proptest::bool::weighted(0.1))
+            .prop_map(|(pick, ntasks, overlap, stranger)| Op::Step { pick, ntasks, overlap, stranger }),
+        3 => (0..64usize, 0..8usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1))
+            .prop_map(|(pick, step, code, foreign)| Op::StepEnd { pick, step, code, foreign }),
+        1 => (0..64usize, 0..8usize).prop_map(|(pick, step)| Op::StepCancel { pick, step }),
     ]
 }
 
@@ -492,7 +517,96 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 )
             }
         }
+        Op::Step {
+            pick,
+            ntasks,
+            overlap,
+            stranger,
+        } => {
+            let id = pick_where(state, *pick, |j| j.state == JobState::Running)
+                .unwrap_or(JobId(999_999));
+            let actor = match owner_of(state, id) {
+                Actor::User(u) if *stranger => Actor::User(name(if u.as_str() == "alice" {
+                    "bob"
+                } else {
+                    "alice"
+                })),
+                other => other,
+            };
+            let spec = StepSpec {
+                name: "step".into(),
+                ntasks: Some(*ntasks),
+                nodes: None,
+                ntasks_per_node: None,
+                cpus_per_task: 1,
+                nodelist: Vec::new(),
+                overlap: *overlap,
+                time_limit: None,
+                io_key: vec![1; docket_core::job::step::IO_KEY_BYTES],
+            };
+            (by(actor, Command::CreateStep { job: id, spec }), 1)
+        }
+        Op::StepEnd {
+            pick,
+            step,
+            code,
+            foreign,
+        } => {
+            let id = pick_where(state, *pick, |j| j.steps.live().next().is_some())
+                .unwrap_or(JobId(999_999));
+            let job = state.jobs.get(&id);
+            let live: Vec<&docket_core::job::step::Step> = job
+                .map(|j| j.steps.list.values().collect())
+                .unwrap_or_default();
+            let Some(s) = live.get(step % live.len().max(1)) else {
+                return (ctl(Command::EndSteps(Vec::new())), 1);
+            };
+            let node = s.layout.first().map_or(name(NODES[0]), |l| l.node.clone());
+            let actor = if *foreign {
+                Actor::Node(name(if node.as_str() == NODES[0] {
+                    NODES[1]
+                } else {
+                    NODES[0]
+                }))
+            } else {
+                Actor::Node(node.clone())
+            };
+            let report = StepEndReport {
+                step: StepRef {
+                    job: id,
+                    step: s.id,
+                },
+                epoch: job.and_then(|j| j.alloc.as_ref()).map_or(0, |a| a.epoch),
+                node,
+                cause: EndCause::Exited,
+                exit: ExitStatus {
+                    code: *code,
+                    ..Default::default()
+                },
+            };
+            (by(actor, Command::EndSteps(vec![report])), 5)
+        }
+        Op::StepCancel { pick, step } => {
+            let id = pick_where(state, *pick, |j| j.steps.live().next().is_some())
+                .unwrap_or(JobId(999_999));
+            let n = state.jobs.get(&id).map_or(1, |j| j.steps.next.max(1));
+            let r = StepRef {
+                job: id,
+                step: StepId(*step as u32 % n),
+            };
+            (
+                by(owner_of(state, id), Command::CancelSteps { steps: vec![r] }),
+                1,
+            )
+        }
     }
+}
+
+fn owner_of(state: &State, id: JobId) -> Actor {
+    state
+        .jobs
+        .get(&id)
+        .map_or(Actor::Operator, |j| Actor::User(j.spec.user.clone()))
 }
 
 fn owner(state: &State, pick: usize) -> Actor {
@@ -517,6 +631,7 @@ fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
         Ok(Response::Preempted(v)) => v.iter().all(Result::is_err),
         Ok(Response::Ended { applied, .. }) => *applied == 0,
         Ok(Response::Done) => false,
+        Ok(Response::StepCreated(_)) => false,
     }
 }
 
@@ -554,6 +669,9 @@ struct Stats {
     foreign_reports: u64,
     /// Admin commands users tried (refused).
     users_refused_admin: u64,
+    /// Steps created, and steps that ended on their nodes' reports.
+    steps_created: u64,
+    steps_ended: u64,
 }
 
 /// Applies a stream to one replica (checking invariants and refusals), replays it on a second
@@ -597,6 +715,7 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
                 stats.preempted += v.iter().filter(|x| x.is_ok()).count() as u64
             }
             Ok(Response::Ended { refused, .. }) => stats.foreign_reports += u64::from(*refused),
+            Ok(Response::StepCreated(_)) => stats.steps_created += 1,
             Err(Rejection::NotPermitted(_)) if matches!(op, Op::Drain { user: Some(_), .. }) => {
                 stats.users_refused_admin += 1
             }
@@ -611,6 +730,7 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
         ));
     }
     for j in a.state.jobs.values() {
+        stats.steps_ended += j.steps.list.values().filter(|s| !s.ends.is_empty()).count() as u64;
         stats.requeued += u64::from(j.requeue_count > 0);
         stats.blocked_by_caps += u64::from(matches!(
             j.reason,
@@ -648,7 +768,8 @@ proptest! {
     }
 }
 
-/// The random streams are not vacuous: over a fixed set of them, every interesting path runs.
+/// The random streams are not vacuous: over a fixed set of them, every interesting path runs
+/// (preemption needs full nodes and an express job at once: about one stream in forty).
 #[test]
 fn random_streams_exercise_the_interesting_paths() {
     use proptest::strategy::ValueTree;
@@ -658,7 +779,7 @@ fn random_streams_exercise_the_interesting_paths() {
         TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
     );
     let mut total = Stats::default();
-    for _ in 0..40 {
+    for _ in 0..160 {
         let ops = proptest::collection::vec(op(), 60..80)
             .new_tree(&mut runner)
             .unwrap()
@@ -675,12 +796,16 @@ fn random_streams_exercise_the_interesting_paths() {
         total.planned_starts += s.planned_starts;
         total.foreign_reports += s.foreign_reports;
         total.users_refused_admin += s.users_refused_admin;
+        total.steps_created += s.steps_created;
+        total.steps_ended += s.steps_ended;
     }
     eprintln!("{total:?}");
     assert!(total.accepted_jobs > 100, "{total:?}");
     assert!(total.refused > 50, "{total:?}");
     assert!(total.started > 20, "{total:?}");
     assert!(total.completed > 5, "{total:?}");
+    assert!(total.steps_created > 10, "{total:?}");
+    assert!(total.steps_ended > 3, "{total:?}");
     assert!(total.requeued > 0, "{total:?}");
     assert!(total.blocked_by_caps > 0, "{total:?}");
     assert!(total.blocked_by_group_limits > 0, "{total:?}");

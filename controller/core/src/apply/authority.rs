@@ -9,9 +9,9 @@
 //! | commands | who |
 //! |---|---|
 //! | scheduling decisions (`StartJobs`, `Preempt`, reasons, bypass counts), `Tick`, `DownNode` | the controller only |
-//! | `EndJobs` | the controller, or a node's agent for runs on that node (checked per report) |
+//! | `EndJobs`, `EndSteps` | the controller, or a node's agent for runs on that node (checked per report) |
 //! | configuration: nodes, partitions, QOS, accounts, users, reservations, coordinators, drain and resume | admins: root, a user with `AdminLevel`, the controller |
-//! | job commands (submit, cancel, hold, release, requeue, update, suspend, resume) | users, admins and the controller; each job's own rules follow (owner, coordinator, admin) |
+//! | job commands (submit, cancel, hold, release, requeue, update, suspend, resume), steps (create, cancel) | users, admins and the controller; each job's own rules follow (owner, coordinator, admin; only the owner and root create steps) |
 //!
 //! A node's agent may do nothing but report ends.
 
@@ -42,7 +42,7 @@ pub fn needed(command: &Command) -> Authority {
         | Command::NoteBypassed(_)
         | Command::Tick
         | Command::DownNode { .. } => Authority::Controller,
-        Command::EndJobs(_) => Authority::ControllerOrNode,
+        Command::EndJobs(_) | Command::EndSteps(_) => Authority::ControllerOrNode,
         Command::SetConfig(_)
         | Command::UpsertNode(_)
         | Command::RemoveNode(_)
@@ -66,7 +66,9 @@ pub fn needed(command: &Command) -> Authority {
         | Command::HoldJobs { .. }
         | Command::ReleaseJobs { .. }
         | Command::RequeueJobs { .. }
-        | Command::UpdateJobs { .. } => Authority::Users,
+        | Command::UpdateJobs { .. }
+        | Command::CreateStep { .. }
+        | Command::CancelSteps { .. } => Authority::Users,
     }
 }
 
@@ -138,5 +140,8 @@ fn describe(command: &Command) -> &'static str {
         Command::RequeueJobs { .. } => "requeue jobs",
         Command::SetCoordinators { .. } => "set an account's coordinators",
         Command::UpdateJobs { .. } => "update jobs",
+        Command::CreateStep { .. } => "create a job step",
+        Command::EndSteps(_) => "report steps' ends",
+        Command::CancelSteps { .. } => "cancel job steps",
     }
 }

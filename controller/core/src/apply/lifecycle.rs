@@ -355,6 +355,7 @@ impl State {
         }
         let user = job.spec.user.clone();
         let terminal = job.state.is_terminal();
+        self.end_live_steps(id, cause == EndCause::NodeFail, now);
         if let Some(alloc) = alloc {
             for share in alloc.shares {
                 if let Some(node) = self.nodes.get_mut(&share.node) {

@@ -12,6 +12,7 @@ pub use control::SignalTarget;
 mod lifecycle;
 mod preemption;
 pub mod purge;
+mod steps;
 mod submit;
 pub mod update;
 
@@ -50,6 +51,8 @@ pub enum Response {
         stale: u32,
         refused: u32,
     },
+    /// The step `CreateStep` made; its layout is in the job's record.
+    StepCreated(crate::job::StepId),
 }
 
 /// What one preemption did.
@@ -97,6 +100,10 @@ pub enum Rejection {
     },
     #[error("stale decision for job {job}: {why}")]
     Stale { job: String, why: String },
+    /// A step that fits in its job's allocation but not beside the steps running now:
+    /// `srun` waits and retries (or, with `--immediate`, gives up).
+    #[error("job {job}: step creation temporarily disabled ({why})")]
+    Busy { job: String, why: String },
 }
 
 impl Rejection {
@@ -211,6 +218,9 @@ impl State {
                 Ok(Response::Done)
             }
             Command::EndJobs(reports) => Ok(self.end_jobs(actor, reports, now)),
+            Command::CreateStep { job, spec } => self.create_step(actor, *job, spec, now),
+            Command::EndSteps(reports) => Ok(self.end_steps(actor, reports, now)),
+            Command::CancelSteps { steps } => Ok(self.cancel_steps(actor, steps, now)),
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);

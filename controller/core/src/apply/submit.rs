@@ -230,6 +230,7 @@ impl State {
             site_priority: 0,
             bypass_count: 0,
             preempted: None,
+            steps: Default::default(),
         };
         self.index_live(&job);
         self.relations.add(&job);

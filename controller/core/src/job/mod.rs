@@ -8,6 +8,7 @@ pub mod array;
 pub mod dependency;
 pub mod spec;
 pub mod state;
+pub mod step;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,7 @@ pub use array::{ArraySpec, IndexSet};
 pub use dependency::{Combine, DepClause, DepKind, Dependency, JobRef};
 pub use spec::{BlobId, JobSpec, MemoryRequest, TimeRequest, WarnSignal};
 pub use state::{JobState, Reason};
+pub use step::{StepId, StepRef, StepSpec, Steps};
 
 /// Who put a hold on a job; an admin hold can only be released by an admin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -142,6 +144,8 @@ pub struct Job {
     pub bypass_count: u32,
     /// Preempted (suspended, or being killed to be requeued or cancelled) for this job.
     pub preempted: Option<Preemption>,
+    /// The steps `srun` created inside the job's allocation (not the batch script).
+    pub steps: Steps,
 }
 
 /// Why a running job was stopped for another.
