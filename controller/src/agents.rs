@@ -433,6 +433,30 @@ impl AgentHub {
     }
 }
 
+/// A node's report that its tasks of a step ended.
+fn step_end(
+    node: &NodeName,
+    event: &pb::JobEvent,
+    step: &pb::StepEnded,
+) -> Result<docket_core::command::StepEndReport, String> {
+    let ended = step.ended.as_ref().ok_or("ended: missing")?;
+    Ok(docket_core::command::StepEndReport {
+        step: docket_core::job::StepRef {
+            job: JobId(event.job_id),
+            step: docket_core::job::StepId(step.step_id),
+        },
+        epoch: event.epoch,
+        node: node.clone(),
+        cause: end_cause(ended.cause).map_err(|e| format!("ended.{e}"))?,
+        exit: ExitStatus {
+            code: ended.exit_code,
+            signal: ended.signal,
+            cpu_time_ms: ended.cpu_time_ms,
+            max_rss_mib: ended.max_rss_mib,
+        },
+    })
+}
+
 /// The launch instruction for `job`'s current run.
 fn launch(state: &State, job: &Job) -> pb::Launch {
     let alloc = job.alloc.as_ref();
@@ -612,7 +636,17 @@ impl Agents for AgentsService {
                 })
                 .collect()
         });
+        let mut step_reports = Vec::new();
         for (i, event) in req.events.iter().enumerate() {
+            // A step runs on several nodes: each node reports its own tasks (apply checks
+            // that the node is in the step).
+            if let Some(pb::job_event::Event::StepEnded(step)) = &event.event {
+                match step_end(&node, event, step) {
+                    Ok(r) => step_reports.push(r),
+                    Err(e) => errors[i] = format!("events[{i}].step_ended.{e}"),
+                }
+                continue;
+            }
             if let Some(on) = runs_elsewhere.get(&(event.job_id, event.epoch)) {
                 errors[i] = format!(
                     "events[{i}]: job {}'s run is on node {on}; node {node} may report only \
@@ -650,8 +684,14 @@ impl Agents for AgentsService {
                 Some(pb::job_event::Event::Started(_)) => {
                     tracing::debug!(job = event.job_id, epoch = event.epoch, %node, "job started");
                 }
+                Some(pb::job_event::Event::StepEnded(_)) => {}
                 None => errors[i] = format!("events[{i}]: no event"),
             }
+        }
+        if !step_reports.is_empty() {
+            let envelope =
+                Envelope::new(Actor::Node(node.clone()), Command::EndSteps(step_reports));
+            write(&self.hub.replica, envelope).await?;
         }
         if !reports.is_empty() {
             let envelope = Envelope::new(Actor::Node(node.clone()), Command::EndJobs(reports));

@@ -281,5 +281,58 @@ pub fn job_info(job: &Job) -> pb::JobInfo {
             .as_ref()
             .map(|d| d.to_string())
             .unwrap_or_default(),
+        steps: job.steps.list.values().map(step_info).collect(),
     }
+}
+
+/// A step as `squeue -s` and `sacct` show it.
+pub fn step_info(step: &docket_core::job::step::Step) -> pb::StepInfo {
+    let nodes: Vec<&str> = step.layout.iter().map(|s| s.node.as_str()).collect();
+    pb::StepInfo {
+        step_id: step.id.0,
+        name: step.name.clone(),
+        state: step.state.name().to_owned(),
+        start_time_ms: step.start_time.0,
+        end_time_ms: step.end_time.map(|t| t.0),
+        ntasks: step.ntasks(),
+        node_list: docket_core::hostlist::compress(&nodes),
+        exit_code: step.exit.map(|e| e.code),
+        exit_signal: step.exit.map(|e| e.signal),
+        cpu_time_ms: step.exit.map_or(0, |e| e.cpu_time_ms),
+        max_rss_mib: step.exit.map_or(0, |e| e.max_rss_mib),
+    }
+}
+
+/// A step request as the core takes it; node names are checked here, everything else at
+/// apply.
+pub fn step_spec(r: &pb::CreateStepRequest) -> Result<docket_core::job::StepSpec, Status> {
+    const MAX_NODELIST: usize = 65_536;
+    if r.nodelist.len() > MAX_NODELIST {
+        return Err(bad(
+            "nodelist",
+            format!(
+                "{} nodes named; the limit is {MAX_NODELIST}",
+                r.nodelist.len()
+            ),
+        ));
+    }
+    let nodelist = r
+        .nodelist
+        .iter()
+        .map(|n| {
+            n.parse::<docket_core::NodeName>()
+                .map_err(|e| bad("nodelist", e))
+        })
+        .collect::<Result<Vec<_>, Status>>()?;
+    Ok(docket_core::job::StepSpec {
+        name: text("name", &r.name, docket_core::job::step::MAX_STEP_NAME_BYTES)?.to_string(),
+        ntasks: r.ntasks,
+        nodes: r.nodes,
+        ntasks_per_node: r.ntasks_per_node,
+        cpus_per_task: r.cpus_per_task.max(1),
+        nodelist,
+        overlap: r.overlap,
+        time_limit: (r.time_limit_seconds > 0).then_some(Seconds(r.time_limit_seconds)),
+        io_key: r.io_key.clone(),
+    })
 }

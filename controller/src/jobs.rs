@@ -45,6 +45,15 @@ pub struct JobsService {
 pub const MAX_REFS: usize = 100_000;
 
 impl JobsService {
+    /// Who is calling, proven.
+    pub(crate) async fn caller<T>(&self, request: &Request<T>) -> Result<Actor, Status> {
+        self.auth.caller(request).await
+    }
+
+    pub(crate) fn replica(&self) -> &Replica<CoreMachine> {
+        &self.replica
+    }
+
     pub fn new(
         replica: Replica<CoreMachine>,
         read_timeout: Duration,
@@ -293,6 +302,20 @@ impl Jobs for JobsService {
             })
             .collect();
         Ok(TonicResponse::new(pb::PerJobResponse { results }))
+    }
+
+    async fn create_step(
+        &self,
+        request: Request<pb::CreateStepRequest>,
+    ) -> Result<TonicResponse<pb::CreateStepResponse>, Status> {
+        self.create_step_rpc(request).await
+    }
+
+    async fn cancel_steps(
+        &self,
+        request: Request<pb::CancelStepsRequest>,
+    ) -> Result<TonicResponse<pb::PerStepResponse>, Status> {
+        self.cancel_steps_rpc(request).await
     }
 
     async fn share_tree(
@@ -722,5 +745,8 @@ pub fn rejection_status(r: &Rejection) -> Status {
         Rejection::Invalid { .. } | Rejection::TooLarge { .. } | Rejection::Unknown { .. } => {
             Status::invalid_argument(r.to_string())
         }
+        // A step that fits once running steps end: `srun` waits and asks again, as it does
+        // when its requests are rate-limited (the same status).
+        Rejection::Busy { .. } => Status::resource_exhausted(r.to_string()),
     }
 }

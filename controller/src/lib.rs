@@ -7,7 +7,7 @@
 //!
 //! Map: [`machine`] (docket-core as the replicated machine), [`identity`] (who calls),
 //! [`convert`] (protobuf to core and back), [`write`] (proposing and reading, status
-//! mapping), [`jobs`] (the jobs service), [`health`] (readiness).
+//! mapping), [`jobs`] (the jobs service), [`steps`] (its job steps), [`health`] (readiness).
 
 pub mod admin;
 pub mod agents;
@@ -24,4 +24,5 @@ pub mod jobs;
 pub mod loops;
 pub mod machine;
 pub mod stats;
+pub mod steps;
 pub mod write;

@@ -461,3 +461,118 @@ async fn a_node_certificate_speaks_for_its_node_only() {
     g02.ended(id, l.epoch, pb::EndCause::Completed, 0).await;
     wait_state(&cluster, id, "COMPLETED").await;
 }
+
+/// The tasks of step `step` on `agent`'s node ended, as its agent reports.
+async fn step_ended(agent: &mut FakeAgent, job_id: u64, epoch: u64, step: u32, code: i32) {
+    let r = agent
+        .client
+        .report_events(pb::ReportEventsRequest {
+            node: agent.node.clone(),
+            session: agent.session.clone(),
+            events: vec![pb::JobEvent {
+                job_id,
+                epoch,
+                event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
+                    step_id: step,
+                    ended: Some(pb::Ended {
+                        cause: pb::EndCause::Completed.into(),
+                        exit_code: code,
+                        cpu_time_ms: 250,
+                        ..Default::default()
+                    }),
+                })),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.errors.iter().all(String::is_empty), "{r:?}");
+}
+
+async fn steps_of(cluster: &Cluster, id: u64) -> Vec<pb::StepInfo> {
+    let mut c = cluster.jobs(cluster.leader().await).await;
+    let req = as_user(
+        "alice",
+        pb::GetJobRequest {
+            job_id: id,
+            ..Default::default()
+        },
+    );
+    c.get_job(req).await.unwrap().into_inner().steps
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_ends_when_each_of_its_nodes_reported_its_own_tasks() {
+    let cluster = Cluster::start(3).await;
+    let mut g01 = FakeAgent::register(&cluster, "g01", vec![]).await;
+    let mut g02 = FakeAgent::register(&cluster, "g02", vec![]).await;
+    let mut jobs = cluster.jobs(cluster.leader().await).await;
+    let mut spec = job("two-nodes", "big");
+    spec.nodes = 2;
+    spec.ntasks = 2;
+    spec.nodelist = vec!["g01".into(), "g02".into()];
+    let r = submit(&mut jobs, "alice", vec![spec]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let pb::instruction::Kind::Launch(l) = g01.next().await else {
+        panic!("expected the launch on g01")
+    };
+    wait_state(&cluster, id, "RUNNING").await;
+    let step = |ntasks, nodelist: Vec<String>| {
+        as_user(
+            "alice",
+            pb::CreateStepRequest {
+                job_id: id,
+                name: "hostname".into(),
+                ntasks: Some(ntasks),
+                overlap: !nodelist.is_empty(),
+                nodelist,
+                io_key: vec![3; 32],
+                ..Default::default()
+            },
+        )
+    };
+    // The job has one cpu on each node: step 0 takes both, step 1 shares g01's.
+    let s0 = jobs
+        .create_step(step(2, vec![]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s0.layout.len(), 2, "{s0:?}");
+    let s1 = jobs
+        .create_step(step(1, vec!["g01".into()]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s1.step_id, 1);
+
+    // g02 has no task of step 1: its report is refused and changes nothing.
+    step_ended(&mut g02, id, l.epoch, 1, 0).await;
+    // Step 0 waits for both nodes.
+    step_ended(&mut g01, id, l.epoch, 0, 0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let states: Vec<String> = steps_of(&cluster, id)
+        .await
+        .into_iter()
+        .map(|s| s.state)
+        .collect();
+    assert_eq!(states, ["RUNNING", "RUNNING"]);
+    step_ended(&mut g02, id, l.epoch, 0, 3).await;
+    step_ended(&mut g01, id, l.epoch, 1, 0).await;
+    let start = Instant::now();
+    loop {
+        let steps = steps_of(&cluster, id).await;
+        let got: Vec<(&str, Option<i32>, u64)> = steps
+            .iter()
+            .map(|s| (s.state.as_str(), s.exit_code, s.cpu_time_ms))
+            .collect();
+        if got == [("FAILED", Some(3), 500), ("COMPLETED", Some(0), 250)] {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{got:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The job itself runs on.
+    assert_eq!(state_of(&cluster, id).await, "RUNNING");
+}

@@ -187,8 +187,21 @@ sleep 2
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let limit = std::fs::read_to_string(job_dir.join(limit_file)).unwrap();
-    assert_eq!(limit.trim(), (256u64 << 20).to_string());
+    // The agent makes the cgroup, then writes its limits (before the job starts in it): poll
+    // through the gap, which a slow (emulated) host makes long.
+    let want = (256u64 << 20).to_string();
+    loop {
+        let limit = std::fs::read_to_string(job_dir.join(limit_file)).unwrap_or_default();
+        if limit.trim() == want {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{limit_file} of {} is {limit:?}, not {want}",
+            job_dir.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (_, end) = leader.ended(8).await;
     assert_eq!(cause(&end), "completed", "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-8.out")).unwrap();

@@ -631,7 +631,7 @@ fn refused_entirely(r: &Result<Response, Rejection>) -> bool {
         Ok(Response::Preempted(v)) => v.iter().all(Result::is_err),
         Ok(Response::Ended { applied, .. }) => *applied == 0,
         Ok(Response::Done) => false,
-        Ok(Response::StepCreated(_)) => false,
+        Ok(Response::StepCreated { .. }) => false,
     }
 }
 
@@ -715,7 +715,7 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
                 stats.preempted += v.iter().filter(|x| x.is_ok()).count() as u64
             }
             Ok(Response::Ended { refused, .. }) => stats.foreign_reports += u64::from(*refused),
-            Ok(Response::StepCreated(_)) => stats.steps_created += 1,
+            Ok(Response::StepCreated { .. }) => stats.steps_created += 1,
             Err(Rejection::NotPermitted(_)) if matches!(op, Op::Drain { user: Some(_), .. }) => {
                 stats.users_refused_admin += 1
             }

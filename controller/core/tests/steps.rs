@@ -41,7 +41,7 @@ fn step(ntasks: Option<u32>) -> StepSpec {
 
 fn create(c: &mut Cluster, actor: Actor, job: JobId, spec: StepSpec) -> Result<StepId, Rejection> {
     match c.apply(by(actor, Command::CreateStep { job, spec }))? {
-        Response::StepCreated(s) => Ok(s),
+        Response::StepCreated { step, .. } => Ok(step),
         other => panic!("unexpected {other:?}"),
     }
 }

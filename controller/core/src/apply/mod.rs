@@ -51,8 +51,11 @@ pub enum Response {
         stale: u32,
         refused: u32,
     },
-    /// The step `CreateStep` made; its layout is in the job's record.
-    StepCreated(crate::job::StepId),
+    /// The step `CreateStep` made and where its tasks go.
+    StepCreated {
+        step: crate::job::StepId,
+        layout: Vec<crate::job::step::StepShare>,
+    },
 }
 
 /// What one preemption did.

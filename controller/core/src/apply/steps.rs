@@ -97,7 +97,7 @@ impl State {
             Step {
                 id: step,
                 name: spec.name.clone(),
-                layout,
+                layout: layout.clone(),
                 cpus_per_task: spec.cpus_per_task,
                 overlap: spec.overlap,
                 time_limit: spec.time_limit,
@@ -110,7 +110,7 @@ impl State {
                 exit: None,
             },
         );
-        Ok(Response::StepCreated(step))
+        Ok(Response::StepCreated { step, layout })
     }
 
     /// Agents' reports of a step's tasks ending on their node. A report from an older run
