@@ -14,6 +14,7 @@ const PROTOS: &[&str] = &[
     "proto/docket/v1/jobs.proto",
     "proto/docket/v1/admin.proto",
     "proto/docket/v1/agents.proto",
+    "proto/docket/v1/steps.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,12 +1,12 @@
 //! Mutual TLS as the daemons use it, over real loopback connections: the server asks for a
 //! client certificate of the cluster CA but takes anonymous clients too (users' commands);
-//! clients accept only a controller replica's certificate; certificates of another CA are
+//! clients accept only a controller replica's certificate (srun: only the certificate of the
+//! node it reaches); certificates of another CA are
 //! refused in the handshake; and a server's certificate changes without a restart when its
 //! files do (or on SIGHUP).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use docket_auth::local::LocalSecrets;
@@ -38,8 +38,16 @@ async fn connect(
     addr: &str,
     client: &TlsContext,
 ) -> Result<rustls_pki_types::CertificateDer<'static>, String> {
+    connect_with(addr, client.client_config()).await
+}
+
+/// [`connect`] with a client configuration of its own.
+async fn connect_with(
+    addr: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> Result<rustls_pki_types::CertificateDer<'static>, String> {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let connector = tokio_rustls::TlsConnector::from(client.client_config());
+    let connector = tokio_rustls::TlsConnector::from(config);
     let name = ServerName::try_from("127.0.0.1").unwrap();
     let mut stream = connector
         .connect(name, tcp)
@@ -84,43 +92,20 @@ async fn roles_and_cas_are_checked_in_the_handshake() {
         "{e}"
     );
 
-    // A server holding a node's certificate is no controller: our CA's node certificates are
-    // for client authentication only, which the clients' check refuses first...
+    // A server holding a node's certificate (agents serve srun's step port with it) is no
+    // controller: the role in the certificate is checked, not only the CA.
     let node_served = ours.issue(&Role::Node("n98".into()), &localhost).unwrap();
     let addr2 = echo_server(TlsContext::load(node_served).unwrap()).await;
     let e = connect(&addr2, &anonymous).await.unwrap_err();
-    assert!(e.contains("extended key usage"), "{e}");
-    // ... and a site PKI that let one serve still cannot pass it off as a controller: the
-    // role is checked too.
-    let dirty = tempfile::tempdir().unwrap();
-    let cert = {
-        let ca_key =
-            rcgen::KeyPair::from_pem(&std::fs::read_to_string(ours.dir().join("ca.key")).unwrap())
-                .unwrap();
-        let issuer =
-            rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(ours.ca()).unwrap(), ca_key)
-                .unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
-        params.subject_alt_names.push(rcgen::SanType::URI(
-            Role::Node("n99".into()).uri().try_into().unwrap(),
-        ));
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        let cert = params.signed_by(&key, &issuer).unwrap();
-        std::fs::write(dirty.path().join("n.pem"), cert.pem()).unwrap();
-        let key_path = dirty.path().join("n.key");
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        (dirty.path().join("n.pem"), key_path)
-    };
-    let impostor = TlsContext::load(docket_auth::tls::TlsFiles {
-        ca: ours.ca(),
-        identity: Some(cert),
-    })
-    .unwrap();
-    let addr3 = echo_server(impostor).await;
-    let e = connect(&addr3, &anonymous).await.unwrap_err();
-    assert!(e.contains("not a controller replica"), "{e}");
+    assert!(e.contains("for node n98, not a controller replica"), "{e}");
+    // srun reaching node n98's agent takes that certificate and no other: not n97's, and
+    // not a replica's.
+    let to = |node: &str| anonymous.node_client_config(node).unwrap();
+    connect_with(&addr2, to("n98")).await.unwrap();
+    let e = connect_with(&addr2, to("n97")).await.unwrap_err();
+    assert!(e.contains("not node n97's agent"), "{e}");
+    let e = connect_with(&addr, to("n98")).await.unwrap_err();
+    assert!(e.contains("not node n98's agent"), "{e}");
 }
 
 #[tokio::test]

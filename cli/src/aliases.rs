@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 /// Every name `docket` answers to.
-pub const ALIASES: [&str; 14] = [
-    "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sprio", "sshare", "sacct", "qsub",
+pub const ALIASES: [&str; 15] = [
+    "sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sprio", "sshare", "sacct", "qsub",
     "qstat", "qdel", "qhold", "qrls", "pbsnodes",
 ];
 
@@ -14,6 +14,12 @@ pub const ALIASES: [&str; 14] = [
 pub fn install_aliases(dir: &PathBuf) -> Result<()> {
     let me = std::env::current_exe().context("locating this binary")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Beside the binary, the links name it relatively: the directory can move.
+    let same_dir = me.parent().and_then(|p| p.canonicalize().ok()) == dir.canonicalize().ok();
+    let target = match me.file_name() {
+        Some(name) if same_dir => PathBuf::from(name),
+        _ => me.clone(),
+    };
     for name in ALIASES {
         let link = dir.join(name);
         match std::fs::symlink_metadata(&link) {
@@ -24,9 +30,9 @@ pub fn install_aliases(dir: &PathBuf) -> Result<()> {
             ),
             Err(_) => {}
         }
-        std::os::unix::fs::symlink(&me, &link)
+        std::os::unix::fs::symlink(&target, &link)
             .with_context(|| format!("linking {}", link.display()))?;
-        println!("{} -> {}", link.display(), me.display());
+        println!("{} -> {}", link.display(), target.display());
     }
     Ok(())
 }

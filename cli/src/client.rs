@@ -232,6 +232,36 @@ impl Client {
         self.call(Attempt::Write, |addr| self.jobs(addr), f).await
     }
 
+    /// [`Client::jobs_call`] where RESOURCE_EXHAUSTED is an answer for the caller (a step
+    /// that must wait for cpus: srun decides whether to wait), not retried here.
+    pub async fn jobs_call_or_busy<T, F, Fut>(
+        &self,
+        mut f: F,
+    ) -> Result<std::result::Result<T, tonic::Status>>
+    where
+        F: FnMut(JobsClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.jobs_call(|c| {
+            let answer = f(c);
+            async move {
+                match answer.await {
+                    Ok(r) => Ok(tonic::Response::new(Ok(r.into_inner()))),
+                    Err(s) if s.code() == tonic::Code::ResourceExhausted => {
+                        Ok(tonic::Response::new(Err(s)))
+                    }
+                    Err(s) => Err(s),
+                }
+            }
+        })
+        .await
+    }
+
+    /// The cluster's TLS material (srun dials the agents with it).
+    pub fn tls(&self) -> &TlsContext {
+        &self.tls
+    }
+
     /// [`Client::jobs_call`] for a call that changes nothing: an endpoint that does not
     /// answer within 5 s is passed over.
     pub async fn jobs_read<T, F, Fut>(&self, f: F) -> Result<T>

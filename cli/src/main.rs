@@ -23,6 +23,7 @@ mod slurmtime;
 mod sprio;
 mod squeue;
 mod squeue_format;
+mod srun;
 mod sshare;
 
 use std::process::ExitCode;
@@ -111,6 +112,7 @@ fn main() -> ExitCode {
             scontrol::scontrol(scontrol::ScontrolArgs::parse()),
         ),
         "sprio" => ("sprio", sprio::sprio(sprio::SprioArgs::parse())),
+        "srun" => return ExitCode::from(srun::main(srun::SrunArgs::parse())),
         "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
         "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
         verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),

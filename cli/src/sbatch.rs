@@ -100,6 +100,9 @@ pub struct SbatchArgs {
     /// Controllers, host:port,... (default: DOCKET_ADDR).
     #[arg(long)]
     pub addr: Option<String>,
+    /// The command to run, wrapped in a `sh` script (instead of a script file or stdin).
+    #[arg(long, conflicts_with = "script")]
+    pub wrap: Option<String>,
     /// The script (default: read stdin).
     pub script: Option<PathBuf>,
 }
@@ -145,6 +148,7 @@ impl SbatchArgs {
             mail_type,
             mail_user,
             addr,
+            wrap,
             script
         )
     }
@@ -227,7 +231,7 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
                 .as_ref()
                 .and_then(|p| p.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "sbatch".into())
+                .unwrap_or_else(|| if o.wrap.is_some() { "wrap" } else { "sbatch" }.into())
         }),
         partition: o.partition.clone().unwrap_or_default(),
         account: o.account.clone().unwrap_or_default(),
@@ -374,11 +378,15 @@ fn current_umask() -> u32 {
 
 /// Runs sbatch with the command-line options `cli`.
 pub fn run(cli: SbatchArgs) -> Result<()> {
-    let script = match &cli.script {
-        Some(p) => {
+    let script = match (&cli.wrap, &cli.script) {
+        // As Slurm's sbatch writes it.
+        (Some(command), _) => {
+            format!("#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n")
+        }
+        (None, Some(p)) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
         }
-        None => {
+        (None, None) => {
             let mut s = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
                 .context("reading the script from stdin")?;
@@ -472,6 +480,15 @@ mod tests {
     use super::*;
 
     const SCRIPT: &str = "#!/bin/bash\n#SBATCH -J sim -p big\n#SBATCH --time=1-02:00:00 --mem=4G\n# a comment\n\n#SBATCH -N 2\nsrun hostname\n#SBATCH -J ignored\n";
+
+    #[test]
+    fn wrap_is_a_command_in_a_sh_script_named_wrap() {
+        let o = SbatchArgs::try_parse_from(["sbatch", "--wrap", "srun hostname"]).unwrap();
+        assert_eq!(o.wrap.as_deref(), Some("srun hostname"));
+        let spec = job_spec(&o, "#!/bin/sh\nsrun hostname\n", "/home/u", 0).unwrap();
+        assert_eq!(spec.name, "wrap");
+        assert!(SbatchArgs::try_parse_from(["sbatch", "--wrap", "true", "job.sh"]).is_err());
+    }
 
     #[test]
     fn directives_stop_at_the_first_command() {

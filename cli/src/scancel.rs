@@ -64,10 +64,73 @@ pub fn job_ref(text: &str) -> Result<pb::JobRef> {
     })
 }
 
+/// `123.4`: step 4 of job 123 (`123.batch` is the job's own script: cancel the job).
+pub fn step_ref(text: &str) -> Option<Result<pb::StepRef>> {
+    let (job, step) = text.split_once('.')?;
+    let bad = || anyhow!("{text:?} is not a job step (JOBID.STEP, e.g. 123.0)");
+    Some((|| {
+        Ok(pb::StepRef {
+            job_id: job.parse().map_err(|_| bad())?,
+            step_id: step.parse().map_err(|_| bad())?,
+        })
+    })())
+}
+
+/// `scancel JOBID.STEP ...`: the steps stop (their tasks are killed); their jobs go on.
+fn cancel_steps(
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    steps: Vec<pb::StepRef>,
+) -> Result<()> {
+    let r = runtime.block_on(client.jobs_call(|mut c| {
+        let req = client.request(pb::CancelStepsRequest {
+            steps: steps.clone(),
+        });
+        async move { c.cancel_steps(req).await }
+    }))?;
+    let failed: Vec<String> = r
+        .results
+        .iter()
+        .filter(|r| !r.error.is_empty())
+        .map(|r| {
+            let id = r
+                .step
+                .as_ref()
+                .map(|s| format!("{}.{}", s.job_id, s.step_id))
+                .unwrap_or_default();
+            format!("step {id}: {}", r.error)
+        })
+        .collect();
+    for f in &failed {
+        eprintln!("scancel: error: {f}");
+    }
+    if !failed.is_empty() {
+        return Err(anyhow!(
+            "{} of {} steps not cancelled",
+            failed.len(),
+            r.results.len()
+        ));
+    }
+    Ok(())
+}
+
 pub fn run(a: ScancelArgs) -> Result<()> {
     let signal = a.signal.as_deref().map(signal_number).transpose()?;
     let client = Client::new(a.addr.as_deref())?;
     let runtime = crate::client::runtime()?;
+    let steps: Vec<pb::StepRef> = a
+        .jobs
+        .iter()
+        .filter_map(|j| step_ref(j))
+        .collect::<Result<_>>()?;
+    if !steps.is_empty() {
+        if signal.is_some() || a.jobs.iter().any(|j| !j.contains('.')) {
+            return Err(anyhow!(
+                "name either jobs or steps (JOBID.STEP), not both, and steps without --signal"
+            ));
+        }
+        return cancel_steps(&client, &runtime, steps);
+    }
     let mut refs: Vec<pb::JobRef> = a.jobs.iter().map(|j| job_ref(j)).collect::<Result<_>>()?;
     let filtered =
         a.user.is_some() || a.partition.is_some() || a.state.is_some() || a.name.is_some();
@@ -147,6 +210,14 @@ pub fn run(a: ScancelArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_ids_parse() {
+        let s = step_ref("12.3").and_then(Result::ok);
+        assert_eq!(s.map(|s| (s.job_id, s.step_id)), Some((12, 3)));
+        assert!(step_ref("12").is_none());
+        assert!(step_ref("12.batch").is_some_and(|r| r.is_err()));
+    }
 
     #[test]
     fn signals_by_name_or_number() {

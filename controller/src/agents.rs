@@ -59,7 +59,7 @@ const MAX_EVENTS: usize = 10_000;
 
 /// What the leader wants an agent to do with one job run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Want {
+pub(crate) enum Want {
     Run,
     Suspend,
     Kill,
@@ -76,6 +76,10 @@ struct Session {
     sent: BTreeMap<JobId, (u64, Want)>,
     /// The time limit each run was last told (seconds, 0 unlimited), per job: (epoch, limit).
     limits: BTreeMap<JobId, (u64, u64)>,
+    /// Where srun reaches the agent; empty: it starts no steps.
+    step_address: String,
+    /// The steps granted and cancelled on this stream.
+    steps: crate::step_grants::Sent,
 }
 
 #[derive(Debug, Default)]
@@ -179,18 +183,41 @@ impl AgentHub {
         .map_err(|e| format!("node {}: {e}", run.node))
     }
 
+    /// Where srun reaches each of `nodes`' agents, as they registered with this leader.
+    pub fn step_addresses(&self, nodes: &[NodeName]) -> BTreeMap<NodeName, String> {
+        let hub = self.lock();
+        nodes
+            .iter()
+            .filter_map(|n| {
+                let s = hub.sessions.get(n)?;
+                (!s.step_address.is_empty()).then(|| (n.clone(), s.step_address.clone()))
+            })
+            .collect()
+    }
+
+    /// Wakes the dispatch loop (a step was created).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Hub> {
         self.hub.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Refuses unless this replica leads, naming the leader.
     pub fn require_leader(&self) -> Result<(), Status> {
+        self.require_leader_to("agents talk to the leader")
+    }
+
+    /// [`AgentHub::require_leader`] for a request that only the leader serves, `purpose`
+    /// saying which ("steps are created by the leader").
+    pub fn require_leader_to(&self, purpose: &str) -> Result<(), Status> {
         let status = self.replica.status();
         match (status.role, status.leader_addr) {
             (Role::Leader, _) => Ok(()),
             (_, Some(addr)) => {
                 let mut s = Status::failed_precondition(format!(
-                    "replica {} is not the leader; agents talk to the leader at {addr}",
+                    "replica {} is not the leader; {purpose} at {addr}",
                     status.id
                 ));
                 if let Ok(v) = addr.parse() {
@@ -296,18 +323,19 @@ impl AgentHub {
         let mut limit_of: BTreeMap<JobId, u64> = BTreeMap::new();
         for job in state.holding_jobs() {
             let Some(alloc) = &job.alloc else { continue };
-            let Some(first) = alloc.shares.first() else {
-                continue;
-            };
             let w = match job.state {
                 JobState::Running => Want::Run,
                 JobState::Suspended => Want::Suspend,
                 JobState::Completing => Want::Kill,
                 _ => continue,
             };
-            want.entry(first.node.clone())
-                .or_default()
-                .insert(job.id, (alloc.epoch, w));
+            // The batch script runs on the first node; every other node of the allocation
+            // holds it for the job's steps (Slurm's extern step).
+            for share in &alloc.shares {
+                want.entry(share.node.clone())
+                    .or_default()
+                    .insert(job.id, (alloc.epoch, w));
+            }
             limit_of.insert(job.id, job.resolved.time_limit.map_or(0, |t| t.0));
         }
         let mut out = Vec::new();
@@ -336,7 +364,7 @@ impl AgentHub {
                         }
                         (_, Some((e, true))) if e == *epoch => None,
                         _ => state.jobs.get(job_id).map(|job| pb::Instruction {
-                            kind: Some(pb::instruction::Kind::Launch(launch(state, job))),
+                            kind: Some(pb::instruction::Kind::Launch(launch(state, job, node))),
                         }),
                     },
                     Want::Suspend => match sent {
@@ -387,6 +415,7 @@ impl AgentHub {
                     }
                 }
             }
+            crate::step_grants::plan(state, node, wanted, &mut session.steps, &mut out);
             // Anything the agent runs that is not a current run here: kill it.
             for (job_id, (epoch, running)) in &session.held {
                 let current = wanted
@@ -457,10 +486,18 @@ fn step_end(
     })
 }
 
-/// The launch instruction for `job`'s current run.
-fn launch(state: &State, job: &Job) -> pb::Launch {
+/// What a node that is not the batch node runs for the job: nothing but a process that holds
+/// the allocation's cgroups until the job ends (Slurm's `extern` step).
+const EXTERN_SCRIPT: &[u8] = b"#!/bin/sh\nexec sleep infinity\n";
+
+/// The launch instruction for `job`'s current run on `node`: the batch script on the first
+/// node of the allocation, the holder of the allocation on the others.
+fn launch(state: &State, job: &Job, node: &NodeName) -> pb::Launch {
     let alloc = job.alloc.as_ref();
-    let share = alloc.and_then(|a| a.shares.first());
+    let first = alloc
+        .and_then(|a| a.shares.first())
+        .is_none_or(|s| &s.node == node);
+    let share = alloc.and_then(|a| a.shares.iter().find(|s| &s.node == node));
     let nodes: Vec<&str> = alloc
         .map(|a| a.shares.iter().map(|s| s.node.as_str()).collect())
         .unwrap_or_default();
@@ -468,7 +505,7 @@ fn launch(state: &State, job: &Job) -> pb::Launch {
         Some(ArrayPart::Task { array_job, index }) => (Some(array_job.0), Some(*index)),
         _ => (None, None),
     };
-    pb::Launch {
+    let mut launch = pb::Launch {
         job_id: job.id.0,
         epoch: alloc.map_or(0, |a| a.epoch),
         name: job.spec.name.to_string(),
@@ -502,7 +539,16 @@ fn launch(state: &State, job: &Job) -> pb::Launch {
         array_job_id,
         array_task_id,
         submit_host_dir: job.spec.work_dir.to_string(),
+        extern_only: false,
+    };
+    if !first {
+        launch.extern_only = true;
+        launch.script = EXTERN_SCRIPT.to_vec();
+        launch.environment = None;
+        launch.stdout = "/dev/null".into();
+        launch.stderr = "/dev/null".into();
     }
+    launch
 }
 
 /// The gRPC face of the hub.
@@ -552,6 +598,8 @@ impl Agents for AgentsService {
                     held: held_map(&req.jobs),
                     sent: BTreeMap::new(),
                     limits: BTreeMap::new(),
+                    step_address: req.step_address.clone(),
+                    steps: Default::default(),
                 },
             );
             hub.declared_down.remove(&node);
@@ -600,6 +648,7 @@ impl Agents for AgentsService {
                 // A new stream gets everything again; the agent ignores what it already has.
                 s.sent.clear();
                 s.limits.clear();
+                s.steps = Default::default();
                 s.last_seen = Instant::now();
             }
         }
@@ -625,17 +674,19 @@ impl Agents for AgentsService {
         let mut reports = Vec::new();
         // Where each reported job's current run is, for a clear answer to a report on
         // another node's run (apply refuses it regardless).
-        let runs_elsewhere: BTreeMap<(u64, u64), NodeName> = self.hub.replica.read_stale(|a| {
-            req.events
-                .iter()
-                .filter_map(|e| {
-                    let job = a.machine.state.jobs.get(&JobId(e.job_id))?;
-                    let alloc = job.alloc.as_ref().filter(|al| al.epoch == e.epoch)?;
-                    let on = &alloc.shares.first()?.node;
-                    (on != &node).then(|| ((e.job_id, e.epoch), on.clone()))
-                })
-                .collect()
-        });
+        let runs_elsewhere: BTreeMap<(u64, u64), (NodeName, bool)> =
+            self.hub.replica.read_stale(|a| {
+                req.events
+                    .iter()
+                    .filter_map(|e| {
+                        let job = a.machine.state.jobs.get(&JobId(e.job_id))?;
+                        let alloc = job.alloc.as_ref().filter(|al| al.epoch == e.epoch)?;
+                        let on = &alloc.shares.first()?.node;
+                        let holder = alloc.shares.iter().any(|s| s.node == node);
+                        (on != &node).then(|| ((e.job_id, e.epoch), (on.clone(), holder)))
+                    })
+                    .collect()
+            });
         let mut step_reports = Vec::new();
         for (i, event) in req.events.iter().enumerate() {
             // A step runs on several nodes: each node reports its own tasks (apply checks
@@ -647,7 +698,11 @@ impl Agents for AgentsService {
                 }
                 continue;
             }
-            if let Some(on) = runs_elsewhere.get(&(event.job_id, event.epoch)) {
+            if let Some((on, holder)) = runs_elsewhere.get(&(event.job_id, event.epoch)) {
+                if *holder {
+                    // The node holds the allocation for steps; its holder's end ends nothing.
+                    continue;
+                }
                 errors[i] = format!(
                     "events[{i}]: job {}'s run is on node {on}; node {node} may report only \
                      on its own runs",

@@ -54,6 +54,11 @@ impl JobsService {
         &self.replica
     }
 
+    /// The leader's agent sessions (None in a controller without agents).
+    pub(crate) fn agents(&self) -> Option<&crate::agents::AgentHub> {
+        self.agents.as_ref()
+    }
+
     pub fn new(
         replica: Replica<CoreMachine>,
         read_timeout: Duration,

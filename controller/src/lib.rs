@@ -24,5 +24,6 @@ pub mod jobs;
 pub mod loops;
 pub mod machine;
 pub mod stats;
+pub mod step_grants;
 pub mod steps;
 pub mod write;

@@ -26,6 +26,10 @@ impl JobsService {
         if matches!(actor, Actor::Node(_) | Actor::Controller) {
             return Err(Status::permission_denied("only users create steps"));
         }
+        // The answer names the agents of the step's nodes, which only the leader knows.
+        if let Some(agents) = self.agents() {
+            agents.require_leader_to("steps are created by the leader")?;
+        }
         let req = request.into_inner();
         let spec = convert::step_spec(&req)?;
         let command = Command::CreateStep {
@@ -34,6 +38,14 @@ impl JobsService {
         };
         match write(self.replica(), Envelope::new(actor, command)).await? {
             Response::StepCreated { step, layout } => {
+                let nodes: Vec<_> = layout.iter().map(|s| s.node.clone()).collect();
+                let addresses = match self.agents() {
+                    Some(agents) => {
+                        agents.wake();
+                        agents.step_addresses(&nodes)
+                    }
+                    None => Default::default(),
+                };
                 Ok(TonicResponse::new(pb::CreateStepResponse {
                     step_id: step.0,
                     layout: layout
@@ -43,6 +55,7 @@ impl JobsService {
                             tasks: s.tasks,
                             first_task: s.first_task,
                             cpus: s.cpus,
+                            agent_address: addresses.get(&s.node).cloned().unwrap_or_default(),
                         })
                         .collect(),
                 }))

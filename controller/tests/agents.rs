@@ -49,6 +49,7 @@ impl FakeAgent {
                         gpus: 0,
                         version: "test".into(),
                         jobs: jobs.clone(),
+                        step_address: String::new(),
                     })
                     .await;
                 match r {

@@ -1,5 +1,5 @@
-//! Job steps through three `docket-controller` processes: `srun`'s CreateStep through a
-//! follower, placed in the job's allocation, busy while other steps hold the cpus, refused to
+//! Job steps through three `docket-controller` processes: `srun`'s CreateStep sent to the
+//! leader (a follower names it: only the leader knows where the agents listen), placed in the job's allocation, busy while other steps hold the cpus, refused to
 //! anyone but the owner, listed with the job, and cancelled by `scancel JOBID.STEP`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,7 +23,7 @@ fn step(job_id: u64, ntasks: u32) -> pb::CreateStepRequest {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn srun_creates_steps_in_a_running_job_through_any_replica() {
+async fn srun_creates_steps_in_a_running_job_at_the_leader() {
     let cluster = Cluster::start(3).await;
     let leader = cluster.leader().await;
     let mut client = cluster.jobs(cluster.follower_of(leader)).await;
@@ -53,6 +53,17 @@ async fn srun_creates_steps_in_a_running_job_through_any_replica() {
         assert!(start.elapsed() < DEADLINE, "never started: {jobs:?}");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
+
+    // A follower sends srun to the leader.
+    let e = client
+        .create_step(as_user("alice", step(id, 3)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("steps are created"), "{e:?}");
+    assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+    let follower = client;
+    let mut client = cluster.jobs(leader).await;
 
     // Step 0: three tasks over the two nodes, block by block.
     let created = client
@@ -116,6 +127,7 @@ async fn srun_creates_steps_in_a_running_job_through_any_replica() {
             },
         )
     };
+    let mut client = follower;
     let r = client.cancel_steps(cancel(1)).await.unwrap().into_inner();
     assert_eq!(r.results[0].error, "", "{r:?}");
     let r = client.cancel_steps(cancel(7)).await.unwrap().into_inner();

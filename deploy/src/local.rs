@@ -44,6 +44,9 @@ pub struct AgentProc {
     /// Its jobs' cgroup directory under the agent's cgroup in each hierarchy (removed at
     /// `down`).
     pub cgroups: Vec<PathBuf>,
+    /// Where `srun` reaches its step service (`host:port`); none for simulated agents.
+    #[serde(default)]
+    pub step_address: Option<String>,
 }
 
 /// The credential signer (`docket-authd`) of the host.
@@ -260,6 +263,7 @@ impl LocalCluster {
                 log: state.join("logs").join(format!("agent-{}.log", spec.name)),
                 pid: None,
                 cgroups: Vec::new(),
+                step_address: None,
             })
             .collect();
         // The cluster's secrets: a CA, a certificate per replica (for the address it is
@@ -278,7 +282,8 @@ impl LocalCluster {
             issue(Role::Replica(r.id), vec![host.to_owned()])?;
         }
         for a in &layout.agents {
-            issue(Role::Node(a.name.clone()), Vec::new())?;
+            // Agents serve srun on loopback.
+            issue(Role::Node(a.name.clone()), vec!["127.0.0.1".to_owned()])?;
         }
         // The CA certificate every user's commands need, where every user can read it.
         std::fs::copy(secrets.ca(), state.join("ca.pem"))
@@ -611,11 +616,17 @@ impl LocalCluster {
                 "info",
             ])
             .args(self.secrets()?.agent_flags(name));
-        if a.spec.simulated {
+        let step_address = if a.spec.simulated {
             cmd.args(["--execution", "simulated", "--confinement", "none"]);
+            cmd.args(["--step-listen", "none"]);
+            None
         } else {
             cmd.args(["--confinement", &self.record.confinement]);
-        }
+            // srun reaches the agent here, on loopback (its certificate names 127.0.0.1).
+            let steps = docket_auth::local::free_loopback_addr().map_err(LaunchError::Invalid)?;
+            cmd.args(["--step-listen", &steps]);
+            Some(steps)
+        };
         if let Some(point) = crash_at {
             cmd.args(["--crash-at", point]);
         }
@@ -623,6 +634,7 @@ impl LocalCluster {
         let cgroups = agent_cgroups(pid, &cgroup);
         if let Some(a) = self.record.agents.iter_mut().find(|a| a.spec.name == name) {
             a.pid = Some(pid);
+            a.step_address = step_address;
             if !cgroups.is_empty() {
                 a.cgroups = cgroups;
             }

@@ -181,11 +181,18 @@ async fn up(
         layout.state_dir.display()
     );
     let (leader, _) = cluster.wait_ready(Duration::from_secs(60)).await?;
+    // The commands in STATE/bin: a copy of `docket` and its Slurm and PBS names linked to
+    // that copy, so that any user (jobs run as users, and their scripts call srun) can run
+    // them wherever the build directory is.
     let docket = bins.join("docket");
     if docket.exists() {
-        let out = std::process::Command::new(&docket)
+        let bin = layout.state_dir.join("bin");
+        let copy = bin.join("docket");
+        std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+        std::fs::copy(&docket, &copy).with_context(|| format!("copying {}", docket.display()))?;
+        let out = std::process::Command::new(&copy)
             .arg("install-aliases")
-            .arg(layout.state_dir.join("bin"))
+            .arg(&bin)
             .output()
             .context("installing the command aliases")?;
         if !out.status.success() {
@@ -194,7 +201,6 @@ async fn up(
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        let _ = std::fs::copy(&docket, layout.state_dir.join("bin").join("docket"));
     }
     print_endpoints(&cluster, leader);
     Ok(())

@@ -538,8 +538,8 @@ impl JobCgroup {
         }
         let frozen = self.freeze_within(true, SIGNAL_FREEZE_WAIT);
         let procs = d.join("cgroup.procs");
-        let members = std::fs::read_to_string(&procs).map_err(io_err(&procs))?;
-        for pid in members.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+        std::fs::metadata(&procs).map_err(io_err(&procs))?;
+        for pid in members_of(d) {
             match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal) {
                 Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
                 Err(e) => tracing::warn!(pid, ?signal, error = %e, "signalling a job process"),
@@ -564,6 +564,36 @@ impl JobCgroup {
         for d in self.dirs.values() {
             kill_all(d);
         }
+    }
+
+    /// The cgroups of step `step` of this job, created below the job's: the step's tasks are
+    /// held by the job's limits and its own are counted apart (cpu time), signalled and
+    /// killed apart. On v2 the job's cgroup enables no controller for its children (it holds
+    /// the batch script's processes itself, and v2 forbids both), so a step has the core
+    /// files only: `cgroup.procs`, `cgroup.freeze`, `cgroup.kill`, `cpu.stat`. On v1 a cpuset
+    /// child starts empty and gets its parent's cpus and memory nodes.
+    pub fn step(&self, step: u32) -> Result<JobCgroup, CgroupError> {
+        let name = format!("step_{step}");
+        let mut dirs = BTreeMap::new();
+        for (ctrl, parent) in &self.dirs {
+            let dir = parent.join(&name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err(&dir)(e)),
+            }
+            if self.version == Version::V1 && ctrl == "cpuset" {
+                for file in ["cpuset.cpus", "cpuset.mems"] {
+                    let value = read(&parent.join(file)).unwrap_or_default();
+                    write(&dir.join(file), value.trim())?;
+                }
+            }
+            dirs.insert(ctrl.clone(), dir);
+        }
+        Ok(JobCgroup {
+            version: self.version,
+            dirs,
+        })
     }
 
     /// Removes the job's cgroups (killing stragglers first).
@@ -615,16 +645,36 @@ fn kill_all(dir: &Path) {
     }
 }
 
-/// The pids in the cgroup `dir`.
-fn members_of(dir: &Path) -> Vec<i32> {
-    read(&dir.join("cgroup.procs"))
-        .map(|procs| {
-            procs
-                .lines()
-                .filter_map(|l| l.trim().parse::<i32>().ok())
+/// The cgroups below `dir` (a job's steps), one level down.
+fn children_of(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The pids in the cgroup `dir` and in its steps' cgroups.
+fn members_of(dir: &Path) -> Vec<i32> {
+    let own = |d: &Path| -> Vec<i32> {
+        read(&d.join("cgroup.procs"))
+            .map(|procs| {
+                procs
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<i32>().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut pids = own(dir);
+    for child in children_of(dir) {
+        pids.extend(own(&child));
+    }
+    pids
 }
 
 fn kill_members(dir: &Path) {
@@ -637,6 +687,9 @@ fn kill_members(dir: &Path) {
 }
 
 fn remove_dir_retrying(dir: &Path) -> io::Result<()> {
+    for child in children_of(dir) {
+        remove_dir_retrying(&child)?;
+    }
     let start = Instant::now();
     loop {
         match std::fs::remove_dir(dir) {

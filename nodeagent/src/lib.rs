@@ -23,4 +23,5 @@ pub mod rootdir;
 pub mod runner;
 pub mod session;
 pub mod shim;
+pub mod steps;
 pub mod world;

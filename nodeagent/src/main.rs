@@ -67,6 +67,10 @@ struct ExecJobArgs {
     stdout: PathBuf,
     #[arg(long)]
     stderr: PathBuf,
+    /// Keep the standard streams this process was given (a step's task) instead of opening
+    /// --stdout and --stderr.
+    #[arg(long)]
+    inherit_stdio: bool,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -171,6 +175,14 @@ struct RunArgs {
         default_value = "/etc/docket/tls/node.key"
     )]
     tls_key: PathBuf,
+    /// Where srun reaches this agent to start a step's tasks (TLS with the node's
+    /// certificate, which must name the host srun dials); `none`: this node runs no steps.
+    #[arg(long, env = "DOCKET_STEP_LISTEN", default_value = "0.0.0.0:6818")]
+    step_listen: String,
+    /// The host:port srun dials (default: the listening address, or this host's name with
+    /// its port when listening on every address).
+    #[arg(long, env = "DOCKET_STEP_ADDRESS")]
+    step_address: Option<String>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -316,13 +328,16 @@ fn run(args: RunArgs) -> Result<()> {
         jobfs,
         gpus,
     });
-    let config = SessionConfig {
+    let step_listen = args.step_listen.clone();
+    let step_address = args.step_address.clone();
+    let mut config = SessionConfig {
         node: args.node,
         controllers: args.controllers,
         cpus: args.cpus,
         memory_mib: args.memory_mib,
         gpus: args.gpus,
         tls: tls.clone(),
+        step_address: String::new(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -341,6 +356,17 @@ fn run(args: RunArgs) -> Result<()> {
             j.reap_stale(&keep_scratch);
         }
         let tls_watch = tls.watch(Duration::from_secs(5));
+        let steps = match serve_steps(&step_listen, step_address, &runner, &tls).await {
+            Ok(Some((address, task))) => {
+                config.step_address = address;
+                Some(task)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "--step-listen: srun cannot start tasks on this node");
+                None
+            }
+        };
         let agent = tokio::spawn(session::run(config, runner, events));
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -348,9 +374,54 @@ fn run(args: RunArgs) -> Result<()> {
         }
         agent.abort();
         clock.abort();
+        if let Some(s) = steps {
+            s.abort();
+        }
         tls_watch.abort();
         Ok(())
     })
+}
+
+/// Serves the step I/O service on `listen` (unless `none`); the address srun dials.
+async fn serve_steps(
+    listen: &str,
+    advertised: Option<String>,
+    runner: &Runner,
+    tls: &docket_auth::tls::TlsContext,
+) -> Result<Option<(String, tokio::task::JoinHandle<()>)>> {
+    if listen == "none" {
+        return Ok(None);
+    }
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let local = listener
+        .local_addr()
+        .context("the step listener's address")?;
+    let address = match advertised {
+        Some(a) => a,
+        None if local.ip().is_unspecified() => {
+            let host = nix::unistd::gethostname()
+                .context("this host's name")?
+                .to_string_lossy()
+                .into_owned();
+            format!("{host}:{}", local.port())
+        }
+        None => local.to_string(),
+    };
+    let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
+    let service = runner.step_service();
+    let task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the step I/O service stopped");
+        }
+    });
+    tracing::info!(%address, "srun reaches this agent's steps here");
+    Ok(Some((address, task)))
 }
 
 fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
@@ -364,6 +435,7 @@ fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
         work_dir: a.work_dir,
         stdout: a.stdout,
         stderr: a.stderr,
+        inherit_stdio: a.inherit_stdio,
         command: a.command,
     }
 }

@@ -27,6 +27,8 @@ pub struct SessionConfig {
     pub memory_mib: u64,
     pub gpus: u32,
     pub tls: docket_auth::tls::TlsContext,
+    /// Where srun reaches this agent's step I/O service; empty: nowhere.
+    pub step_address: String,
 }
 
 fn client(addr: &str, tls: &docket_auth::tls::TlsContext) -> Option<AgentsClient<Channel>> {
@@ -68,6 +70,7 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
             gpus: config.gpus,
             version: env!("CARGO_PKG_VERSION").into(),
             jobs: runner.held(),
+            step_address: config.step_address.clone(),
         };
         match c.register(request).await {
             Ok(r) => {

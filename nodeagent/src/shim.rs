@@ -60,6 +60,9 @@ pub struct ShimArgs {
     /// Opened as the user, appended to, never through a symlink.
     pub stdout: PathBuf,
     pub stderr: PathBuf,
+    /// Keep the standard input, output and error the shim was started with (a step's task,
+    /// whose output streams to its srun) instead of opening `stdout` and `stderr`.
+    pub inherit_stdio: bool,
     pub command: Vec<String>,
 }
 
@@ -89,6 +92,9 @@ impl ShimArgs {
         push("--work-dir", self.work_dir.as_os_str());
         push("--stdout", self.stdout.as_os_str());
         push("--stderr", self.stderr.as_os_str());
+        if self.inherit_stdio {
+            a.push("--inherit-stdio".into());
+        }
         a.push("--".into());
         a.extend(self.command.iter().map(Into::into));
         a
@@ -224,15 +230,25 @@ pub fn read_pgid(dir: &RootDir) -> Option<i32> {
 /// after telling the monitor why (and the job's stderr, when it is open).
 pub fn exec_as_user(args: &ShimArgs) -> anyhow::Error {
     // The monitor's pipe, kept (close-on-exec) apart from stdout, which becomes the job's.
-    let status = std::io::stdout().as_fd().try_clone_to_owned().ok();
-    let mut outputs_open = false;
+    // A step's task has no monitor: its failure goes to its stderr, which is its srun's.
+    let status = (!args.inherit_stdio)
+        .then(|| std::io::stdout().as_fd().try_clone_to_owned().ok())
+        .flatten();
+    let mut outputs_open = args.inherit_stdio;
     let Err(e) = become_job(args, &mut outputs_open);
     let message = format!("{e:#}");
     if let Some(status) = status {
         let _ = std::fs::File::from(status).write_all(message.as_bytes());
     }
     if outputs_open {
-        eprintln!("docket: the job could not start: {message}");
+        eprintln!(
+            "docket: {} could not start: {message}",
+            if args.inherit_stdio {
+                "the task"
+            } else {
+                "the job"
+            }
+        );
     }
     e
 }
@@ -271,16 +287,18 @@ fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::
         ));
         std::env::set_current_dir("/tmp").context("entering /tmp")?;
     }
-    let stdout = open_output(&args.stdout)?;
-    let stderr = if args.stderr == args.stdout {
-        stdout.try_clone().context("stderr")?
-    } else {
-        open_output(&args.stderr)?
-    };
-    nix::unistd::dup2_stdout(&stdout).context("stdout")?;
-    nix::unistd::dup2_stderr(&stderr).context("stderr")?;
-    *outputs_open = true;
-    drop((stdout, stderr));
+    if !args.inherit_stdio {
+        let stdout = open_output(&args.stdout)?;
+        let stderr = if args.stderr == args.stdout {
+            stdout.try_clone().context("stderr")?
+        } else {
+            open_output(&args.stderr)?
+        };
+        nix::unistd::dup2_stdout(&stdout).context("stdout")?;
+        nix::unistd::dup2_stderr(&stderr).context("stderr")?;
+        *outputs_open = true;
+        drop((stdout, stderr));
+    }
     if let Some(w) = warning {
         eprintln!("docket: {w}");
     }
@@ -386,6 +404,7 @@ mod tests {
             stdout: "/dev/null".into(),
             stderr: "/dev/null".into(),
             command: vec!["/bin/true".into()],
+            inherit_stdio: false,
         }
     }
 

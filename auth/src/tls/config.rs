@@ -4,7 +4,8 @@
 //! Servers (controllers) ask for a client certificate but do not require one: agents and
 //! replicas present theirs and the services check the role; users' commands present none and
 //! prove who they are with a credential instead. Clients (replicas to each other, agents, the
-//! command line) verify the controller's certificate with [`ReplicaVerifier`].
+//! command line) verify the controller's certificate with [`RoleVerifier`] (srun an agent's, for
+//! the node it expects).
 //!
 //! Certificates are short-lived in a well-run site, so they must change without a restart:
 //! [`TlsContext::reload`] re-reads the files (a bad new set is refused and the old one kept),
@@ -23,7 +24,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::tls::role::{Role, RoleError};
-use crate::tls::verify::ReplicaVerifier;
+use crate::tls::verify::{Expected, RoleVerifier};
 
 /// Where a daemon's TLS material is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +61,8 @@ pub fn provider() -> Arc<CryptoProvider> {
 struct Loaded {
     server: Option<Arc<ServerConfig>>,
     client: Arc<ClientConfig>,
+    /// The cluster CA's roots and the crypto provider, for clients of a node's agent.
+    roots: Arc<RootCertStore>,
     role: Option<Role>,
     stamps: Vec<Stamp>,
 }
@@ -138,7 +141,10 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
         .with_safe_default_protocol_versions()
         .map_err(rustls_error)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ReplicaVerifier::new(server_verifier)));
+        .with_custom_certificate_verifier(Arc::new(RoleVerifier::new(
+            server_verifier,
+            Expected::Replica,
+        )));
     let mut client = match &identity {
         Some((chain, key, _)) => client_builder
             .with_client_auth_cert(chain.clone(), key.clone_key())
@@ -148,10 +154,11 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
     client.alpn_protocols = vec![b"h2".to_vec()];
     let server = match &identity {
         Some((chain, key, _)) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| TlsError::Rustls(e.to_string()))?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+                    .allow_unauthenticated()
+                    .build()
+                    .map_err(|e| TlsError::Rustls(e.to_string()))?;
             let mut server = ServerConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(rustls_error)?
@@ -171,6 +178,7 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
     Ok(Loaded {
         server,
         client: Arc::new(client),
+        roots,
         role: identity.map(|(_, _, role)| role),
         stamps,
     })
@@ -206,6 +214,28 @@ impl TlsContext {
     /// The client configuration in force.
     pub fn client_config(&self) -> Arc<ClientConfig> {
         self.loaded().client.clone()
+    }
+
+    /// A client configuration that accepts only the agent of `node` (srun's, for a step's
+    /// tasks there). Users present no certificate.
+    pub fn node_client_config(&self, node: &str) -> Result<Arc<ClientConfig>, TlsError> {
+        let loaded = self.loaded();
+        let provider = provider();
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(loaded.roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| TlsError::Rustls(e.to_string()))?;
+        let mut client = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Rustls(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(RoleVerifier::new(
+                inner,
+                Expected::Node(node.to_owned()),
+            )))
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(client))
     }
 
     /// The role of this daemon's own certificate.

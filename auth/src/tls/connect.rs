@@ -1,5 +1,5 @@
-//! TLS channels to the controllers for tonic clients (replicas to each other, agents, the
-//! command line).
+//! TLS channels for tonic clients: to the controllers (replicas to each other, agents, the
+//! command line) and to one node's agent (srun).
 //!
 //! [`Connector`] is the tower service tonic's `Endpoint::connect_with_connector_lazy` calls
 //! for each new connection: TCP (no Nagle delay), then a TLS handshake with the client
@@ -19,15 +19,25 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::tls::config::TlsContext;
 
-/// Makes TLS connections to controllers.
+/// Makes TLS connections to controllers, or to the agent of one node.
 #[derive(Debug, Clone)]
 pub struct Connector {
     tls: TlsContext,
+    /// The node whose agent we dial; None: a controller.
+    node: Option<String>,
 }
 
 impl Connector {
     pub fn new(tls: TlsContext) -> Self {
-        Connector { tls }
+        Connector { tls, node: None }
+    }
+
+    /// Connections that accept only the agent of `node`.
+    pub fn to_node(tls: TlsContext, node: &str) -> Self {
+        Connector {
+            tls,
+            node: Some(node.to_owned()),
+        }
     }
 }
 
@@ -44,10 +54,14 @@ impl tower::Service<http::Uri> for Connector {
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let config = self.tls.client_config();
+        let config = match &self.node {
+            None => Ok(self.tls.client_config()),
+            Some(node) => self.tls.node_client_config(node),
+        };
         Box::pin(async move {
             let invalid =
                 |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+            let config = config.map_err(|e| invalid(e.to_string()))?;
             let host = uri
                 .host()
                 .ok_or_else(|| invalid(format!("{uri}: no host")))?
@@ -98,4 +112,20 @@ pub fn channel_with_keepalive(
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5));
     Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}
+
+/// A lazily connected TLS channel to the agent of `node` at `addr` (`host:port`), which must
+/// present that node's certificate.
+pub fn node_channel(
+    addr: &str,
+    node: &str,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+) -> Result<Channel, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
+        .connect_timeout(connect_timeout)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(20));
+    Ok(endpoint.connect_with_connector_lazy(Connector::to_node(tls.clone(), node)))
 }

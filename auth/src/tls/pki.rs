@@ -115,11 +115,12 @@ impl CertAuthority {
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = match role {
-            Role::Replica(_) => vec![
+            // Agents also serve srun (the step tasks API) on their node's names.
+            Role::Replica(_) | Role::Node(_) => vec![
                 ExtendedKeyUsagePurpose::ServerAuth,
                 ExtendedKeyUsagePurpose::ClientAuth,
             ],
-            Role::Node(_) | Role::Tool(_) => vec![ExtendedKeyUsagePurpose::ClientAuth],
+            Role::Tool(_) => vec![ExtendedKeyUsagePurpose::ClientAuth],
         };
         params.use_authority_key_identifier_extension = true;
         let mut sans = vec![SanType::URI(role.uri().try_into()?)];

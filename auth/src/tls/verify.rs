@@ -1,7 +1,9 @@
-//! The client's check of a controller: a certificate the cluster CA signed, valid for the
-//! name we dialled (rustls's WebPKI verifier), and carrying the replica role. Without the last
-//! check, any certificate of the cluster valid for that name would do; with it, a compromised
-//! compute node's certificate cannot stand in for a controller.
+//! The client's check of a server: a certificate the cluster CA signed, valid for the name we
+//! dialled (rustls's WebPKI verifier), and carrying the role we meant to reach — a controller
+//! replica, or the agent of one named node (srun starting a step's tasks there). Without the
+//! last check, any certificate of the cluster valid for that name would do; with it, a
+//! compromised compute node's certificate cannot stand in for a controller or for another
+//! node's agent.
 
 use std::sync::Arc;
 
@@ -12,19 +14,29 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::tls::role::Role;
 
-/// Verifies a server's chain and name, then requires [`Role::Replica`].
-#[derive(Debug)]
-pub struct ReplicaVerifier {
-    inner: Arc<WebPkiServerVerifier>,
+/// The role a client expects of the server it dialled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// Any controller replica.
+    Replica,
+    /// The agent of this node.
+    Node(String),
 }
 
-impl ReplicaVerifier {
-    pub fn new(inner: Arc<WebPkiServerVerifier>) -> Self {
-        ReplicaVerifier { inner }
+/// Verifies a server's chain and name, then requires the [`Expected`] role.
+#[derive(Debug)]
+pub struct RoleVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    expected: Expected,
+}
+
+impl RoleVerifier {
+    pub fn new(inner: Arc<WebPkiServerVerifier>, expected: Expected) -> Self {
+        RoleVerifier { inner, expected }
     }
 }
 
-impl ServerCertVerifier for ReplicaVerifier {
+impl ServerCertVerifier for RoleVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -40,12 +52,16 @@ impl ServerCertVerifier for ReplicaVerifier {
             ocsp_response,
             now,
         )?;
-        match Role::of_certificate(end_entity) {
-            Ok(Role::Replica(_)) => Ok(verified),
-            Ok(other) => Err(rustls::Error::General(format!(
+        match (Role::of_certificate(end_entity), &self.expected) {
+            (Ok(Role::Replica(_)), Expected::Replica) => Ok(verified),
+            (Ok(Role::Node(n)), Expected::Node(want)) if &n == want => Ok(verified),
+            (Ok(other), Expected::Replica) => Err(rustls::Error::General(format!(
                 "the server's certificate is for {other}, not a controller replica"
             ))),
-            Err(e) => Err(rustls::Error::General(format!(
+            (Ok(other), Expected::Node(want)) => Err(rustls::Error::General(format!(
+                "the server's certificate is for {other}, not node {want}'s agent"
+            ))),
+            (Err(e), _) => Err(rustls::Error::General(format!(
                 "the server's certificate: {e}"
             ))),
         }

@@ -223,6 +223,8 @@ impl Runs {
                     fx.push(Effect::Signal(id, signal));
                 }
             }
+            // Steps are the step registry's (crate::steps), not a run's.
+            Kind::StepGrant(_) | Kind::StepCancel(_) => {}
         }
     }
 

@@ -154,8 +154,24 @@ impl Runner {
             work_dir: PathBuf::from(&l.work_dir),
             stdout,
             stderr,
+            inherit_stdio: false,
             command,
         };
+        // What a step's tasks on this node start from.
+        let base = crate::steps::StepBase {
+            user: l.user.clone(),
+            uid,
+            gid,
+            rlimit_as: shim.rlimit_as,
+            work_dir: shim.work_dir.clone(),
+            node_env: env
+                .iter()
+                .filter(|(k, _)| crate::steps::NODE_VARIABLES.contains(&k.as_str()))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            run_dir: run_dir.path().to_path_buf(),
+        };
+        self.hold(id, |h| h.step_base = Some(std::sync::Arc::new(base)));
         Ok(Prepared { run_dir, shim })
     }
 

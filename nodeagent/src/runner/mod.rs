@@ -96,6 +96,8 @@ struct Held {
     run_dir: Option<PathBuf>,
     /// The job's process group, as its monitor recorded it (used only unconfined).
     pgid: Option<i32>,
+    /// What the job's steps start from here (runs this agent started).
+    step_base: Option<Arc<crate::steps::StepBase>>,
 }
 
 /// The runs of this node. Cheap to clone.
@@ -118,12 +120,15 @@ pub struct Runner {
     /// moved).
     origin: Instant,
     wake: Arc<Notify>,
+    /// The steps the leader granted this node.
+    steps: Arc<crate::steps::Grants>,
 }
 
 impl Runner {
     /// A runner; its job events arrive on the returned receiver.
     pub fn new(config: RunnerConfig) -> (Self, mpsc::UnboundedReceiver<pb::JobEvent>) {
         let (events, rx) = mpsc::unbounded_channel();
+        let steps = crate::steps::Grants::new(events.clone());
         let book = Runs::new(config.mode == Mode::Simulated, config.kill_grace);
         (
             Runner {
@@ -136,6 +141,7 @@ impl Runner {
                 acknowledged: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 origin: Instant::now(),
                 wake: Arc::new(Notify::new()),
+                steps,
             },
             rx,
         )
@@ -209,11 +215,42 @@ impl Runner {
         }
     }
 
-    /// Carries out one instruction.
+    /// Carries out one instruction. Steps are the step registry's; runs the state machine's.
     pub fn apply(&self, instruction: pb::Instruction) {
-        if let Some(kind) = instruction.kind {
-            self.step(Input::Instruction(Box::new(kind)));
+        match instruction.kind {
+            Some(pb::instruction::Kind::StepGrant(grant)) => {
+                let runs_here = self
+                    .book()
+                    .get((grant.job_id, grant.epoch))
+                    .is_some_and(|r| r.running());
+                if runs_here {
+                    self.steps.grant(grant);
+                } else {
+                    tracing::debug!(
+                        job = grant.job_id,
+                        epoch = grant.epoch,
+                        step = grant.step_id,
+                        "a step of a run not running here"
+                    );
+                }
+            }
+            Some(pb::instruction::Kind::StepCancel(c)) => self.steps.cancel(c.job_id, c.step_id),
+            Some(kind) => self.step(Input::Instruction(Box::new(kind))),
+            None => {}
         }
+    }
+
+    /// The step I/O service of this node's runs (srun's way to its tasks).
+    pub fn step_service(
+        &self,
+    ) -> docket_proto::v1::step_io_server::StepIoServer<crate::steps::serve::StepIoService> {
+        crate::steps::serve::StepIoService::new(
+            Arc::new(self.clone()),
+            self.steps.clone(),
+            self.config.node.clone(),
+            self.config.shim.clone(),
+            self.config.kill_grace,
+        )
     }
 
     /// What this node holds, for registration and heartbeats.
@@ -303,6 +340,7 @@ impl Runner {
     /// Frees what a finished run held: its cgroup first (once it is empty nothing of the job
     /// holds its scratch), then its scratch, its cpus and GPUs, and its directories.
     fn release(&self, id: RunId) {
+        self.steps.forget_job(id.0);
         let Some(held) = self.holdings().remove(&id) else {
             return;
         };
@@ -462,6 +500,38 @@ fn now_unix_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+impl crate::steps::serve::Jobs for Runner {
+    fn step_context(
+        &self,
+        job: u64,
+        epoch: u64,
+    ) -> Result<crate::steps::serve::StepContext, String> {
+        let node = &self.config.node;
+        match self.book().get((job, epoch)) {
+            Some(r) if r.suspended() => {
+                return Err(format!("job {job} is suspended on node {node}"));
+            }
+            Some(r) if r.running() => {}
+            _ => return Err(format!("job {job} does not run on node {node}")),
+        }
+        let held = self
+            .holdings()
+            .get(&(job, epoch))
+            .cloned()
+            .unwrap_or_default();
+        let base = held.step_base.ok_or_else(|| {
+            format!(
+                "the agent of node {node} restarted since job {job} started there; it starts no \
+                 steps for it"
+            )
+        })?;
+        Ok(crate::steps::serve::StepContext {
+            base,
+            cgroup: held.cgroup,
+        })
+    }
 }
 
 #[cfg(test)]

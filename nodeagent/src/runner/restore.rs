@@ -61,6 +61,9 @@ impl Runner {
                             monitor: s.monitor,
                             run_dir: s.run_dir.clone(),
                             pgid: s.pgid,
+                            // What steps need is not kept: a restarted agent starts no steps
+                            // for the runs it re-adopts.
+                            step_base: None,
                         },
                     );
                     watch.push((id, s.run_dir));

@@ -1,0 +1,242 @@
+//! srun's side of a step's tasks: one `StepIo.Attach` stream per node, over TLS to that
+//! node's certificate; output written as it comes (labelled per line with `-l`), standard
+//! input to task 0, SIGINT and SIGTERM passed to every task, and the highest exit kept.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Result, anyhow, bail};
+use docket_proto::v1 as pb;
+use docket_proto::v1::step_io_client::StepIoClient;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::client::Client;
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub label: bool,
+    pub kill_on_bad_exit: bool,
+}
+
+/// What the nodes' streams bring back, merged.
+enum Event {
+    Output(pb::Output),
+    Exit(pb::TaskExit),
+    /// A node's stream ended (with the error that ended it, if one did).
+    Done(String, Option<tonic::Status>),
+}
+
+/// Writes output, a line at a time per task and stream when labelling.
+struct Writer {
+    label: bool,
+    width: usize,
+    partial: BTreeMap<(u32, u32), Vec<u8>>,
+}
+
+impl Writer {
+    fn write(&mut self, o: &pb::Output) {
+        if !self.label {
+            emit(o.fd, &o.data);
+            return;
+        }
+        let buf = self.partial.entry((o.task, o.fd)).or_default();
+        buf.extend_from_slice(&o.data);
+        while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let mut out = format!("{:>w$}: ", o.task, w = self.width).into_bytes();
+            out.extend_from_slice(&line);
+            emit(o.fd, &out);
+        }
+    }
+
+    /// What is left without a final newline.
+    fn flush(&mut self) {
+        for ((task, fd), rest) in std::mem::take(&mut self.partial) {
+            if !rest.is_empty() {
+                let mut out = format!("{:>w$}: ", task, w = self.width).into_bytes();
+                out.extend_from_slice(&rest);
+                out.push(b'\n');
+                emit(fd, &out);
+            }
+        }
+    }
+}
+
+fn emit(fd: u32, data: &[u8]) {
+    if fd == 2 {
+        let mut e = std::io::stderr().lock();
+        let _ = e.write_all(data);
+        let _ = e.flush();
+    } else {
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(data);
+        let _ = o.flush();
+    }
+}
+
+/// Starts the step's tasks on every node of `created` and carries their I/O to the end.
+/// Returns the highest exit status of the tasks (128 + the signal for one killed).
+pub async fn run(
+    client: &Client,
+    created: &pb::CreateStepResponse,
+    launch: pb::LaunchTasks,
+    options: Options,
+) -> Result<u8> {
+    let (events_tx, mut events) = mpsc::channel::<Event>(256);
+    let mut inputs: BTreeMap<String, mpsc::Sender<pb::StepInput>> = BTreeMap::new();
+    let mut stdin_node = None;
+    for share in &created.layout {
+        if share.agent_address.is_empty() {
+            bail!(
+                "the leader knows no step address for node {}'s agent (is its --step-listen \
+                 bound?)",
+                share.node
+            );
+        }
+        let channel = docket_auth::tls::connect::node_channel(
+            &share.agent_address,
+            &share.node,
+            client.tls(),
+            Duration::from_secs(5),
+        )
+        .map_err(|e| anyhow!("node {}: {e}", share.node))?;
+        let (tx, rx) = mpsc::channel::<pb::StepInput>(64);
+        let mut node_launch = launch.clone();
+        node_launch.stdin = launch.stdin && share.first_task == 0;
+        if node_launch.stdin {
+            stdin_node = Some(share.node.clone());
+        }
+        tx.send(pb::StepInput {
+            kind: Some(pb::step_input::Kind::Launch(node_launch)),
+        })
+        .await
+        .map_err(|_| anyhow!("node {}: the input stream closed", share.node))?;
+        let mut agent = StepIoClient::new(channel);
+        let node = share.node.clone();
+        let events_tx = events_tx.clone();
+        tokio::spawn(async move {
+            let mut stream = match agent.attach(ReceiverStream::new(rx)).await {
+                Ok(s) => s.into_inner(),
+                Err(status) => {
+                    let _ = events_tx.send(Event::Done(node, Some(status))).await;
+                    return;
+                }
+            };
+            let mut failure = None;
+            while let Some(message) = stream.next().await {
+                let event = match message {
+                    Ok(pb::StepOutput {
+                        kind: Some(pb::step_output::Kind::Output(o)),
+                    }) => Event::Output(o),
+                    Ok(pb::StepOutput {
+                        kind: Some(pb::step_output::Kind::Exit(x)),
+                    }) => Event::Exit(x),
+                    Ok(_) => continue,
+                    Err(status) => {
+                        failure = Some(status);
+                        break;
+                    }
+                };
+                if events_tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+            let _ = events_tx.send(Event::Done(node, failure)).await;
+        });
+        inputs.insert(share.node.clone(), tx);
+    }
+    drop(events_tx);
+    if let Some(node) = &stdin_node
+        && let Some(tx) = inputs.get(node).cloned()
+    {
+        tokio::spawn(forward_stdin(tx));
+    }
+    let ntasks: u32 = created.layout.iter().map(|s| s.tasks).sum();
+    let node_of = |task: u32| {
+        created
+            .layout
+            .iter()
+            .find(|s| task >= s.first_task && task - s.first_task < s.tasks)
+            .map_or("?", |s| s.node.as_str())
+    };
+    let mut writer = Writer {
+        label: options.label,
+        width: ntasks.saturating_sub(1).to_string().len(),
+        partial: BTreeMap::new(),
+    };
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut open = created.layout.len();
+    let mut highest: u8 = 0;
+    let mut failures = Vec::new();
+    let mut killed = false;
+    let broadcast = |inputs: &BTreeMap<String, mpsc::Sender<pb::StepInput>>, signal: i32| {
+        for tx in inputs.values() {
+            let _ = tx.try_send(pb::StepInput {
+                kind: Some(pb::step_input::Kind::Signal(signal)),
+            });
+        }
+    };
+    while open > 0 {
+        tokio::select! {
+            event = events.recv() => match event {
+                None => break,
+                Some(Event::Output(o)) => writer.write(&o),
+                Some(Event::Exit(x)) => {
+                    let status = if x.signal != 0 { 128 + x.signal } else { x.exit_code };
+                    highest = highest.max(status.clamp(0, 255) as u8);
+                    let node = node_of(x.task);
+                    if x.signal != 0 {
+                        eprintln!("srun: error: {node}: task {}: Killed by signal {}", x.task, x.signal);
+                    } else if x.exit_code != 0 {
+                        eprintln!("srun: error: {node}: task {}: Exited with exit code {}", x.task, x.exit_code);
+                    }
+                    if options.kill_on_bad_exit && status != 0 && !killed {
+                        killed = true;
+                        broadcast(&inputs, nix::sys::signal::Signal::SIGKILL as i32);
+                    }
+                }
+                Some(Event::Done(node, failure)) => {
+                    open -= 1;
+                    if let Some(s) = failure {
+                        failures.push(format!("node {node}: {}", s.message()));
+                        // The rest of the step cannot go on without these tasks.
+                        broadcast(&inputs, nix::sys::signal::Signal::SIGKILL as i32);
+                    }
+                }
+            },
+            _ = interrupt.recv() => {
+                eprintln!("srun: interrupt (one more within 1 sec to abort)");
+                broadcast(&inputs, nix::sys::signal::Signal::SIGINT as i32);
+            }
+            _ = terminate.recv() => broadcast(&inputs, nix::sys::signal::Signal::SIGTERM as i32),
+        }
+    }
+    writer.flush();
+    if !failures.is_empty() {
+        bail!("{}", failures.join("; "));
+    }
+    Ok(highest)
+}
+
+/// srun's standard input, to task 0's node, until its end.
+async fn forward_stdin(tx: mpsc::Sender<pb::StepInput>) {
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let (data, eof) = match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => (Vec::new(), true),
+            Ok(n) => (buf[..n].to_vec(), false),
+        };
+        let chunk = pb::StepInput {
+            kind: Some(pb::step_input::Kind::Stdin(pb::StdinChunk { data, eof })),
+        };
+        if tx.send(chunk).await.is_err() || eof {
+            return;
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! Job steps for real: a two-node job submitted by an unprivileged user (`nobody`) on a
+//! `docket-local` cluster (three controllers, two real agents) runs `srun` in its script the
+//! way launchers write it. The tasks start on both nodes with Slurm's step variables, each
+//! in a step cgroup under the job's; output comes back labelled or into `-o` pattern files;
+//! stdin reaches task 0; srun's exit code is the highest task's; a step's time limit, a
+//! task left behind by its step, and `scancel JOBID.STEP` all end what they should.
+//!
+//! Then the agents' step port is attacked with what every user of the cluster has (the CA
+//! certificate): launching tasks of a step without its secret is refused, and so is an
+//! oversized launch, each with a message naming what was wrong.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use docket_proto::v1 as pb;
+
+fn bin_dir() -> PathBuf {
+    docket_deploy::testing::bin_dir(
+        env!("CARGO_BIN_EXE_docket-local"),
+        &[
+            "docket-controller",
+            "docket-nodeagent",
+            "docket-authd",
+            "docket",
+        ],
+    )
+}
+
+fn local(state: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_docket-local"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct Down<'a>(&'a Path);
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = local(self.0, &["down"]);
+    }
+}
+
+/// The job script: one srun per line of what the issue asks of steps, each followed by its
+/// exit code so the test reads them from the job's output.
+const SCRIPT: &str = r#"#!/bin/sh
+srun -l sh -c 'echo "vars task=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID ntasks=$SLURM_NTASKS nnodes=$SLURM_NNODES step=$SLURM_STEP_ID nodes=$SLURM_STEP_NODELIST tasks=$SLURM_STEP_NUM_TASKS tpn=$SLURM_TASKS_PER_NODE"; if grep -q "/job_${SLURM_JOB_ID}_[0-9]*/step_${SLURM_STEP_ID}\$" /proc/self/cgroup; then echo cgroup=step; else echo cgroup=other; fi'
+echo "step0=$?"
+srun sh -c 'exit $((SLURM_PROCID + 3))'
+echo "step1=$?"
+echo piped-in | srun -n 1 cat
+echo "step2=$?"
+srun -o 'task-%t-%N-%j.%s.out' sh -c 'echo "file $SLURM_PROCID $SLURM_NODEID"'
+echo "step3=$?"
+srun -n 1 -t 0:02 sleep 60
+echo "step4=$?"
+srun -n 1 sh -c 'sleep 300 & echo $! > orphan.pid; exit 0'
+echo "step5=$?"
+sleep 1
+pid=$(cat orphan.pid)
+if [ -e /proc/$pid ] && ! grep -q '^State:.*Z' /proc/$pid/status 2>/dev/null; then
+  echo orphan=alive
+else
+  echo orphan=gone
+fi
+srun -n 1 sleep 300 &
+sleep 3
+scancel "$SLURM_JOB_ID.6"
+wait $!
+echo "step6=$?"
+"#;
+
+#[test]
+fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+            "DOCKET_REQUIRE_PRIVILEGED is set but this test runs without root"
+        );
+        eprintln!("skipped: real agents confine steps in cgroups, which needs root");
+        return;
+    }
+    let bins = bin_dir();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("cluster");
+    let _down = Down(&state);
+    let o = local(
+        &state,
+        &[
+            "up",
+            "--replicas",
+            "3",
+            "--agents",
+            "2",
+            "--bin-dir",
+            bins.to_str().unwrap(),
+        ],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let env: Vec<(String, String)> = out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("export "))
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, _)| *k != "PATH")
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert!(env.iter().any(|(k, _)| k == "DOCKET_ADDR"), "{out}");
+
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::os::unix::fs::chown(&work, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
+    let script = work.join("steps.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    std::os::unix::fs::chown(&script, Some(nobody.uid.as_raw()), None).unwrap();
+
+    let path = format!("{}:/usr/bin:/bin", state.join("bin").display());
+    let submit = Command::new("/usr/bin/timeout")
+        .args(["180", state.join("bin/sbatch").to_str().unwrap()])
+        .args(["--parsable", "--wait", "-N", "2", "-n", "2", "-t", "5"])
+        .args(["-o", "job.out", "steps.sh"])
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", "/nonexistent")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let job_out = std::fs::read_to_string(work.join("job.out")).unwrap_or_default();
+    assert!(
+        submit.status.success(),
+        "sbatch --wait: {}\njob output:\n{job_out}\n{}",
+        text(&submit),
+        text(&local(&state, &["logs", "-n", "40"]))
+    );
+    let job = text(&submit).trim().to_owned();
+    println!("job {job} output:\n{job_out}");
+
+    // Step 0: both nodes, one task each, labelled, with Slurm's variables, in step cgroups.
+    for (task, node) in [(0, "n01"), (1, "n02")] {
+        let _ = node;
+        let line = format!(
+            "{task}: vars task={task} local=0 node={task} ntasks=2 nnodes=2 step=0 \
+             nodes=n[01-02] tasks=2 tpn=1(x2)"
+        );
+        assert!(job_out.contains(&line), "missing {line:?} in\n{job_out}");
+        assert!(
+            job_out.contains(&format!("{task}: cgroup=step")),
+            "task {task} is not in its step cgroup:\n{job_out}"
+        );
+    }
+    assert!(job_out.contains("step0=0\n"), "{job_out}");
+    // Step 1: the highest task exit code, and Slurm's report of each failed task.
+    assert!(job_out.contains("step1=4\n"), "{job_out}");
+    assert!(
+        job_out.contains("task 1: Exited with exit code 4"),
+        "{job_out}"
+    );
+    // Step 2: stdin reaches task 0.
+    assert!(job_out.contains("piped-in\nstep2=0\n"), "{job_out}");
+    // Step 3: -o patterns, one file per task.
+    assert!(job_out.contains("step3=0\n"), "{job_out}");
+    for (task, node) in [(0, "n01"), (1, "n02")] {
+        let file = work.join(format!("task-{task}-{node}-{job}.3.out"));
+        let content = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{job_out}", file.display()));
+        assert_eq!(content, format!("file {task} {task}\n"));
+        let meta = std::fs::metadata(&file).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(meta.uid(), nobody.uid.as_raw(), "written as the user");
+    }
+    // Step 4: the step's time limit ends it, and srun says it failed.
+    let step4 = line_value(&job_out, "step4=");
+    assert_ne!(step4, "0", "{job_out}");
+    // Step 5: a task that outlives its step is killed with it.
+    assert!(job_out.contains("step5=0\n"), "{job_out}");
+    assert!(job_out.contains("orphan=gone"), "{job_out}");
+    // Step 6: scancel JOBID.6 ends srun with a failure.
+    assert_ne!(line_value(&job_out, "step6="), "0", "{job_out}");
+
+    // A second job whose step stays up on both nodes, for the attacks.
+    let std::process::Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(state.join("bin/sbatch"))
+        .args([
+            "--parsable",
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "-t",
+            "5",
+            "-o",
+            "live.out",
+        ])
+        .arg("--wrap")
+        .arg("srun sh -c 'touch up.$SLURM_PROCID; exec sleep 300'")
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", "/nonexistent")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .uid(nobody.uid.as_raw())
+        .gid(nobody.gid.as_raw())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(status.success(), "{}", String::from_utf8_lossy(&stderr));
+    let live = String::from_utf8_lossy(&stdout).trim().to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !(work.join("up.0").exists() && work.join("up.1").exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the live step never started: {}",
+            std::fs::read_to_string(work.join("live.out")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    attack_the_step_port(&state, &live);
+    // Nothing the attacks did ended the step: both tasks still run.
+    let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();
+    assert!(live_out.is_empty(), "{live_out}");
+
+    let o = local(&state, &["down"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+fn line_value<'a>(out: &'a str, key: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in\n{out}"))
+}
+
+/// The agents' step addresses and names, from the cluster record.
+fn agents(state: &Path) -> Vec<(String, String)> {
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("cluster.json")).unwrap())
+            .unwrap();
+    record["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| {
+            Some((
+                a["spec"]["name"].as_str()?.to_owned(),
+                a["step_address"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// With only what every user has (the CA certificate), the step port of an agent refuses a
+/// launch into the running step 0 of `job` without its secret, and refuses an absurd launch
+/// naming the field and its limit.
+fn attack_the_step_port(state: &Path, job: &str) {
+    let agents = agents(state);
+    assert_eq!(agents.len(), 2, "{agents:?}");
+    let job_id: u64 = job.parse().unwrap();
+    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: state.join("ca.pem"),
+        identity: None,
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        for (node, addr) in &agents {
+            let launch = |secret: Vec<u8>, argv: Vec<String>| pb::StepInput {
+                kind: Some(pb::step_input::Kind::Launch(pb::LaunchTasks {
+                    job_id,
+                    step_id: 0,
+                    secret,
+                    argv,
+                    ..Default::default()
+                })),
+            };
+            // The live step, a guessed secret: refused.
+            let status = attach(addr, node, &tls, launch(vec![7; 32], vec!["id".into()]))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                status.code(),
+                tonic::Code::PermissionDenied,
+                "{node}: {status:?}"
+            );
+            // An argv of a million arguments: refused before any grant is looked at.
+            let huge = vec!["x".to_owned(); 1_000_000];
+            let status = attach(addr, node, &tls, launch(vec![7; 32], huge))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{node}: {status:?}"
+            );
+            assert!(status.message().contains("argv"), "{status:?}");
+        }
+    });
+}
+
+/// One Attach call carrying `first`; the agent's first answer, or its refusal.
+async fn attach(
+    addr: &str,
+    node: &str,
+    tls: &docket_auth::tls::TlsContext,
+    first: pb::StepInput,
+) -> Result<pb::StepOutput, tonic::Status> {
+    let channel =
+        docket_auth::tls::connect::node_channel(addr, node, tls, Duration::from_secs(5)).unwrap();
+    let mut client =
+        pb::step_io_client::StepIoClient::new(channel).max_encoding_message_size(64 << 20);
+    let input = tokio_stream::iter(vec![first]);
+    let mut stream = client.attach(input).await?.into_inner();
+    match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+        Ok(Ok(Some(m))) => Ok(m),
+        Ok(Ok(None)) => Err(tonic::Status::unknown("stream ended with no answer")),
+        Ok(Err(s)) => Err(s),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no answer in 10 s")),
+    }
+}

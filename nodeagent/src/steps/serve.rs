@@ -1,0 +1,504 @@
+//! The step I/O service (`docket.v1.StepIo`): srun's way to a step's tasks on this node.
+//!
+//! One `Attach` stream per srun and node. The first message must be the launch; it is bounded
+//! in size, and is refused unless its secret hashes to the step's I/O key the leader granted
+//! (PERMISSION_DENIED), or if another srun attached already. Then the tasks start, and the
+//! stream carries srun's standard input (to task 0) and signals one way, the tasks' output
+//! and exits the other. It ends when every task here has exited; whatever the tasks left
+//! behind in the step's cgroup is killed then. srun's going away, the leader's cancel and the
+//! step's time limit stop the tasks: SIGTERM, then SIGKILL after the agent's kill grace.
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use docket_proto::v1 as pb;
+use docket_proto::v1::step_io_server::{StepIo, StepIoServer};
+use nix::sys::signal::Signal;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{AttachError, Grants, StepBase, tasks};
+use crate::cgroup::JobCgroup;
+use crate::rootdir::RootDir;
+
+/// How long srun has to send its launch after connecting.
+const FIRST_MESSAGE: Duration = Duration::from_secs(10);
+/// How long an attach waits for the leader's grant to reach this agent.
+const GRANT_WAIT: Duration = Duration::from_secs(10);
+/// Bounds on a launch.
+pub const MAX_ARGS: usize = 4096;
+pub const MAX_ARG_BYTES: usize = 1 << 20;
+pub const MAX_ENVIRONMENT_BYTES: usize = 4 << 20;
+pub const MAX_PATH_BYTES: usize = 4096;
+/// The most a task's output is read at once (one message).
+const CHUNK: usize = 64 << 10;
+/// How long output still in the pipes is awaited after every task exited.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// What a step's tasks need from their job's run on this node.
+#[derive(Debug, Clone)]
+pub struct StepContext {
+    pub base: Arc<StepBase>,
+    /// The job's cgroups (None: the agent confines nothing).
+    pub cgroup: Option<JobCgroup>,
+}
+
+/// Where a step's tasks come from: the runs of this node.
+pub trait Jobs: Send + Sync + 'static {
+    /// The context of job `job`'s run under `epoch`, if it runs here now.
+    fn step_context(&self, job: u64, epoch: u64) -> Result<StepContext, String>;
+}
+
+/// The service. Cheap to clone.
+#[derive(Clone)]
+pub struct StepIoService {
+    jobs: Arc<dyn Jobs>,
+    grants: Arc<Grants>,
+    node: String,
+    shim: PathBuf,
+    kill_grace: Duration,
+}
+
+impl std::fmt::Debug for StepIoService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepIoService")
+            .field("node", &self.node)
+            .finish()
+    }
+}
+
+impl StepIoService {
+    pub fn new(
+        jobs: Arc<dyn Jobs>,
+        grants: Arc<Grants>,
+        node: String,
+        shim: PathBuf,
+        kill_grace: Duration,
+    ) -> StepIoServer<Self> {
+        StepIoServer::new(StepIoService {
+            jobs,
+            grants,
+            node,
+            shim,
+            kill_grace,
+        })
+    }
+}
+
+/// Refuses a launch over any bound, naming the field and the limit.
+pub fn check_launch(l: &pb::LaunchTasks) -> Result<(), Status> {
+    let too = |field: &str, what: String| Err(Status::invalid_argument(format!("{field}: {what}")));
+    if l.argv.is_empty() || l.argv[0].is_empty() {
+        return too("argv", "name the command to run".into());
+    }
+    if l.argv.len() > MAX_ARGS {
+        return too(
+            "argv",
+            format!("{} arguments; the limit is {MAX_ARGS}", l.argv.len()),
+        );
+    }
+    let arg_bytes: usize = l.argv.iter().map(|a| a.len() + 1).sum();
+    if arg_bytes > MAX_ARG_BYTES {
+        return too(
+            "argv",
+            format!("{arg_bytes} bytes; the limit is {MAX_ARG_BYTES}"),
+        );
+    }
+    let env_bytes: usize = l.environment.iter().map(|a| a.len() + 1).sum();
+    if env_bytes > MAX_ENVIRONMENT_BYTES {
+        return too(
+            "environment",
+            format!("{env_bytes} bytes; the limit is {MAX_ENVIRONMENT_BYTES}"),
+        );
+    }
+    for (field, value) in [
+        ("work_dir", &l.work_dir),
+        ("stdout", &l.stdout),
+        ("stderr", &l.stderr),
+    ] {
+        if value.len() > MAX_PATH_BYTES {
+            return too(
+                field,
+                format!("{} bytes; the limit is {MAX_PATH_BYTES}", value.len()),
+            );
+        }
+    }
+    if l.argv
+        .iter()
+        .chain(&l.environment)
+        .any(|a| a.contains('\0'))
+        || [&l.work_dir, &l.stdout, &l.stderr]
+            .iter()
+            .any(|p| p.contains('\0'))
+    {
+        return too(
+            "argv",
+            "no argument, variable or path may hold a NUL byte".into(),
+        );
+    }
+    Ok(())
+}
+
+fn attach_status(e: AttachError) -> Status {
+    match e {
+        AttachError::WrongSecret(..) => Status::permission_denied(e.to_string()),
+        AttachError::NotGranted(..) => Status::not_found(e.to_string()),
+        AttachError::Taken(..) => Status::already_exists(e.to_string()),
+        AttachError::Ended(..) => Status::failed_precondition(e.to_string()),
+    }
+}
+
+fn launch_failed(reason: String) -> pb::Ended {
+    pb::Ended {
+        cause: pb::EndCause::LaunchFailed as i32,
+        reason,
+        exit_code: 1,
+        ..Default::default()
+    }
+}
+
+type Output = Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::StepOutput, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl StepIo for StepIoService {
+    type AttachStream = Output;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<pb::StepInput>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let mut input = request.into_inner();
+        let first = tokio::time::timeout(FIRST_MESSAGE, input.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no launch within 10 s of connecting"))??
+            .ok_or_else(|| Status::invalid_argument("the stream ended before the launch"))?;
+        let Some(pb::step_input::Kind::Launch(launch)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message must be the launch",
+            ));
+        };
+        check_launch(&launch)?;
+        let attached = self
+            .grants
+            .attach(launch.job_id, launch.step_id, &launch.secret, GRANT_WAIT)
+            .await
+            .map_err(attach_status)?;
+        let grant = attached.grant.clone();
+        let key = (grant.job_id, grant.step_id);
+        // From here on, a failure ends the step on this node.
+        let started = self
+            .jobs
+            .step_context(grant.job_id, grant.epoch)
+            .and_then(|ctx| self.start(&ctx, &grant, &launch));
+        let started = match started {
+            Ok(s) => s,
+            Err(why) => {
+                self.grants.end(key, launch_failed(why.clone()));
+                return Err(Status::failed_precondition(why));
+            }
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let _ = tx
+            .send(Ok(pb::StepOutput {
+                kind: Some(pb::step_output::Kind::Launched(pb::Launched {
+                    tasks: started.tasks.iter().map(|t| t.task).collect(),
+                    pids: started.tasks.iter().map(|t| t.pid).collect(),
+                })),
+            }))
+            .await;
+        let this = self.clone();
+        tokio::spawn(async move {
+            let ended = this.drive(&grant, started, input, attached.stop, tx).await;
+            this.grants.end(key, ended);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One started task.
+#[derive(Debug)]
+struct Task {
+    task: u32,
+    pid: i32,
+    /// Until the driver takes it to wait on.
+    child: Option<tokio::process::Child>,
+    env_file: String,
+}
+
+/// The started tasks of this node, and the step's cgroups.
+#[derive(Debug)]
+struct Started {
+    tasks: Vec<Task>,
+    cgroup: Option<JobCgroup>,
+    run_dir: RootDir,
+}
+
+impl StepIoService {
+    /// Makes the step's cgroups and starts each task; on a failure, what started is killed.
+    fn start(
+        &self,
+        ctx: &StepContext,
+        grant: &pb::StepGrant,
+        launch: &pb::LaunchTasks,
+    ) -> Result<Started, String> {
+        let base = &ctx.base;
+        let cgroup = match &ctx.cgroup {
+            Some(job) => Some(
+                job.step(grant.step_id)
+                    .map_err(|e| format!("the step's cgroups: {e}"))?,
+            ),
+            None => None,
+        };
+        let run_dir = RootDir::open(&base.run_dir, crate::shim::RUN_DIR_MODE)
+            .map_err(|e| format!("the run's directory: {e}"))?;
+        let join = cgroup.as_ref().map(|c| c.procs_files()).unwrap_or_default();
+        let work_dir = if launch.work_dir.is_empty() {
+            base.work_dir.clone()
+        } else {
+            PathBuf::from(&launch.work_dir)
+        };
+        let mut started = Started {
+            tasks: Vec::new(),
+            cgroup,
+            run_dir,
+        };
+        for local in 0..grant.tasks {
+            let task = grant.first_task.saturating_add(local);
+            let env = tasks::environment(&launch.environment, base, grant, &self.node, task, local);
+            let env_file = format!("step{}.task{task}.environ", grant.step_id);
+            let file_for = |pattern: &str| {
+                (!pattern.is_empty())
+                    .then(|| tasks::output_path(pattern, grant, &self.node, &base.user, task))
+            };
+            let spawned = started
+                .run_dir
+                .write_new(&env_file, &crate::shim::encode_environment(&env), 0o600)
+                .map_err(|e| format!("writing task {task}'s environment: {e}"))
+                .and_then(|_| {
+                    tasks::spawn(&tasks::TaskLaunch {
+                        shim: &self.shim,
+                        base,
+                        join: join.clone(),
+                        env_file: started.run_dir.path().join(&env_file),
+                        argv: &launch.argv,
+                        work_dir: work_dir.clone(),
+                        stdout: file_for(&launch.stdout),
+                        stderr: file_for(&launch.stderr),
+                        stdin: launch.stdin && task == 0,
+                    })
+                    .map_err(|e| format!("starting task {task}: {e}"))
+                });
+            match spawned {
+                Ok(child) => {
+                    let pid = child.id().map_or(0, |p| p as i32);
+                    started.tasks.push(Task {
+                        task,
+                        pid,
+                        child: Some(child),
+                        env_file,
+                    });
+                }
+                Err(why) => {
+                    let _ = started.run_dir.remove_file(&env_file);
+                    signal(&started, Signal::SIGKILL);
+                    clean_up(&started);
+                    return Err(why);
+                }
+            }
+        }
+        Ok(started)
+    }
+
+    /// Carries the tasks' I/O until every one exited; returns how they ended here.
+    async fn drive(
+        &self,
+        grant: &pb::StepGrant,
+        mut started: Started,
+        mut input: Streaming<pb::StepInput>,
+        mut stop: watch::Receiver<Option<pb::EndCause>>,
+        tx: mpsc::Sender<Result<pb::StepOutput, Status>>,
+    ) -> pb::Ended {
+        let mut readers = JoinSet::new();
+        let mut exits = JoinSet::new();
+        let mut stdin = None;
+        for t in &mut started.tasks {
+            let Some(mut child) = t.child.take() else {
+                continue;
+            };
+            if let Some(s) = child.stdin.take() {
+                stdin = Some(s);
+            }
+            if let Some(pipe) = child.stdout.take() {
+                readers.spawn(forward(Box::new(pipe), t.task, 1, tx.clone()));
+            }
+            if let Some(pipe) = child.stderr.take() {
+                readers.spawn(forward(Box::new(pipe), t.task, 2, tx.clone()));
+            }
+            let task = t.task;
+            exits.spawn(async move { (task, child.wait().await) });
+        }
+        let mut highest = 0;
+        let mut first_signal = 0;
+        let mut cause: Option<pb::EndCause> = None;
+        let mut kill_at: Option<tokio::time::Instant> = None;
+        let limit = (grant.time_limit_seconds > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_secs(grant.time_limit_seconds));
+        let mut input_open = true;
+        let mut srun_here = true;
+        let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86400);
+        while !exits.is_empty() {
+            tokio::select! {
+                message = input.message(), if input_open => match message {
+                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Stdin(chunk)) })) => {
+                        if let Some(s) = stdin.as_mut()
+                            && (s.write_all(&chunk.data).await.is_err() || chunk.eof)
+                        {
+                            stdin = None;
+                        }
+                    }
+                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Signal(number)) })) => {
+                        if let Ok(sig) = Signal::try_from(number) {
+                            signal(&started, sig);
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => input_open = false,
+                    Err(_) => {
+                        // srun's connection broke: the step cannot go on without it.
+                        input_open = false;
+                        srun_here = false;
+                    }
+                },
+                _ = tx.closed(), if srun_here => srun_here = false,
+                changed = stop.changed(), if cause.is_none() => {
+                    if changed.is_ok() && let Some(c) = *stop.borrow() {
+                        cause = Some(c);
+                    }
+                }
+                _ = tokio::time::sleep_until(limit.unwrap_or(far)), if limit.is_some() && cause.is_none() => {
+                    cause = Some(pb::EndCause::Timeout);
+                }
+                _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
+                    signal(&started, Signal::SIGKILL);
+                    kill_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                }
+                Some(joined) = exits.join_next() => {
+                    if let Ok((task, status)) = joined {
+                        let (code, sig) = match status {
+                            Ok(s) => {
+                                use std::os::unix::process::ExitStatusExt;
+                                (s.code().unwrap_or(0), s.signal().unwrap_or(0))
+                            }
+                            Err(_) => (1, 0),
+                        };
+                        highest = highest.max(code);
+                        if first_signal == 0 {
+                            first_signal = sig;
+                        }
+                        let _ = tx.send(Ok(pb::StepOutput {
+                            kind: Some(pb::step_output::Kind::Exit(pb::TaskExit {
+                                task,
+                                exit_code: code,
+                                signal: sig,
+                                error: String::new(),
+                            })),
+                        })).await;
+                    }
+                }
+            }
+            if !srun_here && cause.is_none() {
+                cause = Some(pb::EndCause::Cancelled);
+            }
+            if cause.is_some() && kill_at.is_none() {
+                signal(&started, Signal::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + self.kill_grace);
+            }
+        }
+        // A task's children do not outlive its step.
+        signal(&started, Signal::SIGKILL);
+        let _ = tokio::time::timeout(DRAIN, async {
+            while readers.join_next().await.is_some() {}
+        })
+        .await;
+        readers.abort_all();
+        let (cpu_time_ms, max_rss_mib) = started
+            .cgroup
+            .as_ref()
+            .map_or((0, 0), |c| (c.cpu_time_ms(), c.peak_memory_mib()));
+        clean_up(&started);
+        let cause = cause.unwrap_or(if highest != 0 || first_signal != 0 {
+            pb::EndCause::Failed
+        } else {
+            pb::EndCause::Completed
+        });
+        pb::Ended {
+            cause: cause as i32,
+            reason: String::new(),
+            exit_code: highest,
+            signal: first_signal,
+            cpu_time_ms,
+            max_rss_mib,
+        }
+    }
+}
+
+/// Carries one pipe of one task to srun, in chunks.
+async fn forward(
+    mut pipe: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    task: u32,
+    fd: u32,
+    tx: mpsc::Sender<Result<pb::StepOutput, Status>>,
+) {
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let message = pb::StepOutput {
+                    kind: Some(pb::step_output::Kind::Output(pb::Output {
+                        task,
+                        fd,
+                        data: buf[..n].to_vec(),
+                    })),
+                };
+                if tx.send(Ok(message)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Signals every process of the step here: through its cgroup when confined, else each
+/// task's process group.
+fn signal(started: &Started, sig: Signal) {
+    match &started.cgroup {
+        Some(cg) => {
+            if let Err(e) = cg.signal_all(sig, false) {
+                tracing::warn!(error = %e, ?sig, "signalling a step's cgroup");
+            }
+        }
+        None => {
+            for t in &started.tasks {
+                if t.pid > 0 {
+                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(t.pid), sig);
+                }
+            }
+        }
+    }
+}
+
+/// Removes the step's cgroups and the tasks' environment files.
+fn clean_up(started: &Started) {
+    if let Some(cg) = &started.cgroup {
+        cg.remove();
+    }
+    for t in &started.tasks {
+        let _ = started.run_dir.remove_file(&t.env_file);
+    }
+}

@@ -1,0 +1,231 @@
+//! A step's tasks on this node: their environment, their output files, their start.
+//!
+//! A task starts like a batch script: `exec-as-user` run by root with root's fixed
+//! environment joins the step's cgroups, reads the task's environment from the run's private
+//! directory, drops to the job's user for good and only then enters the working directory,
+//! opens `-o`/`-e` files (as the user, never through a symlink) and executes the command. Its
+//! standard streams are pipes to the agent, which carries them to srun.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use docket_proto::v1 as pb;
+
+use super::StepBase;
+
+/// The environment of the task with global id `task`, the `local`-th on this node: srun's
+/// environment, this node's own variables, then the step's `SLURM_*` (Slurm's names; see
+/// srun(1), "OUTPUT ENVIRONMENT VARIABLES").
+pub fn environment(
+    srun_env: &[String],
+    base: &StepBase,
+    grant: &pb::StepGrant,
+    node: &str,
+    task: u32,
+    local: u32,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = srun_env
+        .iter()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            (!k.is_empty()).then(|| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    env.extend(base.node_env.iter().cloned());
+    let mut set = |k: &str, v: String| {
+        env.insert(k.to_owned(), v);
+    };
+    let step = grant.step_id.to_string();
+    set("SLURM_JOB_ID", grant.job_id.to_string());
+    set("SLURM_JOBID", grant.job_id.to_string());
+    set("SLURM_STEP_ID", step.clone());
+    set("SLURM_STEPID", step);
+    set("SLURM_PROCID", task.to_string());
+    set("SLURM_LOCALID", local.to_string());
+    set("SLURM_NODEID", grant.node_index.to_string());
+    set("SLURM_NTASKS", grant.ntasks.to_string());
+    set("SLURM_NPROCS", grant.ntasks.to_string());
+    set("SLURM_NNODES", grant.nnodes.to_string());
+    set("SLURM_STEP_NUM_TASKS", grant.ntasks.to_string());
+    set("SLURM_STEP_NUM_NODES", grant.nnodes.to_string());
+    set("SLURM_STEP_NODELIST", grant.node_list.clone());
+    set("SLURM_STEP_TASKS_PER_NODE", grant.tasks_per_node.clone());
+    set("SLURM_TASKS_PER_NODE", grant.tasks_per_node.clone());
+    set(
+        "SLURM_CPUS_PER_TASK",
+        grant.cpus_per_task.max(1).to_string(),
+    );
+    set("SLURMD_NODENAME", node.to_owned());
+    env
+}
+
+/// An output file name from srun's `-o`/`-e` pattern (srun(1), "IO Redirection"): `%t` the
+/// task id, `%n` the node's index in the step, `%N` the node's name, `%j` the job id, `%s` the
+/// step id, `%J` `job.step`, `%u` the user, `%%` a percent sign. Empty: none (the output
+/// streams to srun).
+pub fn output_path(
+    pattern: &str,
+    grant: &pb::StepGrant,
+    node: &str,
+    user: &str,
+    task: u32,
+) -> String {
+    let mut out = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push_str(&task.to_string()),
+            Some('n') => out.push_str(&grant.node_index.to_string()),
+            Some('N') => out.push_str(node),
+            Some('j') => out.push_str(&grant.job_id.to_string()),
+            Some('s') => out.push_str(&grant.step_id.to_string()),
+            Some('J') => out.push_str(&format!("{}.{}", grant.job_id, grant.step_id)),
+            Some('u') => out.push_str(user),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// How one task is started.
+#[derive(Debug)]
+pub struct TaskLaunch<'a> {
+    pub shim: &'a Path,
+    pub base: &'a StepBase,
+    /// The step's `cgroup.procs` files (none unconfined).
+    pub join: Vec<PathBuf>,
+    /// The task's environment, already written to this file of root's.
+    pub env_file: PathBuf,
+    pub argv: &'a [String],
+    pub work_dir: PathBuf,
+    /// `-o` / `-e` files for this task; None: a pipe to the agent.
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    /// Whether it reads srun's standard input (else /dev/null).
+    pub stdin: bool,
+}
+
+/// Starts the task; its pid is the command's (the shim executes it in place).
+pub fn spawn(t: &TaskLaunch<'_>) -> std::io::Result<tokio::process::Child> {
+    use std::process::Stdio;
+    let to_files = t.stdout.is_some() || t.stderr.is_some();
+    let args = crate::shim::ShimArgs {
+        join: t.join.clone(),
+        user: t.base.user.clone(),
+        uid: t.base.uid,
+        gid: t.base.gid,
+        rlimit_as: t.base.rlimit_as,
+        env_file: Some(t.env_file.clone()),
+        work_dir: t.work_dir.clone(),
+        stdout: PathBuf::from(t.stdout.clone().unwrap_or_else(|| "/dev/null".into())),
+        stderr: PathBuf::from(
+            t.stderr
+                .clone()
+                .or_else(|| t.stdout.clone())
+                .unwrap_or_else(|| "/dev/null".into()),
+        ),
+        inherit_stdio: !to_files,
+        command: t.argv.to_vec(),
+    };
+    let mut cmd = tokio::process::Command::new(t.shim);
+    cmd.arg("exec-as-user")
+        .args(args.to_args())
+        // Root runs with root's environment, never the task's.
+        .env_clear()
+        .env("PATH", crate::shim::ROOT_PATH)
+        .current_dir("/")
+        .stdin(if t.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(if to_files {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .stderr(if to_files {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        })
+        .process_group(0)
+        .kill_on_drop(false);
+    cmd.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> pb::StepGrant {
+        pb::StepGrant {
+            job_id: 42,
+            epoch: 1,
+            step_id: 3,
+            first_task: 2,
+            tasks: 2,
+            cpus_per_task: 1,
+            ntasks: 5,
+            nnodes: 2,
+            node_index: 1,
+            node_list: "n[01-02]".into(),
+            tasks_per_node: "2,3".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn output_patterns_expand_as_srun_documents() {
+        let g = grant();
+        assert_eq!(
+            output_path("out-%j.%s-%t-%n-%N-%u-%J-100%%-%x", &g, "n02", "ann", 4),
+            "out-42.3-4-1-n02-ann-42.3-100%-%x"
+        );
+        assert_eq!(output_path("trailing%", &g, "n02", "ann", 4), "trailing%");
+    }
+
+    #[test]
+    fn a_task_sees_its_place_in_the_step_and_its_own_node() {
+        let base = StepBase {
+            user: "ann".into(),
+            uid: 1000,
+            gid: 1000,
+            rlimit_as: None,
+            work_dir: "/home/ann".into(),
+            node_env: vec![("TMPDIR".into(), "/jobfs/42.1".into())],
+            run_dir: "/var/lib/docket/runs/42.1".into(),
+        };
+        let srun = vec![
+            "PATH=/usr/bin".to_owned(),
+            "TMPDIR=/jobfs/other-node".to_owned(),
+            "SLURM_PROCID=99".to_owned(),
+            "=bad".to_owned(),
+            "bad".to_owned(),
+        ];
+        let env = environment(&srun, &base, &grant(), "n02", 3, 1);
+        let get = |k: &str| env.get(k).map(String::as_str);
+        assert_eq!(get("PATH"), Some("/usr/bin"));
+        assert_eq!(get("TMPDIR"), Some("/jobfs/42.1"));
+        assert_eq!(get("SLURM_PROCID"), Some("3"));
+        assert_eq!(get("SLURM_LOCALID"), Some("1"));
+        assert_eq!(get("SLURM_NODEID"), Some("1"));
+        assert_eq!(get("SLURM_NTASKS"), Some("5"));
+        assert_eq!(get("SLURM_NNODES"), Some("2"));
+        assert_eq!(get("SLURM_STEP_ID"), Some("3"));
+        assert_eq!(get("SLURM_STEP_NODELIST"), Some("n[01-02]"));
+        assert_eq!(get("SLURM_STEP_NUM_TASKS"), Some("5"));
+        assert_eq!(get("SLURM_TASKS_PER_NODE"), Some("2,3"));
+        assert_eq!(get("SLURMD_NODENAME"), Some("n02"));
+        assert!(!env.contains_key(""));
+    }
+}
