@@ -79,6 +79,8 @@ ensure_prereqs() {
     deb_installed libfaketime || pkgs+=(libfaketime)
     command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
     command -v munged >/dev/null 2>&1 || pkgs+=(munge)
+    # MPICH: an MPI program across two agents, its proxies started by srun (deploy/).
+    command -v mpicc >/dev/null 2>&1 || pkgs+=(mpich libmpich-dev)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1

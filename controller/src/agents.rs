@@ -505,6 +505,9 @@ fn launch(state: &State, job: &Job, node: &NodeName) -> pb::Launch {
         Some(ArrayPart::Task { array_job, index }) => (Some(array_job.0), Some(*index)),
         _ => (None, None),
     };
+    let tasks_per_node = alloc
+        .map(|a| job_tasks_per_node(job, a))
+        .unwrap_or_default();
     let mut launch = pb::Launch {
         job_id: job.id.0,
         epoch: alloc.map_or(0, |a| a.epoch),
@@ -540,6 +543,7 @@ fn launch(state: &State, job: &Job, node: &NodeName) -> pb::Launch {
         array_task_id,
         submit_host_dir: job.spec.work_dir.to_string(),
         extern_only: false,
+        tasks_per_node,
     };
     if !first {
         launch.extern_only = true;
@@ -549,6 +553,40 @@ fn launch(state: &State, job: &Job, node: &NodeName) -> pb::Launch {
         launch.stderr = "/dev/null".into();
     }
     launch
+}
+
+/// The job's tasks on each node of `alloc`, as Slurm writes `SLURM_TASKS_PER_NODE` ("2(x3),1"):
+/// the job's `-n` placed on its whole allocation as a step with no other step beside it
+/// would be, which is where `srun` inside it puts them and where MPI launchers that read the
+/// variable (MPICH's Hydra) start their ranks.
+fn job_tasks_per_node(job: &docket_core::job::Job, alloc: &docket_core::job::Allocation) -> String {
+    let spec = docket_core::job::StepSpec {
+        name: String::new(),
+        ntasks: Some(job.spec.ntasks.max(1)),
+        nodes: Some(alloc.shares.len() as u32),
+        ntasks_per_node: job.spec.ntasks_per_node,
+        cpus_per_task: job.spec.cpus_per_task.max(1),
+        nodelist: Vec::new(),
+        overlap: true,
+        time_limit: None,
+        io_key: Vec::new(),
+    };
+    match docket_core::job::step::place(alloc, &|_| 0, &spec) {
+        docket_core::job::step::Placement::Placed(shares) => {
+            let counts: Vec<u32> = alloc
+                .shares
+                .iter()
+                .map(|a| {
+                    shares
+                        .iter()
+                        .find(|s| s.node == a.node)
+                        .map_or(0, |s| s.tasks)
+                })
+                .collect();
+            crate::step_grants::tasks_per_node(&counts)
+        }
+        _ => String::new(),
+    }
 }
 
 /// The gRPC face of the hub.

@@ -48,13 +48,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-struct Down<'a>(&'a Path);
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = local(self.0, &["down"]);
-    }
-}
-
 /// The job script: one srun per line of what the issue asks of steps, each followed by its
 /// exit code so the test reads them from the job's output.
 const SCRIPT: &str = r#"#!/bin/sh
@@ -84,80 +77,141 @@ wait $!
 echo "step6=$?"
 "#;
 
+/// A cluster started for one test, and a work directory owned by `nobody`.
+struct Site {
+    dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    nobody: nix::unistd::User,
+}
+
+impl Site {
+    /// Root for real, or None after printing why (a failure under DOCKET_REQUIRE_PRIVILEGED).
+    fn start(replicas: u32) -> Option<Site> {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+                "DOCKET_REQUIRE_PRIVILEGED is set but this test runs without root"
+            );
+            eprintln!("skipped: real agents confine steps in cgroups, which needs root");
+            return None;
+        }
+        let bins = bin_dir();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let state = dir.path().join("cluster");
+        let o = local(
+            &state,
+            &[
+                "up",
+                "--replicas",
+                &replicas.to_string(),
+                "--agents",
+                "2",
+                "--bin-dir",
+                bins.to_str().unwrap(),
+            ],
+        );
+        let out = text(&o);
+        if !o.status.success() {
+            let _ = local(&state, &["down"]);
+            panic!("{out}");
+        }
+        let env: Vec<(String, String)> = out
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .filter(|(k, _)| *k != "PATH")
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        assert!(env.iter().any(|(k, _)| k == "DOCKET_ADDR"), "{out}");
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        let site = Site { dir, env, nobody };
+        std::fs::create_dir(site.work()).unwrap();
+        site.give(&site.work());
+        Some(site)
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("cluster")
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// Hands `path` to nobody.
+    fn give(&self, path: &Path) {
+        std::os::unix::fs::chown(
+            path,
+            Some(self.nobody.uid.as_raw()),
+            Some(self.nobody.gid.as_raw()),
+        )
+        .unwrap();
+    }
+
+    /// Writes `name` in the work directory, nobody's.
+    fn write(&self, name: &str, content: &str) -> PathBuf {
+        let path = self.work().join(name);
+        std::fs::write(&path, content).unwrap();
+        self.give(&path);
+        path
+    }
+
+    /// `sbatch args` as nobody in the work directory, with the cluster's commands first on
+    /// PATH (the job inherits it, and finds srun there); 180 s at most.
+    fn sbatch(&self, args: &[&str]) -> Output {
+        let path = format!("{}:/usr/bin:/bin", self.state().join("bin").display());
+        Command::new("/usr/bin/timeout")
+            .args(["180", self.state().join("bin/sbatch").to_str().unwrap()])
+            .args(args)
+            .current_dir(self.work())
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", "/nonexistent")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .uid(self.nobody.uid.as_raw())
+            .gid(self.nobody.gid.as_raw())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// `sbatch --parsable --wait args`: the job's id and its output file (`-o out`), after
+    /// checking that it completed.
+    fn run(&self, args: &[&str], out: &str) -> (String, String) {
+        let mut all = vec!["--parsable", "--wait", "-o", out];
+        all.extend_from_slice(args);
+        let submit = self.sbatch(&all);
+        let job_out = std::fs::read_to_string(self.work().join(out)).unwrap_or_default();
+        assert!(
+            submit.status.success(),
+            "sbatch --wait: {}\njob output:\n{job_out}\n{}",
+            text(&submit),
+            text(&local(&self.state(), &["logs", "-n", "40"]))
+        );
+        let job = String::from_utf8_lossy(&submit.stdout).trim().to_owned();
+        println!("job {job} output:\n{job_out}");
+        (job, job_out)
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = local(&self.state(), &["down"]);
+    }
+}
+
 #[test]
 fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
-            "DOCKET_REQUIRE_PRIVILEGED is set but this test runs without root"
-        );
-        eprintln!("skipped: real agents confine steps in cgroups, which needs root");
+    let Some(site) = Site::start(3) else {
         return;
-    }
-    let bins = bin_dir();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let state = dir.path().join("cluster");
-    let _down = Down(&state);
-    let o = local(
-        &state,
-        &[
-            "up",
-            "--replicas",
-            "3",
-            "--agents",
-            "2",
-            "--bin-dir",
-            bins.to_str().unwrap(),
-        ],
-    );
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    let env: Vec<(String, String)> = out
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("export "))
-        .filter_map(|l| l.split_once('='))
-        .filter(|(k, _)| *k != "PATH")
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    assert!(env.iter().any(|(k, _)| k == "DOCKET_ADDR"), "{out}");
-
-    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
-    let work = dir.path().join("work");
-    std::fs::create_dir(&work).unwrap();
-    std::os::unix::fs::chown(&work, Some(nobody.uid.as_raw()), Some(nobody.gid.as_raw())).unwrap();
-    let script = work.join("steps.sh");
-    std::fs::write(&script, SCRIPT).unwrap();
-    std::os::unix::fs::chown(&script, Some(nobody.uid.as_raw()), None).unwrap();
-
-    let path = format!("{}:/usr/bin:/bin", state.join("bin").display());
-    let submit = Command::new("/usr/bin/timeout")
-        .args(["180", state.join("bin/sbatch").to_str().unwrap()])
-        .args(["--parsable", "--wait", "-N", "2", "-n", "2", "-t", "5"])
-        .args(["-o", "job.out", "steps.sh"])
-        .current_dir(&work)
-        .env_clear()
-        .env("PATH", &path)
-        .env("HOME", "/nonexistent")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .uid(nobody.uid.as_raw())
-        .gid(nobody.gid.as_raw())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let job_out = std::fs::read_to_string(work.join("job.out")).unwrap_or_default();
-    assert!(
-        submit.status.success(),
-        "sbatch --wait: {}\njob output:\n{job_out}\n{}",
-        text(&submit),
-        text(&local(&state, &["logs", "-n", "40"]))
-    );
-    let job = text(&submit).trim().to_owned();
-    println!("job {job} output:\n{job_out}");
+    };
+    let (state, work, nobody) = (site.state(), site.work(), &site.nobody);
+    site.write("steps.sh", SCRIPT);
+    let (job, job_out) = site.run(&["-N", "2", "-n", "2", "-t", "5", "steps.sh"], "job.out");
 
     // Step 0: both nodes, one task each, labelled, with Slurm's variables, in step cgroups.
-    for (task, node) in [(0, "n01"), (1, "n02")] {
-        let _ = node;
+    for task in [0, 1] {
         let line = format!(
             "{task}: vars task={task} local=0 node={task} ntasks=2 nnodes=2 step=0 \
              nodes=n[01-02] tasks=2 tpn=1(x2)"
@@ -198,36 +252,21 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     assert_ne!(line_value(&job_out, "step6="), "0", "{job_out}");
 
     // A second job whose step stays up on both nodes, for the attacks.
-    let std::process::Output {
-        status,
-        stdout,
-        stderr,
-    } = Command::new(state.join("bin/sbatch"))
-        .args([
-            "--parsable",
-            "-N",
-            "2",
-            "-n",
-            "2",
-            "-t",
-            "5",
-            "-o",
-            "live.out",
-        ])
-        .arg("--wrap")
-        .arg("srun sh -c 'touch up.$SLURM_PROCID; exec sleep 300'")
-        .current_dir(&work)
-        .env_clear()
-        .env("PATH", &path)
-        .env("HOME", "/nonexistent")
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .uid(nobody.uid.as_raw())
-        .gid(nobody.gid.as_raw())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(status.success(), "{}", String::from_utf8_lossy(&stderr));
-    let live = String::from_utf8_lossy(&stdout).trim().to_owned();
+    let o = site.sbatch(&[
+        "--parsable",
+        "-N",
+        "2",
+        "-n",
+        "2",
+        "-t",
+        "5",
+        "-o",
+        "live.out",
+        "--wrap",
+        "srun sh -c 'touch up.$SLURM_PROCID; exec sleep 300'",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let live = String::from_utf8_lossy(&o.stdout).trim().to_owned();
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     while !(work.join("up.0").exists() && work.join("up.1").exists()) {
         assert!(
@@ -241,9 +280,6 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     // Nothing the attacks did ended the step: both tasks still run.
     let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();
     assert!(live_out.is_empty(), "{live_out}");
-
-    let o = local(&state, &["down"]);
-    assert!(o.status.success(), "{}", text(&o));
 }
 
 fn line_value<'a>(out: &'a str, key: &str) -> &'a str {
@@ -341,3 +377,63 @@ async fn attach(
         Err(_) => Err(tonic::Status::deadline_exceeded("no answer in 10 s")),
     }
 }
+
+/// An MPI program across the allocation's two nodes, as users run one: MPICH's `mpiexec`
+/// inside the batch script finds the allocation in Slurm's variables and starts its proxy
+/// on each node with `srun --input none`; the ranks reduce over TCP between the proxies.
+#[test]
+fn mpich_runs_ranks_on_both_nodes_through_srun() {
+    let have_mpicc = Command::new("mpicc")
+        .arg("-show")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_mpicc {
+        assert!(
+            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+            "mpicc is missing (the test command installs Debian's mpich and libmpich-dev)"
+        );
+        eprintln!("skipped: no mpicc (Debian's mpich and libmpich-dev)");
+        return;
+    }
+    let Some(site) = Site::start(1) else {
+        return;
+    };
+    let source = site.write("hello.c", MPI_HELLO);
+    let program = site.work().join("hello");
+    let o = Command::new("mpicc")
+        .arg("-o")
+        .arg(&program)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "mpicc: {}", text(&o));
+    site.give(&program);
+    site.write(
+        "mpi.sh",
+        "#!/bin/sh\necho \"tasks per node $SLURM_TASKS_PER_NODE\"\nmpiexec -n 4 ./hello | sort\n",
+    );
+    let (_, out) = site.run(&["-N", "2", "-n", "4", "-t", "5", "mpi.sh"], "mpi.out");
+    assert!(out.contains("tasks per node 2(x2)\n"), "{out}");
+    for rank in 0..4 {
+        let line = format!("rank {rank} of 4 on node {} sum 6\n", rank / 2);
+        assert!(out.contains(&line), "missing {line:?} in\n{out}");
+    }
+}
+
+/// Each rank names its node (SLURM_NODEID, from the proxy srun started there) and the sum of
+/// all ranks, which only a working MPI_Allreduce across both nodes gives.
+const MPI_HELLO: &str = r#"#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    int rank, size, sum = 0;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    const char *node = getenv("SLURM_NODEID");
+    printf("rank %d of %d on node %s sum %d\n", rank, size, node ? node : "?", sum);
+    MPI_Finalize();
+    return 0;
+}
+"#;

@@ -124,6 +124,9 @@ pub fn environment(
     set("SLURM_CPUS_ON_NODE", launch.cpus.to_string());
     set("SLURM_NTASKS", launch.ntasks.to_string());
     set("SLURM_NPROCS", launch.ntasks.to_string());
+    if !launch.tasks_per_node.is_empty() {
+        set("SLURM_TASKS_PER_NODE", launch.tasks_per_node.clone());
+    }
     set("SLURM_CPUS_PER_TASK", launch.cpus_per_task.to_string());
     set("SLURM_MEM_PER_NODE", launch.memory_mib.to_string());
     set("SLURM_SUBMIT_DIR", launch.submit_host_dir.clone());

@@ -98,6 +98,16 @@ pub struct SrunArgs {
     /// Working directory of the tasks.
     #[arg(short = 'D', long)]
     pub chdir: Option<String>,
+    /// Where standard input goes: `all` or `0` (task 0; Slurm's `all` would copy it to every
+    /// task) or `none` (MPICH's Hydra starts its proxies with `--input none`).
+    #[arg(short = 'i', long = "input")]
+    pub input: Option<String>,
+    /// Accepted for launchers that pass them (Open MPI's prterun: `--mem-per-cpu=0`): a
+    /// step's memory is its job's.
+    #[arg(long = "mem-per-cpu", hide = true)]
+    pub mem_per_cpu: Option<String>,
+    #[arg(long = "mem", hide = true)]
+    pub mem: Option<String>,
     /// The job to run in (default: SLURM_JOB_ID).
     #[arg(long)]
     pub jobid: Option<u64>,
@@ -260,6 +270,15 @@ async fn create(
     }
 }
 
+/// Whether task 0 gets srun's standard input, from `--input`.
+fn stdin_wanted(input: Option<&str>) -> Result<bool> {
+    match input {
+        None | Some("all" | "0") => Ok(true),
+        Some("none") => Ok(false),
+        Some(other) => bail!("--input {other:?}: Docket's srun takes all, 0 or none"),
+    }
+}
+
 /// `srun`: its exit status is the highest of its tasks' (or 1 when it could not run them).
 pub fn main(args: SrunArgs) -> u8 {
     match run(args) {
@@ -278,6 +297,7 @@ fn run(args: SrunArgs) -> Result<u8> {
         eprintln!("srun: warning: --mpi={m}: only 'none' is supported; tasks get no PMI");
     }
     let job = job_id(&args)?;
+    let stdin = stdin_wanted(args.input.as_deref())?;
     let mut secret = [0u8; 32];
     rand::fill(&mut secret);
     let req = request(&args, job, Sha256::digest(secret).to_vec(), &|k| {
@@ -305,7 +325,7 @@ fn run(args: SrunArgs) -> Result<u8> {
             work_dir,
             stdout: args.output.clone().unwrap_or_default(),
             stderr: args.error.clone().unwrap_or_default(),
-            stdin: true,
+            stdin,
         };
         let options = attach::Options {
             label: args.label,
@@ -334,6 +354,46 @@ fn run(args: SrunArgs) -> Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mpi_launchers_command_lines_parse() {
+        // MPICH's Hydra (slurm launcher) and Open MPI's prterun start their daemons so.
+        let hydra = parse(&[
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "--nodelist",
+            "n01,n02",
+            "--input",
+            "none",
+            "/usr/bin/hydra_pmi_proxy",
+            "--control-port",
+            "n01:3333",
+        ]);
+        assert!(!stdin_wanted(hydra.input.as_deref()).unwrap());
+        assert_eq!(hydra.command[0], "/usr/bin/hydra_pmi_proxy");
+        let prte = parse(&[
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit",
+            "--cpu-bind=none",
+            "--mem-per-cpu=0",
+            "--nodes=2",
+            "--nodelist=n01,n02",
+            "--ntasks=2",
+            "prted",
+            "--debug",
+        ]);
+        assert_eq!(prte.kill_on_bad_exit, Some(1));
+        assert_eq!(prte.command, ["prted", "--debug"]);
+        assert!(stdin_wanted(None).unwrap());
+        assert!(
+            stdin_wanted(Some("3"))
+                .unwrap_err()
+                .to_string()
+                .contains("--input")
+        );
+    }
 
     fn parse(args: &[&str]) -> SrunArgs {
         SrunArgs::try_parse_from(std::iter::once("srun").chain(args.iter().copied()))
