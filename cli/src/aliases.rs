@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 /// Every name `docket` answers to.
-pub const ALIASES: [&str; 15] = [
-    "sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "sprio", "sshare", "sacct", "qsub",
-    "qstat", "qdel", "qhold", "qrls", "pbsnodes",
+pub const ALIASES: [&str; 16] = [
+    "sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sprio", "sshare",
+    "sacct", "qsub", "qstat", "qdel", "qhold", "qrls", "pbsnodes",
 ];
 
 /// `docket install-aliases DIR`: symlinks DIR/sbatch, ... to this binary.

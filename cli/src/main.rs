@@ -8,12 +8,14 @@
 
 mod admin;
 mod aliases;
+mod allocation;
 mod client;
 mod cluster;
 mod pbs;
 mod pbsnodes;
 mod plot;
 mod sacct;
+mod salloc;
 mod sbatch;
 mod scancel;
 mod scontrol;
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         ),
         "sprio" => ("sprio", sprio::sprio(sprio::SprioArgs::parse())),
         "srun" => return ExitCode::from(srun::main(srun::SrunArgs::parse())),
+        "salloc" => return ExitCode::from(salloc::main(salloc::SallocArgs::parse())),
         "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
         "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
         verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),

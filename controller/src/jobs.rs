@@ -323,6 +323,13 @@ impl Jobs for JobsService {
         self.cancel_steps_rpc(request).await
     }
 
+    async fn complete_job(
+        &self,
+        request: Request<pb::CompleteJobRequest>,
+    ) -> Result<TonicResponse<pb::CompleteJobResponse>, Status> {
+        self.complete_job_rpc(request).await
+    }
+
     async fn share_tree(
         &self,
         request: Request<pb::ShareTreeRequest>,

@@ -64,6 +64,30 @@ impl JobsService {
         }
     }
 
+    pub(crate) async fn complete_job_rpc(
+        &self,
+        request: Request<pb::CompleteJobRequest>,
+    ) -> Result<TonicResponse<pb::CompleteJobResponse>, Status> {
+        let actor = self.caller(&request).await?;
+        if matches!(actor, Actor::Node(_) | Actor::Controller) {
+            return Err(Status::permission_denied("only users complete jobs"));
+        }
+        let req = request.into_inner();
+        let command = Command::CompleteJob {
+            job: JobId(req.job_id),
+            exit: docket_core::job::ExitStatus {
+                code: req.exit_code,
+                signal: req.signal,
+                ..Default::default()
+            },
+        };
+        write(self.replica(), Envelope::new(actor, command)).await?;
+        if let Some(agents) = self.agents() {
+            agents.wake();
+        }
+        Ok(TonicResponse::new(pb::CompleteJobResponse {}))
+    }
+
     pub(crate) async fn cancel_steps_rpc(
         &self,
         request: Request<pb::CancelStepsRequest>,

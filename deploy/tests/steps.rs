@@ -160,9 +160,14 @@ impl Site {
     /// `sbatch args` as nobody in the work directory, with the cluster's commands first on
     /// PATH (the job inherits it, and finds srun there); 180 s at most.
     fn sbatch(&self, args: &[&str]) -> Output {
+        self.command("sbatch", args)
+    }
+
+    /// One of the cluster's commands (`srun`, `salloc`, ...) run so.
+    fn command(&self, name: &str, args: &[&str]) -> Output {
         let path = format!("{}:/usr/bin:/bin", self.state().join("bin").display());
         Command::new("/usr/bin/timeout")
-            .args(["180", self.state().join("bin/sbatch").to_str().unwrap()])
+            .args(["180", self.state().join("bin").join(name).to_str().unwrap()])
             .args(args)
             .current_dir(self.work())
             .env_clear()
@@ -216,7 +221,11 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
             "{task}: vars task={task} local=0 node={task} ntasks=2 nnodes=2 step=0 \
              nodes=n[01-02] tasks=2 tpn=1(x2)"
         );
-        assert!(job_out.contains(&line), "missing {line:?} in\n{job_out}");
+        assert!(
+            job_out.contains(&line),
+            "missing {line:?} in\n{job_out}\n{}",
+            text(&local(&state, &["logs", "-n", "80"]))
+        );
         assert!(
             job_out.contains(&format!("{task}: cgroup=step")),
             "task {task} is not in its step cgroup:\n{job_out}"
@@ -280,6 +289,10 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     // Nothing the attacks did ended the step: both tasks still run.
     let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();
     assert!(live_out.is_empty(), "{live_out}");
+    let o = site.command("scancel", &[&live]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    interactive_allocations(&site);
 }
 
 fn line_value<'a>(out: &'a str, key: &str) -> &'a str {
@@ -437,3 +450,65 @@ int main(int argc, char **argv) {
     return 0;
 }
 "#;
+
+/// srun outside a job asks for an allocation of its step's shape and completes it with the
+/// step's status; salloc runs its command here with the allocation's variables, srun inside
+/// it starts tasks on the allocated nodes, and the allocation ends with the command's status.
+fn interactive_allocations(site: &Site) {
+    let o = site.command(
+        "srun",
+        &[
+            "-N",
+            "2",
+            "-n",
+            "4",
+            "-l",
+            "sh",
+            "-c",
+            "echo node=$SLURM_NODEID",
+        ],
+    );
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for (task, node) in [(0, 0), (1, 0), (2, 1), (3, 1)] {
+        assert!(out.contains(&format!("{task}: node={node}\n")), "{out}");
+    }
+    let o = site.command("srun", &["-n", "1", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", text(&o));
+
+    let o = site.command(
+        "salloc",
+        &[
+            "-N",
+            "2",
+            "-n",
+            "2",
+            "-t",
+            "5",
+            "sh",
+            "-c",
+            "echo inside $SLURM_NNODES $SLURM_JOB_NODELIST; srun -l sh -c 'echo step $SLURM_STEP_ID'; exit 5",
+        ],
+    );
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(5), "{out}");
+    for line in [
+        "salloc: Granted job allocation",
+        "inside 2 n[01-02]\n",
+        "0: step 0\n",
+        "1: step 0\n",
+        "salloc: Relinquishing job allocation",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    // Accounting has each allocation ended as its command ended.
+    let o = site.command("sacct", &["-X", "-n", "-P", "-o", "JobName,State,ExitCode"]);
+    let out = text(&o);
+    for line in [
+        "sh|COMPLETED|0:0",
+        "sh|FAILED|7:0",
+        "interactive|FAILED|5:0",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+}

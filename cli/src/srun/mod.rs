@@ -1,5 +1,8 @@
 //! `srun`: runs a job step's tasks on the nodes of the job's allocation (Slurm's srun(1)).
 //!
+//! Outside a job, srun first asks for an allocation of the step's shape
+//! ([`crate::allocation`]), runs the step in it and completes it with the step's status.
+//!
 //! Inside an allocation (`SLURM_JOB_ID` is set, as in a batch script) srun asks the leader to
 //! create a step (`Jobs.CreateStep`): the replicated state places its tasks on the
 //! allocation's nodes and holds their cpus, or answers that it must wait for cpus other steps
@@ -108,6 +111,13 @@ pub struct SrunArgs {
     pub mem_per_cpu: Option<String>,
     #[arg(long = "mem", hide = true)]
     pub mem: Option<String>,
+    /// Outside a job: the partition, account and QOS of the allocation srun asks for.
+    #[arg(short = 'p', long)]
+    pub partition: Option<String>,
+    #[arg(short = 'A', long)]
+    pub account: Option<String>,
+    #[arg(short = 'q', long)]
+    pub qos: Option<String>,
     /// The job to run in (default: SLURM_JOB_ID).
     #[arg(long)]
     pub jobid: Option<u64>,
@@ -135,10 +145,7 @@ fn job_id(args: &SrunArgs) -> Result<u64> {
             .trim()
             .parse()
             .map_err(|_| anyhow!("SLURM_JOB_ID={v:?} is not a job id")),
-        Err(_) => bail!(
-            "srun runs inside an allocation: use it in a batch script (sbatch) or pass --jobid; \
-             srun outside an allocation is not supported yet"
-        ),
+        Err(_) => bail!("no job: SLURM_JOB_ID is not set and no --jobid was given"),
     }
 }
 
@@ -296,15 +303,103 @@ fn run(args: SrunArgs) -> Result<u8> {
     {
         eprintln!("srun: warning: --mpi={m}: only 'none' is supported; tasks get no PMI");
     }
-    let job = job_id(&args)?;
     let stdin = stdin_wanted(args.input.as_deref())?;
+    let client = Client::new(args.addr.as_deref())?;
+    let runtime = crate::client::runtime()?;
+    if !inside_allocation(&args) {
+        return run_allocated(&args, &client, &runtime, stdin);
+    }
+    let job = job_id(&args)?;
+    run_step(&args, &client, &runtime, job, stdin, &|k| {
+        std::env::var(k).ok()
+    })
+}
+
+/// Whether srun runs in an existing job (`--jobid`, or `SLURM_JOB_ID` as in a batch script
+/// or under salloc).
+fn inside_allocation(args: &SrunArgs) -> bool {
+    args.jobid.is_some()
+        || std::env::var_os("SLURM_JOB_ID").is_some()
+        || std::env::var_os("SLURM_JOBID").is_some()
+}
+
+/// srun outside a job: an allocation of the step's shape, the step in it, and the
+/// allocation completed with the step's exit status.
+fn run_allocated(
+    args: &SrunArgs,
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    stdin: bool,
+) -> Result<u8> {
+    let alloc = crate::allocation::allocate(
+        client,
+        runtime,
+        &args.job_options()?,
+        "srun",
+        args.immediate,
+    )?;
+    let env = crate::allocation::environment(&alloc);
+    let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    let outcome = run_step(args, client, runtime, alloc.job, stdin, &lookup);
+    let status = match &outcome {
+        Ok(code) => *code,
+        Err(_) => 1,
+    };
+    runtime.block_on(crate::allocation::complete(client, alloc.job, status))?;
+    outcome
+}
+
+impl SrunArgs {
+    /// The allocation srun asks for outside a job: its own shape and limits.
+    fn job_options(&self) -> Result<crate::sbatch::SbatchArgs> {
+        let nodes = match &self.nodes {
+            None => None,
+            Some(n) => {
+                let min = n.split('-').next().unwrap_or(n);
+                Some(
+                    min.parse::<u32>()
+                        .map_err(|_| anyhow!("--nodes {n:?}: not a node count"))?,
+                )
+            }
+        };
+        Ok(crate::sbatch::SbatchArgs {
+            job_name: self.job_name.clone().or_else(|| {
+                let program = self.command.first().map(String::as_str).unwrap_or("srun");
+                Some(program.rsplit('/').next().unwrap_or(program).to_owned())
+            }),
+            partition: self.partition.clone(),
+            account: self.account.clone(),
+            qos: self.qos.clone(),
+            nodes,
+            ntasks: self.ntasks,
+            cpus_per_task: self.cpus_per_task,
+            ntasks_per_node: self.ntasks_per_node,
+            mem: self.mem.clone(),
+            mem_per_cpu: self.mem_per_cpu.clone(),
+            time: self.time.clone(),
+            nodelist: self.nodelist.clone(),
+            exclusive: self.exclusive,
+            addr: self.addr.clone(),
+            ..Default::default()
+        })
+    }
+}
+
+/// Creates the step in `job` and runs it to its end; `env` reads the allocation's
+/// variables (srun's own environment inside a job).
+fn run_step(
+    args: &SrunArgs,
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    job: u64,
+    stdin: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<u8> {
     let mut secret = [0u8; 32];
     rand::fill(&mut secret);
-    let req = request(&args, job, Sha256::digest(secret).to_vec(), &|k| {
-        std::env::var(k).ok()
-    })?;
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let environment = exported(&args.export, &env)?;
+    let req = request(args, job, Sha256::digest(secret).to_vec(), env)?;
+    let vars: Vec<(String, String)> = std::env::vars().collect();
+    let environment = exported(&args.export, &vars)?;
     let work_dir = match &args.chdir {
         Some(d) => d.clone(),
         None => std::env::current_dir()
@@ -312,10 +407,8 @@ fn run(args: SrunArgs) -> Result<u8> {
             .display()
             .to_string(),
     };
-    let client = Client::new(args.addr.as_deref())?;
-    let runtime = crate::client::runtime()?;
     runtime.block_on(async {
-        let created = create(&client, req, args.immediate.is_some()).await?;
+        let created = create(client, req, args.immediate.is_some()).await?;
         let launch = pb::LaunchTasks {
             job_id: job,
             step_id: created.step_id,
@@ -331,7 +424,7 @@ fn run(args: SrunArgs) -> Result<u8> {
             label: args.label,
             kill_on_bad_exit: args.kill_on_bad_exit.unwrap_or(0) != 0,
         };
-        let outcome = attach::run(&client, &created, launch, options).await;
+        let outcome = attach::run(client, &created, launch, options).await;
         if outcome.is_err() {
             // Tasks that did start are stopped with the step.
             let cancel = pb::CancelStepsRequest {

@@ -245,4 +245,11 @@ pub enum Command {
     CancelSteps {
         steps: Vec<crate::job::StepRef>,
     },
+    /// Its owner ends a running job with an exit status of their choosing (Slurm's
+    /// `slurm_complete_job`): `salloc` when its command exits, `srun` outside an allocation
+    /// when its step ends. The agents stop what runs; the job ends with this status.
+    CompleteJob {
+        job: JobId,
+        exit: crate::job::ExitStatus,
+    },
 }

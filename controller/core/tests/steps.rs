@@ -318,3 +318,45 @@ fn steps_survive_a_snapshot_exactly() {
     assert_eq!(restored.jobs[&id].steps, c.job(id).steps);
     assert_eq!(restored.to_snapshot().unwrap(), bytes);
 }
+
+/// `salloc` and `srun` outside an allocation end their job with their command's status:
+/// the job's owner completes it, the agent's report of the killed holder ends it with that
+/// status (and the agent's measurements); nobody else may, and only a running job.
+#[test]
+fn the_owner_completes_a_running_job_with_its_own_exit_status() {
+    let (mut c, id) = running_job();
+    let complete = |code: i32, signal: i32| Command::CompleteJob {
+        job: id,
+        exit: ExitStatus {
+            code,
+            signal,
+            ..Default::default()
+        },
+    };
+    let e = c
+        .apply(by(Actor::User(name("bob")), complete(0, 0)))
+        .unwrap_err();
+    assert!(matches!(e, Rejection::NotPermitted(_)), "{e}");
+    let e = c.apply(by(alice(), complete(256, 0))).unwrap_err();
+    assert!(e.to_string().contains("exit"), "{e}");
+    assert_eq!(
+        c.job(id).state,
+        JobState::Running,
+        "refusals change nothing"
+    );
+
+    c.ok(by(alice(), complete(3, 0)));
+    assert_eq!(c.job(id).state, JobState::Completing);
+    let e = c.apply(by(alice(), complete(0, 0))).unwrap_err();
+    assert!(matches!(e, Rejection::WrongState { .. }), "{e}");
+    // The agent killed the holder and says so; the job ends as its owner said.
+    c.end(id, EndCause::Cancelled, 0);
+    let job = c.job(id);
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(job.exit.map(|e| e.code), Some(3));
+
+    let (mut c, id) = running_job();
+    c.ok(by(alice(), complete(0, 0)));
+    c.end(id, EndCause::Cancelled, 0);
+    assert_eq!(c.job(id).state, JobState::Completed);
+}

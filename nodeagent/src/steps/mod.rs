@@ -196,7 +196,10 @@ impl Grants {
     ) -> Result<Attached, AttachError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
+            // Registered before the look, so that a grant arriving in between wakes us.
             let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             {
                 let mut entries = self.lock();
                 if let Some(e) = entries.get_mut(&(job, step)) {

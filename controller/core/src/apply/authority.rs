@@ -68,7 +68,8 @@ pub fn needed(command: &Command) -> Authority {
         | Command::RequeueJobs { .. }
         | Command::UpdateJobs { .. }
         | Command::CreateStep { .. }
-        | Command::CancelSteps { .. } => Authority::Users,
+        | Command::CancelSteps { .. }
+        | Command::CompleteJob { .. } => Authority::Users,
     }
 }
 
@@ -143,5 +144,6 @@ fn describe(command: &Command) -> &'static str {
         Command::CreateStep { .. } => "create a job step",
         Command::EndSteps(_) => "report steps' ends",
         Command::CancelSteps { .. } => "cancel job steps",
+        Command::CompleteJob { .. } => "complete a job",
     }
 }

@@ -94,6 +94,59 @@ impl State {
         self.act(actor, jobs, Action::Cancel, now)
     }
 
+    /// [`crate::Command::CompleteJob`]: a running (or suspended) job of `actor`'s, or any
+    /// job for an administrator, goes to COMPLETING and ends with `exit` once its agents
+    /// confirm that it stopped.
+    pub(crate) fn complete_job(
+        &mut self,
+        actor: &Actor,
+        id: JobId,
+        exit: crate::job::ExitStatus,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        let admin = self.is_admin(actor);
+        self.permitted(
+            actor,
+            admin,
+            JobRef {
+                job: id,
+                task: None,
+            },
+            "complete",
+        )?;
+        if !(0..=255).contains(&exit.code) || !(0..=64).contains(&exit.signal) {
+            return Err(Rejection::invalid(
+                "exit",
+                format!(
+                    "code {} and signal {}: codes are 0-255, signals 0-64",
+                    exit.code, exit.signal
+                ),
+            ));
+        }
+        let job = self
+            .jobs
+            .get_mut(&id)
+            .ok_or_else(|| Rejection::unknown("job", id))?;
+        if !matches!(job.state, JobState::Running | JobState::Suspended) {
+            return Err(Rejection::WrongState {
+                job: id.to_string(),
+                state: job.state.name().to_owned(),
+                action: "complete".into(),
+            });
+        }
+        if let Some(since) = job.suspended_since.take() {
+            job.suspended_total += now.since(since);
+        }
+        job.state = JobState::Completing;
+        job.end_cause = Some(EndCause::Exited);
+        job.completed_with = Some(crate::job::ExitStatus {
+            code: exit.code,
+            signal: exit.signal,
+            ..Default::default()
+        });
+        Ok(Response::Done)
+    }
+
     pub(crate) fn suspend_jobs(&mut self, actor: &Actor, jobs: &[JobRef], now: TimeMs) -> Response {
         self.act(actor, jobs, Action::Suspend, now)
     }

@@ -295,8 +295,8 @@ impl State {
     fn finish(
         &mut self,
         id: JobId,
-        cause: EndCause,
-        exit: Option<crate::job::ExitStatus>,
+        mut cause: EndCause,
+        mut exit: Option<crate::job::ExitStatus>,
         now: TimeMs,
     ) {
         self.accrue_usage(id, now);
@@ -304,6 +304,18 @@ impl State {
         let Some(job) = self.jobs.get_mut(&id) else {
             return;
         };
+        // Completed by its owner: the status they gave, with what the agent measured.
+        if let Some(given) = job.completed_with.take()
+            && cause != EndCause::NodeFail
+        {
+            let measured = exit.unwrap_or_default();
+            cause = EndCause::Exited;
+            exit = Some(crate::job::ExitStatus {
+                code: given.code,
+                signal: given.signal,
+                ..measured
+            });
+        }
         let alloc = job.alloc.take();
         let cancelled = job.end_cause == Some(EndCause::Cancelled);
         let preempted = job.end_cause == Some(EndCause::Preempted);

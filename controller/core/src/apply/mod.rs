@@ -224,6 +224,7 @@ impl State {
             Command::CreateStep { job, spec } => self.create_step(actor, *job, spec, now),
             Command::EndSteps(reports) => Ok(self.end_steps(actor, reports, now)),
             Command::CancelSteps { steps } => Ok(self.cancel_steps(actor, steps, now)),
+            Command::CompleteJob { job, exit } => self.complete_job(actor, *job, *exit, now),
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);

@@ -231,6 +231,7 @@ impl State {
             bypass_count: 0,
             preempted: None,
             steps: Default::default(),
+            completed_with: None,
         };
         self.index_live(&job);
         self.relations.add(&job);

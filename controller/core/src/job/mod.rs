@@ -146,6 +146,9 @@ pub struct Job {
     pub preempted: Option<Preemption>,
     /// The steps `srun` created inside the job's allocation (not the batch script).
     pub steps: Steps,
+    /// The status its owner completed it with ([`crate::Command::CompleteJob`]) while its
+    /// agents stop it; the job ends with this status, not the killed script's.
+    pub completed_with: Option<ExitStatus>,
 }
 
 /// Why a running job was stopped for another.
