@@ -81,9 +81,19 @@ ensure_prereqs() {
     command -v munged >/dev/null 2>&1 || pkgs+=(munge)
     # MPICH: an MPI program across two agents, its proxies started by srun (deploy/).
     command -v mpicc >/dev/null 2>&1 || pkgs+=(mpich libmpich-dev)
+    command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-venv)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1
+  fi
+  # submitit (PyPI), the job launcher deploy/'s compatibility test drives a cluster with.
+  if [ "${1:-}" = test ]; then
+    local venv="$CARGO_TARGET_DIR/submitit-venv"
+    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import submitit' 2>/dev/null; then
+      log "python3 -m venv $venv && pip install submitit==1.5.4 (one-time)"
+      python3 -m venv "$venv" && "$venv/bin/pip" install --quiet submitit==1.5.4 || return 1
+    fi
+    export DOCKET_TEST_SUBMITIT_PYTHON="$venv/bin/python"
   fi
   # cargo-nextest runs every test binary with per-test processes and hard timeouts.
   if ! cargo nextest --version >/dev/null 2>&1; then

@@ -85,7 +85,12 @@ pub fn allocate(
             Ok(Allocation {
                 job,
                 info,
-                ntasks: options.ntasks.unwrap_or(1),
+                ntasks: options.ntasks.unwrap_or_else(|| {
+                    options
+                        .nodes
+                        .unwrap_or(1)
+                        .saturating_mul(options.ntasks_per_node.unwrap_or(1))
+                }),
                 cpus_per_task: options.cpus_per_task,
             })
         }

@@ -97,6 +97,14 @@ pub struct SbatchArgs {
     pub mail_type: Option<String>,
     #[arg(long = "mail-user")]
     pub mail_user: Option<String>,
+    /// Accepted and ignored: a workload characterisation key is for accounting Docket keeps
+    /// by account (submitit passes `--wckey=submitit`).
+    #[arg(long)]
+    pub wckey: Option<String>,
+    /// `append` (what Docket always does with output files, as Slurm's JobFileAppend=1) or
+    /// `truncate` (refused: Docket never truncates an output file).
+    #[arg(long = "open-mode", value_parser = ["append", "truncate"])]
+    pub open_mode: Option<String>,
     /// Controllers, host:port,... (default: DOCKET_ADDR).
     #[arg(long)]
     pub addr: Option<String>,
@@ -147,6 +155,8 @@ impl SbatchArgs {
             gpus_per_node,
             mail_type,
             mail_user,
+            wckey,
+            open_mode,
             addr,
             wrap,
             script
@@ -225,6 +235,9 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
     if !script.starts_with("#!") {
         bail!("the script must start with a #! line (e.g. #!/bin/bash), as sbatch requires");
     }
+    if o.open_mode.as_deref() == Some("truncate") {
+        bail!("--open-mode=truncate: Docket appends to output files and never truncates them");
+    }
     let mut spec = pb::JobSpec {
         name: o.job_name.clone().unwrap_or_else(|| {
             o.script
@@ -237,7 +250,12 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
         account: o.account.clone().unwrap_or_default(),
         qos: o.qos.clone().unwrap_or_default(),
         nodes: o.nodes.unwrap_or(1),
-        ntasks: o.ntasks.unwrap_or(1),
+        // Slurm's default: one task per node, or --ntasks-per-node on each.
+        ntasks: o.ntasks.unwrap_or_else(|| {
+            o.nodes
+                .unwrap_or(1)
+                .saturating_mul(o.ntasks_per_node.unwrap_or(1))
+        }),
         cpus_per_task: o.cpus_per_task.unwrap_or(1),
         ntasks_per_node: o.ntasks_per_node,
         array: o.array.clone().unwrap_or_default(),
@@ -480,6 +498,24 @@ mod tests {
     use super::*;
 
     const SCRIPT: &str = "#!/bin/bash\n#SBATCH -J sim -p big\n#SBATCH --time=1-02:00:00 --mem=4G\n# a comment\n\n#SBATCH -N 2\nsrun hostname\n#SBATCH -J ignored\n";
+
+    #[test]
+    fn tasks_default_to_one_per_node_and_submitits_options_are_taken() {
+        let script = "#!/bin/sh\n#SBATCH --open-mode=append\n#SBATCH --wckey=submitit\ntrue\n";
+        let o = SbatchArgs::try_parse_from(
+            std::iter::once("sbatch".to_owned()).chain(directives(script).unwrap()),
+        )
+        .unwrap();
+        assert_eq!(job_spec(&o, script, "/", 0).unwrap().ntasks, 1);
+        let o =
+            SbatchArgs::try_parse_from(["sbatch", "-N", "2", "--ntasks-per-node", "3"]).unwrap();
+        assert_eq!(job_spec(&o, script, "/", 0).unwrap().ntasks, 6);
+        let o = SbatchArgs::try_parse_from(["sbatch", "-N", "2"]).unwrap();
+        assert_eq!(job_spec(&o, script, "/", 0).unwrap().ntasks, 2);
+        let o = SbatchArgs::try_parse_from(["sbatch", "--open-mode=truncate"]).unwrap();
+        let e = job_spec(&o, script, "/", 0).unwrap_err().to_string();
+        assert!(e.contains("--open-mode"), "{e}");
+    }
 
     #[test]
     fn wrap_is_a_command_in_a_sh_script_named_wrap() {

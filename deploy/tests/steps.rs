@@ -512,3 +512,58 @@ fn interactive_allocations(site: &Site) {
         assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
     }
 }
+
+/// submitit (PyPI), as machine-learning users drive Slurm: it writes an sbatch script with
+/// `--open-mode=append --wckey --signal` and an `srun --unbuffered --output ... --error ...`
+/// line, polls `sacct`, and reads each task's pickled result. One single-task job and one
+/// over two nodes (two tasks, SLURM_PROCID 0 and 1), run as root (the test command installs
+/// submitit in a virtual environment under the target directory, which only root reaches).
+#[test]
+fn submitit_runs_a_job_and_a_two_node_job() {
+    let Some(python) = std::env::var_os("DOCKET_TEST_SUBMITIT_PYTHON") else {
+        assert!(
+            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+            "DOCKET_TEST_SUBMITIT_PYTHON is unset (scripts/test installs submitit and sets it)"
+        );
+        eprintln!("skipped: no DOCKET_TEST_SUBMITIT_PYTHON (scripts/test sets it)");
+        return;
+    };
+    let Some(site) = Site::start(1) else {
+        return;
+    };
+    let folder = site.dir.path().join("submitit");
+    std::fs::create_dir(&folder).unwrap();
+    let driver = folder.join("drive.py");
+    std::fs::write(&driver, SUBMITIT_DRIVER).unwrap();
+    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+    let o = Command::new("/usr/bin/timeout")
+        .arg("150")
+        .arg(&python)
+        .arg(&driver)
+        .arg(folder.join("log_%j"))
+        .current_dir(&folder)
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", site.dir.path())
+        .envs(site.env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    let out = text(&o);
+    println!("{out}");
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("single (49, '0')"), "{out}");
+    assert!(out.contains("multi [(9, '0'), (9, '1')]"), "{out}");
+}
+
+const SUBMITIT_DRIVER: &str = r#"import os, sys
+import submitit
+
+def work(x):
+    return (x * x, os.environ.get("SLURM_PROCID"))
+
+ex = submitit.AutoExecutor(folder=sys.argv[1], cluster="slurm")
+ex.update_parameters(timeout_min=5, nodes=1, tasks_per_node=1)
+print("single", ex.submit(work, 7).result(), flush=True)
+ex.update_parameters(nodes=2, tasks_per_node=1)
+print("multi", ex.submit(work, 3).results(), flush=True)
+"#;
