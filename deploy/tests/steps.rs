@@ -293,6 +293,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     assert!(o.status.success(), "{}", text(&o));
 
     interactive_allocations(&site);
+    flood_the_step_port(&state);
 }
 
 fn line_value<'a>(out: &'a str, key: &str) -> &'a str {
@@ -567,3 +568,53 @@ print("single", ex.submit(work, 7).result(), flush=True)
 ex.update_parameters(nodes=2, tasks_per_node=1)
 print("multi", ex.submit(work, 3).results(), flush=True)
 "#;
+
+/// Connections that never send their launch hold a place for at most 10 s each, and only
+/// `MAX_PENDING_ATTACHES` (256) of them at once: the next is refused at once, naming the
+/// limit, instead of piling up. (Last: the flood's places are held for 10 s.)
+fn flood_the_step_port(state: &Path) {
+    let (node, addr) = agents(state).into_iter().next().unwrap();
+    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: state.join("ca.pem"),
+        identity: None,
+    })
+    .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut held = Vec::new();
+        // 16 streams per connection at most: 17 connections carry the 256 and more.
+        for _ in 0..17 {
+            let channel =
+                docket_auth::tls::connect::node_channel(&addr, &node, &tls, Duration::from_secs(5))
+                    .unwrap();
+            for _ in 0..16 {
+                let mut client = pb::step_io_client::StepIoClient::new(channel.clone());
+                held.push(tokio::spawn(async move {
+                    let _ = client
+                        .attach(tokio_stream::pending::<pb::StepInput>())
+                        .await;
+                }));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let launch = pb::StepInput {
+            kind: Some(pb::step_input::Kind::Launch(pb::LaunchTasks {
+                job_id: 1,
+                step_id: 0,
+                secret: vec![7; 32],
+                argv: vec!["id".into()],
+                ..Default::default()
+            })),
+        };
+        let status = attach(&addr, &node, &tls, launch).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(status.message().contains("256"), "{status:?}");
+        for h in held {
+            h.abort();
+        }
+    });
+}

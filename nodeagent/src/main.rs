@@ -412,7 +412,9 @@ async fn serve_steps(
     let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
     let service = runner.step_service();
     let task = tokio::spawn(async move {
+        // srun opens one stream per node it runs on: a connection needs few.
         let served = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(16))
             .add_service(service)
             .serve_with_incoming(incoming)
             .await;

@@ -30,6 +30,11 @@ use crate::rootdir::RootDir;
 const FIRST_MESSAGE: Duration = Duration::from_secs(10);
 /// How long an attach waits for the leader's grant to reach this agent.
 const GRANT_WAIT: Duration = Duration::from_secs(10);
+/// The most connections that may be between connecting and starting their tasks at once:
+/// each waits up to [`FIRST_MESSAGE`] + [`GRANT_WAIT`], so anyone who can reach the port
+/// could otherwise pile them up. Attached steps are not counted (only the leader creates
+/// steps, under each user's limits).
+pub const MAX_PENDING_ATTACHES: usize = 256;
 /// Bounds on a launch.
 pub const MAX_ARGS: usize = 4096;
 pub const MAX_ARG_BYTES: usize = 1 << 20;
@@ -62,6 +67,7 @@ pub struct StepIoService {
     node: String,
     shim: PathBuf,
     kill_grace: Duration,
+    pending: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for StepIoService {
@@ -86,6 +92,7 @@ impl StepIoService {
             node,
             shim,
             kill_grace,
+            pending: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_ATTACHES)),
         })
     }
 }
@@ -172,6 +179,11 @@ impl StepIo for StepIoService {
         &self,
         request: Request<Streaming<pb::StepInput>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        let pending = self.pending.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "{MAX_PENDING_ATTACHES} connections already wait to launch; try again"
+            ))
+        })?;
         let mut input = request.into_inner();
         let first = tokio::time::timeout(FIRST_MESSAGE, input.message())
             .await
@@ -188,6 +200,7 @@ impl StepIo for StepIoService {
             .attach(launch.job_id, launch.step_id, &launch.secret, GRANT_WAIT)
             .await
             .map_err(attach_status)?;
+        drop(pending);
         let grant = attached.grant.clone();
         let key = (grant.job_id, grant.step_id);
         // From here on, a failure ends the step on this node.
