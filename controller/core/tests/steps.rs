@@ -360,3 +360,13 @@ fn the_owner_completes_a_running_job_with_its_own_exit_status() {
     c.end(id, EndCause::Cancelled, 0);
     assert_eq!(c.job(id).state, JobState::Completed);
 }
+
+#[test]
+fn a_step_time_limit_beyond_a_year_is_refused_naming_the_field() {
+    let (mut c, id) = running_job();
+    let mut spec = step(Some(1));
+    spec.time_limit = Some(docket_core::quantity::Seconds(u64::MAX));
+    let e = create(&mut c, alice(), id, spec).unwrap_err();
+    assert!(e.to_string().contains("time_limit"), "{e}");
+    assert!(c.job(id).steps.list.is_empty(), "nothing changed");
+}

@@ -359,8 +359,12 @@ impl StepIoService {
         let mut first_signal = 0;
         let mut cause: Option<pb::EndCause> = None;
         let mut kill_at: Option<tokio::time::Instant> = None;
-        let limit = (grant.time_limit_seconds > 0)
-            .then(|| tokio::time::Instant::now() + Duration::from_secs(grant.time_limit_seconds));
+        // An absurd limit (the leader bounds it; this agent does not trust that) is none.
+        let limit = if grant.time_limit_seconds > 0 {
+            tokio::time::Instant::now().checked_add(Duration::from_secs(grant.time_limit_seconds))
+        } else {
+            None
+        };
         let mut input_open = true;
         let mut srun_here = true;
         let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86400);

@@ -265,6 +265,15 @@ fn check_spec(spec: &StepSpec) -> Result<(), Rejection> {
             ),
         ));
     }
+    if let Some(limit) = spec.time_limit
+        && limit > crate::job::step::MAX_STEP_TIME_LIMIT
+    {
+        return Err(Rejection::too_large(
+            "time_limit",
+            limit.0,
+            crate::job::step::MAX_STEP_TIME_LIMIT.0,
+        ));
+    }
     if spec.nodelist.len() > MAX_STEP_NODELIST {
         return Err(Rejection::too_large(
             "nodelist",

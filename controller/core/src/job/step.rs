@@ -37,6 +37,8 @@ pub const MAX_RUNNING_STEPS: usize = 256;
 pub const IO_KEY_BYTES: usize = 32;
 /// The longest step name (`srun -J`).
 pub const MAX_STEP_NAME_BYTES: usize = 256;
+/// The longest time limit a step may ask (`-t`): a year, as a job's own limits go.
+pub const MAX_STEP_TIME_LIMIT: crate::quantity::Seconds = crate::quantity::Seconds(365 * 24 * 3600);
 
 /// A step's number within its job: 0, 1, ... in creation order, never reused.
 #[derive(
