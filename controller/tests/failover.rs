@@ -81,10 +81,18 @@ async fn check_queue(
     acked: &BTreeMap<String, u64>,
     attempted: &[String],
 ) {
-    let mut client = cluster.jobs(replica).await;
-    let jobs = list(&mut client, "alice", pb::ListJobsRequest::default())
-        .await
-        .unwrap();
+    // A replica just restarted may not listen yet: asked again until the deadline.
+    let start = Instant::now();
+    let jobs = loop {
+        let mut client = cluster.jobs(replica).await;
+        match list(&mut client, "alice", pb::ListJobsRequest::default()).await {
+            Ok(jobs) => break jobs,
+            Err(e) if e.code() == tonic::Code::Unavailable && start.elapsed() < DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("replica {replica} does not list the queue: {e:?}"),
+        }
+    };
     let mut by_name: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     for j in jobs.iter().filter(|j| j.name.starts_with("burst-")) {
         by_name.entry(j.name.as_str()).or_default().push(j.job_id);
