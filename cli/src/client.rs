@@ -561,6 +561,18 @@ pub fn status_error(s: &tonic::Status) -> anyhow::Error {
     }
 }
 
+/// The exit status of a command that passes on one of its own (`srun`'s tasks', `salloc`'s
+/// command's): that status, or on an error the message on stderr and its code (at least 1).
+pub fn status_of(name: &str, result: Result<u8>) -> u8 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{name}: error: {e:#}");
+            exit_code(&e).max(1)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

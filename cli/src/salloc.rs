@@ -98,13 +98,7 @@ impl SallocArgs {
 
 /// `salloc`: the command's exit status (1 when no allocation was granted).
 pub fn main(args: SallocArgs) -> u8 {
-    match run(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("salloc: error: {e:#}");
-            crate::client::exit_code(&e).max(1)
-        }
-    }
+    crate::client::status_of("salloc", run(args))
 }
 
 fn run(args: SallocArgs) -> Result<u8> {

@@ -327,11 +327,7 @@ fn attack_the_step_port(state: &Path, job: &str) {
     let agents = agents(state);
     assert_eq!(agents.len(), 2, "{agents:?}");
     let job_id: u64 = job.parse().unwrap();
-    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
-        ca: state.join("ca.pem"),
-        identity: None,
-    })
-    .unwrap();
+    let tls = ca_only(state);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -574,11 +570,7 @@ print("multi", ex.submit(work, 3).results(), flush=True)
 /// limit, instead of piling up. (Last: the flood's places are held for 10 s.)
 fn flood_the_step_port(state: &Path) {
     let (node, addr) = agents(state).into_iter().next().unwrap();
-    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
-        ca: state.join("ca.pem"),
-        identity: None,
-    })
-    .unwrap();
+    let tls = ca_only(state);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -617,4 +609,13 @@ fn flood_the_step_port(state: &Path) {
             h.abort();
         }
     });
+}
+
+/// A TLS context with what every user has: the cluster's CA certificate, no identity.
+fn ca_only(state: &Path) -> docket_auth::tls::TlsContext {
+    docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: state.join("ca.pem"),
+        identity: None,
+    })
+    .unwrap()
 }

@@ -106,12 +106,22 @@ pub fn channel_with_keepalive(
     tls: &TlsContext,
     connect_timeout: Duration,
 ) -> Result<Channel, String> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+    let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(5))?;
+    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}
+
+/// An endpoint for a long-lived channel: HTTP/2 pings every 10 s, the peer dead after
+/// `keep_alive_timeout` without an answer.
+fn keepalive_endpoint(
+    addr: &str,
+    connect_timeout: Duration,
+    keep_alive_timeout: Duration,
+) -> Result<Endpoint, String> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
         .connect_timeout(connect_timeout)
         .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5));
-    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+        .keep_alive_timeout(keep_alive_timeout))
 }
 
 /// A lazily connected TLS channel to the agent of `node` at `addr` (`host:port`), which must
@@ -122,10 +132,6 @@ pub fn node_channel(
     tls: &TlsContext,
     connect_timeout: Duration,
 ) -> Result<Channel, String> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
-        .connect_timeout(connect_timeout)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(20));
+    let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(20))?;
     Ok(endpoint.connect_with_connector_lazy(Connector::to_node(tls.clone(), node)))
 }

@@ -198,16 +198,7 @@ pub fn request(
         .cpus_per_task
         .or_else(|| from_env("SLURM_CPUS_PER_TASK"))
         .unwrap_or(0);
-    let nodes = match &args.nodes {
-        None => None,
-        Some(n) => {
-            let min = n.split('-').next().unwrap_or(n);
-            Some(
-                min.parse::<u32>()
-                    .map_err(|_| anyhow!("--nodes {n:?}: not a node count"))?,
-            )
-        }
-    };
+    let nodes = args.min_nodes()?;
     let time_limit_seconds = match &args.time {
         None => 0,
         Some(t) => match parse_duration(t).map_err(|e| anyhow!("--time: {e}"))? {
@@ -288,13 +279,7 @@ fn stdin_wanted(input: Option<&str>) -> Result<bool> {
 
 /// `srun`: its exit status is the highest of its tasks' (or 1 when it could not run them).
 pub fn main(args: SrunArgs) -> u8 {
-    match run(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("srun: error: {e:#}");
-            crate::client::exit_code(&e).max(1)
-        }
-    }
+    crate::client::status_of("srun", run(args))
 }
 
 fn run(args: SrunArgs) -> Result<u8> {
@@ -350,18 +335,21 @@ fn run_allocated(
 }
 
 impl SrunArgs {
+    /// `-N`'s minimum (`-N 2` or `-N 2-4`).
+    fn min_nodes(&self) -> Result<Option<u32>> {
+        self.nodes
+            .as_deref()
+            .map(|n| {
+                let min = n.split('-').next().unwrap_or(n);
+                min.parse::<u32>()
+                    .map_err(|_| anyhow!("--nodes {n:?}: not a node count"))
+            })
+            .transpose()
+    }
+
     /// The allocation srun asks for outside a job: its own shape and limits.
     fn job_options(&self) -> Result<crate::sbatch::SbatchArgs> {
-        let nodes = match &self.nodes {
-            None => None,
-            Some(n) => {
-                let min = n.split('-').next().unwrap_or(n);
-                Some(
-                    min.parse::<u32>()
-                        .map_err(|_| anyhow!("--nodes {n:?}: not a node count"))?,
-                )
-            }
-        };
+        let nodes = self.min_nodes()?;
         Ok(crate::sbatch::SbatchArgs {
             job_name: self.job_name.clone().or_else(|| {
                 let program = self.command.first().map(String::as_str).unwrap_or("srun");
