@@ -59,7 +59,8 @@ pub fn allocate(
         .context("the current directory")?
         .display()
         .to_string();
-    let spec = job_spec(&options, HOLDER_SCRIPT, &cwd, crate::client::now_ms())?;
+    let mut spec = job_spec(&options, HOLDER_SCRIPT, &cwd, crate::client::now_ms())?;
+    spec.interactive = true;
     let results = runtime.block_on(client.jobs_call(|mut c| {
         let req = client.request(pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],

@@ -2,6 +2,10 @@
 //! `JobID JobName Partition Account AllocCPUS State ExitCode` (exit codes as `code:signal`);
 //! `-o` picks fields (`Name%width`), `-S`/`-E` bound the window (default: since midnight,
 //! unless jobs are named), `-s` filters states, `-p`/`-P` print `|`-separated.
+//!
+//! Each job is a line for its allocation followed, as in Slurm, by one for its batch script
+//! (`JOBID.batch`) and one per step `srun` ran in it (`JOBID.0`, ...) with the step's own
+//! state, exit code, elapsed and cpu time and peak memory; `-X` keeps only allocations.
 
 use anyhow::{Result, bail};
 use clap::Parser;
@@ -38,7 +42,7 @@ pub struct SacctArgs {
     /// Only these states (CD, COMPLETED, F, TO, ...).
     #[arg(short = 's', long = "state", value_delimiter = ',')]
     pub states: Vec<String>,
-    /// Allocations only (Docket has no job steps; accepted for scripts that pass it).
+    /// Allocations only: no `JOBID.batch` or `JOBID.STEP` lines.
     #[arg(short = 'X', long = "allocations")]
     pub allocations: bool,
     /// `|`-separated, no padding, with a trailing `|` (`--parsable2`: without).
@@ -121,60 +125,175 @@ pub fn columns(format: &str) -> Result<Vec<Column>> {
         .collect()
 }
 
-/// One field of one record.
-pub fn value(r: &pb::AccountingRecord, j: &pb::JobInfo, field: &str) -> String {
-    let cpu_seconds = r.elapsed_seconds * r.alloc_cpus;
+/// What one line of sacct describes: a job's allocation, its batch script, or a step.
+#[derive(Debug, Clone, Copy)]
+pub enum Part<'a> {
+    Allocation,
+    Batch(&'a pb::BatchStep),
+    Step(&'a pb::StepInfo),
+}
+
+/// One line of sacct.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    pub record: &'a pb::AccountingRecord,
+    pub job: &'a pb::JobInfo,
+    pub part: Part<'a>,
+}
+
+/// The lines for `records`, as Slurm orders them: each job's allocation, then (unless
+/// `allocations_only`, `-X`) its `batch` step and its numbered steps.
+pub fn rows(records: &[pb::AccountingRecord], allocations_only: bool) -> Vec<Row<'_>> {
+    let mut out = Vec::new();
+    for record in records {
+        let Some(job) = record.job.as_ref() else {
+            continue;
+        };
+        out.push(Row {
+            record,
+            job,
+            part: Part::Allocation,
+        });
+        if allocations_only {
+            continue;
+        }
+        if let Some(batch) = &record.batch {
+            out.push(Row {
+                record,
+                job,
+                part: Part::Batch(batch),
+            });
+        }
+        for step in &job.steps {
+            out.push(Row {
+                record,
+                job,
+                part: Part::Step(step),
+            });
+        }
+    }
+    out
+}
+
+/// Slurm's state of a batch step: the job's, except that a script stopped by its time limit
+/// or by preemption was cancelled (the job's row carries why).
+fn batch_state(job_state: &str) -> String {
+    match job_state {
+        "TIMEOUT" | "PREEMPTED" | "DEADLINE" => "CANCELLED".into(),
+        "COMPLETING" => "RUNNING".into(),
+        s => s.to_owned(),
+    }
+}
+
+fn code_signal(code: Option<i32>, signal: Option<i32>) -> String {
+    format!("{}:{}", code.unwrap_or(0), signal.unwrap_or(0))
+}
+
+/// Seconds between two instants in ms (`end` absent: still running at `now`).
+fn seconds_between(start: u64, end: Option<u64>, now: u64) -> u64 {
+    end.unwrap_or(now).saturating_sub(start) / 1000
+}
+
+/// One field of one line at `now` (ms since the epoch). Steps leave blank what Slurm leaves
+/// blank for them (user, partition, QOS, reason, time limit, charge, restarts).
+pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
+    let (r, j) = (row.record, row.job);
+    let suffix = match row.part {
+        Part::Allocation => String::new(),
+        Part::Batch(_) => ".batch".into(),
+        Part::Step(s) => format!(".{}", s.step_id),
+    };
+    let step = match row.part {
+        Part::Step(s) => Some(s),
+        _ => None,
+    };
+    let allocation = matches!(row.part, Part::Allocation);
+    let (cpus, elapsed) = match row.part {
+        Part::Allocation => (r.alloc_cpus, r.elapsed_seconds),
+        Part::Batch(b) => (b.cpus, r.elapsed_seconds),
+        Part::Step(s) => (
+            u64::from(s.cpus),
+            seconds_between(s.start_time_ms, s.end_time_ms, now),
+        ),
+    };
+    let cpu_seconds = elapsed.saturating_mul(cpus);
+    let only_allocation = |v: String| if allocation { v } else { String::new() };
     match field {
         "JobID" => match j.array_task {
-            Some(t) => format!("{}_{t}", j.job_id),
-            None => j.job_id.to_string(),
+            Some(t) => format!("{}_{t}{suffix}", j.job_id),
+            None => format!("{}{suffix}", j.job_id),
         },
-        "JobIDRaw" => j.job_id.to_string(),
-        "JobName" => j.name.clone(),
-        "User" => j.user.clone(),
-        "Partition" => j.partition.clone(),
+        "JobIDRaw" => format!("{}{suffix}", j.job_id),
+        "JobName" => match row.part {
+            Part::Allocation => j.name.clone(),
+            Part::Batch(_) => "batch".into(),
+            Part::Step(s) => s.name.clone(),
+        },
+        "User" => only_allocation(j.user.clone()),
+        "Partition" => only_allocation(j.partition.clone()),
         "Account" => j.account.clone(),
-        "QOS" => j.qos.clone(),
-        "AllocCPUS" => r.alloc_cpus.to_string(),
-        "NNodes" => j.nodes.to_string(),
-        "NodeList" => {
-            if j.node_list.is_empty() {
-                "None assigned".into()
-            } else {
-                j.node_list.clone()
-            }
-        }
-        "State" => j.state.clone(),
-        "ExitCode" => crate::scontrol::exit_code(j),
-        "Reason" => j.reason.clone(),
-        "Submit" => slurmtime::timestamp(Some(j.submit_time_ms)),
-        "Start" => slurmtime::timestamp(j.start_time_ms),
-        "End" => slurmtime::timestamp(j.end_time_ms),
-        "Elapsed" => slurmtime::duration(r.elapsed_seconds),
-        "ElapsedRaw" => r.elapsed_seconds.to_string(),
-        "Timelimit" => slurmtime::limit(j.time_limit_seconds),
+        "QOS" => only_allocation(j.qos.clone()),
+        "AllocCPUS" => cpus.to_string(),
+        "NNodes" => match row.part {
+            Part::Allocation => j.nodes.to_string(),
+            Part::Batch(_) => "1".into(),
+            Part::Step(s) => s.nodes.to_string(),
+        },
+        "NodeList" => match row.part {
+            Part::Allocation if j.node_list.is_empty() => "None assigned".into(),
+            Part::Allocation => j.node_list.clone(),
+            Part::Batch(b) => b.node.clone(),
+            Part::Step(s) => s.node_list.clone(),
+        },
+        "State" => match row.part {
+            Part::Allocation => j.state.clone(),
+            Part::Batch(_) => batch_state(&j.state),
+            Part::Step(s) => s.state.clone(),
+        },
+        "ExitCode" => match step {
+            Some(s) => code_signal(s.exit_code, s.exit_signal),
+            None => code_signal(j.exit_code, j.exit_signal),
+        },
+        "Reason" => only_allocation(j.reason.clone()),
+        "Submit" => slurmtime::timestamp(Some(step.map_or(j.submit_time_ms, |s| s.start_time_ms))),
+        "Start" => slurmtime::timestamp(step.map_or(j.start_time_ms, |s| Some(s.start_time_ms))),
+        "End" => slurmtime::timestamp(step.map_or(j.end_time_ms, |s| s.end_time_ms)),
+        "Elapsed" => slurmtime::duration(elapsed),
+        "ElapsedRaw" => elapsed.to_string(),
+        "Timelimit" => only_allocation(slurmtime::limit(j.time_limit_seconds)),
         "CPUTime" => slurmtime::duration(cpu_seconds),
         "CPUTimeRAW" => cpu_seconds.to_string(),
-        "TotalCPU" => slurmtime::cpu_time(r.total_cpu_ms),
-        "MaxRSS" => format!("{}K", r.max_rss_mib * 1024),
-        "Charged" => format!("{:.3}", r.charged_milli_su as f64 / 1000.0),
-        "Restarts" => j.requeue_count.to_string(),
-        "WorkDir" => j.work_dir.clone(),
+        "TotalCPU" => slurmtime::cpu_time(match row.part {
+            Part::Allocation => r.total_cpu_ms,
+            Part::Batch(b) => b.total_cpu_ms,
+            Part::Step(s) => s.cpu_time_ms,
+        }),
+        "MaxRSS" => {
+            let mib = match row.part {
+                Part::Allocation => r.max_rss_mib,
+                Part::Batch(b) => b.max_rss_mib,
+                Part::Step(s) => s.max_rss_mib,
+            };
+            format!("{}K", mib.saturating_mul(1024))
+        }
+        "Charged" => only_allocation(format!("{:.3}", r.charged_milli_su as f64 / 1000.0)),
+        "Restarts" => only_allocation(j.requeue_count.to_string()),
+        "WorkDir" => only_allocation(j.work_dir.clone()),
         _ => String::new(),
     }
 }
 
 /// The table as sacct prints it: padded columns under a dashed rule, or `|`-separated.
 pub fn table(
-    records: &[pb::AccountingRecord],
+    rows: &[Row<'_>],
     columns: &[Column],
     header: bool,
     parsable: Option<&str>,
+    now: u64,
 ) -> String {
-    let rows: Vec<Vec<String>> = records
+    let rows: Vec<Vec<String>> = rows
         .iter()
-        .filter_map(|r| r.job.as_ref().map(|j| (r, j)))
-        .map(|(r, j)| columns.iter().map(|c| value(r, j, c.name)).collect())
+        .map(|row| columns.iter().map(|c| value(row, c.name, now)).collect())
         .collect();
     let mut out = String::new();
     if let Some(end) = parsable {
@@ -281,7 +400,14 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
                 "exit_signal": j.exit_signal, "elapsed_seconds": r.elapsed_seconds,
                 "charged_su": r.charged_milli_su as f64 / 1000.0, "archived": r.archived,
                 "submit_time_ms": j.submit_time_ms, "start_time_ms": j.start_time_ms,
-                "end_time_ms": j.end_time_ms})
+                "end_time_ms": j.end_time_ms, "total_cpu_ms": r.total_cpu_ms,
+                "max_rss_mib": r.max_rss_mib,
+                "steps": j.steps.iter().map(|s| serde_json::json!({"step_id": s.step_id,
+                    "name": s.name, "state": s.state, "ntasks": s.ntasks, "cpus": s.cpus,
+                    "node_list": s.node_list, "exit_code": s.exit_code,
+                    "exit_signal": s.exit_signal, "start_time_ms": s.start_time_ms,
+                    "end_time_ms": s.end_time_ms, "total_cpu_ms": s.cpu_time_ms,
+                    "max_rss_mib": s.max_rss_mib})).collect::<Vec<_>>()})
             })
             .collect();
         println!("{}", serde_json::json!({ "jobs": rows }));
@@ -294,7 +420,8 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
     } else {
         None
     };
-    print!("{}", table(&records, &columns, !a.noheader, parsable));
+    let rows = rows(&records, a.allocations);
+    print!("{}", table(&rows, &columns, !a.noheader, parsable, now));
     Ok(())
 }
 
@@ -320,12 +447,20 @@ mod tests {
             archived: true,
             total_cpu_ms: 61_500,
             max_rss_mib: 64,
+            batch: None,
         }
     }
 
     #[test]
     fn the_default_columns_match_slurms() {
-        let text = table(&[record()], &columns(DEFAULT).unwrap(), true, None);
+        let records = [record()];
+        let text = table(
+            &rows(&records, true),
+            &columns(DEFAULT).unwrap(),
+            true,
+            None,
+            0,
+        );
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
@@ -345,18 +480,99 @@ mod tests {
     fn chosen_fields_and_parsable_output() {
         let cols = columns("jobid,Elapsed,CPUTime,state%3,Charged").unwrap();
         assert_eq!(cols[3].width, 3);
-        let text = table(&[record()], &cols, true, Some(""));
+        let records = [record()];
+        let text = table(&rows(&records, false), &cols, true, Some(""), 0);
         assert_eq!(
             text,
             "JobID|Elapsed|CPUTime|State|Charged\n9|1:30|6:00|OUT_OF_MEMORY|0.100\n"
         );
         let cols = columns("JobID,TotalCPU,MaxRSS").unwrap();
         assert_eq!(
-            table(&[record()], &cols, false, Some("|")),
+            table(&rows(&records, false), &cols, false, Some("|"), 0),
             "9|01:01.500|65536K|\n"
         );
         let e = columns("JobID,Colour").unwrap_err().to_string();
         assert!(e.contains("\"Colour\" is not a field"), "{e}");
         assert!(columns("JobID%x").is_err());
+    }
+
+    /// A two-node job whose script failed after two steps: Slurm's lines and their order.
+    fn job_with_steps() -> pb::AccountingRecord {
+        let step =
+            |id: u32, name: &str, state: &str, code: i32, cpus: u32, nodes: u32| pb::StepInfo {
+                step_id: id,
+                name: name.into(),
+                state: state.into(),
+                start_time_ms: 10_000,
+                end_time_ms: Some(40_000),
+                ntasks: cpus,
+                node_list: if nodes == 2 { "n[01-02]" } else { "n01" }.into(),
+                exit_code: Some(code),
+                exit_signal: Some(0),
+                cpu_time_ms: 2_500,
+                max_rss_mib: 3,
+                cpus,
+                nodes,
+            };
+        pb::AccountingRecord {
+            job: Some(pb::JobInfo {
+                job_id: 12,
+                name: "job.sh".into(),
+                user: "alice".into(),
+                partition: "batch".into(),
+                account: "physics".into(),
+                state: "FAILED".into(),
+                exit_code: Some(3),
+                exit_signal: Some(0),
+                nodes: 2,
+                node_list: "n[01-02]".into(),
+                start_time_ms: Some(0),
+                end_time_ms: Some(60_000),
+                steps: vec![
+                    step(0, "hostname", "COMPLETED", 0, 4, 2),
+                    step(1, "false", "FAILED", 1, 1, 1),
+                ],
+                ..Default::default()
+            }),
+            alloc_cpus: 4,
+            elapsed_seconds: 60,
+            total_cpu_ms: 9_000,
+            max_rss_mib: 10,
+            batch: Some(pb::BatchStep {
+                cpus: 2,
+                total_cpu_ms: 4_000,
+                max_rss_mib: 10,
+                node: "n01".into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn steps_follow_their_job_as_in_slurm() {
+        let records = [job_with_steps()];
+        let cols = columns(&format!("{DEFAULT},NodeList,Elapsed,TotalCPU,User")).unwrap();
+        assert_eq!(
+            table(&rows(&records, false), &cols, true, Some(""), 0),
+            "JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode|NodeList|Elapsed|TotalCPU|User\n\
+             12|job.sh|batch|physics|4|FAILED|3:0|n[01-02]|1:00|00:09.000|alice\n\
+             12.batch|batch||physics|2|FAILED|3:0|n01|1:00|00:04.000|\n\
+             12.0|hostname||physics|4|COMPLETED|0:0|n[01-02]|0:30|00:02.500|\n\
+             12.1|false||physics|1|FAILED|1:0|n01|0:30|00:02.500|\n"
+        );
+        // -X: the allocation only.
+        assert_eq!(rows(&records, true).len(), 1);
+        // A step still running counts its time up to now; a script stopped by its limit
+        // was cancelled.
+        let mut running = job_with_steps();
+        let job = running.job.as_mut().unwrap();
+        job.state = "TIMEOUT".into();
+        job.steps[0].end_time_ms = None;
+        job.steps[0].state = "RUNNING".into();
+        let records = [running];
+        let rows = rows(&records, false);
+        assert_eq!(value(&rows[1], "State", 0), "CANCELLED");
+        assert_eq!(value(&rows[2], "Elapsed", 100_000), "1:30");
+        assert_eq!(value(&rows[2], "CPUTimeRAW", 100_000), "360");
     }
 }

@@ -1,6 +1,6 @@
 //! `squeue`: the queue in Slurm's default columns
 //! (`JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)`), `-l` for the long form,
-//! `--json` for scripts.
+//! `-s` for running steps (`STEPID NAME PARTITION USER TIME NODELIST`), `--json` for scripts.
 
 use anyhow::Result;
 use clap::Parser;
@@ -43,6 +43,11 @@ pub struct SqueueArgs {
     /// Output format by field names: "JobID:10,Partition,Name:.20,State".
     #[arg(short = 'O', long = "Format")]
     pub big_format: Option<String>,
+    /// Steps instead of jobs: every running step, or only these (`JOBID.STEP`, comma-
+    /// separated).
+    #[arg(short = 's', long = "steps", num_args = 0..=1, default_missing_value = "",
+          value_name = "STEPS")]
+    pub steps: Option<String>,
     /// JSON (one object with a `jobs` array).
     #[arg(long)]
     pub json: bool,
@@ -51,14 +56,17 @@ pub struct SqueueArgs {
     pub addr: Option<String>,
 }
 
-/// The output pieces the options ask for: `-O`, else `-o`, else `SQUEUE_FORMAT2` /
-/// `SQUEUE_FORMAT`, else `-l` or the default.
+/// The output pieces the options ask for: `-O`, else `-o`, else the steps' default with
+/// `-s`, else `SQUEUE_FORMAT2` / `SQUEUE_FORMAT`, else `-l` or the default.
 pub fn pieces(a: &SqueueArgs) -> Result<Vec<squeue_format::Piece>> {
     if let Some(f) = &a.big_format {
         return squeue_format::parse_big_o(f);
     }
     if let Some(f) = &a.format {
         return squeue_format::parse_o(f);
+    }
+    if a.steps.is_some() {
+        return squeue_format::parse_o(squeue_format::STEPS);
     }
     if let Ok(f) = std::env::var("SQUEUE_FORMAT2") {
         return squeue_format::parse_big_o(&f);
@@ -106,6 +114,9 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     if a.states.is_empty() {
         jobs.retain(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"));
     }
+    if let Some(wanted) = &a.steps {
+        return print_steps(&jobs, wanted, &pieces, !a.noheader);
+    }
     if a.json {
         let rows: Vec<serde_json::Value> = jobs
             .iter()
@@ -127,6 +138,39 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     print!(
         "{}",
         squeue_format::render(&jobs, &pieces, !a.noheader, now_ms)
+    );
+    Ok(())
+}
+
+/// `squeue -s`: the live steps of the listed jobs, or only the steps `wanted` names.
+fn print_steps(
+    jobs: &[pb::JobInfo],
+    wanted: &str,
+    pieces: &[squeue_format::Piece],
+    header: bool,
+) -> Result<()> {
+    let wanted: Vec<(u64, u32)> = wanted
+        .split(',')
+        .filter(|w| !w.trim().is_empty())
+        .map(|w| {
+            let bad = || anyhow::anyhow!("-s: {w:?} is not JOBID.STEP (e.g. 1234.0)");
+            let (job, step) = w.trim().split_once('.').ok_or_else(bad)?;
+            Ok((
+                job.parse().map_err(|_| bad())?,
+                step.parse().map_err(|_| bad())?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let steps: Vec<_> = jobs
+        .iter()
+        .flat_map(|j| j.steps.iter().map(move |s| (j, s)))
+        .filter(|(_, s)| s.end_time_ms.is_none())
+        .filter(|(j, s)| wanted.is_empty() || wanted.contains(&(j.job_id, s.step_id)))
+        .collect();
+    let now_ms = crate::client::now_ms();
+    print!(
+        "{}",
+        squeue_format::render_steps(&steps, pieces, header, now_ms)
     );
     Ok(())
 }

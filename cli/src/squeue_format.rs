@@ -11,6 +11,8 @@ use crate::slurmtime;
 pub const DEFAULT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
 /// `squeue -l`.
 pub const LONG: &str = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R";
+/// `squeue -s`: one line per running step.
+pub const STEPS: &str = "%.15i %.8j %.9P %.8u %.9M %N";
 
 /// A column: what it shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,6 +239,61 @@ pub fn value(j: &pb::JobInfo, field: Field, now_ms: u64) -> String {
     }
 }
 
+/// The text of one field of one step of job `j` at `now_ms`: the step's own id, name,
+/// time, nodes, tasks' cpus and state; the job's account, partition, user and the rest.
+pub fn step_value(j: &pb::JobInfo, s: &pb::StepInfo, field: Field, now_ms: u64) -> String {
+    let used = s
+        .end_time_ms
+        .unwrap_or(now_ms)
+        .saturating_sub(s.start_time_ms)
+        / 1000;
+    match field {
+        Field::JobId => match j.array_task {
+            Some(t) => format!("{}_{t}.{}", j.job_id, s.step_id),
+            None => format!("{}.{}", j.job_id, s.step_id),
+        },
+        Field::Name => s.name.clone(),
+        Field::TimeUsed => slurmtime::duration(used),
+        Field::TimeLeft | Field::TimeLimit => "UNLIMITED".into(),
+        Field::NodeList | Field::ReasonList => s.node_list.clone(),
+        Field::Nodes => s.nodes.to_string(),
+        Field::Cpus => s.cpus.to_string(),
+        Field::State => s.state.clone(),
+        Field::StateCompact => match s.state.as_str() {
+            "RUNNING" => "R".into(),
+            "COMPLETING" => "CG".into(),
+            other => other.chars().take(2).collect(),
+        },
+        Field::StartTime => slurmtime::timestamp(Some(s.start_time_ms)),
+        Field::EndTime => match s.end_time_ms {
+            Some(_) => slurmtime::timestamp(s.end_time_ms),
+            None => "N/A".into(),
+        },
+        other => value(j, other, now_ms),
+    }
+}
+
+/// `squeue -s`: a header (the job id column headed `STEPID`) and one line per step.
+pub fn render_steps(
+    steps: &[(&pb::JobInfo, &pb::StepInfo)],
+    pieces: &[Piece],
+    header: bool,
+    now_ms: u64,
+) -> String {
+    let mut out = String::new();
+    if header {
+        out.push_str(&line(pieces, |f, h| {
+            if f == Field::JobId { "STEPID" } else { h }.to_owned()
+        }));
+        out.push('\n');
+    }
+    for (j, s) in steps {
+        out.push_str(&line(pieces, |f, _| step_value(j, s, f, now_ms)));
+        out.push('\n');
+    }
+    out
+}
+
 fn cell(text: &str, width: Option<usize>, right: bool) -> String {
     match width {
         None => text.to_owned(),
@@ -329,5 +386,32 @@ mod tests {
         let e = parse_big_o("JobID,Colour").unwrap_err().to_string();
         assert!(e.contains("\"Colour\" is not a field"), "{e}");
         assert!(parse_o("%99999i").unwrap_err().to_string().contains("1024"));
+    }
+
+    #[test]
+    fn steps_list_under_stepid() {
+        let mut j = job();
+        j.steps = vec![pb::StepInfo {
+            step_id: 0,
+            name: "hostname".into(),
+            state: "RUNNING".into(),
+            start_time_ms: 40_000,
+            node_list: "n[01-02]".into(),
+            ntasks: 4,
+            cpus: 4,
+            nodes: 2,
+            ..Default::default()
+        }];
+        let steps: Vec<_> = j.steps.iter().map(|s| (&j, s)).collect();
+        let text = render_steps(&steps, &parse_o(STEPS).unwrap(), true, 70_000);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "         STEPID     NAME PARTITION     USER      TIME NODELIST"
+        );
+        assert_eq!(
+            lines[1],
+            "            7.0 hostname     batch    alice      0:30 n[01-02]"
+        );
     }
 }

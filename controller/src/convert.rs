@@ -201,6 +201,7 @@ pub fn job_spec(
         env,
         signal,
         reservation: name(&f("reservation"), &spec.reservation)?,
+        interactive: spec.interactive,
     })
 }
 
@@ -231,8 +232,7 @@ pub fn job_ref_out(r: &JobRef) -> pb::JobRef {
 /// A job as the API shows it.
 pub fn job_info(job: &Job) -> pb::JobInfo {
     let nodes: Vec<&str> = job
-        .alloc
-        .as_ref()
+        .allocation_record()
         .map(|a| a.shares.iter().map(|s| s.node.as_str()).collect())
         .unwrap_or_default();
     let (array, array_task) = match &job.array {
@@ -266,7 +266,9 @@ pub fn job_info(job: &Job) -> pb::JobInfo {
         } else {
             nodes.len() as u32
         },
-        cpus: job.alloc.as_ref().map_or_else(|| job.cpus(), |a| a.cpus()),
+        cpus: job
+            .allocation_record()
+            .map_or_else(|| job.cpus(), |a| a.cpus()),
         node_list: docket_core::hostlist::compress(&nodes),
         exit_code: job.exit.map(|e| e.code),
         exit_signal: job.exit.map(|e| e.signal),
@@ -300,6 +302,12 @@ pub fn step_info(step: &docket_core::job::step::Step) -> pb::StepInfo {
         exit_signal: step.exit.map(|e| e.signal),
         cpu_time_ms: step.exit.map_or(0, |e| e.cpu_time_ms),
         max_rss_mib: step.exit.map_or(0, |e| e.max_rss_mib),
+        cpus: step
+            .layout
+            .iter()
+            .map(|s| s.cpus)
+            .fold(0, u32::saturating_add),
+        nodes: step.layout.len() as u32,
     }
 }
 

@@ -676,20 +676,49 @@ impl Jobs for JobsService {
 }
 
 /// One accounting record of `job` at `now`.
+///
+/// The agent of the first node measures the job's cgroup there, steps included; the other
+/// nodes run only steps, whose cpu time their agents report per step. So the job's TotalCPU
+/// is the first node's job cgroup plus every step's share elsewhere, and the batch step's is
+/// the first node's less the steps' share there (Slurm's sacct: the allocation's row sums
+/// its steps).
 fn accounting_record(
     job: &docket_core::job::Job,
     charged_milli_su: u64,
     archived: bool,
     now: docket_core::quantity::TimeMs,
 ) -> pb::AccountingRecord {
+    let first = job.allocation_record().and_then(|a| a.shares.first());
+    let (mut steps_here, mut steps_elsewhere) = (0u64, 0u64);
+    for step in job.steps.list.values() {
+        for (node, end) in &step.ends {
+            let cpu = end.exit.cpu_time_ms;
+            if first.is_some_and(|f| &f.node == node) {
+                steps_here = steps_here.saturating_add(cpu);
+            } else {
+                steps_elsewhere = steps_elsewhere.saturating_add(cpu);
+            }
+        }
+    }
+    let first_node_cpu = job.exit.map_or(0, |e| e.cpu_time_ms);
+    let batch = match first {
+        Some(share) if job.start_time.is_some() && !job.spec.interactive => Some(pb::BatchStep {
+            cpus: u64::from(share.cpus),
+            total_cpu_ms: first_node_cpu.saturating_sub(steps_here),
+            max_rss_mib: job.exit.map_or(0, |e| e.max_rss_mib),
+            node: share.node.to_string(),
+        }),
+        _ => None,
+    };
     pb::AccountingRecord {
         job: Some(convert::job_info(job)),
-        alloc_cpus: job.alloc.as_ref().map_or(0, |a| a.cpus()),
+        alloc_cpus: job.allocation_record().map_or(0, |a| a.cpus()),
         elapsed_seconds: job.run_time(job.end_time.unwrap_or(now)).0,
         charged_milli_su,
         archived,
-        total_cpu_ms: job.exit.map_or(0, |e| e.cpu_time_ms),
+        total_cpu_ms: first_node_cpu.saturating_add(steps_elsewhere),
         max_rss_mib: job.exit.map_or(0, |e| e.max_rss_mib),
+        batch,
     }
 }
 

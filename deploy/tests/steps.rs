@@ -259,6 +259,38 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     assert!(job_out.contains("orphan=gone"), "{job_out}");
     // Step 6: scancel JOBID.6 ends srun with a failure.
     assert_ne!(line_value(&job_out, "step6="), "0", "{job_out}");
+    // sacct: the allocation, the batch script and every step, each with its own outcome.
+    let o = site.command(
+        "sacct",
+        &[
+            "-P",
+            "-n",
+            "-j",
+            &job,
+            "-o",
+            "JobID,JobName,NNodes,State,ExitCode",
+        ],
+    );
+    let out = text(&o);
+    let expected = [
+        format!("{job}|steps.sh|2|COMPLETED|0:0"),
+        format!("{job}.batch|batch|1|COMPLETED|0:0"),
+        format!("{job}.0|sh|2|COMPLETED|0:0"),
+        format!("{job}.1|sh|2|FAILED|4:0"),
+        format!("{job}.2|cat|1|COMPLETED|0:0"),
+        format!("{job}.3|sh|2|COMPLETED|0:0"),
+        format!("{job}.4|sleep|1|TIMEOUT|"),
+        format!("{job}.5|sh|1|COMPLETED|0:0"),
+        format!("{job}.6|sleep|1|CANCELLED|"),
+    ];
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), expected.len(), "{out}");
+    for (line, want) in lines.iter().zip(&expected) {
+        assert!(
+            line.starts_with(want.as_str()),
+            "{want:?} expected in\n{out}"
+        );
+    }
 
     // A second job whose step stays up on both nodes, for the attacks.
     let o = site.sbatch(&[
@@ -285,6 +317,18 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // squeue -s lists the running step on both nodes.
+    let o = site.command("squeue", &["-s"]);
+    let out = text(&o);
+    assert!(
+        out.starts_with("         STEPID     NAME PARTITION     USER      TIME NODELIST\n"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with(&format!("{live}.0 ")) && l.ends_with(" n[01-02]")),
+        "{out}"
+    );
     attack_the_step_port(&state, &live);
     // Nothing the attacks did ended the step: both tasks still run.
     let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();

@@ -32,6 +32,11 @@ fn start_and_end_free_the_node_and_set_final_states() {
     assert_eq!(c.job(ids[1]).state, JobState::Failed);
     assert_eq!(c.job(ids[2]).state, JobState::OutOfMemory);
     assert_eq!(c.state.nodes[&name("n001")].used_cpus(), 0);
+    // Ended jobs hold nothing, but accounting still knows where they ran.
+    let ended = c.job(ids[0]);
+    assert!(ended.alloc.is_none());
+    let ran_on = ended.allocation_record().expect("kept for accounting");
+    assert_eq!(ran_on.shares[0].node, name("n001"));
 }
 
 #[test]
@@ -48,6 +53,10 @@ fn stale_epochs_are_ignored_and_requeue_takes_a_new_epoch() {
     });
     let job = c.job(id);
     assert_eq!((job.state, job.requeue_count), (JobState::Pending, 1));
+    assert!(
+        job.allocation_record().is_none(),
+        "a requeued job runs nowhere"
+    );
     c.start(jr(id), &["n002"]).unwrap();
     assert!(c.job(id).alloc.as_ref().unwrap().epoch > first_epoch);
     // The old dispatch reports its end late: ignored, the new run goes on.

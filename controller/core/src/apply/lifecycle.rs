@@ -317,6 +317,9 @@ impl State {
             });
         }
         let alloc = job.alloc.take();
+        if alloc.is_some() {
+            job.ran_on.clone_from(&alloc);
+        }
         let cancelled = job.end_cause == Some(EndCause::Cancelled);
         let preempted = job.end_cause == Some(EndCause::Preempted);
         let requeue_asked = job.end_cause == Some(EndCause::Requeued);
@@ -339,6 +342,7 @@ impl State {
             job.part = Part::New;
             job.reason = Reason::None;
             job.requeue_count += 1;
+            job.ran_on = None;
             job.start_time = None;
             job.usage_until = None;
             job.suspended_total = Seconds::ZERO;

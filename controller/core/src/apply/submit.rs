@@ -232,6 +232,7 @@ impl State {
             preempted: None,
             steps: Default::default(),
             completed_with: None,
+            ran_on: None,
         };
         self.index_live(&job);
         self.relations.add(&job);

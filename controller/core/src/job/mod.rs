@@ -149,6 +149,9 @@ pub struct Job {
     /// The status its owner completed it with ([`crate::Command::CompleteJob`]) while its
     /// agents stop it; the job ends with this status, not the killed script's.
     pub completed_with: Option<ExitStatus>,
+    /// The allocation it ended with, kept for accounting (`sacct`'s NodeList, AllocCPUS and
+    /// the batch step's node) once [`Job::alloc`] no longer holds anything.
+    pub ran_on: Option<Allocation>,
 }
 
 /// Why a running job was stopped for another.
@@ -159,6 +162,11 @@ pub struct Preemption {
 }
 
 impl Job {
+    /// The allocation it runs in, or the one it last ended with.
+    pub fn allocation_record(&self) -> Option<&Allocation> {
+        self.alloc.as_ref().or(self.ran_on.as_ref())
+    }
+
     /// Total cpus asked for.
     pub fn cpus(&self) -> u64 {
         self.spec.cpus()

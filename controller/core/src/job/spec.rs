@@ -138,6 +138,10 @@ pub struct JobSpec {
     pub signal: Option<WarnSignal>,
     /// `--reservation`: run inside this advance reservation.
     pub reservation: Option<crate::ids::ReservationName>,
+    /// An interactive allocation (`salloc`, `srun` outside a job, `qsub -I`): its script
+    /// only holds the allocation while its owner's commands run as steps, so accounting
+    /// shows no `batch` step for it.
+    pub interactive: bool,
 }
 
 impl JobSpec {
@@ -177,6 +181,7 @@ impl JobSpec {
             env: None,
             signal: None,
             reservation: None,
+            interactive: false,
         }
     }
 
