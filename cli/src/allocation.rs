@@ -42,9 +42,6 @@ pub fn allocate(
     immediate: Option<u64>,
 ) -> Result<Allocation> {
     let mut options = options.clone();
-    // Nothing of the holder's is worth keeping.
-    options.output = Some("/dev/null".into());
-    options.error = Some("/dev/null".into());
     if options.job_name.is_none() {
         options.job_name = Some(
             if who == "salloc" {
@@ -59,8 +56,38 @@ pub fn allocate(
         .context("the current directory")?
         .display()
         .to_string();
-    let mut spec = job_spec(&options, HOLDER_SCRIPT, &cwd, crate::client::now_ms())?;
+    let spec = job_spec(&options, HOLDER_SCRIPT, &cwd, crate::client::now_ms())?;
+    let ntasks = options.ntasks.unwrap_or_else(|| {
+        options
+            .nodes
+            .unwrap_or(1)
+            .saturating_mul(options.ntasks_per_node.unwrap_or(1))
+    });
+    allocate_spec(
+        client,
+        runtime,
+        spec,
+        (ntasks, options.cpus_per_task),
+        who,
+        immediate,
+    )
+}
+
+/// Submits `spec` (its script replaced by the holder) as an interactive allocation of
+/// `shape` (tasks, cpus per task as asked) and waits until it runs, as [`allocate`].
+pub fn allocate_spec(
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    mut spec: pb::JobSpec,
+    shape: (u32, Option<u32>),
+    who: &str,
+    immediate: Option<u64>,
+) -> Result<Allocation> {
+    spec.script = HOLDER_SCRIPT.as_bytes().to_vec();
     spec.interactive = true;
+    // Nothing of the holder's is worth keeping.
+    spec.stdout = "/dev/null".into();
+    spec.stderr = "/dev/null".into();
     let results = runtime.block_on(client.jobs_call(|mut c| {
         let req = client.request(pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],
@@ -74,25 +101,16 @@ pub fn allocate(
         }
         None => bail!("job submit/allocate failed: no answer for the job"),
     };
-    if who == "salloc" {
-        eprintln!("salloc: Pending job allocation {job}");
-    }
+    say(who, Event::Pending, job);
     let waited = runtime.block_on(wait_running(client, job, who, immediate));
     match waited {
         Ok(info) => {
-            if who == "salloc" {
-                eprintln!("salloc: Granted job allocation {job}");
-            }
+            say(who, Event::Granted, job);
             Ok(Allocation {
                 job,
                 info,
-                ntasks: options.ntasks.unwrap_or_else(|| {
-                    options
-                        .nodes
-                        .unwrap_or(1)
-                        .saturating_mul(options.ntasks_per_node.unwrap_or(1))
-                }),
-                cpus_per_task: options.cpus_per_task,
+                ntasks: shape.0,
+                cpus_per_task: shape.1,
             })
         }
         Err(e) => {
@@ -100,6 +118,29 @@ pub fn allocate(
             eprintln!("{who}: Job allocation {job} has been revoked.");
             Err(e)
         }
+    }
+}
+
+/// What the waiting command tells its user.
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Pending,
+    Granted,
+}
+
+/// salloc's and PBS's `qsub -I`'s words (srun says nothing until it must wait).
+fn say(who: &str, event: Event, job: u64) {
+    match (who, event) {
+        ("salloc", Event::Pending) => eprintln!("salloc: Pending job allocation {job}"),
+        ("salloc", Event::Granted) => eprintln!("salloc: Granted job allocation {job}"),
+        ("qsub", Event::Pending) => eprintln!(
+            "qsub: waiting for job {job}.{} to start",
+            crate::pbs::server()
+        ),
+        ("qsub", Event::Granted) => {
+            eprintln!("qsub: job {job}.{} ready", crate::pbs::server())
+        }
+        _ => {}
     }
 }
 

@@ -12,6 +12,8 @@ mod allocation;
 mod client;
 mod cluster;
 mod pbs;
+mod pbs_interactive;
+mod pbsdsh;
 mod pbsnodes;
 mod plot;
 mod sacct;
@@ -116,7 +118,14 @@ fn main() -> ExitCode {
         "sprio" => ("sprio", sprio::sprio(sprio::SprioArgs::parse())),
         "srun" => return ExitCode::from(srun::main(srun::SrunArgs::parse())),
         "salloc" => return ExitCode::from(salloc::main(salloc::SallocArgs::parse())),
-        "qsub" => ("qsub", pbs::qsub(pbs::QsubArgs::parse())),
+        "pbsdsh" => return ExitCode::from(pbsdsh::main(pbsdsh::PbsdshArgs::parse())),
+        "qsub" => {
+            let args = pbs::QsubArgs::parse();
+            if args.interactive {
+                return ExitCode::from(pbs_interactive::main(args));
+            }
+            ("qsub", pbs::qsub(args))
+        }
         "qstat" => ("qstat", pbs::qstat(pbs::QstatArgs::parse())),
         verb @ ("qdel" | "qhold" | "qrls") => (verb, pbs::qctl(verb, pbs::QctlArgs::parse())),
         _ => {

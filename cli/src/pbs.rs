@@ -65,10 +65,20 @@ pub struct QsubArgs {
     /// Pass the whole environment.
     #[arg(short = 'V')]
     pub all_env: bool,
+    /// Interactive: wait for the job to start, then a shell (or the command after `--`) on
+    /// its first node, on a terminal, until it exits.
+    #[arg(short = 'I')]
+    pub interactive: bool,
+    /// X11 forwarding for `-I` (refused: Docket forwards no X11).
+    #[arg(short = 'X')]
+    pub x11: bool,
     #[arg(long)]
     pub addr: Option<String>,
     /// The script (default: stdin).
     pub script: Option<std::path::PathBuf>,
+    /// `-I -- command args`: what runs instead of the shell.
+    #[arg(last = true)]
+    pub command: Vec<String>,
 }
 
 /// `4gb`, `100GB`, `512mb` → MiB.
@@ -265,12 +275,23 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
     Ok(spec)
 }
 
-fn server() -> String {
+/// The server name PBS appends to job ids (`12.docket`).
+pub fn server() -> String {
     std::env::var("DOCKET_PBS_SERVER").unwrap_or_else(|_| "docket".into())
 }
 
 pub fn qsub(cli: QsubArgs) -> Result<()> {
     let script = match &cli.script {
+        // PBS Pro's `qsub [options] -- executable [args]`: the executable is the job.
+        _ if !cli.command.is_empty() => {
+            if cli.script.is_some() {
+                bail!("give a script or an executable after --, not both");
+            }
+            let words: Vec<&str> = cli.command.iter().map(String::as_str).collect();
+            let line =
+                shlex::try_join(words).map_err(|e| anyhow!("the executable after --: {e}"))?;
+            format!("#!/bin/sh\nexec {line}\n")
+        }
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
         }

@@ -337,6 +337,8 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     assert!(o.status.success(), "{}", text(&o));
 
     interactive_allocations(&site);
+    terminals(&site);
+    pbs_interactive_and_pbsdsh(&site);
     flood_the_step_port(&state);
 }
 
@@ -552,6 +554,173 @@ fn interactive_allocations(site: &Site) {
     ] {
         assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
     }
+}
+
+/// `srun --pty`: task 0 on a terminal of its own, owned by the user, as the leader of its
+/// session; what srun reads reaches it through the terminal's line discipline (a ^C becomes
+/// SIGINT for its foreground job), and its size is srun's (80x24 without a terminal).
+fn terminals(site: &Site) {
+    use std::io::{BufRead, BufReader, Write};
+    let script = "tty; [ -t 0 ] && echo stdin-is-a-terminal; stat -c owner=%U \"$(tty)\"; \
+                  [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader; \
+                  stty size; trap 'echo caught-sigint; exit 3' INT; echo ready; \
+                  while :; do sleep 0.1; done";
+    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+    let mut child = Command::new("/usr/bin/timeout")
+        .args(["120", site.state().join("bin/srun").to_str().unwrap()])
+        .args(["-n", "1", "--pty", "sh", "-c", script])
+        .current_dir(site.work())
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", "/nonexistent")
+        .envs(site.env.iter().map(|(k, v)| (k, v)))
+        .uid(site.nobody.uid.as_raw())
+        .gid(site.nobody.gid.as_raw())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let done = line.trim_end() == "ready";
+        seen.push(line.trim_end().to_owned());
+        if done {
+            break;
+        }
+    }
+    // ^C typed at srun: the terminal turns it into SIGINT for the shell.
+    stdin.write_all(b"\x03").unwrap();
+    stdin.flush().unwrap();
+    seen.extend(lines.map_while(Result::ok).map(|l| l.trim_end().to_owned()));
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let all = format!("{}\n{err}", seen.join("\n"));
+    assert!(
+        seen.first().is_some_and(|l| l.starts_with("/dev/pts/")),
+        "{all}"
+    );
+    for line in [
+        "stdin-is-a-terminal",
+        "owner=nobody",
+        "session-leader",
+        "24 80",
+        "ready",
+        "caught-sigint",
+    ] {
+        // The terminal echoes the ^C just before the trap's line.
+        assert!(
+            seen.iter().any(|l| l == line || l == &format!("^C{line}")),
+            "missing {line:?} in\n{all}"
+        );
+    }
+    assert_eq!(status.code(), Some(3), "{all}");
+}
+
+/// PBS: `qsub -I` runs its command (a shell by default) on the job's node on a terminal,
+/// with PBS's variables, and the job ends with its status; `pbsdsh` inside a two-node job
+/// runs a copy per task slot on both nodes, one node's with `-n`, and copies in turn with
+/// `-s`.
+fn pbs_interactive_and_pbsdsh(site: &Site) {
+    let o = site.command(
+        "qsub",
+        &[
+            "-I",
+            "-l",
+            "select=1:ncpus=1,walltime=00:05:00",
+            "--",
+            "sh",
+            "-c",
+            "echo env=$PBS_ENVIRONMENT job=$PBS_JOBID; [ -t 1 ] && echo on-a-terminal; exit 4",
+        ],
+    );
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{out}");
+    let job = out
+        .lines()
+        .find_map(|l| l.strip_prefix("qsub: job ")?.strip_suffix(".docket ready"))
+        .unwrap_or_else(|| panic!("no ready line in\n{out}"))
+        .to_owned();
+    for line in [
+        format!("qsub: waiting for job {job}.docket to start"),
+        format!("env=PBS_INTERACTIVE job={job}"),
+        "on-a-terminal".to_owned(),
+        format!("qsub: job {job}.docket completed"),
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim_end() == line),
+            "missing {line:?} in\n{out}"
+        );
+    }
+    let o = site.command(
+        "sacct",
+        &["-n", "-P", "-j", &job, "-o", "JobID,JobName,State,ExitCode"],
+    );
+    let out = text(&o);
+    assert_eq!(
+        out,
+        format!("{job}|STDIN|FAILED|4:0\n{job}.0|sh|FAILED|4:0\n"),
+        "an interactive job has no batch step"
+    );
+
+    site.write(
+        "dsh.sh",
+        "#!/bin/sh\n\
+         pbsdsh -- sh -c 'echo copy $PBS_TASKNUM on $PBS_NODENUM'\n\
+         echo all=$?\n\
+         pbsdsh -n 1 -- sh -c 'echo only $(hostname) $SLURMD_NODENAME'\n\
+         pbsdsh -s -c 2 -- sh -c 'echo serial $SLURMD_NODENAME; exit 2'\n\
+         echo serial=$?\n",
+    );
+    let o = site.command(
+        "qsub",
+        // -V: the job's PATH is this one, where pbsdsh is.
+        &[
+            "-V",
+            "-l",
+            "select=2:ncpus=1",
+            "-o",
+            "dsh.out",
+            "-j",
+            "oe",
+            "dsh.sh",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let id = text(&o).trim().trim_end_matches(".docket").to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = site.command("sacct", &["-X", "-n", "-P", "-j", &id, "-o", "State"]);
+        if text(&o).trim() == "COMPLETED" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pbsdsh job: {}",
+            text(&o)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = std::fs::read_to_string(site.work().join("dsh.out")).unwrap();
+    for line in [
+        "copy 0 on 0",
+        "copy 1 on 1",
+        "all=0",
+        "serial n01",
+        "serial n02",
+        "serial=2",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("only ") && l.ends_with(" n02")),
+        "{out}"
+    );
 }
 
 /// submitit (PyPI), as machine-learning users drive Slurm: it writes an sbatch script with

@@ -20,6 +20,8 @@ use crate::client::Client;
 pub struct Options {
     pub label: bool,
     pub kill_on_bad_exit: bool,
+    /// Task 0 is on a terminal: srun's own is raw meanwhile and its size follows.
+    pub pty: bool,
 }
 
 /// What the nodes' streams bring back, merged.
@@ -169,6 +171,13 @@ pub async fn run(
         partial: BTreeMap::new(),
     };
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut resized =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
+    let terminal_node = stdin_node
+        .as_ref()
+        .filter(|_| options.pty)
+        .and_then(|n| inputs.get(n).cloned());
+    let raw = options.pty.then(super::terminal::RawMode::enter);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut open = created.layout.len();
     let mut highest: u8 = 0;
@@ -214,8 +223,16 @@ pub async fn run(
                 broadcast(&inputs, nix::sys::signal::Signal::SIGINT as i32);
             }
             _ = terminate.recv() => broadcast(&inputs, nix::sys::signal::Signal::SIGTERM as i32),
+            _ = resized.recv(), if terminal_node.is_some() => {
+                if let Some(tx) = &terminal_node {
+                    let _ = tx.try_send(pb::StepInput {
+                        kind: Some(pb::step_input::Kind::Resize(super::terminal::size())),
+                    });
+                }
+            }
         }
     }
+    drop(raw);
     writer.flush();
     if !failures.is_empty() {
         bail!("{}", failures.join("; "));

@@ -9,13 +9,15 @@
 //! hold (srun waits, as Slurm's "step creation temporarily disabled, retrying", or gives up
 //! with `--immediate`). srun then starts the tasks through each node's agent and carries
 //! their I/O ([`attach`]): output back, labelled with `-l`; standard input to task 0;
-//! Ctrl-C and SIGTERM to every task. Its exit status is the highest of its tasks'.
+//! Ctrl-C and SIGTERM to every task; with `--pty`, task 0 on a terminal of its own
+//! ([`terminal`]). Its exit status is the highest of its tasks'.
 //!
 //! The step's secret — 32 random bytes only this process holds — is what lets it attach: the
 //! leader keeps only its SHA-256, and the agents accept the tasks' launch only from whoever
 //! presents the secret, over TLS to the node's own certificate.
 
 mod attach;
+mod terminal;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
@@ -80,6 +82,11 @@ pub struct SrunArgs {
     /// MPI plugin: `none` (launchers start their own daemons with srun).
     #[arg(long)]
     pub mpi: Option<String>,
+    /// Task 0 runs on a terminal of its own (`srun --pty bash`): srun's terminal is raw
+    /// until it ends and its keys, size and output go to and come from that terminal; the
+    /// other tasks' output is discarded.
+    #[arg(long)]
+    pub pty: bool,
     /// Accepted for compatibility: output is never buffered by srun.
     #[arg(short = 'u', long)]
     pub unbuffered: bool,
@@ -291,13 +298,25 @@ fn run(args: SrunArgs) -> Result<u8> {
     let stdin = stdin_wanted(args.input.as_deref())?;
     let client = Client::new(args.addr.as_deref())?;
     let runtime = crate::client::runtime()?;
-    if !inside_allocation(&args) {
-        return run_allocated(&args, &client, &runtime, stdin);
-    }
-    let job = job_id(&args)?;
-    run_step(&args, &client, &runtime, job, stdin, &|k| {
-        std::env::var(k).ok()
-    })
+    let outcome = if inside_allocation(&args) {
+        job_id(&args).and_then(|job| {
+            run_step(
+                &args,
+                &client,
+                &runtime,
+                job,
+                stdin,
+                &|k| std::env::var(k).ok(),
+                &[],
+            )
+        })
+    } else {
+        run_allocated(&args, &client, &runtime, stdin)
+    };
+    // A read of srun's standard input may still wait for a key that never comes (a terminal
+    // after the remote shell exited): srun is done, so it does not wait for it.
+    runtime.shutdown_background();
+    outcome
 }
 
 /// Whether srun runs in an existing job (`--jobid`, or `SLURM_JOB_ID` as in a batch script
@@ -325,7 +344,7 @@ fn run_allocated(
     )?;
     let env = crate::allocation::environment(&alloc);
     let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let outcome = run_step(args, client, runtime, alloc.job, stdin, &lookup);
+    let outcome = run_step(args, client, runtime, alloc.job, stdin, &lookup, &[]);
     let status = match &outcome {
         Ok(code) => *code,
         Err(_) => 1,
@@ -374,20 +393,22 @@ impl SrunArgs {
 }
 
 /// Creates the step in `job` and runs it to its end; `env` reads the allocation's
-/// variables (srun's own environment inside a job).
-fn run_step(
+/// variables (srun's own environment inside a job), `extra` adds to the tasks' environment.
+pub(crate) fn run_step(
     args: &SrunArgs,
     client: &Client,
     runtime: &tokio::runtime::Runtime,
     job: u64,
     stdin: bool,
     env: &dyn Fn(&str) -> Option<String>,
+    extra: &[(String, String)],
 ) -> Result<u8> {
     let mut secret = [0u8; 32];
     rand::fill(&mut secret);
     let req = request(args, job, Sha256::digest(secret).to_vec(), env)?;
     let vars: Vec<(String, String)> = std::env::vars().collect();
-    let environment = exported(&args.export, &vars)?;
+    let mut environment = exported(&args.export, &vars)?;
+    environment.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
     let work_dir = match &args.chdir {
         Some(d) => d.clone(),
         None => std::env::current_dir()
@@ -406,10 +427,12 @@ fn run_step(
             work_dir,
             stdout: args.output.clone().unwrap_or_default(),
             stderr: args.error.clone().unwrap_or_default(),
-            stdin,
+            stdin: stdin || args.pty,
+            pty: args.pty.then(terminal::size),
         };
         let options = attach::Options {
-            label: args.label,
+            label: args.label && !args.pty,
+            pty: args.pty,
             kill_on_bad_exit: args.kill_on_bad_exit.unwrap_or(0) != 0,
         };
         let outcome = attach::run(client, &created, launch, options).await;

@@ -46,6 +46,7 @@ pub struct StepBase {
 pub const NODE_VARIABLES: &[&str] = &[
     "TMPDIR",
     "PBS_JOBFS",
+    "PBS_NODEFILE",
     "DOCKET_JOBFS",
     "SLURMD_NODENAME",
     "SLURM_CPUS_ON_NODE",

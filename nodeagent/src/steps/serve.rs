@@ -244,11 +244,12 @@ struct Task {
 }
 
 /// The started tasks of this node, and the step's cgroups.
-#[derive(Debug)]
 struct Started {
     tasks: Vec<Task>,
     cgroup: Option<JobCgroup>,
     run_dir: RootDir,
+    /// `--pty`: the master side of task 0's terminal.
+    pty: Option<pty_process::Pty>,
 }
 
 impl StepIoService {
@@ -279,13 +280,25 @@ impl StepIoService {
             tasks: Vec::new(),
             cgroup,
             run_dir,
+            pty: None,
         };
+        // The terminal's slave side stays open here only until task 0 has started.
+        let mut pts = None;
+        if let Some(size) = &launch.pty
+            && grant.first_task == 0
+        {
+            let (pty, slave) = tasks::open_terminal(size, base.uid)
+                .map_err(|e| format!("opening task 0's terminal: {e}"))?;
+            started.pty = Some(pty);
+            pts = Some(slave);
+        }
         for local in 0..grant.tasks {
             let task = grant.first_task.saturating_add(local);
+            let on_terminal = task == 0 && pts.is_some();
             let env = tasks::environment(&launch.environment, base, grant, &self.node, task, local);
             let env_file = format!("step{}.task{task}.environ", grant.step_id);
             let file_for = |pattern: &str| {
-                (!pattern.is_empty())
+                (!pattern.is_empty() && launch.pty.is_none())
                     .then(|| tasks::output_path(pattern, grant, &self.node, &base.user, task))
             };
             let spawned = started
@@ -302,7 +315,9 @@ impl StepIoService {
                         work_dir: work_dir.clone(),
                         stdout: file_for(&launch.stdout),
                         stderr: file_for(&launch.stderr),
-                        stdin: launch.stdin && task == 0,
+                        stdin: launch.stdin && task == 0 && !on_terminal,
+                        pty: pts.as_ref().filter(|_| on_terminal),
+                        quiet: launch.pty.is_some() && task != 0,
                     })
                     .map_err(|e| format!("starting task {task}: {e}"))
                 });
@@ -338,13 +353,18 @@ impl StepIoService {
     ) -> pb::Ended {
         let mut readers = JoinSet::new();
         let mut exits = JoinSet::new();
-        let mut stdin = None;
+        let mut sink = None;
+        if let Some(pty) = started.pty.take() {
+            let (read, write) = pty.into_split();
+            readers.spawn(forward(Box::new(read), 0, 1, tx.clone()));
+            sink = Some(Sink::Terminal(write));
+        }
         for t in &mut started.tasks {
             let Some(mut child) = t.child.take() else {
                 continue;
             };
             if let Some(s) = child.stdin.take() {
-                stdin = Some(s);
+                sink = Some(Sink::Pipe(s));
             }
             if let Some(pipe) = child.stdout.take() {
                 readers.spawn(forward(Box::new(pipe), t.task, 1, tx.clone()));
@@ -355,6 +375,13 @@ impl StepIoService {
             let task = t.task;
             exits.spawn(async move { (task, child.wait().await) });
         }
+        // Task 0's input is written by a task of its own, so that a task that does not read
+        // stalls only srun's stream (the bounded channel stops being read), never this loop.
+        let to_task0 = sink.map(|sink| {
+            let (to_task0, rx) = mpsc::channel(INPUT_QUEUE);
+            readers.spawn(feed(rx, sink));
+            to_task0
+        });
         let mut highest = 0;
         let mut first_signal = 0;
         let mut cause: Option<pb::EndCause> = None;
@@ -370,12 +397,20 @@ impl StepIoService {
         let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86400);
         while !exits.is_empty() {
             tokio::select! {
-                message = input.message(), if input_open => match message {
+                message = input.message(), if input_open && to_task0.as_ref().is_none_or(|q| q.capacity() > 0) => match message {
                     Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Stdin(chunk)) })) => {
-                        if let Some(s) = stdin.as_mut()
-                            && (s.write_all(&chunk.data).await.is_err() || chunk.eof)
-                        {
-                            stdin = None;
+                        if let Some(q) = &to_task0 {
+                            if !chunk.data.is_empty() {
+                                let _ = q.try_send(ToTask0::Data(chunk.data));
+                            }
+                            if chunk.eof {
+                                let _ = q.try_send(ToTask0::Eof);
+                            }
+                        }
+                    }
+                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Resize(size)) })) => {
+                        if let Some(q) = &to_task0 {
+                            let _ = q.try_send(ToTask0::Resize(size));
                         }
                     }
                     Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Signal(number)) })) => {
@@ -460,6 +495,42 @@ impl StepIoService {
             signal: first_signal,
             cpu_time_ms,
             max_rss_mib,
+        }
+    }
+}
+
+/// How many of srun's input messages wait for task 0 at most.
+const INPUT_QUEUE: usize = 16;
+
+/// Where task 0's input goes.
+enum Sink {
+    Pipe(tokio::process::ChildStdin),
+    Terminal(pty_process::OwnedWritePty),
+}
+
+/// What srun sends task 0.
+enum ToTask0 {
+    Data(Vec<u8>),
+    Eof,
+    Resize(pb::TerminalSize),
+}
+
+/// Writes srun's input to task 0 until its end (on a terminal, the end of input is the
+/// terminal's end-of-file character, ^D, as `script` sends it).
+async fn feed(mut rx: mpsc::Receiver<ToTask0>, mut sink: Sink) {
+    while let Some(message) = rx.recv().await {
+        let written = match (&mut sink, message) {
+            (Sink::Pipe(pipe), ToTask0::Data(data)) => pipe.write_all(&data).await,
+            (Sink::Pipe(_), ToTask0::Eof) => return,
+            (Sink::Terminal(t), ToTask0::Data(data)) => t.write_all(&data).await,
+            (Sink::Terminal(t), ToTask0::Eof) => t.write_all(&[4]).await,
+            (Sink::Terminal(t), ToTask0::Resize(size)) => t
+                .resize(tasks::terminal_size(&size))
+                .map_err(std::io::Error::other),
+            (Sink::Pipe(_), ToTask0::Resize(_)) => Ok(()),
+        };
+        if written.is_err() {
+            return;
         }
     }
 }

@@ -5,6 +5,13 @@
 //! directory, drops to the job's user for good and only then enters the working directory,
 //! opens `-o`/`-e` files (as the user, never through a symlink) and executes the command. Its
 //! standard streams are pipes to the agent, which carries them to srun.
+//!
+//! With `--pty`, task 0's standard streams are instead the slave side of a pseudo-terminal
+//! the agent opened (`/dev/ptmx`, then the new `/dev/pts/N`, both the kernel's: nothing a
+//! user names). The slave is handed to the user through its descriptor (`fchown`, mode 0620
+//! as login(1) leaves a terminal), and the task starts in a session of its own with the
+//! terminal as its controlling terminal, so that a shell on it has job control and Ctrl-C
+//! typed at srun reaches its foreground job through the terminal's line discipline.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -56,6 +63,10 @@ pub fn environment(
         grant.cpus_per_task.max(1).to_string(),
     );
     set("SLURMD_NODENAME", node.to_owned());
+    // PBS's names for the same places (pbsdsh's copies read them).
+    set("PBS_TASKNUM", task.to_string());
+    set("PBS_VNODENUM", task.to_string());
+    set("PBS_NODENUM", grant.node_index.to_string());
     env
 }
 
@@ -97,7 +108,6 @@ pub fn output_path(
 }
 
 /// How one task is started.
-#[derive(Debug)]
 pub struct TaskLaunch<'a> {
     pub shim: &'a Path,
     pub base: &'a StepBase,
@@ -112,6 +122,47 @@ pub struct TaskLaunch<'a> {
     pub stderr: Option<String>,
     /// Whether it reads srun's standard input (else /dev/null).
     pub stdin: bool,
+    /// `--pty`: the terminal it runs on (all three standard streams).
+    pub pty: Option<&'a pty_process::Pts>,
+    /// Its output goes nowhere (the tasks beside a `--pty` task 0).
+    pub quiet: bool,
+}
+
+impl std::fmt::Debug for TaskLaunch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskLaunch")
+            .field("argv", &self.argv)
+            .field("work_dir", &self.work_dir)
+            .field("stdout", &self.stdout)
+            .field("stderr", &self.stderr)
+            .field("stdin", &self.stdin)
+            .field("pty", &self.pty.is_some())
+            .field("quiet", &self.quiet)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A new pseudo-terminal of `size` for a task of `uid`: the agent keeps the master side.
+pub fn open_terminal(
+    size: &pb::TerminalSize,
+    uid: u32,
+) -> std::io::Result<(pty_process::Pty, pty_process::Pts)> {
+    let (pty, pts) = pty_process::open().map_err(std::io::Error::other)?;
+    pty.resize(terminal_size(size))
+        .map_err(std::io::Error::other)?;
+    nix::unistd::fchown(&pts, Some(nix::unistd::Uid::from_raw(uid)), None)?;
+    nix::sys::stat::fchmod(&pts, nix::sys::stat::Mode::from_bits_truncate(0o620))?;
+    Ok((pty, pts))
+}
+
+/// A terminal size from srun's, bounded to what a terminal holds.
+pub fn terminal_size(size: &pb::TerminalSize) -> pty_process::Size {
+    let clamp = |v: u32, default: u16| match u16::try_from(v) {
+        Ok(0) => default,
+        Ok(v) => v,
+        Err(_) => u16::MAX,
+    };
+    pty_process::Size::new(clamp(size.rows, 24), clamp(size.cols, 80))
 }
 
 /// Starts the task; its pid is the command's (the shim executes it in place).
@@ -136,6 +187,19 @@ pub fn spawn(t: &TaskLaunch<'_>) -> std::io::Result<tokio::process::Child> {
         inherit_stdio: !to_files,
         command: t.argv.to_vec(),
     };
+    if let Some(pts) = t.pty {
+        // Its own session (setsid) on its terminal (TIOCSCTTY), made so between fork and
+        // exec: the shim then joins the cgroups and drops privileges as for any task.
+        return pty_process::Command::new(t.shim)
+            .arg("exec-as-user")
+            .args(args.to_args())
+            .env_clear()
+            .env("PATH", crate::shim::ROOT_PATH)
+            .current_dir("/")
+            .kill_on_drop(false)
+            .spawn_borrowed(pts)
+            .map_err(std::io::Error::other);
+    }
     let mut cmd = tokio::process::Command::new(t.shim);
     cmd.arg("exec-as-user")
         .args(args.to_args())
@@ -148,12 +212,12 @@ pub fn spawn(t: &TaskLaunch<'_>) -> std::io::Result<tokio::process::Child> {
         } else {
             Stdio::null()
         })
-        .stdout(if to_files {
+        .stdout(if to_files || t.quiet {
             Stdio::null()
         } else {
             Stdio::piped()
         })
-        .stderr(if to_files {
+        .stderr(if to_files || t.quiet {
             Stdio::null()
         } else {
             Stdio::piped()
