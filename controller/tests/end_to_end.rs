@@ -111,6 +111,7 @@ async fn a_job_runs_on_a_real_agent_and_survives_a_leader_kill() {
                 "1",
             ])
             .args(["--confinement", "none", "--log", "warn"])
+            .args(["--step-listen", "127.0.0.1:0"])
             .args(common::node_flags("n01"))
             .arg("--state-dir")
             .arg(work.path().join("agent"))

@@ -59,6 +59,9 @@ struct ExecJobArgs {
     /// The job's environment (NUL-separated NAME=value), in the run's private directory.
     #[arg(long)]
     env_file: Option<PathBuf>,
+    /// NAME=VALUE set over the environment file (a step task's own place in its step).
+    #[arg(long = "set")]
+    set: Vec<String>,
     /// The job's working directory, entered as the user.
     #[arg(long)]
     work_dir: PathBuf,
@@ -362,9 +365,14 @@ fn run(args: RunArgs) -> Result<()> {
                 Some(task)
             }
             Ok(None) => None,
+            // As slurmd does without its port: a node whose steps srun cannot reach (or whose
+            // port another process holds) does not pretend to serve.
             Err(e) => {
-                tracing::error!(error = %e, "--step-listen: srun cannot start tasks on this node");
-                None
+                anyhow::bail!(
+                    "--step-listen {step_listen}: {e:#}; srun could not start tasks on this \
+                     node (is another process holding the port? give another address, or \
+                     `none` for a node that runs no steps)"
+                );
             }
         };
         let agent = tokio::spawn(session::run(config, runner, events));
@@ -434,6 +442,12 @@ fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
         gid: a.gid,
         rlimit_as: a.rlimit_as,
         env_file: a.env_file,
+        set: a
+            .set
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
         work_dir: a.work_dir,
         stdout: a.stdout,
         stderr: a.stderr,

@@ -55,6 +55,9 @@ pub struct ShimArgs {
     pub rlimit_as: Option<u64>,
     /// The job's environment (NUL-separated `NAME=value`), in the run's private directory.
     pub env_file: Option<PathBuf>,
+    /// Variables set over the file's (a step's tasks share one file and differ only in
+    /// these: their ids, which are no secret, unlike what the file holds).
+    pub set: Vec<(String, String)>,
     /// Entered as the user (`/tmp` when the user cannot enter it, as Slurm does).
     pub work_dir: PathBuf,
     /// Opened as the user, appended to, never through a symlink.
@@ -88,6 +91,9 @@ impl ShimArgs {
         }
         if let Some(e) = &self.env_file {
             push("--env-file", e.as_os_str());
+        }
+        for (k, v) in &self.set {
+            push("--set", format!("{k}={v}").as_ref());
         }
         push("--work-dir", self.work_dir.as_os_str());
         push("--stdout", self.stdout.as_os_str());
@@ -259,10 +265,14 @@ fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::
     for procs in &args.join {
         std::fs::write(procs, &pid).with_context(|| format!("joining {}", procs.display()))?;
     }
-    let environment = match &args.env_file {
+    let mut environment = match &args.env_file {
         Some(path) => read_environment(path)?,
         None => Vec::new(),
     };
+    for (k, v) in &args.set {
+        environment.retain(|(name, _)| name != k);
+        environment.push((k.clone(), v.clone()));
+    }
     if let Some(bytes) = args.rlimit_as {
         nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_AS, bytes, bytes)
             .context("setting RLIMIT_AS")?;
@@ -400,6 +410,7 @@ mod tests {
             gid: 65534,
             rlimit_as: None,
             env_file: None,
+            set: Vec::new(),
             work_dir: "/".into(),
             stdout: "/dev/null".into(),
             stderr: "/dev/null".into(),

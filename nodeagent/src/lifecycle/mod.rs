@@ -144,6 +144,11 @@ impl Run {
         self.running
     }
 
+    /// Being stopped (cancelled, out of time, preempted): it takes no new steps.
+    pub fn stopping(&self) -> bool {
+        self.stopping.is_some()
+    }
+
     pub fn suspended(&self) -> bool {
         self.suspended_since.is_some()
     }

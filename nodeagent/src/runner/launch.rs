@@ -151,6 +151,7 @@ impl Runner {
                 .filter(|v| *v > 0 && l.address_space_limit)
                 .map(|v| v << 20),
             env_file: Some(run_dir.path().join(ENVIRON)),
+            set: Vec::new(),
             work_dir: PathBuf::from(&l.work_dir),
             stdout,
             stderr,

@@ -234,7 +234,9 @@ impl Runner {
                     );
                 }
             }
-            Some(pb::instruction::Kind::StepCancel(c)) => self.steps.cancel(c.job_id, c.step_id),
+            Some(pb::instruction::Kind::StepCancel(c)) => {
+                self.steps.cancel(c.job_id, c.epoch, c.step_id)
+            }
             Some(kind) => self.step(Input::Instruction(Box::new(kind))),
             None => {}
         }
@@ -512,6 +514,9 @@ impl crate::steps::serve::Jobs for Runner {
         match self.book().get((job, epoch)) {
             Some(r) if r.suspended() => {
                 return Err(format!("job {job} is suspended on node {node}"));
+            }
+            Some(r) if r.stopping() => {
+                return Err(format!("job {job} is being stopped on node {node}"));
             }
             Some(r) if r.running() => {}
             _ => return Err(format!("job {job} does not run on node {node}")),

@@ -15,6 +15,8 @@
 //! the step is reported to the leader, which ends the step once every node has.
 
 pub mod serve;
+mod signals;
+mod streams;
 pub mod tasks;
 
 use std::collections::BTreeMap;
@@ -59,6 +61,9 @@ pub const NODE_VARIABLES: &[&str] = &[
 
 /// How long a granted step waits for its srun before it is ended as never launched.
 pub const ATTACH_DEADLINE: Duration = Duration::from_secs(60);
+/// Ended steps remembered (to refuse a late srun and ignore a repeated grant); the oldest
+/// are forgotten beyond this, so a long job's 40,000 steps do not all stay in memory.
+pub const MAX_ENDED: usize = 4096;
 
 /// Why srun may not attach.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,13 +121,19 @@ impl Grants {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The leader granted a step (again, after a reconnection: then nothing changes).
+    /// The leader granted a step (again, after a reconnection: then nothing changes). A
+    /// grant of a newer run of the job (requeued here under a new epoch) replaces what an
+    /// older run left.
     pub fn grant(self: &Arc<Self>, grant: pb::StepGrant) {
         let key = (grant.job_id, grant.step_id);
+        let epoch = grant.epoch;
         {
             let mut entries = self.lock();
-            if entries.contains_key(&key) {
-                return;
+            if let Some(old) = entries.get(&key) {
+                if old.grant.epoch >= grant.epoch {
+                    return;
+                }
+                old.stop.send_replace(Some(pb::EndCause::Cancelled));
             }
             entries.insert(
                 key,
@@ -138,13 +149,10 @@ impl Grants {
         let this = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ATTACH_DEADLINE).await;
-            let waiting = matches!(
-                this.lock().get(&key),
-                Some(Entry {
-                    phase: Phase::Waiting,
-                    ..
-                })
-            );
+            let waiting = this
+                .lock()
+                .get(&key)
+                .is_some_and(|e| matches!(e.phase, Phase::Waiting) && e.grant.epoch == epoch);
             if waiting {
                 this.end(
                     key,
@@ -159,8 +167,9 @@ impl Grants {
     }
 
     /// The leader cancelled a step: its tasks here are stopped (or, with no srun yet, it
-    /// ends at once).
-    pub fn cancel(&self, job: u64, step: u32) {
+    /// ends at once). A step this agent never heard of (its grant was lost with a restart)
+    /// is reported ended, so the leader does not wait for it until the job ends.
+    pub fn cancel(&self, job: u64, epoch: u64, step: u32) {
         let waiting = {
             let entries = self.lock();
             match entries.get(&(job, step)) {
@@ -172,7 +181,21 @@ impl Grants {
                     e.stop.send_replace(Some(pb::EndCause::Cancelled));
                     false
                 }
-                None => false,
+                None => {
+                    let _ = self.events.send(pb::JobEvent {
+                        job_id: job,
+                        epoch,
+                        event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
+                            step_id: step,
+                            ended: Some(pb::Ended {
+                                cause: pb::EndCause::Cancelled as i32,
+                                reason: "the step was never granted on this node".into(),
+                                ..Default::default()
+                            }),
+                        })),
+                    });
+                    false
+                }
             }
         };
         if waiting {
@@ -201,15 +224,15 @@ impl Grants {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let found = {
                 let mut entries = self.lock();
-                if let Some(e) = entries.get_mut(&(job, step)) {
+                entries.get_mut(&(job, step)).map(|e| {
                     // The hash is compared whole, in constant time.
                     let hash = Sha256::digest(secret);
                     if !constant_time_eq(hash.as_slice(), &e.grant.io_key) {
                         return Err(AttachError::WrongSecret(job, step));
                     }
-                    return match e.phase {
+                    match e.phase {
                         Phase::Waiting => {
                             e.phase = Phase::Attached;
                             Ok(Attached {
@@ -219,8 +242,18 @@ impl Grants {
                         }
                         Phase::Attached => Err(AttachError::Taken(job, step)),
                         Phase::Ended => Err(AttachError::Ended(job, step)),
-                    };
+                    }
+                })
+            };
+            match found {
+                Some(Err(AttachError::WrongSecret(..))) => {
+                    // Refused when a missing grant would be: a stranger learns nothing of
+                    // which steps run here, by the answer or by its time.
+                    tokio::time::sleep_until(deadline).await;
+                    return Err(AttachError::WrongSecret(job, step));
                 }
+                Some(outcome) => return outcome,
+                None => {}
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return Err(AttachError::NotGranted(job, step));
@@ -239,7 +272,16 @@ impl Grants {
                 return;
             }
             e.phase = Phase::Ended;
-            e.grant.epoch
+            let epoch = e.grant.epoch;
+            let ended: Vec<(u64, u32)> = entries
+                .iter()
+                .filter(|(_, e)| matches!(e.phase, Phase::Ended))
+                .map(|(k, _)| *k)
+                .collect();
+            for old in ended.iter().take(ended.len().saturating_sub(MAX_ENDED)) {
+                entries.remove(old);
+            }
+            epoch
         };
         let _ = self.events.send(pb::JobEvent {
             job_id: key.0,
@@ -319,8 +361,8 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let grants = Grants::new(tx);
         grants.grant(grant(5, 0, b"s"));
-        grants.cancel(5, 0);
-        grants.cancel(5, 0);
+        grants.cancel(5, 1, 0);
+        grants.cancel(5, 1, 0);
         let event = rx.try_recv().ok();
         let Some(pb::job_event::Event::StepEnded(ended)) = event.and_then(|e| e.event) else {
             panic!("no step end reported");
@@ -337,5 +379,49 @@ mod tests {
                 .err(),
             Some(AttachError::Ended(5, 0))
         );
+    }
+
+    #[tokio::test]
+    async fn a_cancel_for_a_step_never_granted_here_is_reported_ended() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let grants = Grants::new(tx);
+        grants.cancel(8, 3, 1);
+        let event = rx.try_recv().expect("reported");
+        assert_eq!((event.job_id, event.epoch), (8, 3));
+        let Some(pb::job_event::Event::StepEnded(ended)) = event.event else {
+            panic!("not a step end");
+        };
+        assert_eq!(ended.step_id, 1);
+        assert_eq!(
+            ended.ended.map(|e| e.cause),
+            Some(pb::EndCause::Cancelled as i32)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_newer_run_s_grant_replaces_an_older_one_and_ended_steps_are_bounded() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let grants = Grants::new(tx);
+        grants.grant(grant(9, 0, b"old"));
+        let mut newer = grant(9, 0, b"new");
+        newer.epoch = 2;
+        grants.grant(newer);
+        let wait = Duration::from_millis(10);
+        assert_eq!(
+            grants.attach(9, 0, b"old", wait).await.err(),
+            Some(AttachError::WrongSecret(9, 0))
+        );
+        assert!(grants.attach(9, 0, b"new", wait).await.is_ok());
+        // A repeated (or older) grant changes nothing.
+        grants.grant(grant(9, 0, b"old"));
+        assert_eq!(
+            grants.attach(9, 0, b"new", wait).await.err(),
+            Some(AttachError::Taken(9, 0))
+        );
+        for step in 0..(MAX_ENDED as u32 + 10) {
+            grants.grant(grant(10, step, b"s"));
+            grants.end((10, step), pb::Ended::default());
+        }
+        assert!(grants.lock().len() <= MAX_ENDED + 1);
     }
 }

@@ -16,12 +16,13 @@ use std::time::Duration;
 use docket_proto::v1 as pb;
 use docket_proto::v1::step_io_server::{StepIo, StepIoServer};
 use nix::sys::signal::Signal;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::signals::{Signaller, Target};
+use super::streams::{INPUT_QUEUE, Sink, ToTask0, feed, forward};
 use super::{AttachError, Grants, StepBase, tasks};
 use crate::cgroup::JobCgroup;
 use crate::rootdir::RootDir;
@@ -40,8 +41,6 @@ pub const MAX_ARGS: usize = 4096;
 pub const MAX_ARG_BYTES: usize = 1 << 20;
 pub const MAX_ENVIRONMENT_BYTES: usize = 4 << 20;
 pub const MAX_PATH_BYTES: usize = 4096;
-/// The most a task's output is read at once (one message).
-const CHUNK: usize = 64 << 10;
 /// How long output still in the pipes is awaited after every task exited.
 const DRAIN: Duration = Duration::from_secs(2);
 
@@ -153,8 +152,12 @@ pub fn check_launch(l: &pb::LaunchTasks) -> Result<(), Status> {
 
 fn attach_status(e: AttachError) -> Status {
     match e {
-        AttachError::WrongSecret(..) => Status::permission_denied(e.to_string()),
-        AttachError::NotGranted(..) => Status::not_found(e.to_string()),
+        // The same answer for both: which steps run here is no stranger's business.
+        AttachError::WrongSecret(job, step) | AttachError::NotGranted(job, step) => {
+            Status::permission_denied(format!(
+                "step {job}.{step}: not granted on this node, or the secret is not the step's"
+            ))
+        }
         AttachError::Taken(..) => Status::already_exists(e.to_string()),
         AttachError::Ended(..) => Status::failed_precondition(e.to_string()),
     }
@@ -240,7 +243,6 @@ struct Task {
     pid: i32,
     /// Until the driver takes it to wait on.
     child: Option<tokio::process::Child>,
-    env_file: String,
 }
 
 /// The started tasks of this node, and the step's cgroups.
@@ -248,6 +250,9 @@ struct Started {
     tasks: Vec<Task>,
     cgroup: Option<JobCgroup>,
     run_dir: RootDir,
+    /// The tasks' shared environment in the run's directory, once written: one file per step
+    /// and node, whatever the number of tasks.
+    env_file: Option<String>,
     /// `--pty`: the master side of task 0's terminal.
     pty: Option<pty_process::Pty>,
 }
@@ -280,8 +285,38 @@ impl StepIoService {
             tasks: Vec::new(),
             cgroup,
             run_dir,
+            env_file: None,
             pty: None,
         };
+        match self.start_tasks(&mut started, base, grant, launch, &join, &work_dir) {
+            Ok(()) => Ok(started),
+            Err(why) => {
+                Target::new(started.cgroup.clone(), started.tasks.iter().map(|t| t.pid))
+                    .send(Signal::SIGKILL);
+                clean_up(&started);
+                Err(why)
+            }
+        }
+    }
+
+    /// Writes the step's environment, opens task 0's terminal with `--pty`, and starts this
+    /// node's tasks into `started` (the caller undoes it all on an error).
+    fn start_tasks(
+        &self,
+        started: &mut Started,
+        base: &StepBase,
+        grant: &pb::StepGrant,
+        launch: &pb::LaunchTasks,
+        join: &[PathBuf],
+        work_dir: &std::path::Path,
+    ) -> Result<(), String> {
+        let env = tasks::step_environment(&launch.environment, base, grant, &self.node);
+        let env_file = format!("step{}.environ", grant.step_id);
+        started
+            .run_dir
+            .write_new(&env_file, &crate::shim::encode_environment(&env), 0o600)
+            .map_err(|e| format!("writing the step's environment: {e}"))?;
+        started.env_file = Some(env_file.clone());
         // The terminal's slave side stays open here only until task 0 has started.
         let mut pts = None;
         if let Some(size) = &launch.pty
@@ -295,51 +330,32 @@ impl StepIoService {
         for local in 0..grant.tasks {
             let task = grant.first_task.saturating_add(local);
             let on_terminal = task == 0 && pts.is_some();
-            let env = tasks::environment(&launch.environment, base, grant, &self.node, task, local);
-            let env_file = format!("step{}.task{task}.environ", grant.step_id);
             let file_for = |pattern: &str| {
                 (!pattern.is_empty() && launch.pty.is_none())
                     .then(|| tasks::output_path(pattern, grant, &self.node, &base.user, task))
             };
-            let spawned = started
-                .run_dir
-                .write_new(&env_file, &crate::shim::encode_environment(&env), 0o600)
-                .map_err(|e| format!("writing task {task}'s environment: {e}"))
-                .and_then(|_| {
-                    tasks::spawn(&tasks::TaskLaunch {
-                        shim: &self.shim,
-                        base,
-                        join: join.clone(),
-                        env_file: started.run_dir.path().join(&env_file),
-                        argv: &launch.argv,
-                        work_dir: work_dir.clone(),
-                        stdout: file_for(&launch.stdout),
-                        stderr: file_for(&launch.stderr),
-                        stdin: launch.stdin && task == 0 && !on_terminal,
-                        pty: pts.as_ref().filter(|_| on_terminal),
-                        quiet: launch.pty.is_some() && task != 0,
-                    })
-                    .map_err(|e| format!("starting task {task}: {e}"))
-                });
-            match spawned {
-                Ok(child) => {
-                    let pid = child.id().map_or(0, |p| p as i32);
-                    started.tasks.push(Task {
-                        task,
-                        pid,
-                        child: Some(child),
-                        env_file,
-                    });
-                }
-                Err(why) => {
-                    let _ = started.run_dir.remove_file(&env_file);
-                    signal(&started, Signal::SIGKILL);
-                    clean_up(&started);
-                    return Err(why);
-                }
-            }
+            let child = tasks::spawn(&tasks::TaskLaunch {
+                shim: &self.shim,
+                base,
+                join: join.to_vec(),
+                env_file: started.run_dir.path().join(&env_file),
+                set: tasks::task_variables(task, local),
+                argv: &launch.argv,
+                work_dir: work_dir.to_path_buf(),
+                stdout: file_for(&launch.stdout),
+                stderr: file_for(&launch.stderr),
+                stdin: launch.stdin && task == 0 && !on_terminal,
+                pty: pts.as_ref().filter(|_| on_terminal),
+                quiet: launch.pty.is_some() && task != 0,
+            })
+            .map_err(|e| format!("starting task {task}: {e}"))?;
+            started.tasks.push(Task {
+                task,
+                pid: child.id().map_or(0, |p| p as i32),
+                child: Some(child),
+            });
         }
-        Ok(started)
+        Ok(())
     }
 
     /// Carries the tasks' I/O until every one exited; returns how they ended here.
@@ -353,6 +369,8 @@ impl StepIoService {
     ) -> pb::Ended {
         let mut readers = JoinSet::new();
         let mut exits = JoinSet::new();
+        let target = Target::new(started.cgroup.clone(), started.tasks.iter().map(|t| t.pid));
+        let signals = Signaller::start(target.clone());
         let mut sink = None;
         if let Some(pty) = started.pty.take() {
             let (read, write) = pty.into_split();
@@ -372,8 +390,8 @@ impl StepIoService {
             if let Some(pipe) = child.stderr.take() {
                 readers.spawn(forward(Box::new(pipe), t.task, 2, tx.clone()));
             }
-            let task = t.task;
-            exits.spawn(async move { (task, child.wait().await) });
+            let (task, pid) = (t.task, t.pid);
+            exits.spawn(async move { (task, pid, child.wait().await) });
         }
         // Task 0's input is written by a task of its own, so that a task that does not read
         // stalls only srun's stream (the bounded channel stops being read), never this loop.
@@ -415,7 +433,7 @@ impl StepIoService {
                     }
                     Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Signal(number)) })) => {
                         if let Ok(sig) = Signal::try_from(number) {
-                            signal(&started, sig);
+                            signals.signal(sig);
                         }
                     }
                     Ok(Some(_)) => {}
@@ -436,11 +454,12 @@ impl StepIoService {
                     cause = Some(pb::EndCause::Timeout);
                 }
                 _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
-                    signal(&started, Signal::SIGKILL);
+                    signals.signal(Signal::SIGKILL);
                     kill_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
                 }
                 Some(joined) = exits.join_next() => {
-                    if let Ok((task, status)) = joined {
+                    if let Ok((task, pid, status)) = joined {
+                        target.reaped(pid);
                         let (code, sig) = match status {
                             Ok(s) => {
                                 use std::os::unix::process::ExitStatusExt;
@@ -467,22 +486,28 @@ impl StepIoService {
                 cause = Some(pb::EndCause::Cancelled);
             }
             if cause.is_some() && kill_at.is_none() {
-                signal(&started, Signal::SIGTERM);
+                signals.signal(Signal::SIGTERM);
                 kill_at = Some(tokio::time::Instant::now() + self.kill_grace);
             }
         }
         // A task's children do not outlive its step.
-        signal(&started, Signal::SIGKILL);
+        drop(signals);
+        target.send_now(Signal::SIGKILL).await;
         let _ = tokio::time::timeout(DRAIN, async {
             while readers.join_next().await.is_some() {}
         })
         .await;
         readers.abort_all();
-        let (cpu_time_ms, max_rss_mib) = started
-            .cgroup
-            .as_ref()
-            .map_or((0, 0), |c| (c.cpu_time_ms(), c.peak_memory_mib()));
-        clean_up(&started);
+        let (cpu_time_ms, max_rss_mib) = tokio::task::spawn_blocking(move || {
+            let used = started
+                .cgroup
+                .as_ref()
+                .map_or((0, 0), |c| (c.cpu_time_ms(), c.peak_memory_mib()));
+            clean_up(&started);
+            used
+        })
+        .await
+        .unwrap_or((0, 0));
         let cause = cause.unwrap_or(if highest != 0 || first_signal != 0 {
             pb::EndCause::Failed
         } else {
@@ -499,94 +524,12 @@ impl StepIoService {
     }
 }
 
-/// How many of srun's input messages wait for task 0 at most.
-const INPUT_QUEUE: usize = 16;
-
-/// Where task 0's input goes.
-enum Sink {
-    Pipe(tokio::process::ChildStdin),
-    Terminal(pty_process::OwnedWritePty),
-}
-
-/// What srun sends task 0.
-enum ToTask0 {
-    Data(Vec<u8>),
-    Eof,
-    Resize(pb::TerminalSize),
-}
-
-/// Writes srun's input to task 0 until its end (on a terminal, the end of input is the
-/// terminal's end-of-file character, ^D, as `script` sends it).
-async fn feed(mut rx: mpsc::Receiver<ToTask0>, mut sink: Sink) {
-    while let Some(message) = rx.recv().await {
-        let written = match (&mut sink, message) {
-            (Sink::Pipe(pipe), ToTask0::Data(data)) => pipe.write_all(&data).await,
-            (Sink::Pipe(_), ToTask0::Eof) => return,
-            (Sink::Terminal(t), ToTask0::Data(data)) => t.write_all(&data).await,
-            (Sink::Terminal(t), ToTask0::Eof) => t.write_all(&[4]).await,
-            (Sink::Terminal(t), ToTask0::Resize(size)) => t
-                .resize(tasks::terminal_size(&size))
-                .map_err(std::io::Error::other),
-            (Sink::Pipe(_), ToTask0::Resize(_)) => Ok(()),
-        };
-        if written.is_err() {
-            return;
-        }
-    }
-}
-
-/// Carries one pipe of one task to srun, in chunks.
-async fn forward(
-    mut pipe: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-    task: u32,
-    fd: u32,
-    tx: mpsc::Sender<Result<pb::StepOutput, Status>>,
-) {
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                let message = pb::StepOutput {
-                    kind: Some(pb::step_output::Kind::Output(pb::Output {
-                        task,
-                        fd,
-                        data: buf[..n].to_vec(),
-                    })),
-                };
-                if tx.send(Ok(message)).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Signals every process of the step here: through its cgroup when confined, else each
-/// task's process group.
-fn signal(started: &Started, sig: Signal) {
-    match &started.cgroup {
-        Some(cg) => {
-            if let Err(e) = cg.signal_all(sig, false) {
-                tracing::warn!(error = %e, ?sig, "signalling a step's cgroup");
-            }
-        }
-        None => {
-            for t in &started.tasks {
-                if t.pid > 0 {
-                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(t.pid), sig);
-                }
-            }
-        }
-    }
-}
-
-/// Removes the step's cgroups and the tasks' environment files.
+/// Removes the step's cgroups and the tasks' environment file.
 fn clean_up(started: &Started) {
     if let Some(cg) = &started.cgroup {
         cg.remove();
     }
-    for t in &started.tasks {
-        let _ = started.run_dir.remove_file(&t.env_file);
+    if let Some(file) = &started.env_file {
+        let _ = started.run_dir.remove_file(file);
     }
 }

@@ -20,16 +20,14 @@ use docket_proto::v1 as pb;
 
 use super::StepBase;
 
-/// The environment of the task with global id `task`, the `local`-th on this node: srun's
-/// environment, this node's own variables, then the step's `SLURM_*` (Slurm's names; see
-/// srun(1), "OUTPUT ENVIRONMENT VARIABLES").
-pub fn environment(
+/// The environment the step's tasks on this node share: srun's environment, this node's
+/// own variables, then the step's `SLURM_*` (Slurm's names; see srun(1), "OUTPUT ENVIRONMENT
+/// VARIABLES"). Each task's place in the step is [`task_variables`], set over it.
+pub fn step_environment(
     srun_env: &[String],
     base: &StepBase,
     grant: &pb::StepGrant,
     node: &str,
-    task: u32,
-    local: u32,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = srun_env
         .iter()
@@ -47,8 +45,6 @@ pub fn environment(
     set("SLURM_JOBID", grant.job_id.to_string());
     set("SLURM_STEP_ID", step.clone());
     set("SLURM_STEPID", step);
-    set("SLURM_PROCID", task.to_string());
-    set("SLURM_LOCALID", local.to_string());
     set("SLURM_NODEID", grant.node_index.to_string());
     set("SLURM_NTASKS", grant.ntasks.to_string());
     set("SLURM_NPROCS", grant.ntasks.to_string());
@@ -63,11 +59,23 @@ pub fn environment(
         grant.cpus_per_task.max(1).to_string(),
     );
     set("SLURMD_NODENAME", node.to_owned());
-    // PBS's names for the same places (pbsdsh's copies read them).
-    set("PBS_TASKNUM", task.to_string());
-    set("PBS_VNODENUM", task.to_string());
+    // PBS's name for the node's place (pbsdsh's copies read it).
     set("PBS_NODENUM", grant.node_index.to_string());
     env
+}
+
+/// The variables of the task with global id `task`, the `local`-th on this node (PBS's
+/// names too).
+pub fn task_variables(task: u32, local: u32) -> Vec<(String, String)> {
+    [
+        ("SLURM_PROCID", task),
+        ("SLURM_LOCALID", local),
+        ("PBS_TASKNUM", task),
+        ("PBS_VNODENUM", task),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_string()))
+    .collect()
 }
 
 /// An output file name from srun's `-o`/`-e` pattern (srun(1), "IO Redirection"): `%t` the
@@ -113,8 +121,10 @@ pub struct TaskLaunch<'a> {
     pub base: &'a StepBase,
     /// The step's `cgroup.procs` files (none unconfined).
     pub join: Vec<PathBuf>,
-    /// The task's environment, already written to this file of root's.
+    /// The step's environment, already written to this file of root's.
     pub env_file: PathBuf,
+    /// The task's own variables, set over the file's.
+    pub set: Vec<(String, String)>,
     pub argv: &'a [String],
     pub work_dir: PathBuf,
     /// `-o` / `-e` files for this task; None: a pipe to the agent.
@@ -176,6 +186,7 @@ pub fn spawn(t: &TaskLaunch<'_>) -> std::io::Result<tokio::process::Child> {
         gid: t.base.gid,
         rlimit_as: t.base.rlimit_as,
         env_file: Some(t.env_file.clone()),
+        set: t.set.clone(),
         work_dir: t.work_dir.clone(),
         stdout: PathBuf::from(t.stdout.clone().unwrap_or_else(|| "/dev/null".into())),
         stderr: PathBuf::from(
@@ -276,7 +287,9 @@ mod tests {
             "=bad".to_owned(),
             "bad".to_owned(),
         ];
-        let env = environment(&srun, &base, &grant(), "n02", 3, 1);
+        let mut env = step_environment(&srun, &base, &grant(), "n02");
+        assert_eq!(env.get("SLURM_PROCID").map(String::as_str), Some("99"));
+        env.extend(task_variables(3, 1));
         let get = |k: &str| env.get(k).map(String::as_str);
         assert_eq!(get("PATH"), Some("/usr/bin"));
         assert_eq!(get("TMPDIR"), Some("/jobfs/42.1"));
@@ -290,6 +303,8 @@ mod tests {
         assert_eq!(get("SLURM_STEP_NUM_TASKS"), Some("5"));
         assert_eq!(get("SLURM_TASKS_PER_NODE"), Some("2,3"));
         assert_eq!(get("SLURMD_NODENAME"), Some("n02"));
+        assert_eq!(get("PBS_TASKNUM"), Some("3"));
+        assert_eq!(get("PBS_NODENUM"), Some("1"));
         assert!(!env.contains_key(""));
     }
 }

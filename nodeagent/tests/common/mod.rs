@@ -209,6 +209,9 @@ pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) ->
                 addr,
                 "--log",
                 "warn",
+                // Its own port: tests run agents side by side.
+                "--step-listen",
+                "127.0.0.1:0",
             ])
             .arg("--state-dir")
             .arg(state)
