@@ -339,6 +339,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     interactive_allocations(&site);
     terminals(&site);
     pbs_interactive_and_pbsdsh(&site);
+    steps_across_an_agent_restart(&site);
     flood_the_step_port(&state);
 }
 
@@ -720,6 +721,92 @@ fn pbs_interactive_and_pbsdsh(site: &Site) {
         out.lines()
             .any(|l| l.starts_with("only ") && l.ends_with(" n02")),
         "{out}"
+    );
+}
+
+/// An agent restarted under a running step: the step cannot go on (its srun's stream went
+/// with the old process), its tasks are killed and it ends; the restarted agent re-adopts
+/// the job and starts the job's next step as any other.
+fn steps_across_an_agent_restart(site: &Site) {
+    site.write(
+        "restart.sh",
+        "#!/bin/sh\n\
+         srun sh -c 'touch alive.$SLURM_PROCID; exec sleep 300'\n\
+         echo first=$?\n\
+         srun -l sh -c 'echo again $SLURM_NODEID'\n\
+         echo second=$?\n",
+    );
+    let o = site.sbatch(&[
+        "--parsable",
+        "-N",
+        "2",
+        "-n",
+        "2",
+        "-t",
+        "5",
+        "-o",
+        "restart.out",
+        "restart.sh",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let job = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let work = site.work();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !(work.join("alive.0").exists() && work.join("alive.1").exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the step never started"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut cluster = docket_deploy::LocalCluster::open(&site.state()).unwrap();
+    cluster.stop_agent("n02").unwrap();
+    cluster.start_agent("n02").unwrap();
+    cluster.save().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let out = loop {
+        let o = site.command(
+            "sacct",
+            &["-n", "-P", "-j", &job, "-o", "JobID,State,ExitCode"],
+        );
+        let out = text(&o);
+        if out
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("|COMPLETED|"))
+        {
+            break out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not end: {out}\n{}\n{}",
+            std::fs::read_to_string(work.join("restart.out")).unwrap_or_default(),
+            text(&local(&site.state(), &["logs", "-n", "40"]))
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let job_out = std::fs::read_to_string(work.join("restart.out")).unwrap_or_default();
+    assert_ne!(line_value(&job_out, "first="), "0", "{job_out}");
+    for line in ["0: again 0", "1: again 1", "second=0"] {
+        assert!(
+            job_out.lines().any(|l| l == line),
+            "missing {line:?} in\n{job_out}\n{out}"
+        );
+    }
+    let step0 = out
+        .lines()
+        .find(|l| l.starts_with(&format!("{job}.0|")))
+        .unwrap_or_else(|| panic!("no step 0 in\n{out}"));
+    assert!(
+        step0.contains("|CANCELLED|") || step0.contains("|NODE_FAIL|"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{job}.1|COMPLETED|0:0")), "{out}");
+    // The restarted agent killed what the first step left on its node.
+    let log = std::fs::read_to_string(site.state().join("logs/agent-n02.log")).unwrap_or_default();
+    assert!(
+        log.contains("ended a step left by the agent before its restart"),
+        "{log}"
     );
 }
 

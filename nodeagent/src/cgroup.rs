@@ -566,6 +566,28 @@ impl JobCgroup {
         }
     }
 
+    /// The steps whose cgroups exist below the job's (`step_N`), in any controller.
+    pub fn existing_steps(&self) -> Vec<u32> {
+        let mut steps = std::collections::BTreeSet::new();
+        for d in self.dirs.values() {
+            let Ok(entries) = std::fs::read_dir(d) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name();
+                if let Some(n) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("step_"))
+                    .and_then(|n| n.parse::<u32>().ok())
+                    && e.file_type().is_ok_and(|t| t.is_dir())
+                {
+                    steps.insert(n);
+                }
+            }
+        }
+        steps.into_iter().collect()
+    }
+
     /// The cgroups of step `step` of this job, created below the job's: the step's tasks are
     /// held by the job's limits and its own are counted apart (cpu time), signalled and
     /// killed apart. On v2 the job's cgroup enables no controller for its children (it holds

@@ -442,6 +442,7 @@ impl Runner {
                     scratch: h.scratch,
                     cpus: h.cpus,
                     gpus: h.gpus,
+                    step_base: h.step_base.as_deref().cloned(),
                 }
             })
             .collect();
@@ -495,6 +496,9 @@ struct SavedRun {
     cpus: Vec<u32>,
     #[serde(default)]
     gpus: Vec<u32>,
+    /// What its steps start from (absent in a state file written before steps were kept).
+    #[serde(default)]
+    step_base: Option<crate::steps::StepBase>,
 }
 
 fn now_unix_ms() -> u64 {

@@ -38,6 +38,7 @@ impl Runner {
             }
         };
         let mut watch: Vec<(RunId, Option<PathBuf>)> = Vec::new();
+        let mut stray_steps = Vec::new();
         let mut records = Vec::new();
         {
             let mut held = self.holdings();
@@ -51,6 +52,9 @@ impl Runner {
                         keep_scratch.insert(sc.path.clone());
                     }
                     tracing::info!(job = s.job, epoch = s.epoch, "re-adopting a run");
+                    if let Some(cg) = &s.cgroup {
+                        stray_steps.push((id, cg.clone()));
+                    }
                     held.insert(
                         id,
                         Held {
@@ -61,9 +65,7 @@ impl Runner {
                             monitor: s.monitor,
                             run_dir: s.run_dir.clone(),
                             pgid: s.pgid,
-                            // What steps need is not kept: a restarted agent starts no steps
-                            // for the runs it re-adopts.
-                            step_base: None,
+                            step_base: s.step_base.map(std::sync::Arc::new),
                         },
                     );
                     watch.push((id, s.run_dir));
@@ -90,8 +92,31 @@ impl Runner {
                 }
             }
         }
+        self.end_stray_steps(stray_steps);
         self.reap_directories();
         (keep_cgroups, keep_scratch)
+    }
+
+    /// Steps that ran under the agent before it restarted cannot go on: their srun's streams
+    /// went with the old process (and srun, seeing them break, gives the step up). What their
+    /// tasks left in the re-adopted jobs' step cgroups is killed, and each step is reported
+    /// ended, so the leader frees its cpus even if its srun is gone too.
+    fn end_stray_steps(&self, runs: Vec<(RunId, crate::cgroup::JobCgroup)>) {
+        for ((job, epoch), cgroup) in runs {
+            for step in cgroup.existing_steps() {
+                match cgroup.step(step) {
+                    Ok(cg) => cg.remove(),
+                    Err(e) => tracing::warn!(job, step, error = %e, "a stray step's cgroups"),
+                }
+                tracing::info!(
+                    job,
+                    step,
+                    "ended a step left by the agent before its restart"
+                );
+                self.steps
+                    .report_lost(job, epoch, step, "the node's agent restarted while it ran");
+            }
+        }
     }
 
     /// Removes the job directories of runs this agent no longer holds running (an agent that

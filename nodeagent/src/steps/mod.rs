@@ -29,8 +29,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, mpsc, watch};
 
 /// What a job's run on this node gives its steps' tasks: who they run as, where, and the
-/// environment that differs from node to node.
-#[derive(Debug, Clone)]
+/// environment that differs from node to node. Kept in the agent's state file (root's), so a
+/// restarted agent starts new steps of the runs it re-adopts.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StepBase {
     pub user: String,
     pub uid: u32,
@@ -289,6 +290,23 @@ impl Grants {
             event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
                 step_id: key.1,
                 ended: Some(ended),
+            })),
+        });
+    }
+
+    /// Step `step` of the run (`job`, `epoch`) ended here without this agent knowing it
+    /// (its tasks were left by an agent that restarted, and killed): tell the leader.
+    pub fn report_lost(&self, job: u64, epoch: u64, step: u32, reason: &str) {
+        let _ = self.events.send(pb::JobEvent {
+            job_id: job,
+            epoch,
+            event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
+                step_id: step,
+                ended: Some(pb::Ended {
+                    cause: pb::EndCause::NodeFailure as i32,
+                    reason: reason.to_owned(),
+                    ..Default::default()
+                }),
             })),
         });
     }
