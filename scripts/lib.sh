@@ -79,8 +79,10 @@ ensure_prereqs() {
     deb_installed libfaketime || pkgs+=(libfaketime)
     command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
     command -v munged >/dev/null 2>&1 || pkgs+=(munge)
-    # MPICH: an MPI program across two agents, its proxies started by srun (deploy/).
-    command -v mpicc >/dev/null 2>&1 || pkgs+=(mpich libmpich-dev)
+    # MPICH and Open MPI: an MPI program across two agents, each launcher's daemons started
+    # by srun (deploy/).
+    command -v mpicc.mpich >/dev/null 2>&1 || pkgs+=(mpich libmpich-dev)
+    command -v mpicc.openmpi >/dev/null 2>&1 || pkgs+=(openmpi-bin libopenmpi-dev)
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-venv)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then

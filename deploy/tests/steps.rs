@@ -340,6 +340,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     terminals(&site);
     pbs_interactive_and_pbsdsh(&site);
     steps_across_an_agent_restart(&site);
+    steps_survive_a_failover(&site);
     flood_the_step_port(&state);
 }
 
@@ -438,42 +439,60 @@ async fn attach(
 /// An MPI program across the allocation's two nodes, as users run one: MPICH's `mpiexec`
 /// inside the batch script finds the allocation in Slurm's variables and starts its proxy
 /// on each node with `srun --input none`; the ranks reduce over TCP between the proxies.
+/// MPICH's Hydra and Open MPI's mpirun, as Debian packages them, inside a two-node job:
+/// each starts its daemons on both nodes with srun, and the ranks reduce across them.
 #[test]
-fn mpich_runs_ranks_on_both_nodes_through_srun() {
-    let have_mpicc = Command::new("mpicc")
-        .arg("-show")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_mpicc {
+fn mpich_and_open_mpi_run_ranks_on_both_nodes_through_srun() {
+    let have = |compiler: &str| {
+        Command::new(compiler)
+            .arg("-show")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !(have("mpicc.mpich") && have("mpicc.openmpi")) {
         assert!(
             std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
-            "mpicc is missing (the test command installs Debian's mpich and libmpich-dev)"
+            "mpicc.mpich or mpicc.openmpi is missing (the test command installs Debian's \
+             mpich, libmpich-dev, openmpi-bin and libopenmpi-dev)"
         );
-        eprintln!("skipped: no mpicc (Debian's mpich and libmpich-dev)");
+        eprintln!("skipped: Debian's MPICH and Open MPI are not both installed");
         return;
     }
     let Some(site) = Site::start(1) else {
         return;
     };
     let source = site.write("hello.c", MPI_HELLO);
-    let program = site.work().join("hello");
-    let o = Command::new("mpicc")
-        .arg("-o")
-        .arg(&program)
-        .arg(&source)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "mpicc: {}", text(&o));
-    site.give(&program);
-    site.write(
-        "mpi.sh",
-        "#!/bin/sh\necho \"tasks per node $SLURM_TASKS_PER_NODE\"\nmpiexec -n 4 ./hello | sort\n",
-    );
-    let (_, out) = site.run(&["-N", "2", "-n", "4", "-t", "5", "mpi.sh"], "mpi.out");
-    assert!(out.contains("tasks per node 2(x2)\n"), "{out}");
-    for rank in 0..4 {
-        let line = format!("rank {rank} of 4 on node {} sum 6\n", rank / 2);
-        assert!(out.contains(&line), "missing {line:?} in\n{out}");
+    // The two agents share this host, where Open MPI's shared-memory transport would take
+    // them for one node: its ranks talk TCP over loopback instead (a real cluster needs
+    // none of this).
+    let open_mpi = "export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
+                    OMPI_MCA_oob_tcp_if_include=lo\nmpirun.openmpi -n 4 ./hello.openmpi";
+    for (mpi, launch) in [
+        ("mpich", "mpiexec.mpich -n 4 ./hello.mpich"),
+        ("openmpi", open_mpi),
+    ] {
+        let program = site.work().join(format!("hello.{mpi}"));
+        let o = Command::new(format!("mpicc.{mpi}"))
+            .arg("-o")
+            .arg(&program)
+            .arg(&source)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "mpicc.{mpi}: {}", text(&o));
+        site.give(&program);
+        site.write(
+            &format!("{mpi}.sh"),
+            &format!("#!/bin/sh\necho \"tasks per node $SLURM_TASKS_PER_NODE\"\n{launch} | sort\n"),
+        );
+        let (_, out) = site.run(
+            &["-N", "2", "-n", "4", "-t", "5", &format!("{mpi}.sh")],
+            &format!("{mpi}.out"),
+        );
+        assert!(out.contains("tasks per node 2(x2)\n"), "{mpi}: {out}");
+        for rank in 0..4 {
+            let line = format!("rank {rank} of 4 on node {} sum 6\n", rank / 2);
+            assert!(out.contains(&line), "{mpi}: missing {line:?} in\n{out}");
+        }
     }
 }
 
@@ -808,6 +827,104 @@ fn steps_across_an_agent_restart(site: &Site) {
         log.contains("ended a step left by the agent before its restart"),
         "{log}"
     );
+}
+
+/// The leader killed while a batch job's step and an interactive srun's step run: both go on
+/// (srun talks to the agents for their I/O), their ends are recorded by the next leader, and
+/// the interactive srun completes its allocation through it.
+fn steps_survive_a_failover(site: &Site) {
+    let work = site.work();
+    site.write(
+        "failover.sh",
+        "#!/bin/sh\n\
+         srun -l sh -c 'touch batch.$SLURM_PROCID; sleep 8; echo survived $SLURM_PROCID'\n\
+         echo rc=$?\n",
+    );
+    let o = site.sbatch(&[
+        "--parsable",
+        "-N",
+        "2",
+        "-n",
+        "2",
+        "-t",
+        "5",
+        "-o",
+        "failover.out",
+        "failover.sh",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let job = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+    let interactive = Command::new("/usr/bin/timeout")
+        .args(["120", site.state().join("bin/srun").to_str().unwrap()])
+        .args(["-N", "2", "-n", "2", "-l", "sh", "-c"])
+        .arg("touch inter.$SLURM_PROCID; sleep 8; echo interactive $SLURM_PROCID")
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", &path)
+        .env("HOME", "/nonexistent")
+        .envs(site.env.iter().map(|(k, v)| (k, v)))
+        .uid(site.nobody.uid.as_raw())
+        .gid(site.nobody.gid.as_raw())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let up = ["batch.0", "batch.1", "inter.0", "inter.1"];
+    while !up.iter().all(|f| work.join(f).exists()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the steps never started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut cluster = docket_deploy::LocalCluster::open(&site.state()).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (leader, _) = runtime
+        .block_on(cluster.wait_ready(Duration::from_secs(30)))
+        .unwrap();
+    cluster.kill_replica(leader).unwrap();
+    let o = interactive.wait_with_output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for line in ["0: interactive 0", "1: interactive 1"] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    cluster.start_replica(leader, false).unwrap();
+    cluster.save().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let out = loop {
+        let o = site.command(
+            "sacct",
+            &["-n", "-P", "-j", &job, "-o", "JobID,State,ExitCode"],
+        );
+        let out = text(&o);
+        if out
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("|COMPLETED|"))
+        {
+            break out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job did not end: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(out.contains(&format!("{job}.0|COMPLETED|0:0")), "{out}");
+    let job_out = std::fs::read_to_string(work.join("failover.out")).unwrap_or_default();
+    for line in ["0: survived 0", "1: survived 1", "rc=0"] {
+        assert!(
+            job_out.lines().any(|l| l == line),
+            "missing {line:?} in\n{job_out}"
+        );
+    }
 }
 
 /// submitit (PyPI), as machine-learning users drive Slurm: it writes an sbatch script with
