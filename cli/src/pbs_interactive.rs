@@ -69,7 +69,15 @@ fn run(cli: &QsubArgs) -> Result<u8> {
         ("PBS_ENVIRONMENT", "PBS_INTERACTIVE".to_owned()),
     ]
     .map(|(k, v)| (k.to_owned(), v));
-    let outcome = crate::srun::run_step(&step, &client, &runtime, job, true, &lookup, &pbs);
+    let outcome = crate::srun::run_step(
+        &step,
+        &client,
+        &runtime,
+        job,
+        crate::srun::Input::Task0,
+        &lookup,
+        &pbs,
+    );
     let status = match &outcome {
         Ok(code) => *code,
         Err(_) => 1,

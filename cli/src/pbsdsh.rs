@@ -63,7 +63,10 @@ fn job_id(env: &dyn Fn(&str) -> Option<String>) -> Result<u64> {
 /// The steps to run, each as srun's options: one step for every copy, or one per copy in
 /// turn with `-s`.
 fn plan(args: &PbsdshArgs, nodes: &[String], slots: u32) -> Result<Vec<Vec<String>>> {
-    let nnodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX).max(1);
+    if nodes.is_empty() {
+        bail!("the job's node list is empty");
+    }
+    let nnodes = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
     let on = |node: &str, n: u32| {
         vec![
             "-N".to_owned(),
@@ -133,7 +136,15 @@ fn run(args: &PbsdshArgs) -> Result<u8> {
                 .chain(args.command.iter().cloned()),
         )
         .context("the copies' step")?;
-        let status = crate::srun::run_step(&step, &client, &runtime, job, false, &env, &[]);
+        let status = crate::srun::run_step(
+            &step,
+            &client,
+            &runtime,
+            job,
+            crate::srun::Input::None,
+            &env,
+            &[],
+        );
         match status {
             Ok(code) => highest = highest.max(code),
             Err(e) => {
@@ -186,6 +197,7 @@ mod tests {
         assert_eq!(on, ["n01", "n02", "n01"]);
         assert!(plan(&args(&["-c", "100000"]), &nodes, 4).is_err());
         assert!(PbsdshArgs::try_parse_from(["pbsdsh", "-c", "2", "-n", "1", "x"]).is_err());
+        assert!(plan(&args(&["-s"]), &[], 4).is_err());
     }
 
     #[test]

@@ -75,6 +75,8 @@ sleep 3
 scancel "$SLURM_JOB_ID.6"
 wait $!
 echo "step6=$?"
+echo to-all | srun -l cat
+echo "step7=$?"
 "#;
 
 /// A cluster started for one test, and a work directory owned by `nobody`.
@@ -259,6 +261,12 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     assert!(job_out.contains("orphan=gone"), "{job_out}");
     // Step 6: scancel JOBID.6 ends srun with a failure.
     assert_ne!(line_value(&job_out, "step6="), "0", "{job_out}");
+    // Step 7: srun's standard input reaches every task, as Slurm's default --input=all.
+    for task in [0, 1] {
+        let line = format!("{task}: to-all\n");
+        assert!(job_out.contains(&line), "missing {line:?} in\n{job_out}");
+    }
+    assert!(job_out.contains("step7=0\n"), "{job_out}");
     // sacct: the allocation, the batch script and every step, each with its own outcome.
     let o = site.command(
         "sacct",
@@ -282,6 +290,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
         format!("{job}.4|sleep|1|TIMEOUT|"),
         format!("{job}.5|sh|1|COMPLETED|0:0"),
         format!("{job}.6|sleep|1|CANCELLED|"),
+        format!("{job}.7|cat|2|COMPLETED|0:0"),
     ];
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), expected.len(), "{out}");

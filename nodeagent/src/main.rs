@@ -365,14 +365,9 @@ fn run(args: RunArgs) -> Result<()> {
                 Some(task)
             }
             Ok(None) => None,
-            // As slurmd does without its port: a node whose steps srun cannot reach (or whose
-            // port another process holds) does not pretend to serve.
+            // A listen address that is no address at all is the operator's mistake.
             Err(e) => {
-                anyhow::bail!(
-                    "--step-listen {step_listen}: {e:#}; srun could not start tasks on this \
-                     node (is another process holding the port? give another address, or \
-                     `none` for a node that runs no steps)"
-                );
+                anyhow::bail!("{e:#} (give host:port, or `none` for a node that runs no steps)")
             }
         };
         let agent = tokio::spawn(session::run(config, runner, events));
@@ -391,6 +386,11 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 /// Serves the step I/O service on `listen` (unless `none`); the address srun dials.
+///
+/// The port is bound by a task of its own that keeps trying while another process holds
+/// it: the node goes on running jobs meanwhile (its steps wait, srun refusing whatever else
+/// answers there for want of the node's certificate), so no local user who takes the port
+/// first keeps the agent from starting.
 async fn serve_steps(
     listen: &str,
     advertised: Option<String>,
@@ -400,26 +400,54 @@ async fn serve_steps(
     if listen == "none" {
         return Ok(None);
     }
-    let listener = tokio::net::TcpListener::bind(listen)
+    let wanted: std::net::SocketAddr = tokio::net::lookup_host(listen)
         .await
-        .with_context(|| format!("binding {listen}"))?;
-    let local = listener
-        .local_addr()
-        .context("the step listener's address")?;
+        .with_context(|| format!("--step-listen {listen}"))?
+        .next()
+        .with_context(|| format!("--step-listen {listen}: no address"))?;
+    let first = tokio::net::TcpListener::bind(wanted).await;
+    // Port 0 (tests) is known only once bound; a named port is known now.
+    let port = match &first {
+        Ok(l) => l
+            .local_addr()
+            .context("the step listener's address")?
+            .port(),
+        Err(_) => wanted.port(),
+    };
     let address = match advertised {
         Some(a) => a,
-        None if local.ip().is_unspecified() => {
+        None if wanted.ip().is_unspecified() => {
             let host = nix::unistd::gethostname()
                 .context("this host's name")?
                 .to_string_lossy()
                 .into_owned();
-            format!("{host}:{}", local.port())
+            format!("{host}:{port}")
         }
-        None => local.to_string(),
+        None => std::net::SocketAddr::new(wanted.ip(), port).to_string(),
     };
-    let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
+    let tls = tls.clone();
     let service = runner.step_service();
     let task = tokio::spawn(async move {
+        let mut bound = first;
+        let mut said = None::<std::time::Instant>;
+        let listener = loop {
+            match bound {
+                Ok(l) => break l,
+                Err(e) => {
+                    if said.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                        tracing::error!(
+                            address = %wanted, error = %e,
+                            "cannot bind the step port (another process holds it?); no step \
+                             starts on this node until it can, retrying"
+                        );
+                        said = Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    bound = tokio::net::TcpListener::bind(wanted).await;
+                }
+            }
+        };
+        let incoming = docket_auth::tls::serve::incoming(listener, tls);
         // srun opens one stream per node it runs on: a connection needs few.
         let served = tonic::transport::Server::builder()
             .max_concurrent_streams(Some(16))

@@ -260,6 +260,9 @@ pub fn exec_as_user(args: &ShimArgs) -> anyhow::Error {
 }
 
 fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::Infallible> {
+    // Whatever descriptor reached this process beyond the standard three (a parent's that
+    // was not close-on-exec) does not reach the job.
+    close_on_exec_beyond_stdio();
     // As root: things of root's only.
     let pid = std::process::id().to_string();
     for procs in &args.join {
@@ -321,6 +324,27 @@ fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::
         .envs(environment)
         .exec();
     Err(err).with_context(|| format!("executing {program}"))
+}
+
+/// Marks every open descriptor above 2 close-on-exec.
+fn close_on_exec_beyond_stdio() {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: only used for this one fcntl; a descriptor listed above that has closed
+        // since (the listing's own) fails with EBADF, and nothing opens one in between.
+        let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let _ = nix::fcntl::fcntl(
+            borrowed,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+    }
 }
 
 /// Takes `user`'s identity for good: supplementary groups, group, user, each checked, then

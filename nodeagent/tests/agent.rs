@@ -332,6 +332,50 @@ async fn simulated_runs_occupy_their_time_without_processes() {
     server.abort();
 }
 
+/// A local user who takes the step port first does not keep the agent from starting: it
+/// registers with the step address and runs jobs, and binds the port once it is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_squatted_step_port_delays_steps_but_not_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squatter.local_addr().unwrap().port();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let listen = format!("127.0.0.1:{port}");
+    let _agent = agent(
+        "sim002",
+        &addr,
+        &dir.path().join("state"),
+        &[
+            "--cpus",
+            "4",
+            "--memory-mib",
+            "4096",
+            "--execution",
+            "simulated",
+            "--step-listen",
+            &listen,
+        ],
+    );
+    wait_for("the agent to register", || {
+        !leader.0.lock().unwrap().registered.is_empty()
+    })
+    .await;
+    let registered = leader.0.lock().unwrap().registered[0].clone();
+    assert_eq!(registered.step_address, listen);
+    leader
+        .send(launch(1, 1, dir.path(), "#!/bin/sh\nsleep 0\n", 60))
+        .await;
+    assert_eq!(cause(&leader.ended(1).await.1), "completed");
+    // The port freed, the agent takes it.
+    drop(squatter);
+    wait_for("the agent to bind its step port", || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    })
+    .await;
+    server.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_a_leader_past_its_fence_stops_its_jobs_and_reports_later() {
     if !privileged("running jobs needs root") {

@@ -90,6 +90,8 @@ pub async fn run(
 ) -> Result<u8> {
     let (events_tx, mut events) = mpsc::channel::<Event>(256);
     let mut inputs: BTreeMap<String, mpsc::Sender<pb::StepInput>> = BTreeMap::new();
+    // The nodes srun's standard input goes to, and the one with task 0.
+    let mut stdin_nodes = Vec::new();
     let mut stdin_node = None;
     for share in &created.layout {
         if share.agent_address.is_empty() {
@@ -111,6 +113,9 @@ pub async fn run(
         node_launch.stdin = launch.stdin && share.first_task == 0;
         if node_launch.stdin {
             stdin_node = Some(share.node.clone());
+        }
+        if node_launch.stdin || launch.stdin_all {
+            stdin_nodes.push(share.node.clone());
         }
         tx.send(pb::StepInput {
             kind: Some(pb::step_input::Kind::Launch(node_launch)),
@@ -152,10 +157,12 @@ pub async fn run(
         inputs.insert(share.node.clone(), tx);
     }
     drop(events_tx);
-    if let Some(node) = &stdin_node
-        && let Some(tx) = inputs.get(node).cloned()
-    {
-        tokio::spawn(forward_stdin(tx));
+    let stdin_to: Vec<_> = stdin_nodes
+        .iter()
+        .filter_map(|n| inputs.get(n).cloned())
+        .collect();
+    if !stdin_to.is_empty() {
+        tokio::spawn(forward_stdin(stdin_to));
     }
     let ntasks: u32 = created.layout.iter().map(|s| s.tasks).sum();
     let node_of = |task: u32| {
@@ -240,8 +247,8 @@ pub async fn run(
     Ok(highest)
 }
 
-/// srun's standard input, to task 0's node, until its end.
-async fn forward_stdin(tx: mpsc::Sender<pb::StepInput>) {
+/// srun's standard input, to the nodes of the tasks that read it, until its end.
+async fn forward_stdin(to: Vec<mpsc::Sender<pb::StepInput>>) {
     let mut stdin = tokio::io::stdin();
     let mut buf = vec![0u8; 64 << 10];
     loop {
@@ -252,7 +259,11 @@ async fn forward_stdin(tx: mpsc::Sender<pb::StepInput>) {
         let chunk = pb::StepInput {
             kind: Some(pb::step_input::Kind::Stdin(pb::StdinChunk { data, eof })),
         };
-        if tx.send(chunk).await.is_err() || eof {
+        let mut delivered = false;
+        for tx in &to {
+            delivered |= tx.send(chunk.clone()).await.is_ok();
+        }
+        if !delivered || eof {
             return;
         }
     }

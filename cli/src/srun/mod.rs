@@ -275,11 +275,23 @@ async fn create(
     }
 }
 
-/// Whether task 0 gets srun's standard input, from `--input`.
-fn stdin_wanted(input: Option<&str>) -> Result<bool> {
+/// Which tasks read srun's standard input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// None: they read /dev/null.
+    None,
+    /// Task 0 only.
+    Task0,
+    /// A copy to every task (Slurm's default).
+    All,
+}
+
+/// Which tasks get srun's standard input, from `--input` (srun(1): by default, all).
+fn stdin_wanted(input: Option<&str>) -> Result<Input> {
     match input {
-        None | Some("all" | "0") => Ok(true),
-        Some("none") => Ok(false),
+        None | Some("all") => Ok(Input::All),
+        Some("0") => Ok(Input::Task0),
+        Some("none") => Ok(Input::None),
         Some(other) => bail!("--input {other:?}: Docket's srun takes all, 0 or none"),
     }
 }
@@ -333,7 +345,7 @@ fn run_allocated(
     args: &SrunArgs,
     client: &Client,
     runtime: &tokio::runtime::Runtime,
-    stdin: bool,
+    stdin: Input,
 ) -> Result<u8> {
     let alloc = crate::allocation::allocate(
         client,
@@ -399,7 +411,7 @@ pub(crate) fn run_step(
     client: &Client,
     runtime: &tokio::runtime::Runtime,
     job: u64,
-    stdin: bool,
+    stdin: Input,
     env: &dyn Fn(&str) -> Option<String>,
     extra: &[(String, String)],
 ) -> Result<u8> {
@@ -427,7 +439,9 @@ pub(crate) fn run_step(
             work_dir,
             stdout: args.output.clone().unwrap_or_default(),
             stderr: args.error.clone().unwrap_or_default(),
-            stdin: stdin || args.pty,
+            // --pty: task 0's terminal takes it all.
+            stdin: stdin == Input::Task0 || args.pty,
+            stdin_all: stdin == Input::All && !args.pty,
             pty: args.pty.then(terminal::size),
         };
         let options = attach::Options {
@@ -475,7 +489,7 @@ mod tests {
             "--control-port",
             "n01:3333",
         ]);
-        assert!(!stdin_wanted(hydra.input.as_deref()).unwrap());
+        assert_eq!(stdin_wanted(hydra.input.as_deref()).unwrap(), Input::None);
         assert_eq!(hydra.command[0], "/usr/bin/hydra_pmi_proxy");
         let prte = parse(&[
             "--ntasks-per-node=1",
@@ -490,7 +504,8 @@ mod tests {
         ]);
         assert_eq!(prte.kill_on_bad_exit, Some(1));
         assert_eq!(prte.command, ["prted", "--debug"]);
-        assert!(stdin_wanted(None).unwrap());
+        assert_eq!(stdin_wanted(None).unwrap(), Input::All);
+        assert_eq!(stdin_wanted(Some("0")).unwrap(), Input::Task0);
         assert!(
             stdin_wanted(Some("3"))
                 .unwrap_err()

@@ -342,7 +342,7 @@ impl Runner {
     /// Frees what a finished run held: its cgroup first (once it is empty nothing of the job
     /// holds its scratch), then its scratch, its cpus and GPUs, and its directories.
     fn release(&self, id: RunId) {
-        self.steps.forget_job(id.0);
+        self.steps.forget_job(id.0, id.1);
         let Some(held) = self.holdings().remove(&id) else {
             return;
         };

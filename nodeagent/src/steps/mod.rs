@@ -98,6 +98,9 @@ struct Entry {
 #[derive(Debug)]
 pub struct Grants {
     entries: Mutex<BTreeMap<(u64, u32), Entry>>,
+    /// Ended steps in the order they ended (with the epoch they ended under), oldest first:
+    /// beyond [`MAX_ENDED`] the oldest are forgotten.
+    ended: Mutex<std::collections::VecDeque<((u64, u32), u64)>>,
     changed: Notify,
     events: mpsc::UnboundedSender<pb::JobEvent>,
 }
@@ -113,6 +116,7 @@ impl Grants {
     pub fn new(events: mpsc::UnboundedSender<pb::JobEvent>) -> Arc<Self> {
         Arc::new(Grants {
             entries: Mutex::new(BTreeMap::new()),
+            ended: Mutex::new(std::collections::VecDeque::new()),
             changed: Notify::new(),
             events,
         })
@@ -157,6 +161,7 @@ impl Grants {
             if waiting {
                 this.end(
                     key,
+                    epoch,
                     pb::Ended {
                         cause: pb::EndCause::LaunchFailed as i32,
                         reason: format!("no srun attached within {} s", ATTACH_DEADLINE.as_secs()),
@@ -173,7 +178,7 @@ impl Grants {
     pub fn cancel(&self, job: u64, epoch: u64, step: u32) {
         let waiting = {
             let entries = self.lock();
-            match entries.get(&(job, step)) {
+            match entries.get(&(job, step)).filter(|e| e.grant.epoch == epoch) {
                 Some(Entry {
                     phase: Phase::Waiting,
                     ..
@@ -202,6 +207,7 @@ impl Grants {
         if waiting {
             self.end(
                 (job, step),
+                epoch,
                 pb::Ended {
                     cause: pb::EndCause::Cancelled as i32,
                     ..Default::default()
@@ -262,28 +268,30 @@ impl Grants {
         }
     }
 
-    /// The step's tasks on this node ended (or never started): tell the leader, once.
-    pub fn end(&self, key: (u64, u32), ended: pb::Ended) {
-        let epoch = {
+    /// The step's tasks on this node ended (or never started) in the run of `epoch`: tell
+    /// the leader, once. An end from an older run of the job changes nothing of a newer one.
+    pub fn end(&self, key: (u64, u32), epoch: u64, ended: pb::Ended) {
+        {
             let mut entries = self.lock();
-            let Some(e) = entries.get_mut(&key) else {
+            let Some(e) = entries.get_mut(&key).filter(|e| e.grant.epoch == epoch) else {
                 return;
             };
             if matches!(e.phase, Phase::Ended) {
                 return;
             }
             e.phase = Phase::Ended;
-            let epoch = e.grant.epoch;
-            let ended: Vec<(u64, u32)> = entries
-                .iter()
-                .filter(|(_, e)| matches!(e.phase, Phase::Ended))
-                .map(|(k, _)| *k)
-                .collect();
-            for old in ended.iter().take(ended.len().saturating_sub(MAX_ENDED)) {
-                entries.remove(old);
+            let mut order = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            order.push_back((key, epoch));
+            while order.len() > MAX_ENDED {
+                if let Some((old, old_epoch)) = order.pop_front()
+                    && entries.get(&old).is_some_and(|e| {
+                        e.grant.epoch == old_epoch && matches!(e.phase, Phase::Ended)
+                    })
+                {
+                    entries.remove(&old);
+                }
             }
-            epoch
-        };
+        }
         let _ = self.events.send(pb::JobEvent {
             job_id: key.0,
             epoch,
@@ -312,12 +320,14 @@ impl Grants {
     }
 
     /// The job's run here ended: its steps go with it (their tasks died with its cgroup).
-    pub fn forget_job(&self, job: u64) {
+    pub fn forget_job(&self, job: u64, epoch: u64) {
         let mut entries = self.lock();
         for (_, e) in entries.range((job, 0)..=(job, u32::MAX)) {
-            e.stop.send_replace(Some(pb::EndCause::Cancelled));
+            if e.grant.epoch <= epoch {
+                e.stop.send_replace(Some(pb::EndCause::Cancelled));
+            }
         }
-        entries.retain(|(j, _), _| *j != job);
+        entries.retain(|(j, _), e| *j != job || e.grant.epoch > epoch);
     }
 }
 
@@ -438,7 +448,7 @@ mod tests {
         );
         for step in 0..(MAX_ENDED as u32 + 10) {
             grants.grant(grant(10, step, b"s"));
-            grants.end((10, step), pb::Ended::default());
+            grants.end((10, step), 1, pb::Ended::default());
         }
         assert!(grants.lock().len() <= MAX_ENDED + 1);
     }

@@ -207,14 +207,21 @@ impl StepIo for StepIoService {
         let grant = attached.grant.clone();
         let key = (grant.job_id, grant.step_id);
         // From here on, a failure ends the step on this node.
-        let started = self
-            .jobs
-            .step_context(grant.job_id, grant.epoch)
-            .and_then(|ctx| self.start(&ctx, &grant, &launch));
+        // Cgroups, files, a terminal and a fork per task (and, on a failure, a kill that
+        // may wait for the cgroup to empty): on the blocking pool, not a runtime worker.
+        let (this, g, l) = (self.clone(), grant.clone(), launch.clone());
+        let started = tokio::task::spawn_blocking(move || {
+            this.jobs
+                .step_context(g.job_id, g.epoch)
+                .and_then(|ctx| this.start(&ctx, &g, &l))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("starting the tasks: {e}")));
         let started = match started {
             Ok(s) => s,
             Err(why) => {
-                self.grants.end(key, launch_failed(why.clone()));
+                self.grants
+                    .end(key, grant.epoch, launch_failed(why.clone()));
                 return Err(Status::failed_precondition(why));
             }
         };
@@ -230,7 +237,7 @@ impl StepIo for StepIoService {
         let this = self.clone();
         tokio::spawn(async move {
             let ended = this.drive(&grant, started, input, attached.stop, tx).await;
-            this.grants.end(key, ended);
+            this.grants.end(key, grant.epoch, ended);
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
@@ -344,7 +351,7 @@ impl StepIoService {
                 work_dir: work_dir.to_path_buf(),
                 stdout: file_for(&launch.stdout),
                 stderr: file_for(&launch.stderr),
-                stdin: launch.stdin && task == 0 && !on_terminal,
+                stdin: !on_terminal && (launch.stdin_all || (launch.stdin && task == 0)),
                 pty: pts.as_ref().filter(|_| on_terminal),
                 quiet: launch.pty.is_some() && task != 0,
             })
@@ -371,18 +378,18 @@ impl StepIoService {
         let mut exits = JoinSet::new();
         let target = Target::new(started.cgroup.clone(), started.tasks.iter().map(|t| t.pid));
         let signals = Signaller::start(target.clone());
-        let mut sink = None;
+        let mut sinks = Vec::new();
         if let Some(pty) = started.pty.take() {
             let (read, write) = pty.into_split();
             readers.spawn(forward(Box::new(read), 0, 1, tx.clone()));
-            sink = Some(Sink::Terminal(write));
+            sinks.push(Sink::Terminal(write));
         }
         for t in &mut started.tasks {
             let Some(mut child) = t.child.take() else {
                 continue;
             };
             if let Some(s) = child.stdin.take() {
-                sink = Some(Sink::Pipe(s));
+                sinks.push(Sink::Pipe(s));
             }
             if let Some(pipe) = child.stdout.take() {
                 readers.spawn(forward(Box::new(pipe), t.task, 1, tx.clone()));
@@ -395,9 +402,9 @@ impl StepIoService {
         }
         // Task 0's input is written by a task of its own, so that a task that does not read
         // stalls only srun's stream (the bounded channel stops being read), never this loop.
-        let to_task0 = sink.map(|sink| {
+        let to_task0 = (!sinks.is_empty()).then(|| {
             let (to_task0, rx) = mpsc::channel(INPUT_QUEUE);
-            readers.spawn(feed(rx, sink));
+            readers.spawn(feed(rx, sinks));
             to_task0
         });
         let mut highest = 0;
@@ -471,14 +478,20 @@ impl StepIoService {
                         if first_signal == 0 {
                             first_signal = sig;
                         }
-                        let _ = tx.send(Ok(pb::StepOutput {
+                        // Sent from a task of its own: an srun that reads nothing must not
+                        // stop this loop from handling cancels, limits and kills.
+                        let exit = pb::StepOutput {
                             kind: Some(pb::step_output::Kind::Exit(pb::TaskExit {
                                 task,
                                 exit_code: code,
                                 signal: sig,
                                 error: String::new(),
                             })),
-                        })).await;
+                        };
+                        let tx = tx.clone();
+                        readers.spawn(async move {
+                            let _ = tx.send(Ok(exit)).await;
+                        });
                     }
                 }
             }
@@ -490,7 +503,9 @@ impl StepIoService {
                 kill_at = Some(tokio::time::Instant::now() + self.kill_grace);
             }
         }
-        // A task's children do not outlive its step.
+        // Every task exited: nothing more is written to them (their feeder ends), and a
+        // task's children do not outlive its step.
+        drop(to_task0);
         drop(signals);
         target.send_now(Signal::SIGKILL).await;
         let _ = tokio::time::timeout(DRAIN, async {

@@ -17,34 +17,42 @@ const CHUNK: usize = 64 << 10;
 /// How many of srun's input messages wait for task 0 at most.
 pub const INPUT_QUEUE: usize = 16;
 
-/// Where task 0's input goes.
+/// Where srun's input goes: a task's pipe, or task 0's terminal.
 pub enum Sink {
     Pipe(tokio::process::ChildStdin),
     Terminal(pty_process::OwnedWritePty),
 }
 
-/// What srun sends task 0.
+/// What srun sends the tasks that read its input.
 pub enum ToTask0 {
     Data(Vec<u8>),
     Eof,
     Resize(pb::TerminalSize),
 }
 
-/// Writes srun's input to task 0 until its end (on a terminal, the end of input is the
-/// terminal's end-of-file character, ^D, as `script` sends it).
-pub async fn feed(mut rx: mpsc::Receiver<ToTask0>, mut sink: Sink) {
+/// Writes srun's input to the tasks that read it until its end (on a terminal, the end of
+/// input is the terminal's end-of-file character, ^D, as `script` sends it). A task that
+/// stops reading is dropped from the copies; the others go on.
+pub async fn feed(mut rx: mpsc::Receiver<ToTask0>, mut sinks: Vec<Sink>) {
     while let Some(message) = rx.recv().await {
-        let written = match (&mut sink, message) {
-            (Sink::Pipe(pipe), ToTask0::Data(data)) => pipe.write_all(&data).await,
-            (Sink::Pipe(_), ToTask0::Eof) => return,
-            (Sink::Terminal(t), ToTask0::Data(data)) => t.write_all(&data).await,
-            (Sink::Terminal(t), ToTask0::Eof) => t.write_all(&[4]).await,
-            (Sink::Terminal(t), ToTask0::Resize(size)) => t
-                .resize(tasks::terminal_size(&size))
-                .map_err(std::io::Error::other),
-            (Sink::Pipe(_), ToTask0::Resize(_)) => Ok(()),
-        };
-        if written.is_err() {
+        let mut kept = Vec::with_capacity(sinks.len());
+        for mut sink in sinks {
+            let written = match (&mut sink, &message) {
+                (Sink::Pipe(pipe), ToTask0::Data(data)) => pipe.write_all(data).await,
+                (Sink::Pipe(_), ToTask0::Eof) => continue,
+                (Sink::Terminal(t), ToTask0::Data(data)) => t.write_all(data).await,
+                (Sink::Terminal(t), ToTask0::Eof) => t.write_all(&[4]).await,
+                (Sink::Terminal(t), ToTask0::Resize(size)) => t
+                    .resize(tasks::terminal_size(size))
+                    .map_err(std::io::Error::other),
+                (Sink::Pipe(_), ToTask0::Resize(_)) => Ok(()),
+            };
+            if written.is_ok() {
+                kept.push(sink);
+            }
+        }
+        sinks = kept;
+        if sinks.is_empty() {
             return;
         }
     }

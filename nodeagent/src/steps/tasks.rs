@@ -7,8 +7,8 @@
 //! standard streams are pipes to the agent, which carries them to srun.
 //!
 //! With `--pty`, task 0's standard streams are instead the slave side of a pseudo-terminal
-//! the agent opened (`/dev/ptmx`, then the new `/dev/pts/N`, both the kernel's: nothing a
-//! user names). The slave is handed to the user through its descriptor (`fchown`, mode 0620
+//! the agent opened (`/dev/ptmx`, the slave through the master's descriptor: nothing a user
+//! names). The slave is handed to the user through its descriptor (`fchown`, mode 0620
 //! as login(1) leaves a terminal), and the task starts in a session of its own with the
 //! terminal as its controlling terminal, so that a shell on it has job control and Ctrl-C
 //! typed at srun reaches its foreground job through the terminal's line discipline.
@@ -153,15 +153,36 @@ impl std::fmt::Debug for TaskLaunch<'_> {
 }
 
 /// A new pseudo-terminal of `size` for a task of `uid`: the agent keeps the master side.
+///
+/// Both sides are opened close-on-exec from the start (`/dev/ptmx` with `O_CLOEXEC`, the
+/// slave through `TIOCGPTPEER` on the master, never by its `/dev/pts/N` path): the agent
+/// starts other users' tasks from other threads meanwhile, and none of them may inherit
+/// this terminal even for an instant.
 pub fn open_terminal(
     size: &pb::TerminalSize,
     uid: u32,
 ) -> std::io::Result<(pty_process::Pty, pty_process::Pts)> {
-    let (pty, pts) = pty_process::open().map_err(std::io::Error::other)?;
+    use rustix::pty::{OpenptFlags, grantpt, ioctl_tiocgptpeer, openpt, unlockpt};
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = openpt(flags)?;
+    grantpt(&master)?;
+    unlockpt(&master)?;
+    let slave = ioctl_tiocgptpeer(&master, flags)?;
+    nix::unistd::fchown(&slave, Some(nix::unistd::Uid::from_raw(uid)), None)?;
+    nix::sys::stat::fchmod(&slave, nix::sys::stat::Mode::from_bits_truncate(0o620))?;
+    // The agent reads and writes the master from its runtime: never blocking (the slave,
+    // a separate open file, stays blocking for the task).
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )?;
+    // SAFETY: `master` is the open master side of the pseudo-terminal opened above, in
+    // non-blocking mode, as `from_fd` requires.
+    let pty = unsafe { pty_process::Pty::from_fd(master) }.map_err(std::io::Error::other)?;
+    // SAFETY: `slave` is that terminal's open slave side.
+    let pts = unsafe { pty_process::Pts::from_fd(slave) };
     pty.resize(terminal_size(size))
         .map_err(std::io::Error::other)?;
-    nix::unistd::fchown(&pts, Some(nix::unistd::Uid::from_raw(uid)), None)?;
-    nix::sys::stat::fchmod(&pts, nix::sys::stat::Mode::from_bits_truncate(0o620))?;
     Ok((pty, pts))
 }
 

@@ -209,10 +209,13 @@ pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) ->
                 addr,
                 "--log",
                 "warn",
-                // Its own port: tests run agents side by side.
-                "--step-listen",
-                "127.0.0.1:0",
             ])
+            // Its own port unless the test names one: tests run agents side by side.
+            .args(if extra.contains(&"--step-listen") {
+                &[][..]
+            } else {
+                &["--step-listen", "127.0.0.1:0"][..]
+            })
             .arg("--state-dir")
             .arg(state)
             .args(tls_flags(node))
