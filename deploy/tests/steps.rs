@@ -648,6 +648,75 @@ fn terminals(site: &Site) {
         );
     }
     assert_eq!(status.code(), Some(3), "{all}");
+    through_a_terminal(site);
+}
+
+/// `srun --pty` on a terminal, as a person runs it: the remote terminal takes srun's size
+/// and follows it when it changes, a ^C typed reaches the remote shell through srun's raw
+/// terminal, and srun leaves its terminal as it found it.
+fn through_a_terminal(site: &Site) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (mut pty, pts) = pty_process::open().unwrap();
+        pty.resize(pty_process::Size::new(33, 101)).unwrap();
+        let before = rustix::termios::tcgetattr(&pts).unwrap();
+        let script = "stty size; echo ready; read x; stty size; \
+                      trap 'echo caught-sigint; exit 3' INT; echo armed; \
+                      while :; do sleep 0.1; done";
+        let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+        let mut srun = pty_process::Command::new(site.state().join("bin/srun"))
+            .args(["-n", "1", "--pty", "sh", "-c", script])
+            .current_dir(site.work())
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", "/nonexistent")
+            .envs(site.env.iter().map(|(k, v)| (k, v)))
+            .uid(site.nobody.uid.as_raw())
+            .gid(site.nobody.gid.as_raw())
+            .spawn_borrowed(&pts)
+            .unwrap();
+        let mut seen = String::new();
+        // Reads the terminal until `want` appears (30 s at most).
+        async fn until(pty: &mut pty_process::Pty, seen: &mut String, want: &str) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut buf = [0u8; 4096];
+            while !seen.contains(want) {
+                match tokio::time::timeout_at(deadline, pty.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    other => panic!("waiting for {want:?} ({other:?}) in\n{seen}"),
+                }
+            }
+        }
+        until(&mut pty, &mut seen, "ready").await;
+        assert!(seen.contains("33 101"), "{seen}");
+        // The window grows: the kernel tells srun (SIGWINCH), srun tells the remote terminal.
+        pty.resize(pty_process::Size::new(40, 120)).unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        pty.write_all(b"go\r").await.unwrap();
+        until(&mut pty, &mut seen, "40 120").await;
+        until(&mut pty, &mut seen, "armed").await;
+        pty.write_all(b"\x03").await.unwrap();
+        until(&mut pty, &mut seen, "caught-sigint").await;
+        let status = tokio::time::timeout(Duration::from_secs(30), srun.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status.code(), Some(3), "{seen}");
+        let after = rustix::termios::tcgetattr(&pts).unwrap();
+        assert_eq!(
+            after.local_modes, before.local_modes,
+            "srun left its terminal raw"
+        );
+        assert_eq!(
+            after.input_modes, before.input_modes,
+            "srun left its terminal raw"
+        );
+    });
 }
 
 /// PBS: `qsub -I` runs its command (a shell by default) on the job's node on a terminal,
