@@ -8,6 +8,7 @@
 //! cluster of its own with many simulated agents, measured and then removed.
 
 mod demo;
+mod lifecycle;
 mod scale;
 
 use std::path::PathBuf;
@@ -76,6 +77,20 @@ enum Cmd {
     Drill {
         #[arg(long, default_value = "batch")]
         partition: String,
+    },
+    /// Benchmark the job lifecycle on the running cluster: trivial jobs submitted by real
+    /// `sbatch` processes from concurrent loops, then as one array, followed to their end;
+    /// prints rates, latencies (p50/p99) and cpu time per job.
+    Bench {
+        /// Jobs in each phase.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        jobs: u32,
+        /// Concurrent `sbatch` loops.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+        loops: u32,
+        /// Skip the array phase.
+        #[arg(long)]
+        no_array: bool,
     },
     /// Run the demo workload and print what happened.
     Demo,
@@ -386,6 +401,35 @@ async fn run(cli: Cli) -> Result<()> {
             let report = scale::run(&spec, cli.state_dir, bin_dir(bins)?).await?;
             print!("{}", report.render(&spec));
             if report.all_completed(jobs) {
+                Ok(())
+            } else {
+                Err(anyhow!("not every job completed"))
+            }
+        }
+        Cmd::Bench {
+            jobs,
+            loops,
+            no_array,
+        } => {
+            let spec = lifecycle::BenchSpec {
+                jobs,
+                loops,
+                array: !no_array,
+            };
+            let c = LocalCluster::open(&cli.state_dir)?;
+            let bins = c.record.bin_dir.display().to_string();
+            println!(
+                "lifecycle benchmark on {} ({} replicas, {} agents; binaries in {bins})",
+                cli.state_dir.display(),
+                c.record.replicas.len(),
+                c.record.agents.len()
+            );
+            drop(c);
+            let phases = lifecycle::run(&spec, &cli.state_dir).await?;
+            for p in &phases {
+                print!("{}", p.render());
+            }
+            if phases.iter().all(|p| p.not_completed.is_empty()) {
                 Ok(())
             } else {
                 Err(anyhow!("not every job completed"))

@@ -1,5 +1,5 @@
 //! `docket-local` end to end: up (3 controllers, 4 agents), status, the quick start's demo
-//! to its summary, a second `up` refused, logs, down — and then no process, mount or cgroup
+//! to its summary, the lifecycle benchmark, a second `up` refused, logs, down — and then no process, mount or cgroup
 //! of the cluster is left.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -93,6 +93,26 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
         "{out}"
     );
     assert!(out.contains("jobs lost:                 0"), "{out}");
+
+    // The lifecycle benchmark, small: real sbatch processes and an array, to their end.
+    let o = local(&state, &["bench", "--jobs", "20", "--loops", "4"]);
+    let out = text(&o);
+    println!("{out}");
+    assert!(o.status.success(), "{out}");
+    for line in [
+        "20 sbatch processes from 4 loops:",
+        "  sbatch processes:   20 in ",
+        "  to completion:      20 jobs, first submission to last end ",
+        "an array of 20 tasks:",
+        "  submit -> start:    p50 ",
+        "  cpu per job:        leader ",
+    ] {
+        assert!(
+            out.lines().any(|l| l.starts_with(line)),
+            "missing {line:?} in\n{out}"
+        );
+    }
+    assert!(!out.contains("NOT COMPLETED"), "{out}");
 
     let o = local(&state, &["logs", "controller-1", "-n", "5"]);
     assert!(o.status.success(), "{}", text(&o));

@@ -1,0 +1,384 @@
+//! `docket-local bench`: the whole job lifecycle on a running local cluster, as users feel it.
+//!
+//! Submission benchmarks (`docket-controller bench`) measure the gRPC path alone; what a user
+//! of a high-throughput site waits on is `sbatch` as a process, the job starting on an agent,
+//! and its end being recorded. So this drives the cluster `docket-local up` started in the
+//! state directory with real `sbatch` processes (the cluster's own commands in `STATE/bin`,
+//! run as `nobody` when root, like any user's): `loops` concurrent loops submit `jobs`
+//! trivial jobs (`true`) one process each, then one array of `jobs` tasks is submitted. For
+//! each phase it follows the jobs through the leader until every one is final and prints:
+//! the `sbatch` processes' rate and latency, the jobs per second from the first submission
+//! to the last end, submit-to-start and start-to-end latencies (p50/p99, from the replicated
+//! submit, start and end times), and the cpu time the leader and the agents spent per job.
+//! Nothing is timed against a threshold; it fails only when a job did not complete.
+
+use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, anyhow, bail};
+use docket_deploy::{LocalCluster, rpc};
+use docket_proto::v1 as pb;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    pub jobs: u32,
+    pub loops: u32,
+    /// Also run the array phase.
+    pub array: bool,
+}
+
+/// How long a phase may take before the run gives up.
+const PHASE_DEADLINE: Duration = Duration::from_secs(900);
+
+/// What one phase measured.
+#[derive(Debug, Default)]
+pub struct Phase {
+    pub name: String,
+    pub jobs: usize,
+    /// Wall time of each `sbatch` process, ms (one for the array).
+    pub sbatch_ms: Vec<u64>,
+    /// From the first `sbatch` started to the last one exited, s.
+    pub submit_s: f64,
+    /// From the first `sbatch` started to the last job's recorded end, s.
+    pub complete_s: f64,
+    pub submit_to_start_ms: Vec<u64>,
+    pub start_to_end_ms: Vec<u64>,
+    /// Jobs that ended other than COMPLETED.
+    pub not_completed: Vec<(u64, String)>,
+    /// Cpu time spent meanwhile, ms: the leader, every agent together.
+    pub leader_cpu_ms: u64,
+    pub agents_cpu_ms: u64,
+}
+
+/// Runs both phases against the cluster in `state_dir`.
+pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
+    let cluster = LocalCluster::open(state_dir)?;
+    let sbatch = state_dir.join("bin").join("sbatch");
+    if !sbatch.exists() {
+        bail!(
+            "{} is missing: start the cluster with `docket-local up` first",
+            sbatch.display()
+        );
+    }
+    let env: Vec<(String, String)> = cluster
+        .env_lines()?
+        .iter()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let submitter = Submitter {
+        sbatch,
+        env,
+        user: if nix::unistd::geteuid().is_root() {
+            nix::unistd::User::from_name("nobody")?.map(|u| (u.uid.as_raw(), u.gid.as_raw()))
+        } else {
+            None
+        },
+    };
+    let mut phases = Vec::new();
+    let name = format!("bench-loops-{nonce}");
+    phases.push(loops_phase(spec, &cluster, &submitter, &name).await?);
+    if spec.array {
+        let name = format!("bench-array-{nonce}");
+        phases.push(array_phase(spec, &cluster, &submitter, &name).await?);
+    }
+    Ok(phases)
+}
+
+/// How `sbatch` is run: the cluster's command, its environment, as whom.
+#[derive(Debug, Clone)]
+struct Submitter {
+    sbatch: PathBuf,
+    env: Vec<(String, String)>,
+    user: Option<(u32, u32)>,
+}
+
+impl Submitter {
+    /// One `sbatch --parsable` of a trivial job named `name` with `extra` options; its
+    /// wall time.
+    fn submit(&self, name: &str, extra: &[&str]) -> Result<Duration> {
+        let mut cmd = std::process::Command::new(&self.sbatch);
+        cmd.args([
+            "--parsable",
+            "-J",
+            name,
+            "-t",
+            "5",
+            "-o",
+            "/dev/null",
+            "-D",
+            "/tmp",
+        ])
+        .args(extra)
+        .args(["--wrap", "true"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/tmp")
+        .stdin(std::process::Stdio::null());
+        if let Some((uid, gid)) = self.user {
+            cmd.uid(uid).gid(gid);
+        }
+        let began = Instant::now();
+        let out = cmd
+            .output()
+            .with_context(|| format!("running {}", self.sbatch.display()))?;
+        let took = began.elapsed();
+        if !out.status.success() {
+            bail!(
+                "sbatch failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(took)
+    }
+}
+
+/// `loops` concurrent loops of one `sbatch` process per job.
+async fn loops_phase(
+    spec: &BenchSpec,
+    cluster: &LocalCluster,
+    submitter: &Submitter,
+    name: &str,
+) -> Result<Phase> {
+    let before = cpu(cluster).await;
+    let first_ms = now_ms();
+    let began = Instant::now();
+    let loops = spec.loops.clamp(1, spec.jobs.max(1));
+    let mut handles = Vec::new();
+    for k in 0..loops {
+        let n = spec.jobs / loops + u32::from(k < spec.jobs % loops);
+        let (s, name) = (submitter.clone(), name.to_owned());
+        handles.push(std::thread::spawn(move || {
+            (0..n)
+                .map(|_| s.submit(&name, &[]).map(|d| d.as_millis() as u64))
+                .collect::<Result<Vec<u64>>>()
+        }));
+    }
+    let mut sbatch_ms = Vec::new();
+    for h in handles {
+        let times = h
+            .join()
+            .map_err(|_| anyhow!("a submission loop panicked"))??;
+        sbatch_ms.extend(times);
+    }
+    let submit_s = began.elapsed().as_secs_f64();
+    let mut phase = follow(cluster, name, spec.jobs as usize, first_ms).await?;
+    phase.name = format!("{} sbatch processes from {loops} loops", spec.jobs);
+    phase.sbatch_ms = sbatch_ms;
+    phase.submit_s = submit_s;
+    charge_cpu(&mut phase, cluster, before).await;
+    Ok(phase)
+}
+
+/// One array of `jobs` tasks.
+async fn array_phase(
+    spec: &BenchSpec,
+    cluster: &LocalCluster,
+    submitter: &Submitter,
+    name: &str,
+) -> Result<Phase> {
+    let before = cpu(cluster).await;
+    let first_ms = now_ms();
+    let range = format!("--array=0-{}", spec.jobs.saturating_sub(1));
+    let took = submitter.submit(name, &[&range])?;
+    let mut phase = follow(cluster, name, spec.jobs as usize, first_ms).await?;
+    phase.name = format!("an array of {} tasks", spec.jobs);
+    phase.sbatch_ms = vec![took.as_millis() as u64];
+    phase.submit_s = took.as_secs_f64();
+    charge_cpu(&mut phase, cluster, before).await;
+    Ok(phase)
+}
+
+/// Follows the `expected` jobs named `name` until every one is final; their latencies.
+async fn follow(
+    cluster: &LocalCluster,
+    name: &str,
+    expected: usize,
+    first_ms: u64,
+) -> Result<Phase> {
+    let started = Instant::now();
+    loop {
+        if started.elapsed() > PHASE_DEADLINE {
+            bail!(
+                "the jobs had not all ended after {} s",
+                PHASE_DEADLINE.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some((_, addr)) = rpc::leader(&cluster.addrs()).await else {
+            continue;
+        };
+        let Ok(all) = rpc::all_jobs(&addr).await else {
+            continue;
+        };
+        // An array's master stands for its tasks until the last one splits off.
+        let ours: Vec<&pb::JobInfo> = all
+            .iter()
+            .filter(|j| j.name == name && j.array.is_empty())
+            .collect();
+        if ours.len() < expected || !ours.iter().all(|j| rpc::is_final(j)) {
+            continue;
+        }
+        let mut phase = Phase {
+            jobs: ours.len(),
+            ..Default::default()
+        };
+        let mut last_end = first_ms;
+        for j in &ours {
+            if let (Some(s), Some(e)) = (j.start_time_ms, j.end_time_ms) {
+                phase
+                    .submit_to_start_ms
+                    .push(s.saturating_sub(j.submit_time_ms));
+                phase.start_to_end_ms.push(e.saturating_sub(s));
+            }
+            last_end = last_end.max(j.end_time_ms.unwrap_or(0));
+            if j.state != "COMPLETED" {
+                phase.not_completed.push((j.job_id, j.state.clone()));
+            }
+        }
+        phase.complete_s = last_end.saturating_sub(first_ms) as f64 / 1000.0;
+        return Ok(phase);
+    }
+}
+
+/// Cpu time so far, ms, of the leader and of every agent together.
+async fn cpu(cluster: &LocalCluster) -> (u64, u64) {
+    let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
+    let leader_ms = cluster
+        .record
+        .replicas
+        .iter()
+        .filter(|r| Some(r.id) == leader)
+        .filter_map(|r| r.pid)
+        .map(cpu_ms)
+        .sum();
+    let agents_ms = cluster
+        .record
+        .agents
+        .iter()
+        .filter_map(|a| a.pid)
+        .map(cpu_ms)
+        .sum();
+    (leader_ms, agents_ms)
+}
+
+async fn charge_cpu(phase: &mut Phase, cluster: &LocalCluster, before: (u64, u64)) {
+    let after = cpu(cluster).await;
+    phase.leader_cpu_ms = after.0.saturating_sub(before.0);
+    phase.agents_cpu_ms = after.1.saturating_sub(before.1);
+}
+
+/// User plus system cpu time of process `pid` and its reaped children so far, ms (0 when
+/// it is gone).
+fn cpu_ms(pid: i32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 after the command.
+    let ticks: u64 = (11..=14)
+        .filter_map(|i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100)
+        .max(1) as u64;
+    ticks * 1000 / hz
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The nearest-rank `q` quantile of `v` (0 for none).
+fn quantile(v: &[u64], q: f64) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+impl Phase {
+    /// The figures of this phase, a few lines.
+    pub fn render(&self) -> String {
+        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let per_job = |ms: u64| ms as f64 / self.jobs.max(1) as f64;
+        let mut out = format!("{}:\n", self.name);
+        if self.sbatch_ms.len() > 1 {
+            out.push_str(&format!(
+                "  sbatch processes:   {} in {:.1} s = {:.0}/s; each p50 {} ms, p99 {} ms\n",
+                self.sbatch_ms.len(),
+                self.submit_s,
+                per_s(self.sbatch_ms.len(), self.submit_s),
+                quantile(&self.sbatch_ms, 0.5),
+                quantile(&self.sbatch_ms, 0.99),
+            ));
+        } else {
+            out.push_str(&format!(
+                "  sbatch:             {} ms\n",
+                self.sbatch_ms.first().copied().unwrap_or(0)
+            ));
+        }
+        out.push_str(&format!(
+            "  to completion:      {} jobs, first submission to last end {:.1} s = {:.1} jobs/s\n",
+            self.jobs,
+            self.complete_s,
+            per_s(self.jobs, self.complete_s)
+        ));
+        out.push_str(&format!(
+            "  submit -> start:    p50 {} ms, p99 {} ms\n",
+            quantile(&self.submit_to_start_ms, 0.5),
+            quantile(&self.submit_to_start_ms, 0.99)
+        ));
+        out.push_str(&format!(
+            "  start -> end:       p50 {} ms, p99 {} ms\n",
+            quantile(&self.start_to_end_ms, 0.5),
+            quantile(&self.start_to_end_ms, 0.99)
+        ));
+        out.push_str(&format!(
+            "  cpu per job:        leader {:.1} ms, agents {:.1} ms\n",
+            per_job(self.leader_cpu_ms),
+            per_job(self.agents_cpu_ms)
+        ));
+        if !self.not_completed.is_empty() {
+            let states: BTreeSet<&str> =
+                self.not_completed.iter().map(|(_, s)| s.as_str()).collect();
+            out.push_str(&format!(
+                "  NOT COMPLETED:      {} jobs ({})\n",
+                self.not_completed.len(),
+                states.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(quantile(&v, 0.5), 50);
+        assert_eq!(quantile(&v, 0.99), 99);
+        assert_eq!(quantile(&[7], 0.99), 7);
+        assert_eq!(quantile(&[], 0.5), 0);
+    }
+}
