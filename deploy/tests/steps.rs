@@ -183,6 +183,19 @@ impl Site {
             .unwrap()
     }
 
+    /// `sacct args` once nothing it lists is still running or completing (60 s at most).
+    fn sacct_settled(&self, args: &[&str]) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = text(&self.command("sacct", args));
+            let busy = ["|COMPLETING|", "|RUNNING|", "|PENDING|"];
+            if !busy.iter().any(|b| out.contains(b)) || std::time::Instant::now() > deadline {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// `sbatch --parsable --wait args`: the job's id and its output file (`-o out`), after
     /// checking that it completed.
     fn run(&self, args: &[&str], out: &str) -> (String, String) {
@@ -573,9 +586,9 @@ fn interactive_allocations(site: &Site) {
     ] {
         assert!(out.contains(line), "missing {line:?} in\n{out}");
     }
-    // Accounting has each allocation ended as its command ended.
-    let o = site.command("sacct", &["-X", "-n", "-P", "-o", "JobName,State,ExitCode"]);
-    let out = text(&o);
+    // Accounting has each allocation ended as its command ended (once the agents have
+    // stopped its holder: COMPLETING until then).
+    let out = site.sacct_settled(&["-X", "-n", "-P", "-o", "JobName,State,ExitCode"]);
     for line in [
         "sh|COMPLETED|0:0",
         "sh|FAILED|7:0",
@@ -754,11 +767,7 @@ fn pbs_interactive_and_pbsdsh(site: &Site) {
             "missing {line:?} in\n{out}"
         );
     }
-    let o = site.command(
-        "sacct",
-        &["-n", "-P", "-j", &job, "-o", "JobID,JobName,State,ExitCode"],
-    );
-    let out = text(&o);
+    let out = site.sacct_settled(&["-n", "-P", "-j", &job, "-o", "JobID,JobName,State,ExitCode"]);
     assert_eq!(
         out,
         format!("{job}|STDIN|FAILED|4:0\n{job}.0|sh|FAILED|4:0\n"),
