@@ -88,16 +88,7 @@ impl Report {
     }
 }
 
-/// p50, p99 and max of `v` (nearest rank), or None when empty.
-pub fn percentiles(v: &[u64]) -> Option<(u64, u64, u64)> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
-    Some((rank(0.50), rank(0.99), s[s.len() - 1]))
-}
+pub use docket_deploy::stats::percentiles;
 
 /// Checks a finished run. `all_jobs` is every job the cluster knows, in the queue or
 /// archived (a purged job is not lost); `queues` holds each replica's own view of the queue.

@@ -59,8 +59,6 @@ fn run(cli: &QsubArgs) -> Result<u8> {
             .chain(command),
     )
     .context("the interactive step")?;
-    let env = crate::allocation::environment(&alloc);
-    let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
     let pbs = [
         ("PBS_JOBID", job.to_string()),
         ("PBS_JOBNAME", alloc.info.name.clone()),
@@ -69,22 +67,16 @@ fn run(cli: &QsubArgs) -> Result<u8> {
         ("PBS_ENVIRONMENT", "PBS_INTERACTIVE".to_owned()),
     ]
     .map(|(k, v)| (k.to_owned(), v));
-    let outcome = crate::srun::run_step(
+    let outcome = crate::srun::run_completing(
         &step,
         &client,
         &runtime,
-        job,
+        &alloc,
         crate::srun::Input::Task0,
-        &lookup,
         &pbs,
     );
-    let status = match &outcome {
-        Ok(code) => *code,
-        Err(_) => 1,
-    };
-    let completed = runtime.block_on(crate::allocation::complete(&client, job, status));
     runtime.shutdown_background();
-    completed?;
+    let code = outcome?;
     eprintln!("qsub: job {job}.{} completed", server());
-    outcome
+    Ok(code)
 }

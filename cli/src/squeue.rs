@@ -153,12 +153,9 @@ fn print_steps(
         .split(',')
         .filter(|w| !w.trim().is_empty())
         .map(|w| {
-            let bad = || anyhow::anyhow!("-s: {w:?} is not JOBID.STEP (e.g. 1234.0)");
-            let (job, step) = w.trim().split_once('.').ok_or_else(bad)?;
-            Ok((
-                job.parse().map_err(|_| bad())?,
-                step.parse().map_err(|_| bad())?,
-            ))
+            let r: docket_core::job::step::StepRef =
+                w.trim().parse().map_err(|e| anyhow::anyhow!("-s: {e}"))?;
+            Ok((r.job.0, r.step.0))
         })
         .collect::<Result<_>>()?;
     let steps: Vec<_> = jobs

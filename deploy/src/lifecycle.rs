@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
+use docket_deploy::stats::{percentiles, process_cpu_ms};
 use docket_deploy::{LocalCluster, rpc};
 use docket_proto::v1 as pb;
 
@@ -147,34 +148,29 @@ async fn loops_phase(
     submitter: &Submitter,
     name: &str,
 ) -> Result<Phase> {
-    let before = cpu(cluster).await;
-    let first_ms = now_ms();
-    let began = Instant::now();
     let loops = spec.loops.clamp(1, spec.jobs.max(1));
-    let mut handles = Vec::new();
-    for k in 0..loops {
-        let n = spec.jobs / loops + u32::from(k < spec.jobs % loops);
-        let (s, name) = (submitter.clone(), name.to_owned());
-        handles.push(std::thread::spawn(move || {
-            (0..n)
-                .map(|_| s.submit(&name, &[]).map(|d| d.as_millis() as u64))
-                .collect::<Result<Vec<u64>>>()
-        }));
-    }
-    let mut sbatch_ms = Vec::new();
-    for h in handles {
-        let times = h
-            .join()
-            .map_err(|_| anyhow!("a submission loop panicked"))??;
-        sbatch_ms.extend(times);
-    }
-    let submit_s = began.elapsed().as_secs_f64();
-    let mut phase = follow(cluster, name, spec.jobs as usize, first_ms).await?;
-    phase.name = format!("{} sbatch processes from {loops} loops", spec.jobs);
-    phase.sbatch_ms = sbatch_ms;
-    phase.submit_s = submit_s;
-    charge_cpu(&mut phase, cluster, before).await;
-    Ok(phase)
+    let title = format!("{} sbatch processes from {loops} loops", spec.jobs);
+    measure(cluster, name, spec.jobs, title, || {
+        let mut handles = Vec::new();
+        for k in 0..loops {
+            let n = spec.jobs / loops + u32::from(k < spec.jobs % loops);
+            let (s, name) = (submitter.clone(), name.to_owned());
+            handles.push(std::thread::spawn(move || {
+                (0..n)
+                    .map(|_| s.submit(&name, &[]).map(|d| d.as_millis() as u64))
+                    .collect::<Result<Vec<u64>>>()
+            }));
+        }
+        let mut sbatch_ms = Vec::new();
+        for h in handles {
+            sbatch_ms.extend(
+                h.join()
+                    .map_err(|_| anyhow!("a submission loop panicked"))??,
+            );
+        }
+        Ok(sbatch_ms)
+    })
+    .await
 }
 
 /// One array of `jobs` tasks.
@@ -184,15 +180,35 @@ async fn array_phase(
     submitter: &Submitter,
     name: &str,
 ) -> Result<Phase> {
+    let range = format!("--array=0-{}", spec.jobs.saturating_sub(1));
+    let title = format!("an array of {} tasks", spec.jobs);
+    measure(cluster, name, spec.jobs, title, || {
+        Ok(vec![submitter.submit(name, &[&range])?.as_millis() as u64])
+    })
+    .await
+}
+
+/// One phase: `submit` runs the `sbatch` processes (their wall times, ms), then the `jobs`
+/// jobs named `name` are followed to their end, and the cpu spent meanwhile is charged.
+async fn measure(
+    cluster: &LocalCluster,
+    name: &str,
+    jobs: u32,
+    title: String,
+    submit: impl FnOnce() -> Result<Vec<u64>>,
+) -> Result<Phase> {
     let before = cpu(cluster).await;
     let first_ms = now_ms();
-    let range = format!("--array=0-{}", spec.jobs.saturating_sub(1));
-    let took = submitter.submit(name, &[&range])?;
-    let mut phase = follow(cluster, name, spec.jobs as usize, first_ms).await?;
-    phase.name = format!("an array of {} tasks", spec.jobs);
-    phase.sbatch_ms = vec![took.as_millis() as u64];
-    phase.submit_s = took.as_secs_f64();
-    charge_cpu(&mut phase, cluster, before).await;
+    let began = Instant::now();
+    let sbatch_ms = submit()?;
+    let submit_s = began.elapsed().as_secs_f64();
+    let mut phase = follow(cluster, name, jobs as usize, first_ms).await?;
+    let after = cpu(cluster).await;
+    phase.name = title;
+    phase.sbatch_ms = sbatch_ms;
+    phase.submit_s = submit_s;
+    phase.leader_cpu_ms = after.0.saturating_sub(before.0);
+    phase.agents_cpu_ms = after.1.saturating_sub(before.1);
     Ok(phase)
 }
 
@@ -257,44 +273,16 @@ async fn cpu(cluster: &LocalCluster) -> (u64, u64) {
         .iter()
         .filter(|r| Some(r.id) == leader)
         .filter_map(|r| r.pid)
-        .map(cpu_ms)
+        .map(|pid| process_cpu_ms(pid, true))
         .sum();
     let agents_ms = cluster
         .record
         .agents
         .iter()
         .filter_map(|a| a.pid)
-        .map(cpu_ms)
+        .map(|pid| process_cpu_ms(pid, true))
         .sum();
     (leader_ms, agents_ms)
-}
-
-async fn charge_cpu(phase: &mut Phase, cluster: &LocalCluster, before: (u64, u64)) {
-    let after = cpu(cluster).await;
-    phase.leader_cpu_ms = after.0.saturating_sub(before.0);
-    phase.agents_cpu_ms = after.1.saturating_sub(before.1);
-}
-
-/// User plus system cpu time of process `pid` and its reaped children so far, ms (0 when
-/// it is gone).
-fn cpu_ms(pid: i32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some((_, rest)) = stat.rsplit_once(')') else {
-        return 0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 after the command.
-    let ticks: u64 = (11..=14)
-        .filter_map(|i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100)
-        .max(1) as u64;
-    ticks * 1000 / hz
 }
 
 fn now_ms() -> u64 {
@@ -303,22 +291,17 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The nearest-rank `q` quantile of `v` (0 for none).
-fn quantile(v: &[u64], q: f64) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
-    s[rank - 1]
-}
-
 impl Phase {
     /// The figures of this phase, a few lines.
     pub fn render(&self) -> String {
         let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         let per_job = |ms: u64| ms as f64 / self.jobs.max(1) as f64;
+        let p = |v: &[u64]| percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99));
+        let (sbatch, to_start, to_end) = (
+            p(&self.sbatch_ms),
+            p(&self.submit_to_start_ms),
+            p(&self.start_to_end_ms),
+        );
         let mut out = format!("{}:\n", self.name);
         if self.sbatch_ms.len() > 1 {
             out.push_str(&format!(
@@ -326,8 +309,8 @@ impl Phase {
                 self.sbatch_ms.len(),
                 self.submit_s,
                 per_s(self.sbatch_ms.len(), self.submit_s),
-                quantile(&self.sbatch_ms, 0.5),
-                quantile(&self.sbatch_ms, 0.99),
+                sbatch.0,
+                sbatch.1,
             ));
         } else {
             out.push_str(&format!(
@@ -343,13 +326,11 @@ impl Phase {
         ));
         out.push_str(&format!(
             "  submit -> start:    p50 {} ms, p99 {} ms\n",
-            quantile(&self.submit_to_start_ms, 0.5),
-            quantile(&self.submit_to_start_ms, 0.99)
+            to_start.0, to_start.1
         ));
         out.push_str(&format!(
             "  start -> end:       p50 {} ms, p99 {} ms\n",
-            quantile(&self.start_to_end_ms, 0.5),
-            quantile(&self.start_to_end_ms, 0.99)
+            to_end.0, to_end.1
         ));
         out.push_str(&format!(
             "  cpu per job:        leader {:.1} ms, agents {:.1} ms\n",
@@ -366,19 +347,5 @@ impl Phase {
             ));
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(quantile(&v, 0.5), 50);
-        assert_eq!(quantile(&v, 0.99), 99);
-        assert_eq!(quantile(&[7], 0.99), 7);
-        assert_eq!(quantile(&[], 0.5), 0);
     }
 }

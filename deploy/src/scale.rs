@@ -220,27 +220,9 @@ fn pss_kib(pid: i32) -> u64 {
 
 /// User plus system cpu time of a replica's process so far, seconds.
 fn cpu_seconds(r: &docket_deploy::local::ReplicaProc) -> f64 {
-    let Some(pid) = r.pid else {
-        return 0.0;
-    };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command (which may hold spaces) start after its closing parenthesis.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the command.
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|i| fields.get(*i)?.parse::<u64>().ok())
-        .sum();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    ticks as f64 / hz
+    r.pid.map_or(0.0, |pid| {
+        docket_deploy::stats::process_cpu_ms(pid, false) as f64 / 1000.0
+    })
 }
 
 impl ScaleReport {

@@ -44,3 +44,12 @@ pub fn bin_dir(exe: &str, bins: &[&str]) -> PathBuf {
     }
     dir
 }
+
+/// A finished command's standard output and error, one after the other (for messages).
+pub fn output_text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

@@ -29,13 +29,7 @@ fn local(state: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use docket_deploy::testing::output_text as text;
 
 /// Stops the cluster if the test fails half-way.
 struct Down<'a>(&'a Path);

@@ -40,13 +40,7 @@ fn local(state: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use docket_deploy::testing::output_text as text;
 
 /// The job script: one srun per line of what the issue asks of steps, each followed by its
 /// exit code so the test reads them from the job's output.
@@ -167,9 +161,15 @@ impl Site {
 
     /// One of the cluster's commands (`srun`, `salloc`, ...) run so.
     fn command(&self, name: &str, args: &[&str]) -> Output {
+        self.user_command(name, args).output().unwrap()
+    }
+
+    /// The command line of one of the cluster's commands as nobody, in the work directory,
+    /// standard input closed, 180 s at most (to spawn with other streams).
+    fn user_command(&self, name: &str, args: &[&str]) -> Command {
         let path = format!("{}:/usr/bin:/bin", self.state().join("bin").display());
-        Command::new("/usr/bin/timeout")
-            .args(["180", self.state().join("bin").join(name).to_str().unwrap()])
+        let mut cmd = Command::new("/usr/bin/timeout");
+        cmd.args(["180", self.state().join("bin").join(name).to_str().unwrap()])
             .args(args)
             .current_dir(self.work())
             .env_clear()
@@ -178,9 +178,52 @@ impl Site {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .uid(self.nobody.uid.as_raw())
             .gid(self.nobody.gid.as_raw())
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `sbatch --parsable args`, which must succeed: the job's id.
+    fn submit(&self, args: &[&str]) -> String {
+        let mut all = vec!["--parsable"];
+        all.extend_from_slice(args);
+        let o = self.sbatch(&all);
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    /// Waits (90 s at most) until every file of `names` exists in the work directory: the
+    /// tasks that touch them have started. `why` says what is missing otherwise.
+    fn wait_for_files(&self, names: &[&str], why: impl Fn() -> String) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !names.iter().all(|f| self.work().join(f).exists()) {
+            assert!(std::time::Instant::now() < deadline, "{}", why());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `sacct -n -P -j job -o JobID,State,ExitCode` once the job has COMPLETED (120 s at
+    /// most; `why` adds to the failure).
+    fn sacct_until_completed(&self, job: &str, why: impl Fn() -> String) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let out = text(&self.command(
+                "sacct",
+                &["-n", "-P", "-j", job, "-o", "JobID,State,ExitCode"],
+            ));
+            if out
+                .lines()
+                .next()
+                .is_some_and(|l| l.contains("|COMPLETED|"))
+            {
+                return out;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "job {job} did not end: {out}\n{}",
+                why()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
     }
 
     /// `sacct args` once nothing it lists is still running or completing (60 s at most).
@@ -315,8 +358,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     }
 
     // A second job whose step stays up on both nodes, for the attacks.
-    let o = site.sbatch(&[
-        "--parsable",
+    let live = site.submit(&[
         "-N",
         "2",
         "-n",
@@ -328,17 +370,12 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
         "--wrap",
         "srun sh -c 'touch up.$SLURM_PROCID; exec sleep 300'",
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let live = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !(work.join("up.0").exists() && work.join("up.1").exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
+    site.wait_for_files(&["up.0", "up.1"], || {
+        format!(
             "the live step never started: {}",
             std::fs::read_to_string(work.join("live.out")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        )
+    });
     // squeue -s lists the running step on both nodes.
     let o = site.command("squeue", &["-s"]);
     let out = text(&o);
@@ -607,17 +644,8 @@ fn terminals(site: &Site) {
                   [ \"$(cut -d' ' -f6 /proc/$$/stat)\" = \"$$\" ] && echo session-leader; \
                   stty size; trap 'echo caught-sigint; exit 3' INT; echo ready; \
                   while :; do sleep 0.1; done";
-    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
-    let mut child = Command::new("/usr/bin/timeout")
-        .args(["120", site.state().join("bin/srun").to_str().unwrap()])
-        .args(["-n", "1", "--pty", "sh", "-c", script])
-        .current_dir(site.work())
-        .env_clear()
-        .env("PATH", &path)
-        .env("HOME", "/nonexistent")
-        .envs(site.env.iter().map(|(k, v)| (k, v)))
-        .uid(site.nobody.uid.as_raw())
-        .gid(site.nobody.gid.as_raw())
+    let mut child = site
+        .user_command("srun", &["-n", "1", "--pty", "sh", "-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -799,19 +827,9 @@ fn pbs_interactive_and_pbsdsh(site: &Site) {
     );
     assert!(o.status.success(), "{}", text(&o));
     let id = text(&o).trim().trim_end_matches(".docket").to_owned();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let o = site.command("sacct", &["-X", "-n", "-P", "-j", &id, "-o", "State"]);
-        if text(&o).trim() == "COMPLETED" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pbsdsh job: {}",
-            text(&o)
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    site.sacct_until_completed(&id, || {
+        std::fs::read_to_string(site.work().join("dsh.out")).unwrap_or_default()
+    });
     let out = std::fs::read_to_string(site.work().join("dsh.out")).unwrap();
     for line in [
         "copy 0 on 0",
@@ -842,8 +860,7 @@ fn steps_across_an_agent_restart(site: &Site) {
          srun -l sh -c 'echo again $SLURM_NODEID'\n\
          echo second=$?\n",
     );
-    let o = site.sbatch(&[
-        "--parsable",
+    let job = site.submit(&[
         "-N",
         "2",
         "-n",
@@ -854,43 +871,19 @@ fn steps_across_an_agent_restart(site: &Site) {
         "restart.out",
         "restart.sh",
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let job = String::from_utf8_lossy(&o.stdout).trim().to_owned();
     let work = site.work();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !(work.join("alive.0").exists() && work.join("alive.1").exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the step never started"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    site.wait_for_files(&["alive.0", "alive.1"], || "the step never started".into());
     let mut cluster = docket_deploy::LocalCluster::open(&site.state()).unwrap();
     cluster.stop_agent("n02").unwrap();
     cluster.start_agent("n02").unwrap();
     cluster.save().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let out = loop {
-        let o = site.command(
-            "sacct",
-            &["-n", "-P", "-j", &job, "-o", "JobID,State,ExitCode"],
-        );
-        let out = text(&o);
-        if out
-            .lines()
-            .next()
-            .is_some_and(|l| l.contains("|COMPLETED|"))
-        {
-            break out;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job did not end: {out}\n{}\n{}",
+    let out = site.sacct_until_completed(&job, || {
+        format!(
+            "{}\n{}",
             std::fs::read_to_string(work.join("restart.out")).unwrap_or_default(),
             text(&local(&site.state(), &["logs", "-n", "40"]))
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+        )
+    });
     let job_out = std::fs::read_to_string(work.join("restart.out")).unwrap_or_default();
     assert_ne!(line_value(&job_out, "first="), "0", "{job_out}");
     for line in ["0: again 0", "1: again 1", "second=0"] {
@@ -927,8 +920,7 @@ fn steps_survive_a_failover(site: &Site) {
          srun -l sh -c 'touch batch.$SLURM_PROCID; sleep 8; echo survived $SLURM_PROCID'\n\
          echo rc=$?\n",
     );
-    let o = site.sbatch(&[
-        "--parsable",
+    let job = site.submit(&[
         "-N",
         "2",
         "-n",
@@ -939,34 +931,27 @@ fn steps_survive_a_failover(site: &Site) {
         "failover.out",
         "failover.sh",
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let job = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
-    let interactive = Command::new("/usr/bin/timeout")
-        .args(["120", site.state().join("bin/srun").to_str().unwrap()])
-        .args(["-N", "2", "-n", "2", "-l", "sh", "-c"])
-        .arg("touch inter.$SLURM_PROCID; sleep 8; echo interactive $SLURM_PROCID")
-        .current_dir(&work)
-        .env_clear()
-        .env("PATH", &path)
-        .env("HOME", "/nonexistent")
-        .envs(site.env.iter().map(|(k, v)| (k, v)))
-        .uid(site.nobody.uid.as_raw())
-        .gid(site.nobody.gid.as_raw())
-        .stdin(Stdio::null())
+    let interactive = site
+        .user_command(
+            "srun",
+            &[
+                "-N",
+                "2",
+                "-n",
+                "2",
+                "-l",
+                "sh",
+                "-c",
+                "touch inter.$SLURM_PROCID; sleep 8; echo interactive $SLURM_PROCID",
+            ],
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    let up = ["batch.0", "batch.1", "inter.0", "inter.1"];
-    while !up.iter().all(|f| work.join(f).exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the steps never started"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    site.wait_for_files(&["batch.0", "batch.1", "inter.0", "inter.1"], || {
+        "the steps never started".into()
+    });
     let mut cluster = docket_deploy::LocalCluster::open(&site.state()).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -984,26 +969,7 @@ fn steps_survive_a_failover(site: &Site) {
     }
     cluster.start_replica(leader, false).unwrap();
     cluster.save().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let out = loop {
-        let o = site.command(
-            "sacct",
-            &["-n", "-P", "-j", &job, "-o", "JobID,State,ExitCode"],
-        );
-        let out = text(&o);
-        if out
-            .lines()
-            .next()
-            .is_some_and(|l| l.contains("|COMPLETED|"))
-        {
-            break out;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job did not end: {out}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    let out = site.sacct_until_completed(&job, String::new);
     assert!(out.contains(&format!("{job}.0|COMPLETED|0:0")), "{out}");
     let job_out = std::fs::read_to_string(work.join("failover.out")).unwrap_or_default();
     for line in ["0: survived 0", "1: survived 1", "rc=0"] {

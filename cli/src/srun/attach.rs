@@ -90,9 +90,8 @@ pub async fn run(
 ) -> Result<u8> {
     let (events_tx, mut events) = mpsc::channel::<Event>(256);
     let mut inputs: BTreeMap<String, mpsc::Sender<pb::StepInput>> = BTreeMap::new();
-    // The nodes srun's standard input goes to, and the one with task 0.
+    // The nodes srun's standard input goes to (task 0's alone with --pty).
     let mut stdin_nodes = Vec::new();
-    let mut stdin_node = None;
     for share in &created.layout {
         if share.agent_address.is_empty() {
             bail!(
@@ -111,9 +110,6 @@ pub async fn run(
         let (tx, rx) = mpsc::channel::<pb::StepInput>(64);
         let mut node_launch = launch.clone();
         node_launch.stdin = launch.stdin && share.first_task == 0;
-        if node_launch.stdin {
-            stdin_node = Some(share.node.clone());
-        }
         if node_launch.stdin || launch.stdin_all {
             stdin_nodes.push(share.node.clone());
         }
@@ -161,6 +157,8 @@ pub async fn run(
         .iter()
         .filter_map(|n| inputs.get(n).cloned())
         .collect();
+    // Under --pty, task 0's terminal follows srun's size.
+    let terminal_node = stdin_to.first().cloned().filter(|_| options.pty);
     if !stdin_to.is_empty() {
         tokio::spawn(forward_stdin(stdin_to));
     }
@@ -180,10 +178,6 @@ pub async fn run(
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut resized =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
-    let terminal_node = stdin_node
-        .as_ref()
-        .filter(|_| options.pty)
-        .and_then(|n| inputs.get(n).cloned());
     let raw = options.pty.then(super::terminal::RawMode::enter);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut open = created.layout.len();

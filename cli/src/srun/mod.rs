@@ -354,9 +354,23 @@ fn run_allocated(
         "srun",
         args.immediate,
     )?;
-    let env = crate::allocation::environment(&alloc);
+    run_completing(args, client, runtime, &alloc, stdin, &[])
+}
+
+/// Runs the step `args` describe in the interactive allocation `alloc` (with its `SLURM_*`
+/// variables, and `extra` for the tasks) and completes the allocation with the step's
+/// status (1 when it could not run).
+pub(crate) fn run_completing(
+    args: &SrunArgs,
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    alloc: &crate::allocation::Allocation,
+    stdin: Input,
+    extra: &[(String, String)],
+) -> Result<u8> {
+    let env = crate::allocation::environment(alloc);
     let lookup = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
-    let outcome = run_step(args, client, runtime, alloc.job, stdin, &lookup, &[]);
+    let outcome = run_step(args, client, runtime, alloc.job, stdin, &lookup, extra);
     let status = match &outcome {
         Ok(code) => *code,
         Err(_) => 1,

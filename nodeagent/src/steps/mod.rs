@@ -188,18 +188,15 @@ impl Grants {
                     false
                 }
                 None => {
-                    let _ = self.events.send(pb::JobEvent {
-                        job_id: job,
+                    self.report(
+                        (job, step),
                         epoch,
-                        event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
-                            step_id: step,
-                            ended: Some(pb::Ended {
-                                cause: pb::EndCause::Cancelled as i32,
-                                reason: "the step was never granted on this node".into(),
-                                ..Default::default()
-                            }),
-                        })),
-                    });
+                        pb::Ended {
+                            cause: pb::EndCause::Cancelled as i32,
+                            reason: "the step was never granted on this node".into(),
+                            ..Default::default()
+                        },
+                    );
                     false
                 }
             }
@@ -292,29 +289,31 @@ impl Grants {
                 }
             }
         }
+        self.report(key, epoch, ended);
+    }
+
+    /// Step `step` of the run (`job`, `epoch`) ended here without this agent knowing it
+    /// (its tasks were left by an agent that restarted, and killed): tell the leader.
+    pub fn report_lost(&self, job: u64, epoch: u64, step: u32, reason: &str) {
+        self.report(
+            (job, step),
+            epoch,
+            pb::Ended {
+                cause: pb::EndCause::NodeFailure as i32,
+                reason: reason.to_owned(),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Tells the leader how step `key` of the run of `epoch` ended on this node.
+    fn report(&self, key: (u64, u32), epoch: u64, ended: pb::Ended) {
         let _ = self.events.send(pb::JobEvent {
             job_id: key.0,
             epoch,
             event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
                 step_id: key.1,
                 ended: Some(ended),
-            })),
-        });
-    }
-
-    /// Step `step` of the run (`job`, `epoch`) ended here without this agent knowing it
-    /// (its tasks were left by an agent that restarted, and killed): tell the leader.
-    pub fn report_lost(&self, job: u64, epoch: u64, step: u32, reason: &str) {
-        let _ = self.events.send(pb::JobEvent {
-            job_id: job,
-            epoch,
-            event: Some(pb::job_event::Event::StepEnded(pb::StepEnded {
-                step_id: step,
-                ended: Some(pb::Ended {
-                    cause: pb::EndCause::NodeFailure as i32,
-                    reason: reason.to_owned(),
-                    ..Default::default()
-                }),
             })),
         });
     }
