@@ -335,6 +335,9 @@ async fn run(
         println!("faults over; waiting for every job to finish");
         let (mut backlog, mut fewest, mut progress) = (None, usize::MAX, Instant::now());
         loop {
+            // A hold or suspension whose answer the client never got (it timed out during a
+            // fault) may still commit after the first settling: undo those too.
+            workload::settle(&leader).await;
             let Ok(jobs) = rpc::all_jobs(&leader).await else {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
@@ -355,6 +358,21 @@ async fn run(
             backlog.unwrap_or(0),
             fewest.min(backlog.unwrap_or(0))
         );
+        // What is still unfinished, for whoever reads a failed run.
+        if let Ok(jobs) = rpc::all_jobs(&leader).await {
+            for j in jobs.iter().filter(|j| !rpc::is_final(j)) {
+                println!(
+                    "  unfinished: job {} {} reason {} held {} nodes {:?} started {:?} requeues {}",
+                    j.job_id,
+                    j.state,
+                    j.reason,
+                    j.held,
+                    j.node_list,
+                    j.start_time_ms,
+                    j.requeue_count
+                );
+            }
+        }
         let (_, leader) = cluster.wait_ready(Duration::from_secs(30)).await?;
         let mut views = converged(&cluster, Duration::from_secs(30)).await;
         // The leader's view first.
