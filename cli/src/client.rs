@@ -27,6 +27,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -47,6 +48,10 @@ pub struct Client {
     /// Why the last credential could not be had, if it could not: said instead of the
     /// controller's "no credential".
     credential_error: Arc<Mutex<Option<String>>>,
+    /// One connection per endpoint and call deadline, made at first use and reused by every
+    /// call after it: a command that asks who leads and then writes there pays for one TLS
+    /// handshake, not two.
+    channels: Arc<Mutex<HashMap<(String, Duration), Channel>>>,
 }
 
 /// The client settings of the site's docket.toml `[controller]` table.
@@ -66,6 +71,10 @@ fn setting(env: &str, site: &Option<String>) -> Option<String> {
         .filter(|v| !v.is_empty())
         .or_else(|| site.clone())
 }
+
+/// How long a call of the jobs service, and of the administration service, may take.
+const JOBS_DEADLINE: Duration = Duration::from_secs(30);
+const ADMIN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// How long a read waits for one endpoint before asking the next.
 const READ_ATTEMPT: Duration = Duration::from_secs(5);
@@ -133,6 +142,7 @@ impl Client {
             tls,
             credentials,
             credential_error: Arc::new(Mutex::new(None)),
+            channels: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -140,21 +150,31 @@ impl Client {
         &self.user
     }
 
+    /// The connection to `addr` whose calls end after `timeout` (made lazily: it connects
+    /// at its first call).
     fn channel(&self, addr: &str, timeout: Duration) -> Result<Channel> {
-        docket_auth::tls::connect::channel(addr, &self.tls, Duration::from_secs(2), Some(timeout))
-            .map_err(|e| anyhow!("controller address {e}"))
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (addr.to_owned(), timeout);
+        if let Some(c) = channels.get(&key) {
+            return Ok(c.clone());
+        }
+        let c = docket_auth::tls::connect::channel(
+            addr,
+            &self.tls,
+            Duration::from_secs(2),
+            Some(timeout),
+        )
+        .map_err(|e| anyhow!("controller address {e}"))?;
+        channels.insert(key, c.clone());
+        Ok(c)
     }
 
     fn jobs(&self, addr: &str) -> Result<JobsClient<Channel>> {
-        Ok(JobsClient::new(
-            self.channel(addr, Duration::from_secs(30))?,
-        ))
+        Ok(JobsClient::new(self.channel(addr, JOBS_DEADLINE)?))
     }
 
     fn admin(&self, addr: &str) -> Result<AdminClient<Channel>> {
-        Ok(AdminClient::new(
-            self.channel(addr, Duration::from_secs(60))?,
-        ))
+        Ok(AdminClient::new(self.channel(addr, ADMIN_DEADLINE)?))
     }
 
     /// Like [`Client::jobs_call`] for the admin service; a call only the leader may serve is
@@ -385,14 +405,16 @@ impl Client {
 
 impl Client {
     /// The leader's address as the first replica to answer within [`READ_ATTEMPT`] names it,
-    /// and the endpoints that did not answer in time (asked once each, no retries).
+    /// and the endpoints that did not answer in time (asked once each, no retries). Asked on
+    /// the jobs service's connection, which the write then reuses when that replica leads.
     async fn find_leader(&self) -> (Option<String>, Vec<String>) {
         let mut silent = Vec::new();
         for addr in &self.endpoints {
-            let Ok(mut c) = self.admin(addr) else {
+            let Ok(channel) = self.channel(addr, JOBS_DEADLINE) else {
                 continue;
             };
-            let req = self.request(docket_proto::v1::ClusterStatusRequest {});
+            let mut c = AdminClient::new(channel);
+            let req = self.request(docket_proto::v1::ClusterStatusRequest { leader_only: true });
             match tokio::time::timeout(READ_ATTEMPT, c.cluster_status(req)).await {
                 Ok(Ok(r)) => {
                     let leader = r.into_inner().leader_addr;

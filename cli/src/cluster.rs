@@ -68,7 +68,7 @@ pub fn run(a: ClusterArgs) -> Result<()> {
     match a.command {
         ClusterCommand::Status { json } => {
             let s = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::ClusterStatusRequest {});
+                let req = client.request(pb::ClusterStatusRequest::default());
                 async move { c.cluster_status(req).await }
             }))?;
             if json {

@@ -383,7 +383,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
     match lower.as_slice() {
         ["ping"] => {
             let status = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::ClusterStatusRequest {});
+                let req = client.request(pb::ClusterStatusRequest::default());
                 async move { c.cluster_status(req).await }
             }))?;
             for r in &status.replicas {

@@ -120,6 +120,15 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         self.auth.caller(&request).await?;
         let me = self.replica.status();
+        if request.get_ref().leader_only {
+            return Ok(Response::new(pb::ClusterStatusResponse {
+                leader_id: me.leader.map(|l| l.0),
+                leader_addr: me.leader_addr.unwrap_or_default(),
+                term: me.term,
+                answered_by: me.id.0,
+                ..Default::default()
+            }));
+        }
         // The leader's view has every member's lag; ask it when we are not it.
         let leader_view = match (&me.role, &me.leader_addr) {
             (Role::Leader, _) => Some(me.clone()),

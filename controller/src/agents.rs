@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use docket_core::command::{EndCause, EndReport};
-use docket_core::job::{ArrayPart, ExitStatus, Job, JobState};
+use docket_core::job::ExitStatus;
 use docket_core::{Actor, Command, Envelope, JobId, NodeName, State};
 use docket_proto::v1 as pb;
 use docket_proto::v1::agents_server::{Agents, AgentsServer};
@@ -29,6 +29,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
+use crate::dispatch;
 use crate::machine::CoreMachine;
 use crate::write::write;
 
@@ -54,32 +55,21 @@ impl Default for AgentConfig {
     }
 }
 
+/// How often the leader looks for silent nodes when nothing wakes its dispatcher.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(500);
+
 /// Most events one report may carry.
 const MAX_EVENTS: usize = 10_000;
-
-/// What the leader wants an agent to do with one job run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Want {
-    Run,
-    Suspend,
-    Kill,
-}
 
 #[derive(Debug)]
 struct Session {
     id: String,
     last_seen: Instant,
     tx: Option<mpsc::Sender<Result<pb::Instruction, Status>>>,
-    /// What the agent last said it holds: job -> (epoch, running).
-    held: BTreeMap<JobId, (u64, bool)>,
-    /// What was last sent per job on this stream: (epoch, want).
-    sent: BTreeMap<JobId, (u64, Want)>,
-    /// The time limit each run was last told (seconds, 0 unlimited), per job: (epoch, limit).
-    limits: BTreeMap<JobId, (u64, u64)>,
+    /// What it holds and what its stream was told.
+    link: dispatch::Link,
     /// Where srun reaches the agent; empty: it starts no steps.
     step_address: String,
-    /// The steps granted and cancelled on this stream.
-    steps: crate::step_grants::Sent,
 }
 
 #[derive(Debug, Default)]
@@ -128,12 +118,14 @@ fn end_cause(cause: i32) -> Result<EndCause, String> {
 }
 
 impl AgentHub {
-    pub fn new(replica: Replica<CoreMachine>, config: AgentConfig) -> Self {
+    /// The hub of `replica`'s leaderships; `wake` is notified by every commit
+    /// ([`crate::machine::Wakes::dispatch`]).
+    pub fn new(replica: Replica<CoreMachine>, config: AgentConfig, wake: Arc<Notify>) -> Self {
         AgentHub {
             replica,
             config,
             hub: Arc::new(std::sync::Mutex::new(Hub::default())),
-            wake: Arc::new(Notify::new()),
+            wake,
         }
     }
 
@@ -242,35 +234,62 @@ impl AgentHub {
     }
 
     /// Runs forever: on this replica's leaderships, dispatches and watches liveness.
+    ///
+    /// A dispatch round runs when something may have changed what an agent should run: a
+    /// command committed (the state machine wakes it), an agent registered or opened its
+    /// stream, or a step was created. Between them, a round every [`LIVENESS_PERIOD`] finds
+    /// silent nodes. Raft's metrics only tell when leadership changes.
     pub async fn run(self) {
         let mut metrics = self.replica.raft().metrics();
         loop {
             let leading = metrics.borrow_and_update().state == openraft::ServerState::Leader;
-            {
+            let became = {
                 let mut hub = self.lock();
                 match (leading, hub.leader_since) {
                     (true, None) => {
                         hub.leader_since = Some(Instant::now());
                         hub.sessions.clear();
                         hub.declared_down.clear();
+                        true
                     }
                     (false, Some(_)) => {
                         hub.leader_since = None;
                         // Ending the streams tells agents to find the new leader.
                         hub.sessions.clear();
+                        false
                     }
-                    _ => {}
+                    _ => false,
                 }
+            };
+            if !leading {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+                continue;
             }
-            if leading {
+            if became {
                 self.tick().await;
+            }
+            // Rounds until leadership may have changed. An interval, not a sleep: Raft's
+            // metrics change at every heartbeat and would restart a sleep for ever.
+            let mut liveness = tokio::time::interval(LIVENESS_PERIOD);
+            liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = liveness.tick() => {}
                     _ = self.wake.notified() => {}
-                    r = metrics.changed() => if r.is_err() { return },
+                    r = metrics.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        let m = metrics.borrow();
+                        if m.state != openraft::ServerState::Leader {
+                            break;
+                        }
+                        continue;
+                    }
                 }
-            } else if metrics.changed().await.is_err() {
-                return;
+                self.tick().await;
             }
         }
     }
@@ -287,7 +306,7 @@ impl AgentHub {
             if tx.try_send(Ok(instruction)).is_err() {
                 // Full or gone: the agent reconnects and gets everything again.
                 session.tx = None;
-                session.sent.clear();
+                session.link.new_stream();
             }
         }
         for node in down {
@@ -309,156 +328,57 @@ impl AgentHub {
         }
     }
 
-    /// What to send to whom, and which nodes to declare down, given the state.
+    /// What to send to whom ([`dispatch::instruct`] for every connected agent), and which
+    /// nodes to declare down, given the state.
     fn plan(&self, state: &State) -> (Vec<(NodeName, pb::Instruction)>, Vec<NodeName>) {
         let mut hub = self.lock();
-        let now = Instant::now();
         let streaming = hub.sessions.values().any(|s| s.tx.is_some());
         let liveness = !self.config.fence_timeout.is_zero();
         if !streaming && !liveness {
             return (Vec::new(), Vec::new());
         }
-        // Where each live run should be, and in which state.
-        let mut want: BTreeMap<NodeName, BTreeMap<JobId, (u64, Want)>> = BTreeMap::new();
-        let mut limit_of: BTreeMap<JobId, u64> = BTreeMap::new();
-        for job in state.holding_jobs() {
-            let Some(alloc) = &job.alloc else { continue };
-            let w = match job.state {
-                JobState::Running => Want::Run,
-                JobState::Suspended => Want::Suspend,
-                JobState::Completing => Want::Kill,
-                _ => continue,
-            };
-            // The batch script runs on the first node; every other node of the allocation
-            // holds it for the job's steps (Slurm's extern step).
-            for share in &alloc.shares {
-                want.entry(share.node.clone())
-                    .or_default()
-                    .insert(job.id, (alloc.epoch, w));
-            }
-            limit_of.insert(job.id, job.resolved.time_limit.map_or(0, |t| t.0));
-        }
         let mut out = Vec::new();
-        for (node, session) in hub.sessions.iter_mut() {
-            if session.tx.is_none() {
-                continue;
-            }
-            let wanted = want.get(node);
-            for (job_id, (epoch, w)) in wanted.into_iter().flatten() {
-                let held = session.held.get(job_id).copied();
-                let sent = session.sent.get(job_id).copied();
-                let control = |kind: fn(pb::JobControl) -> pb::instruction::Kind, reason: &str| {
-                    pb::Instruction {
-                        kind: Some(kind(pb::JobControl {
-                            job_id: job_id.0,
-                            epoch: *epoch,
-                            reason: reason.into(),
-                        })),
-                    }
-                };
-                let instruction = match w {
-                    Want::Run => match (sent, held) {
-                        (Some((e, Want::Run)), _) if e == *epoch => None,
-                        (Some((e, Want::Suspend)), _) if e == *epoch => {
-                            Some(control(pb::instruction::Kind::Resume, "resumed"))
-                        }
-                        (_, Some((e, true))) if e == *epoch => None,
-                        _ => state.jobs.get(job_id).map(|job| pb::Instruction {
-                            kind: Some(pb::instruction::Kind::Launch(launch(state, job, node))),
-                        }),
-                    },
-                    Want::Suspend => match sent {
-                        Some((e, Want::Suspend)) if e == *epoch => None,
-                        _ => Some(control(pb::instruction::Kind::Suspend, "suspended")),
-                    },
-                    Want::Kill => match sent {
-                        Some((e, Want::Kill)) if e == *epoch => None,
-                        _ => Some(control(pb::instruction::Kind::Kill, "cancelled")),
-                    },
-                };
-                let launching = matches!(
-                    &instruction,
-                    Some(pb::Instruction {
-                        kind: Some(pb::instruction::Kind::Launch(_))
-                    })
-                );
-                let limit = limit_of.get(job_id).copied().unwrap_or(0);
-                if let Some(i) = instruction {
-                    session.sent.insert(*job_id, (*epoch, *w));
-                    out.push((node.clone(), i));
-                }
-                if launching {
-                    session.limits.insert(*job_id, (*epoch, limit));
-                } else if *w != Want::Kill {
-                    // A run the agent has: tell it a changed time limit.
-                    match session.limits.get(job_id) {
-                        Some((e, l)) if e == epoch && *l == limit => {}
-                        Some((e, _)) if e == epoch => {
-                            session.limits.insert(*job_id, (*epoch, limit));
-                            out.push((
-                                node.clone(),
-                                pb::Instruction {
-                                    kind: Some(pb::instruction::Kind::TimeLimit(pb::TimeLimit {
-                                        job_id: job_id.0,
-                                        epoch: *epoch,
-                                        time_limit_seconds: limit,
-                                    })),
-                                },
-                            ));
-                        }
-                        // Not launched by this leader: take the current limit as the
-                        // agent's (an update made while no leader was there reaches it only
-                        // with the next change).
-                        _ => {
-                            session.limits.insert(*job_id, (*epoch, limit));
-                        }
-                    }
-                }
-            }
-            crate::step_grants::plan(state, node, wanted, &mut session.steps, &mut out);
-            // Anything the agent runs that is not a current run here: kill it.
-            for (job_id, (epoch, running)) in &session.held {
-                let current = wanted
-                    .and_then(|w| w.get(job_id))
-                    .is_some_and(|(e, _)| e == epoch);
-                let already = session.sent.get(job_id) == Some(&(*epoch, Want::Kill));
-                if *running && !current && !already {
-                    session.sent.insert(*job_id, (*epoch, Want::Kill));
-                    out.push((
-                        node.clone(),
-                        pb::Instruction {
-                            kind: Some(pb::instruction::Kind::Kill(pb::JobControl {
-                                job_id: job_id.0,
-                                epoch: *epoch,
-                                reason: "stale: not this job's current run".into(),
-                            })),
-                        },
-                    ));
+        if streaming {
+            let wanted = dispatch::Wanted::of(state);
+            for (node, session) in hub.sessions.iter_mut() {
+                if session.tx.is_some() {
+                    let told = dispatch::instruct(state, &wanted, node, &mut session.link);
+                    out.extend(told.into_iter().map(|i| (node.clone(), i)));
                 }
             }
         }
-        // Liveness.
-        let mut down = Vec::new();
-        if !self.config.fence_timeout.is_zero()
-            && let Some(since) = hub.leader_since
-        {
-            let limit = self.config.fence_timeout + self.config.down_margin;
-            if now.duration_since(since) > limit {
-                for (name, node) in &state.nodes {
-                    if node.down.is_some() || hub.declared_down.contains(name) {
-                        continue;
-                    }
-                    let seen = hub.sessions.get(name).map_or(since, |s| s.last_seen);
-                    if now.duration_since(seen) > limit {
-                        down.push(name.clone());
-                    }
-                }
-            }
-        }
+        let down = self.silent_nodes(&hub, state);
         for name in &down {
             hub.sessions.remove(name);
         }
         (out, down)
+    }
+
+    /// Nodes whose agent has not been heard from for the fence timeout and the margin, and
+    /// that are not down yet (none in the first such period of a leadership: agents are
+    /// still finding the new leader).
+    fn silent_nodes(&self, hub: &Hub, state: &State) -> Vec<NodeName> {
+        let Some(since) = hub.leader_since else {
+            return Vec::new();
+        };
+        if self.config.fence_timeout.is_zero() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        let limit = self.config.fence_timeout + self.config.down_margin;
+        if now.duration_since(since) <= limit {
+            return Vec::new();
+        }
+        state
+            .nodes
+            .iter()
+            .filter(|(name, node)| node.down.is_none() && !hub.declared_down.contains(*name))
+            .filter(|(name, _)| {
+                let seen = hub.sessions.get(*name).map_or(since, |s| s.last_seen);
+                now.duration_since(seen) > limit
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 }
 
@@ -484,109 +404,6 @@ fn step_end(
             max_rss_mib: ended.max_rss_mib,
         },
     })
-}
-
-/// What a node that is not the batch node runs for the job: nothing but a process that holds
-/// the allocation's cgroups until the job ends (Slurm's `extern` step).
-const EXTERN_SCRIPT: &[u8] = b"#!/bin/sh\nexec sleep infinity\n";
-
-/// The launch instruction for `job`'s current run on `node`: the batch script on the first
-/// node of the allocation, the holder of the allocation on the others.
-fn launch(state: &State, job: &Job, node: &NodeName) -> pb::Launch {
-    let alloc = job.alloc.as_ref();
-    let first = alloc
-        .and_then(|a| a.shares.first())
-        .is_none_or(|s| &s.node == node);
-    let share = alloc.and_then(|a| a.shares.iter().find(|s| &s.node == node));
-    let nodes: Vec<&str> = alloc
-        .map(|a| a.shares.iter().map(|s| s.node.as_str()).collect())
-        .unwrap_or_default();
-    let (array_job_id, array_task_id) = match &job.array {
-        Some(ArrayPart::Task { array_job, index }) => (Some(array_job.0), Some(*index)),
-        _ => (None, None),
-    };
-    let tasks_per_node = alloc
-        .map(|a| job_tasks_per_node(job, a))
-        .unwrap_or_default();
-    let mut launch = pb::Launch {
-        job_id: job.id.0,
-        epoch: alloc.map_or(0, |a| a.epoch),
-        name: job.spec.name.to_string(),
-        user: job.spec.user.to_string(),
-        account: job.resolved.account.to_string(),
-        partition: job.resolved.partition.to_string(),
-        work_dir: job.spec.work_dir.to_string(),
-        stdout: job.spec.stdout.as_deref().unwrap_or_default().to_owned(),
-        stderr: job.spec.stderr.as_deref().unwrap_or_default().to_owned(),
-        script: state
-            .blobs
-            .get(&job.spec.script)
-            .map(|b| b.data.clone())
-            .unwrap_or_default(),
-        environment: job
-            .spec
-            .env
-            .and_then(|id| state.blobs.get(&id))
-            .map(|b| b.data.clone()),
-        cpus: share.map_or(0, |s| s.cpus),
-        memory_mib: share.map_or(0, |s| s.memory.0),
-        vmem_mib: job.spec.vmem.map(|v| v.0),
-        address_space_limit: job.spec.address_space_limit,
-        jobfs_mib: share.map_or(0, |s| s.jobfs.0),
-        gpus: share.map_or(0, |s| s.gpus),
-        time_limit_seconds: job.resolved.time_limit.map_or(0, |t| t.0),
-        node_count: nodes.len() as u32,
-        node_list: docket_core::hostlist::compress(&nodes),
-        ntasks: job.spec.ntasks,
-        cpus_per_task: job.spec.cpus_per_task,
-        array_job_id,
-        array_task_id,
-        submit_host_dir: job.spec.work_dir.to_string(),
-        extern_only: false,
-        tasks_per_node,
-    };
-    if !first {
-        launch.extern_only = true;
-        launch.script = EXTERN_SCRIPT.to_vec();
-        launch.environment = None;
-        launch.stdout = "/dev/null".into();
-        launch.stderr = "/dev/null".into();
-    }
-    launch
-}
-
-/// The job's tasks on each node of `alloc`, as Slurm writes `SLURM_TASKS_PER_NODE` ("2(x3),1"):
-/// the job's `-n` placed on its whole allocation as a step with no other step beside it
-/// would be, which is where `srun` inside it puts them and where MPI launchers that read the
-/// variable (MPICH's Hydra) start their ranks.
-fn job_tasks_per_node(job: &docket_core::job::Job, alloc: &docket_core::job::Allocation) -> String {
-    let spec = docket_core::job::StepSpec {
-        name: String::new(),
-        ntasks: Some(job.spec.ntasks.max(1)),
-        nodes: Some(alloc.shares.len() as u32),
-        ntasks_per_node: job.spec.ntasks_per_node,
-        cpus_per_task: job.spec.cpus_per_task.max(1),
-        nodelist: Vec::new(),
-        overlap: true,
-        time_limit: None,
-        io_key: Vec::new(),
-    };
-    match docket_core::job::step::place(alloc, &|_| 0, &spec) {
-        docket_core::job::step::Placement::Placed(shares) => {
-            let counts: Vec<u32> = alloc
-                .shares
-                .iter()
-                .map(|a| {
-                    shares
-                        .iter()
-                        .find(|s| s.node == a.node)
-                        .map_or(0, |s| s.tasks)
-                })
-                .collect();
-            crate::step_grants::tasks_per_node(&counts)
-        }
-        _ => String::new(),
-    }
 }
 
 /// The gRPC face of the hub.
@@ -633,11 +450,11 @@ impl Agents for AgentsService {
                     id: id.clone(),
                     last_seen: Instant::now(),
                     tx: None,
-                    held: held_map(&req.jobs),
-                    sent: BTreeMap::new(),
-                    limits: BTreeMap::new(),
+                    link: dispatch::Link {
+                        held: held_map(&req.jobs),
+                        ..Default::default()
+                    },
                     step_address: req.step_address.clone(),
-                    steps: Default::default(),
                 },
             );
             hub.declared_down.remove(&node);
@@ -663,7 +480,7 @@ impl Agents for AgentsService {
         let mut hub = self.hub.lock();
         if let Some(s) = hub.sessions.get_mut(&node) {
             s.last_seen = Instant::now();
-            s.held = held_map(&req.jobs);
+            s.link.held = held_map(&req.jobs);
         }
         Ok(Response::new(pb::HeartbeatResponse {}))
     }
@@ -684,9 +501,7 @@ impl Agents for AgentsService {
             if let Some(s) = hub.sessions.get_mut(&node) {
                 s.tx = Some(tx);
                 // A new stream gets everything again; the agent ignores what it already has.
-                s.sent.clear();
-                s.limits.clear();
-                s.steps = Default::default();
+                s.link.new_stream();
                 s.last_seen = Instant::now();
             }
         }

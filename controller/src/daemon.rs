@@ -20,7 +20,6 @@ use docket_core::config::SchedConfig;
 use docket_core::{Command, State};
 use docket_raft::ReplicaId;
 use docket_raft::replica::{ClusterError, Replica, ReplicaConfig};
-use tokio::sync::Notify;
 
 use crate::admin::AdminService;
 use crate::health::Readiness;
@@ -139,7 +138,9 @@ pub async fn run(
         crate::archive::Archive::open(config.data_dir.join("archive"))
             .context("opening the accounting archive")?,
     );
-    let fresh = CoreMachine::with_archive(State::new(SchedConfig::default()), archive.clone());
+    let wakes = crate::machine::Wakes::default();
+    let fresh = CoreMachine::with_archive(State::new(SchedConfig::default()), archive.clone())
+        .waking(wakes.clone());
     let channels = {
         let (tls, network) = (tls.clone(), replica_config.network.clone());
         let connect_timeout = network.connect_timeout;
@@ -155,7 +156,6 @@ pub async fn run(
         .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
 
     let readiness = Readiness::new();
-    let submitted = Arc::new(Notify::new());
     let inflight = Arc::new(AtomicUsize::new(0));
     let stats = Arc::new(std::sync::Mutex::new(LoopStats::default()));
     let http = match &config.http_listen {
@@ -176,7 +176,11 @@ pub async fn run(
             ))
         }
     };
-    let agents = crate::agents::AgentHub::new(replica.clone(), config.agents.clone());
+    let agents = crate::agents::AgentHub::new(
+        replica.clone(),
+        config.agents.clone(),
+        wakes.dispatch.clone(),
+    );
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = {
         let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
@@ -186,7 +190,6 @@ pub async fn run(
             .add_service(JobsService::new(
                 replica.clone(),
                 config.read_timeout,
-                submitted.clone(),
                 Some(archive.clone()),
                 Some(agents.clone()),
                 auth.clone(),
@@ -224,7 +227,7 @@ pub async fn run(
     let agents_task = tokio::spawn(agents.run());
     let loop_task = tokio::spawn(loops::run(LoopContext {
         replica: replica.clone(),
-        submitted,
+        schedule: wakes.schedule.clone(),
         inflight,
         site: config.site.clone(),
         direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),

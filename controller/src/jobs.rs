@@ -15,7 +15,6 @@ use docket_core::{Actor, Command, Envelope, JobId, Rejection, Response, UserName
 use docket_proto::v1 as pb;
 use docket_proto::v1::jobs_server::{Jobs, JobsServer};
 use docket_raft::replica::Replica;
-use tokio::sync::Notify;
 use tonic::{Request, Response as TonicResponse, Status};
 
 use crate::convert;
@@ -32,8 +31,6 @@ const DEFAULT_PAGE: usize = 1_000;
 pub struct JobsService {
     replica: Replica<CoreMachine>,
     read_timeout: Duration,
-    /// Woken after a submission so the leader runs its direct pass.
-    submitted: Arc<Notify>,
     archive: Option<Arc<crate::archive::Archive>>,
     /// The leader's agent sessions, for signals.
     agents: Option<crate::agents::AgentHub>,
@@ -62,7 +59,6 @@ impl JobsService {
     pub fn new(
         replica: Replica<CoreMachine>,
         read_timeout: Duration,
-        submitted: Arc<Notify>,
         archive: Option<Arc<crate::archive::Archive>>,
         agents: Option<crate::agents::AgentHub>,
         auth: Authenticator,
@@ -70,7 +66,6 @@ impl JobsService {
         JobsServer::new(JobsService {
             replica,
             read_timeout,
-            submitted,
             archive,
             agents,
             auth,
@@ -188,7 +183,6 @@ impl Jobs for JobsService {
         let Response::Submitted(results) = response else {
             return Err(Status::internal(format!("unexpected answer {response:?}")));
         };
-        self.submitted.notify_one();
         Ok(TonicResponse::new(pb::SubmitJobsResponse {
             results: results
                 .into_iter()

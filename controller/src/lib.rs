@@ -15,6 +15,7 @@ pub mod archive;
 pub mod bench;
 pub mod convert;
 pub mod daemon;
+pub mod dispatch;
 pub mod dry_run;
 pub mod health;
 pub mod http;

@@ -2,7 +2,8 @@
 //!
 //! Only the leader schedules. When this replica becomes leader it first proposes the site
 //! configuration if the replicated state has none yet, then runs:
-//! - the **direct pass** right after submissions (woken by the jobs service),
+//! - the **direct pass** right after a commit that may let a job start (a submission, an end,
+//!   a release: [`docket_core::Command::may_let_jobs_start`]), woken by the state machine,
 //! - the **main pass** every `sched_interval`, for at most `max_sched_time`,
 //! - the **backfill pass** every `bf_interval`, for at most `bf_max_time` in all, giving the
 //!   state back every `bf_yield_interval` for `bf_yield_sleep`,
@@ -62,8 +63,8 @@ impl Budget for LoopBudget {
 #[derive(Debug, Clone)]
 pub struct LoopContext {
     pub replica: Replica<CoreMachine>,
-    /// Woken after every accepted submission.
-    pub submitted: Arc<Notify>,
+    /// Woken when a command that may let a job start commits ([`crate::machine::Wakes`]).
+    pub schedule: Arc<Notify>,
     /// RPCs being served right now (counted by [`crate::inflight`]).
     pub inflight: Arc<AtomicUsize>,
     /// Commands that build the site, proposed once if the state has no configuration.
@@ -160,7 +161,7 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
         let wake = next_main.min(next_backfill);
         tokio::select! {
             _ = tokio::time::sleep_until(wake.into()) => {}
-            _ = ctx.submitted.notified() => direct(ctx, leading, &loops).await,
+            _ = ctx.schedule.notified() => direct(ctx, leading, &loops).await,
             _ = wait_not_leading(leading) => {}
         }
     }
@@ -202,13 +203,13 @@ async fn backfill(
         // Yielded: new submissions still get their direct pass meanwhile.
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
-            _ = ctx.submitted.notified() => direct(ctx, leading, loops).await,
+            _ = ctx.schedule.notified() => direct(ctx, leading, loops).await,
         }
     }
 }
 
-/// The direct pass after submissions: starts what can start now, without waiting for the
-/// next main pass.
+/// The direct pass after a commit that may let a job start (a submission, an end): starts
+/// what can start now, without waiting for the next main pass.
 ///
 /// Paced: a direct pass orders the whole pending queue, so under a submission storm with a
 /// long queue running one per submission would spend the leader's CPU on planning rather

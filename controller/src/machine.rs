@@ -26,6 +26,21 @@ pub fn core_position(index: u64, position: u32) -> u64 {
 pub struct CoreMachine {
     pub state: State,
     pub archive: Option<std::sync::Arc<crate::archive::Archive>>,
+    /// Who is woken when commands apply.
+    pub wakes: Wakes,
+}
+
+/// The leader's loops that commits wake, so they act on a change within milliseconds of its
+/// commit instead of at their next timer. Every replica applies and so wakes its own loops;
+/// only the leader's act (a follower's loops wait for leadership, and a permit left behind
+/// costs one pass when it leads).
+#[derive(Debug, Clone, Default)]
+pub struct Wakes {
+    /// The direct scheduling pass: woken by a command that may let a job start
+    /// ([`docket_core::Command::may_let_jobs_start`]).
+    pub schedule: std::sync::Arc<tokio::sync::Notify>,
+    /// The dispatcher (what each agent should be running): woken by every accepted command.
+    pub dispatch: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl CoreMachine {
@@ -33,6 +48,7 @@ impl CoreMachine {
         CoreMachine {
             state,
             archive: None,
+            wakes: Wakes::default(),
         }
     }
 
@@ -41,7 +57,14 @@ impl CoreMachine {
         CoreMachine {
             state,
             archive: Some(archive),
+            wakes: Wakes::default(),
         }
+    }
+
+    /// This machine, waking `wakes` as commands apply.
+    pub fn waking(mut self, wakes: Wakes) -> Self {
+        self.wakes = wakes;
+        self
     }
 }
 
@@ -65,6 +88,12 @@ impl StateMachine for CoreMachine {
             // An I/O failure in apply is fatal (BRIEF §2): the replica stops rather than
             // lose accounting records; it re-archives them when it replays the log.
             panic!("archiving {} finished jobs failed: {e}", finished.len());
+        }
+        if response.is_ok() {
+            if envelope.command.may_let_jobs_start() {
+                self.wakes.schedule.notify_one();
+            }
+            self.wakes.dispatch.notify_one();
         }
         response
     }
@@ -115,6 +144,45 @@ mod tests {
             m.apply(ctx(5, 1), tick()),
             Err(Rejection::AlreadyApplied { .. })
         ));
+    }
+
+    /// Whether `n` holds a permit (takes it).
+    fn woken(n: &tokio::sync::Notify) -> bool {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_millis(1), n.notified())
+                .await
+                .is_ok()
+        })
+    }
+
+    #[test]
+    fn commits_wake_the_dispatcher_and_those_that_may_start_jobs_wake_the_scheduler() {
+        let wakes = Wakes::default();
+        let mut m = CoreMachine::new(State::new(SchedConfig::default())).waking(wakes.clone());
+        // The timed tick (the main pass follows it) wakes only the dispatcher.
+        m.apply(ctx(1, 0), Envelope::controller(Command::Tick))
+            .unwrap();
+        assert!(woken(&wakes.dispatch));
+        assert!(!woken(&wakes.schedule));
+        // An end report may free cpus: the direct pass runs.
+        m.apply(
+            ctx(2, 0),
+            Envelope::controller(Command::EndJobs(Vec::new())),
+        )
+        .unwrap();
+        assert!(woken(&wakes.schedule));
+        assert!(woken(&wakes.dispatch));
+        // A refused command changed nothing and wakes no one.
+        assert!(
+            m.apply(ctx(2, 0), Envelope::controller(Command::Tick))
+                .is_err()
+        );
+        assert!(!woken(&wakes.dispatch));
+        assert!(!woken(&wakes.schedule));
     }
 
     #[test]

@@ -66,16 +66,16 @@ pub fn grant(job: JobId, epoch: u64, step: &Step, node: &NodeName) -> Option<pb:
 pub(crate) fn plan(
     state: &State,
     node: &NodeName,
-    wanted: Option<&BTreeMap<JobId, (u64, crate::agents::Want)>>,
+    wanted: Option<&BTreeMap<JobId, (u64, crate::dispatch::Want)>>,
     sent: &mut Sent,
-    out: &mut Vec<(NodeName, pb::Instruction)>,
+    out: &mut Vec<pb::Instruction>,
 ) {
     // Forget jobs no longer here: the run's end kills its steps.
     let here = |j: &JobId| wanted.is_some_and(|w| w.contains_key(j));
     sent.granted.retain(|j, _| here(j));
     sent.cancelled.retain(|j, _| here(j));
     for (job_id, (epoch, want)) in wanted.into_iter().flatten() {
-        if *want == crate::agents::Want::Kill {
+        if *want == crate::dispatch::Want::Kill {
             continue;
         }
         let Some(job) = state.jobs.get(job_id) else {
@@ -89,26 +89,20 @@ pub(crate) fn plan(
                 if sent.granted.entry(*job_id).or_default().insert(step.id)
                     && let Some(g) = grant(*job_id, *epoch, step, node)
                 {
-                    out.push((
-                        node.clone(),
-                        pb::Instruction {
-                            kind: Some(pb::instruction::Kind::StepGrant(g)),
-                        },
-                    ));
+                    out.push(pb::Instruction {
+                        kind: Some(pb::instruction::Kind::StepGrant(g)),
+                    });
                 }
             } else if step.on_node(node).is_some()
                 && sent.cancelled.entry(*job_id).or_default().insert(step.id)
             {
-                out.push((
-                    node.clone(),
-                    pb::Instruction {
-                        kind: Some(pb::instruction::Kind::StepCancel(pb::StepControl {
-                            job_id: job_id.0,
-                            epoch: *epoch,
-                            step_id: step.id.0,
-                        })),
-                    },
-                ));
+                out.push(pb::Instruction {
+                    kind: Some(pb::instruction::Kind::StepCancel(pb::StepControl {
+                        job_id: job_id.0,
+                        epoch: *epoch,
+                        step_id: step.id.0,
+                    })),
+                });
             }
         }
     }

@@ -18,7 +18,7 @@ async fn cluster_status_nodes_config_and_diagnostics() {
 
     // Any replica reports every replica, with the leader's view of their lag.
     let status = admin
-        .cluster_status(as_user("alice", pb::ClusterStatusRequest {}))
+        .cluster_status(as_user("alice", pb::ClusterStatusRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -256,7 +256,7 @@ async fn a_replica_is_added_and_removed_at_run_time() {
     let start = Instant::now();
     loop {
         let status = admin
-            .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+            .cluster_status(as_user("root", pb::ClusterStatusRequest::default()))
             .await
             .unwrap()
             .into_inner();
@@ -288,7 +288,7 @@ async fn a_replica_is_added_and_removed_at_run_time() {
         .await
         .unwrap();
     let status = admin
-        .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+        .cluster_status(as_user("root", pb::ClusterStatusRequest::default()))
         .await
         .unwrap()
         .into_inner();

@@ -577,3 +577,51 @@ async fn a_step_ends_when_each_of_its_nodes_reported_its_own_tasks() {
     // The job itself runs on.
     assert_eq!(state_of(&cluster, id).await, "RUNNING");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
+    // Timed passes an hour apart: only a pass that the end itself wakes can start the job
+    // waiting behind it before the deadline.
+    let dir = tempfile::tempdir().unwrap();
+    let site = std::fs::read_to_string(common::site_config())
+        .unwrap()
+        .replace("sched_interval = 1", "sched_interval = 3600")
+        .replace("bf_interval = 1", "bf_interval = 3600");
+    assert!(site.contains("sched_interval = 3600") && site.contains("bf_interval = 3600"));
+    let config = dir.path().join("site.toml");
+    std::fs::write(&config, site).unwrap();
+    let cluster = Cluster::start_custom(1, config, &["--agent-fence-ms", "0"]).await;
+    let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let whole_node = |name: &str| {
+        let mut j = pinned(name, "g01");
+        j.cpus_per_task = 16;
+        j
+    };
+    let mut submit_one = async |name: &str| {
+        let r = submit(&mut jobs, "alice", vec![whole_node(name)])
+            .await
+            .unwrap();
+        let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+            panic!("{r:?}")
+        };
+        id
+    };
+    let first = submit_one("first").await;
+    let pb::instruction::Kind::Launch(l) = agent.next().await else {
+        panic!("expected the first job's launch")
+    };
+    assert_eq!(l.job_id, first);
+    let second = submit_one("second").await;
+    wait_state(&cluster, first, "RUNNING").await;
+    assert_eq!(state_of(&cluster, second).await, "PENDING");
+    agent
+        .ended(first, l.epoch, pb::EndCause::Completed, 0)
+        .await;
+    let pb::instruction::Kind::Launch(next) = agent.next().await else {
+        panic!("expected the second job's launch")
+    };
+    assert_eq!(next.job_id, second);
+    wait_state(&cluster, second, "RUNNING").await;
+}

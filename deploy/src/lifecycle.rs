@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
-use docket_deploy::stats::{percentiles, process_cpu_ms};
+use docket_deploy::stats::{percentiles, process_cpu_ms, unix_ms};
 use docket_deploy::{LocalCluster, rpc};
 use docket_proto::v1 as pb;
 
@@ -198,7 +198,7 @@ async fn measure(
     submit: impl FnOnce() -> Result<Vec<u64>>,
 ) -> Result<Phase> {
     let before = cpu(cluster).await;
-    let first_ms = now_ms();
+    let first_ms = unix_ms();
     let began = Instant::now();
     let sbatch_ms = submit()?;
     let submit_s = began.elapsed().as_secs_f64();
@@ -283,12 +283,6 @@ async fn cpu(cluster: &LocalCluster) -> (u64, u64) {
         .map(|pid| process_cpu_ms(pid, true))
         .sum();
     (leader_ms, agents_ms)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Phase {

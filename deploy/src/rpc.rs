@@ -92,7 +92,7 @@ pub async fn cluster_status(addrs: &[String]) -> Option<pb::ClusterStatusRespons
     for a in addrs {
         if let Ok(mut c) = admin(a)
             && let Ok(r) = c
-                .cluster_status(as_user("root", pb::ClusterStatusRequest {}))
+                .cluster_status(as_user("root", pb::ClusterStatusRequest::default()))
                 .await
         {
             return Some(r.into_inner());

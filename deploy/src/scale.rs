@@ -100,6 +100,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
     let term_before = term(cluster).await;
 
     let submitted = Instant::now();
+    let first_ms = docket_deploy::stats::unix_ms();
     let mut ids = Vec::with_capacity(spec.jobs as usize);
     let script = format!("#!/bin/sh\nsleep {}\n", spec.runtime_s).into_bytes();
     let mut left = spec.jobs;
@@ -153,7 +154,12 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
             started = Some(submitted.elapsed().as_secs_f64());
         }
         if ours.len() == ids.len() && ours.iter().all(|j| rpc::is_final(j)) {
-            ended = Some(submitted.elapsed().as_secs_f64());
+            // The last end as the replicated state recorded it, not when this poll saw it.
+            let last_ms = ours.iter().filter_map(|j| j.end_time_ms).max();
+            ended = Some(last_ms.map_or_else(
+                || submitted.elapsed().as_secs_f64(),
+                |l| l.saturating_sub(first_ms) as f64 / 1000.0,
+            ));
             for j in ours {
                 *report.states.entry(j.state.clone()).or_default() += 1;
             }
@@ -245,7 +251,7 @@ impl ScaleReport {
              agents' memory (PSS):                  {:.0} MiB in all, {:.1} MiB each\n\
              submission:                            {:.2} s ({:.0} jobs/s, batches of {})\n\
              every job started:                     {:.1} s after the first submission ({:.0} starts/s)\n\
-             every job ended:                       {:.1} s after the first submission\n\
+             every job ended:                       {:.1} s after the first submission ({:.0} jobs/s to completion)\n\
              final states:                          {}\n\
              controllers' cpu time meanwhile (s):   {}\n\
              elections meanwhile (new Raft terms):  {}\n",
@@ -265,6 +271,7 @@ impl ScaleReport {
             self.all_started_s,
             rate(spec.jobs, self.all_started_s),
             self.all_ended_s,
+            rate(spec.jobs, self.all_ended_s),
             states.join(", "),
             cpu.join(" / "),
             self.terms,

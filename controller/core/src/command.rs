@@ -253,3 +253,54 @@ pub enum Command {
         exit: crate::job::ExitStatus,
     },
 }
+
+impl Command {
+    /// Whether applying this command can let a waiting job start at once: it adds jobs or
+    /// makes them eligible, frees resources, or widens what may run where. The leader runs
+    /// its direct scheduling pass after such a command commits instead of leaving the job to
+    /// the next timed main pass, as Slurm's controller schedules on submission and on job
+    /// completion (`schedule()` from `job_complete`), so a node freed by an ending job is
+    /// refilled within milliseconds, not within `sched_interval`.
+    ///
+    /// The scheduler's own bookkeeping (starts, bypass counts, reasons) and the timed tick
+    /// (the main pass follows it) answer false, so a pass never wakes itself.
+    pub fn may_let_jobs_start(&self) -> bool {
+        match self {
+            Command::SubmitJobs { .. }
+            | Command::EndJobs(_)
+            | Command::CancelJobs { .. }
+            | Command::ReleaseJobs { .. }
+            | Command::ResumeJobs { .. }
+            | Command::SuspendJobs { .. }
+            | Command::RequeueJobs { .. }
+            | Command::UpdateJobs { .. }
+            | Command::CompleteJob { .. }
+            | Command::Preempt(_)
+            | Command::DownNode { .. }
+            | Command::ResumeNode(_)
+            | Command::UpsertNode(_)
+            | Command::UpsertPartition(_)
+            | Command::UpsertQos(_)
+            | Command::UpsertReservation(_)
+            | Command::RemoveReservation(_)
+            | Command::UpsertAccount { .. }
+            | Command::UpsertUser { .. }
+            | Command::SetConfig(_) => true,
+            Command::StartJobs(_)
+            | Command::NoteBypassed(_)
+            | Command::SetSchedulerReasons(_)
+            | Command::Tick
+            | Command::HoldJobs { .. }
+            | Command::DrainNode { .. }
+            | Command::RemoveNode(_)
+            | Command::RemovePartition(_)
+            | Command::RemoveQos(_)
+            | Command::RemoveAccount(_)
+            | Command::RemoveUser(_)
+            | Command::SetCoordinators { .. }
+            | Command::CreateStep { .. }
+            | Command::EndSteps(_)
+            | Command::CancelSteps { .. } => false,
+        }
+    }
+}

@@ -28,22 +28,38 @@ struct Prepared {
 
 impl Runner {
     /// Prepares, starts and watches run `id` to its end, reporting each step.
+    ///
+    /// Preparing (files, cgroups: writes to cgroup v1's `cgroup.procs` and `rmdir`s wait for
+    /// the kernel's RCU grace periods, milliseconds each) and releasing run on the blocking
+    /// pool, so a node launching or ending many runs at once does them side by side and never
+    /// stalls the agent's runtime (its instruction stream, heartbeats and step service).
     pub(super) async fn run_real(&self, id: RunId, l: pb::Launch) {
-        let prepared = match self.prepare(id, &l) {
-            Ok(p) => p,
-            Err(why) => return self.launch_failed(id, why),
-        };
-        let mut child = match self.start_monitor(id, &prepared) {
-            Ok(c) => c,
+        let this = self.clone();
+        let started = tokio::task::spawn_blocking(move || {
+            let prepared = this.prepare(id, &l)?;
+            let child = this.start_monitor(id, &prepared)?;
+            Ok::<_, String>((prepared, child))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("preparing the run failed: {e}")));
+        let (prepared, mut child) = match started {
+            Ok(s) => s,
             Err(why) => return self.launch_failed(id, why),
         };
         self.wait_until_started(id, &prepared.run_dir).await;
         self.step(Input::Started(id));
         let status = child.wait().await;
         crate::crash::reached(CrashPoint::ExitObserved);
-        let outcome = self.recorded_exit(id, &prepared.run_dir, status.ok());
-        let seen = self.observe(id);
-        self.step(Input::Ended(id, outcome, seen));
+        let this = self.clone();
+        let ended = tokio::task::spawn_blocking(move || {
+            let outcome = this.recorded_exit(id, &prepared.run_dir, status.ok());
+            let seen = this.observe(id);
+            this.step(Input::Ended(id, outcome, seen));
+        })
+        .await;
+        if let Err(e) = ended {
+            tracing::error!(job = id.0, epoch = id.1, error = %e, "recording a run's end failed");
+        }
     }
 
     fn launch_failed(&self, id: RunId, why: String) {
