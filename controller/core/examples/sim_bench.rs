@@ -1,8 +1,9 @@
 //! Replay speed, printing figures (never asserting them):
 //!
 //!   cargo run --release -p docket-core --example sim_bench [-- JOBS PROCS POLICY...]
+//!   cargo run --release -p docket-core --example sim_bench -- TRACE.swf [POLICY...]
 //!
-//! Generates a synthetic trace (seeded, so every run replays the same one): JOBS jobs
+//! With a trace file, replays it (on its header's processors). Otherwise generates a synthetic trace (seeded, so every run replays the same one): JOBS jobs
 //! (default 100,000) for a machine of PROCS processors (default 1,000), sizes mostly small
 //! powers of two with some wide jobs, runtimes log-uniform from a minute to a day, estimates
 //! 1-5x the runtime, and arrivals paced for an offered load near 0.9, so queues form. Then
@@ -88,7 +89,14 @@ fn main() {
     if policies.is_empty() {
         policies = vec![Policy::Easy, Policy::Conservative];
     }
-    let trace = synthetic(jobs, procs, 42);
+    let file = std::env::args().skip(1).find(|a| a.ends_with(".swf"));
+    let trace = match &file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).expect("reading the trace");
+            docket_core::sim::swf::parse(&text).expect("parsing the trace")
+        }
+        None => synthetic(jobs, procs, 42),
+    };
     for policy in policies {
         let options = SimOptions {
             policy: Some(policy),

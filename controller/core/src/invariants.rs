@@ -22,8 +22,9 @@
 //! 8. The derived indexes equal their recomputation; association ids name exactly the
 //!    associations that exist, and every live job's id names its own association.
 //! 9. Placement is current: re-placing the whole queue now would change no pending job's
-//!    part or reason. After a change apply re-places only the users it can affect
-//!    (`State::note_changed`); this is what proves it missed nobody. Users whose placement
+//!    part or reason. After a change apply re-places only the users, or where nothing ties
+//!    a user's jobs together only the jobs, it can affect (`State::note_changed`); this is
+//!    what proves it missed nobody. Users whose placement
 //!    depends on the clock (begin times, `after:+delay`, MAXPS and cpu-run-minute limits,
 //!    which running jobs' remaining time changes) are re-placed by every `Tick` instead, so
 //!    their placement may lag until the next one and is not compared.

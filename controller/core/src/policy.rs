@@ -133,9 +133,17 @@ fn nested<A: Ord, B: Ord>(map: &BTreeMap<A, BTreeMap<B, Usage>>, a: &A, b: &B) -
 }
 
 /// Whose pending jobs must be re-placed after a change (see [`State::note_changed`]).
+///
+/// Re-placing is by user where something ties a user's jobs together (the idle and total
+/// caps, a per-user limit) and job by job where nothing does: then a start or an end
+/// re-places the few jobs it can release, not the owner's whole queue, and the cost of an
+/// event no longer grows with the length of its owner's queue.
 #[derive(Debug, Default)]
 pub(crate) struct Affected {
+    /// Users whose every pending job is re-placed.
     users: BTreeSet<UserName>,
+    /// Pending jobs re-placed on their own (their owners' placement is job by job).
+    jobs: BTreeSet<JobId>,
     everyone: bool,
 }
 
@@ -145,6 +153,15 @@ pub(crate) enum DepStatus {
     Satisfied,
     Waiting,
     Never,
+}
+
+impl Affected {
+    /// Adds what `other` names.
+    pub(crate) fn merge(&mut self, other: Affected) {
+        self.users.extend(other.users);
+        self.jobs.extend(other.jobs);
+        self.everyone |= other.everyone;
+    }
 }
 
 impl State {
@@ -177,21 +194,46 @@ impl State {
         let Some(job) = self.jobs.get(&id) else {
             return;
         };
-        // The owner: idle and total caps, MAXPS, per-user QOS and partition limits, the
-        // array throttle, singleton.
-        affected.users.insert(job.spec.user.clone());
-        // Jobs whose dependency names this job, or the array it is a task of.
+        let alone = self.placed_job_by_job();
+        // Under caps or per-user limits, the owner's whole queue: what they run and how
+        // many of their jobs are idle changed.
+        if !alone {
+            affected.users.insert(job.spec.user.clone());
+        }
+        let mut note = |job: &Job| match job.state {
+            JobState::Pending if alone => {
+                affected.jobs.insert(job.id);
+            }
+            JobState::Pending => {
+                affected.users.insert(job.spec.user.clone());
+            }
+            _ => {}
+        };
+        // The job itself (held, released, requeued).
+        note(job);
+        // The array it is a task of (the throttle counts running tasks).
         let array = match job.array {
             Some(ArrayPart::Task { array_job, .. }) if array_job != id => Some(array_job),
             _ => None,
         };
+        if let Some(master) = array.and_then(|a| self.jobs.get(&a)) {
+            note(master);
+        }
+        // Jobs whose dependency names this job, or the array it is a task of.
         for target in std::iter::once(id).chain(array) {
             for dependent in self.relations.dependents_of(target) {
-                if let Some(d) = self.jobs.get(&dependent)
-                    && d.state == JobState::Pending
-                {
-                    affected.users.insert(d.spec.user.clone());
+                if let Some(d) = self.jobs.get(&dependent) {
+                    note(d);
                 }
+            }
+        }
+        // The owner's singletons of this name.
+        for other in self
+            .relations
+            .singletons_named(&job.spec.user, &job.spec.name)
+        {
+            if let Some(o) = self.jobs.get(&other) {
+                note(o);
             }
         }
         // Limits that tie users together: a QOS's group limits, an account-level MAXPS or
@@ -222,12 +264,47 @@ impl State {
         if affected.everyone {
             return self.refresh_all_pending(now);
         }
-        if affected.users.is_empty() {
+        if affected.users.is_empty() && affected.jobs.is_empty() {
             return;
         }
         let running = self.running_summary(now);
         for user in &affected.users {
             self.place_user(user, &running, now);
+        }
+        for id in affected.jobs {
+            let placed = self.jobs.get(&id).and_then(|job| {
+                (job.state == JobState::Pending && !affected.users.contains(&job.spec.user))
+                    .then(|| self.placement_alone(job, &running, now))
+            });
+            if let (Some((part, reason)), Some(job)) = (placed, self.jobs.get_mut(&id)) {
+                set_pending(job, part, reason, now);
+            }
+        }
+    }
+
+    /// Whether each pending job is placed on its own: no idle or total cap and no per-user
+    /// or account-level limit ties a user's jobs together. Then a job's part and reason
+    /// depend only on the job, the jobs it names (dependencies, its array, its singleton
+    /// name) and site-wide state, which is what lets [`State::note_changed`] re-place
+    /// single jobs.
+    pub(crate) fn placed_job_by_job(&self) -> bool {
+        let q = &self.config.queue_policy;
+        let r = &self.account_rules;
+        q.max_idle_jobs_per_user.is_none()
+            && q.max_jobs_per_user.is_none()
+            && !(r.user || r.own || r.tree || r.assoc || r.qos_user || r.partition_user)
+    }
+
+    /// Where one pending job stands when jobs are placed one by one
+    /// ([`State::placed_job_by_job`]): what [`State::place_user`] would decide for it.
+    fn placement_alone(&self, job: &Job, running: &RunningSummary, now: TimeMs) -> (Part, Reason) {
+        match self.intrinsic_reason(job, running, now) {
+            Some(reason) => (Part::Blocked, reason),
+            None => (
+                Part::Idle,
+                self.start_blocker(job, running)
+                    .unwrap_or_else(|| self.scheduler_reason(job.id)),
+            ),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Derived relations between jobs that the policy walks on every change: which jobs depend
-//! on a job, and which records an array's tasks have split into.
+//! on a job, which records an array's tasks have split into, and which jobs wait as a
+//! `singleton` on the jobs of their name.
 //!
 //! Without them, evaluating `afterok:ARRAY` scans every job for the array's tasks, and
 //! knowing whose placement a finished job can change means re-placing the whole queue. They
@@ -13,8 +14,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ids::JobId;
-use crate::job::{ArrayPart, Job};
+use smol_str::SmolStr;
+
+use crate::ids::{JobId, UserName};
+use crate::job::{ArrayPart, DepKind, Job};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Relations {
@@ -23,6 +26,9 @@ pub struct Relations {
     /// Array job id -> the records of its tasks that have split off (the master itself
     /// once it became the last task).
     tasks: BTreeMap<JobId, BTreeSet<JobId>>,
+    /// User -> job name -> that user's jobs of that name with a `singleton` clause: the
+    /// only jobs a start or end of some other job of that name and user can release.
+    singletons: BTreeMap<UserName, BTreeMap<SmolStr, BTreeSet<JobId>>>,
 }
 
 impl Relations {
@@ -44,6 +50,14 @@ impl Relations {
                     .or_default()
                     .insert(job.id);
             }
+            if is_singleton(job) {
+                self.singletons
+                    .entry(job.spec.user.clone())
+                    .or_default()
+                    .entry(job.spec.name.clone())
+                    .or_default()
+                    .insert(job.id);
+            }
         }
         if let Some(ArrayPart::Task { array_job, .. }) = job.array {
             self.tasks.entry(array_job).or_default().insert(job.id);
@@ -56,6 +70,14 @@ impl Relations {
             for target in dep.targets() {
                 remove_from(&mut self.dependents, target.job, job.id);
             }
+            if is_singleton(job)
+                && let Some(names) = self.singletons.get_mut(&job.spec.user)
+            {
+                remove_from(names, job.spec.name.clone(), job.id);
+                if names.is_empty() {
+                    self.singletons.remove(&job.spec.user);
+                }
+            }
         }
         if let Some(ArrayPart::Task { array_job, .. }) = job.array {
             remove_from(&mut self.tasks, array_job, job.id);
@@ -67,13 +89,34 @@ impl Relations {
         self.dependents.get(&target).into_iter().flatten().copied()
     }
 
+    /// The jobs of `user` named `name` that wait as a `singleton`, in id order.
+    pub fn singletons_named<'a>(
+        &'a self,
+        user: &UserName,
+        name: &str,
+    ) -> impl Iterator<Item = JobId> + 'a {
+        self.singletons
+            .get(user)
+            .and_then(|names| names.get(name))
+            .into_iter()
+            .flatten()
+            .copied()
+    }
+
     /// The split-off task records of array `array_job`, in id order.
     pub fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = JobId> + '_ {
         self.tasks.get(&array_job).into_iter().flatten().copied()
     }
 }
 
-fn remove_from(map: &mut BTreeMap<JobId, BTreeSet<JobId>>, key: JobId, id: JobId) {
+fn is_singleton(job: &Job) -> bool {
+    job.spec
+        .dependency
+        .as_ref()
+        .is_some_and(|d| d.clauses.iter().any(|c| c.kind == DepKind::Singleton))
+}
+
+fn remove_from<K: Ord>(map: &mut BTreeMap<K, BTreeSet<JobId>>, key: K, id: JobId) {
     if let Some(set) = map.get_mut(&key) {
         set.remove(&id);
         if set.is_empty() {

@@ -126,6 +126,11 @@ enum Op {
         code: i32,
         foreign: bool,
     },
+    /// `scontrol update job=ID Name=...` by the owner: singletons of both names may move.
+    Rename {
+        pick: usize,
+        other: bool,
+    },
     /// `scancel JOBID.STEP` by the owner.
     StepCancel {
         pick: usize,
@@ -173,6 +178,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..64usize, 0..8usize, prop_oneof![3 => Just(0i32), 1 => 1..3i32], proptest::bool::weighted(0.1))
             .prop_map(|(pick, step, code, foreign)| Op::StepEnd { pick, step, code, foreign }),
         1 => (0..64usize, 0..8usize).prop_map(|(pick, step)| Op::StepCancel { pick, step }),
+        1 => (0..64usize, any::<bool>()).prop_map(|(pick, other)| Op::Rename { pick, other }),
     ]
 }
 
@@ -266,6 +272,26 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 1,
             )
         }
+        Op::Rename { pick, other } => (
+            by(
+                owner(state, *pick),
+                Command::UpdateJobs {
+                    jobs: vec![job(*pick)],
+                    update: docket_core::apply::update::JobUpdate {
+                        name: Some(
+                            if *other {
+                                "other"
+                            } else {
+                                spec_base.name.as_str()
+                            }
+                            .into(),
+                        ),
+                        ..Default::default()
+                    },
+                },
+            ),
+            0,
+        ),
         Op::Cancel { pick, user } => (
             by(
                 Actor::User(name(USERS[*user])),

@@ -44,8 +44,12 @@ impl State {
         let results = jobs
             .iter()
             .map(|target| {
+                // Before a rename too: singletons of the old name may be released.
+                let mut before = Affected::default();
+                self.note_changed(target.job, &mut before);
                 let r = self.update_one(actor, *target, update);
                 if r.is_ok() {
+                    affected.merge(before);
                     self.note_changed(target.job, &mut affected);
                 }
                 r
@@ -203,7 +207,10 @@ impl State {
             };
         }
         if let Some(name) = &update.name {
+            // The singleton index is keyed by name.
+            self.relations.remove(job);
             job.spec.name = name.clone();
+            self.relations.add(job);
         }
         if let Some(nice) = update.nice {
             job.spec.nice = nice;
