@@ -23,5 +23,6 @@ pub mod rootdir;
 pub mod runner;
 pub mod session;
 pub mod shim;
+pub mod statefile;
 pub mod steps;
 pub mod world;

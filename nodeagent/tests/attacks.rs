@@ -249,7 +249,7 @@ async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge
     // them, and to list the agent's directories; then fails with 3.
     let script = r#"#!/bin/sh
 runs="$STATE/runs"
-for f in exit .exit.tmp pgid .pgid.tmp state.json; do
+for f in exit .exit.tmp pgid .pgid.tmp state.json state.0 state.1; do
   echo '{"code":0,"signal":0}' > "$runs/31.1/$f" 2>/dev/null && echo "WROTE $f"
   ln -s "$VICTIM" "$runs/31.1/$f" 2>/dev/null && echo "LINKED $f"
   echo 1 > "$STATE/$f" 2>/dev/null && echo "WROTE state/$f"

@@ -13,7 +13,8 @@
 //! their allocation for the script's `sleep N` (or until killed) without a process, for scale
 //! tests.
 //!
-//! On disk, under the state directory (root's, 0711): `state.json`; `runs/<job>.<epoch>/`,
+//! On disk, under the state directory (root's, 0711): `state.0` and `state.1`, the two slots
+//! of the state file ([`crate::statefile`]); `runs/<job>.<epoch>/`,
 //! root's bookkeeping of a run (0700: the monitor's lock, the job's process group and exit,
 //! its environment), kept a day after the run ended; `jobs/<job>.<epoch>/`, the job's own
 //! directory (root's, 0711; the script and PBS's node file are the user's). Root writes only
@@ -36,11 +37,12 @@ use tokio::sync::{Notify, mpsc};
 use crate::crash::CrashPoint;
 use crate::lifecycle::{Effect, Input, Observed, RunId, RunRecord, Runs};
 use crate::rootdir::RootDir;
+use crate::statefile::StateFile;
 
 /// The state directory's mode: root's, and jobs pass through it to their own directories.
 pub const STATE_DIR_MODE: u32 = 0o711;
-/// The agent's state file, in the state directory.
-const STATE_FILE: &str = "state.json";
+/// The agent's state file, in the state directory: slots `state.0` and `state.1`.
+const STATE_FILE: &str = "state";
 /// Root's bookkeeping of each run, `runs/<job>.<epoch>`: nobody else may even look.
 const RUNS: &str = "runs";
 const RUNS_MODE: u32 = 0o700;
@@ -108,10 +110,10 @@ pub struct Runner {
     book: Arc<Mutex<Runs>>,
     held: Arc<Mutex<BTreeMap<RunId, Held>>>,
     events: mpsc::UnboundedSender<pb::JobEvent>,
-    /// Held from the snapshot of the runs to the rename of the state file, so that saves
-    /// land in the order they were taken: the file never goes back to an older state, and
-    /// two saves never share the temporary file.
-    saving: Arc<Mutex<()>>,
+    /// The state file once opened, held from the snapshot of the runs to the end of the
+    /// write, so that saves land in the order they were taken: the file never goes back to
+    /// an older state.
+    saving: Arc<Mutex<Option<StateFile>>>,
     /// The state directory's handle, once opened.
     state: Arc<std::sync::OnceLock<RootDir>>,
     /// Ends acknowledged, to prune old run records now and then.
@@ -136,7 +138,7 @@ impl Runner {
                 book: Arc::new(Mutex::new(book)),
                 held: Arc::new(Mutex::new(BTreeMap::new())),
                 events,
-                saving: Arc::new(Mutex::new(())),
+                saving: Arc::new(Mutex::new(None)),
                 state: Arc::new(std::sync::OnceLock::new()),
                 acknowledged: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 origin: Instant::now(),
@@ -424,7 +426,7 @@ impl Runner {
 
     /// Writes the runs to the state file (atomically, in the order saves are asked for).
     fn save(&self) -> std::io::Result<()> {
-        let _saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let mut saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
         let records = self.book().records(self.now());
         let held = self.holdings().clone();
         let saved: Vec<SavedRun> = records
@@ -447,7 +449,30 @@ impl Runner {
             })
             .collect();
         let text = serde_json::to_vec(&saved)?;
-        self.state_dir()?.write_atomically(STATE_FILE, &text)
+        let dir = self.state_dir()?;
+        let file = match saving.as_mut() {
+            Some(file) => file,
+            None => saving.insert(StateFile::open(dir, STATE_FILE)?.0),
+        };
+        file.save(dir, &text)
+    }
+
+    /// Opens the state file and returns what it holds (None: nothing, or unreadable).
+    fn load(&self) -> Option<Vec<u8>> {
+        let mut saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let opened = self
+            .state_dir()
+            .and_then(|dir| StateFile::open(dir, STATE_FILE));
+        match opened {
+            Ok((file, saved)) => {
+                *saving = Some(file);
+                saved
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "opening the agent state file");
+                None
+            }
+        }
     }
 }
 
@@ -599,14 +624,14 @@ mod tests {
                 });
             }
         });
-        let text = std::fs::read_to_string(dir.path().join("state.json")).unwrap();
-        let saved: Vec<SavedRun> = serde_json::from_str(&text).unwrap();
+        let state = RootDir::open(dir.path(), STATE_DIR_MODE).unwrap();
+        let text = StateFile::open(&state, STATE_FILE).unwrap().1.unwrap();
+        let saved: Vec<SavedRun> = serde_json::from_slice(&text).unwrap();
         assert_eq!(
             saved.len() as u64,
             threads * each,
             "the file went back to an older state"
         );
-        assert!(!dir.path().join("state.tmp").exists());
         drop(rt);
     }
 }

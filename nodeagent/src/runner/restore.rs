@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::launch::ENVIRON;
-use super::{Held, JOBS, JOBS_MODE, Mode, RUNS, RUNS_MODE, RunId, Runner, STATE_FILE, SavedRun};
+use super::{Held, JOBS, JOBS_MODE, Mode, RUNS, RUNS_MODE, RunId, Runner, SavedRun};
 use crate::lifecycle::{Input, Outcome};
 
 /// How long a finished run's record stays in `runs/` (fault drills read them minutes after).
@@ -22,14 +22,7 @@ impl Runner {
     pub fn restore(&self) -> (BTreeSet<String>, BTreeSet<PathBuf>) {
         let mut keep_cgroups = BTreeSet::new();
         let mut keep_scratch = BTreeSet::new();
-        let text = match self.state_dir() {
-            Ok(dir) => dir.read_text(STATE_FILE),
-            Err(e) => {
-                tracing::error!(error = %e, "the state directory");
-                None
-            }
-        };
-        let saved: Vec<SavedRun> = match text.map(|t| serde_json::from_str(&t)) {
+        let saved: Vec<SavedRun> = match self.load().map(|t| serde_json::from_slice(&t)) {
             None => Vec::new(),
             Some(Ok(s)) => s,
             Some(Err(e)) => {
