@@ -10,7 +10,11 @@
 //! The monitor outlives an agent restart (like Slurm's slurmstepd), so a restarted agent
 //! re-adopts the run and still learns its exit status.
 //!
-//! `docket-nodeagent exec-as-user` is the only process that crosses from root to the user.
+//! The job's first process is the monitor's fork, which does `exec-as-user`'s work below
+//! without starting this binary again (a batch job's launch costs one program start fewer);
+//! `docket-nodeagent exec-as-user` itself starts a step's tasks.
+//!
+//! `exec-as-user` is the only code that crosses from root to the user.
 //! While still root it joins the job's cgroups (so nothing the job forks can escape them),
 //! reads the job's environment from the run's private directory, and sets the address-space
 //! limit. Then it becomes the user for good — supplementary groups, group, user, checked
@@ -19,7 +23,8 @@
 //! output files as the user with `O_NOFOLLOW` (a symlink planted at `slurm-%j.out`, or
 //! `-o /etc/passwd`, opens nothing the user could not open anyway), and executes the batch
 //! script with the job's environment. A failure before that exec is sent to the monitor on a
-//! close-on-exec pipe and reported as a launch failure with its reason. Safe Rust only.
+//! close-on-exec pipe and reported as a launch failure with its reason. Safe Rust but for the
+//! monitor's `fork` and its child's exit (see [`start_job`]).
 
 use std::ffi::CString;
 use std::io::{Read, Write};
@@ -130,7 +135,7 @@ pub struct RecordedEnd {
     pub launch_error: Option<String>,
 }
 
-/// The monitor: runs `exec-as-user` as the job and records its end in `run_dir`.
+/// The monitor: starts the job as its user and records its end in `run_dir`.
 pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
     let dir = RootDir::open(run_dir, RUN_DIR_MODE).context("the run's directory")?;
     let lock = dir
@@ -143,49 +148,121 @@ pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
     if dir.exists(ABANDONED) {
         bail!("the agent gave this run up before its monitor started; not starting the job");
     }
-    // exec-as-user's stdout and stderr until it execs the job: whatever it writes there is
+    // The child's stdout and stderr until it execs the job: whatever it writes there is
     // why it could not; at the exec the pipe closes with nothing written.
-    // Close-on-exec: only the copies made for exec-as-user's stdout and stderr cross the
-    // exec, and exec-as-user replaces both before the job's exec (a job holding this pipe
-    // could write its own "launch failure" over its real end).
+    // Close-on-exec: only the child's stdout and stderr are copies without the flag, and
+    // the child replaces both with the job's outputs before the job's exec (a job holding
+    // this pipe could write its own "launch failure" over its real end).
     let (status_read, status_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a status pipe")?;
-    let me = std::env::current_exe().context("locating this binary")?;
-    let mut cmd = std::process::Command::new(me);
-    cmd.arg("exec-as-user")
-        .args(args.to_args())
-        .env_clear()
-        .env("PATH", ROOT_PATH)
-        .current_dir("/")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::from(
-            status_write.try_clone().context("a status pipe")?,
-        ))
-        .stderr(std::process::Stdio::from(status_write))
-        .process_group(0);
-    let spawned = cmd.spawn();
-    // Our copies of the pipe's write end go with the command.
-    drop(cmd);
-    let mut child = spawned.context("starting the job")?;
-    dir.write_atomically(PGID, child.id().to_string().as_bytes())
+    let child = start_job(args, status_write)?;
+    dir.write_atomically(PGID, child.to_string().as_bytes())
         .context("recording the job's process group")?;
     let mut why = Vec::new();
     let _ = std::fs::File::from(status_read)
         .take(64 << 10)
         .read_to_end(&mut why);
-    let status = child.wait().context("waiting for the job")?;
+    let (code, signal) = wait_for(child)?;
     let why = String::from_utf8_lossy(&why).trim().to_owned();
-    // exec-as-user exits 127 when it could not start the job; anything else is the job's.
-    let failed_to_start = status.code() == Some(LAUNCH_FAILED) && !why.is_empty();
+    // The child exits 127 when it could not start the job; anything else is the job's.
+    let failed_to_start = signal == 0 && code == LAUNCH_FAILED && !why.is_empty();
     let end = RecordedEnd {
-        code: status.code().unwrap_or(0),
-        signal: status.signal().unwrap_or(0),
+        code,
+        signal,
         launch_error: failed_to_start.then_some(why),
     };
     let text = serde_json::to_vec(&end).context("encoding the job's end")?;
     dir.write_atomically(EXIT, &text)
         .context("recording the job's exit")?;
     Ok(())
+}
+
+/// Forks the job's first process, which becomes the job as `exec-as-user` would
+/// ([`exec_as_user`]) in a process group of its own, with `status` as its standard output
+/// and error until the job's exec; returns its pid.
+///
+/// A fork, not an exec of this binary's `exec-as-user`: each start of a program pays the
+/// dynamic loader, whose CPUID probing traps to the hypervisor in a virtual machine, and
+/// that was a fifth of all the cpu a host running many short jobs spent. The monitor may
+/// fork and go on running ordinary code in the child because it is single-threaded (checked
+/// here): no other thread can hold a lock the child would wait on for ever.
+fn start_job(args: &ShimArgs, status: std::os::fd::OwnedFd) -> Result<nix::unistd::Pid> {
+    let threads = std::fs::read_dir("/proc/self/task")
+        .context("counting the monitor's threads")?
+        .count();
+    if threads != 1 {
+        bail!("the monitor runs {threads} threads; it forks the job only when it runs one");
+    }
+    let null = std::fs::File::open("/dev/null").context("opening /dev/null")?;
+    // SAFETY: this process is single-threaded (checked above), so the child is a complete
+    // copy of it and may run any code; it ends in an exec or in `_exit`, never returning
+    // here (a panic is caught: unwinding would run the monitor's destructors in the child,
+    // and its lock's would release the lock it shares with the monitor).
+    match unsafe { nix::unistd::fork() }.context("starting the job")? {
+        nix::unistd::ForkResult::Child => {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                become_child(args, &null, &status)
+            }));
+            // SAFETY: ends this process at once: no atexit handler, no flush into files the
+            // job may have opened.
+            unsafe { libc::_exit(LAUNCH_FAILED) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            // Also here, so the group exists before it is recorded whichever runs first
+            // (EACCES: the child already set it and exec'd).
+            match nix::unistd::setpgid(child, child) {
+                Ok(()) | Err(nix::errno::Errno::EACCES) => Ok(child),
+                Err(e) => {
+                    // No job may run unmonitored.
+                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+                    let _ = wait_for(child);
+                    Err(e).context("the job's process group")
+                }
+            }
+        }
+    }
+}
+
+/// The forked child: its own process group, `/dev/null` in, the status pipe out, nothing
+/// else of the monitor's open, then the job. Returns only when it could not start the job,
+/// having said why on the pipe.
+fn become_child(args: &ShimArgs, null: &std::fs::File, status: &std::os::fd::OwnedFd) {
+    let pid = nix::unistd::Pid::from_raw(0);
+    let ready = nix::unistd::setpgid(pid, pid)
+        .context("a process group")
+        .and_then(|()| nix::unistd::dup2_stdin(null).context("stdin"))
+        .and_then(|()| nix::unistd::dup2_stdout(status).context("stdout"))
+        .and_then(|()| nix::unistd::dup2_stderr(status).context("stderr"))
+        .and_then(|()| std::env::set_current_dir("/").context("entering /"));
+    if let Err(e) = ready {
+        let _ = std::io::stderr().write_all(format!("{e:#}").as_bytes());
+        return;
+    }
+    // The monitor's lock, its run directory and the pipe's read end are close-on-exec, but
+    // the child runs as the user before its exec, for as long as a slow output path holds
+    // it: close them now, so a monitor that dies meanwhile is not taken for a live one.
+    // SAFETY: closes descriptors nothing here uses again: `null` and `status` were copied
+    // onto 0, 1 and 2, and their owners are never dropped in this child (it ends in `_exit`).
+    unsafe { libc::close_range(3, libc::c_uint::MAX, 0) };
+    let _ = exec_as_user(args);
+}
+
+/// Waits for the job's first process: its exit code (0 when a signal killed it) and the
+/// signal that killed it (0 if none), any signal (nix's `waitpid` refuses to decode the
+/// real-time ones, which a job could use to make its end look like a lost node).
+fn wait_for(child: nix::unistd::Pid) -> Result<(i32, i32)> {
+    loop {
+        let mut raw = 0;
+        // SAFETY: waits for our own child, writing its status into a local.
+        if unsafe { libc::waitpid(child.as_raw(), &mut raw, 0) } == child.as_raw() {
+            let status = std::process::ExitStatus::from_raw(raw);
+            return Ok((status.code().unwrap_or(0), status.signal().unwrap_or(0)));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("waiting for the job");
+        }
+    }
 }
 
 /// Reads what the monitor recorded.
@@ -247,7 +324,9 @@ pub fn exec_as_user(args: &ShimArgs) -> anyhow::Error {
         let _ = std::fs::File::from(status).write_all(message.as_bytes());
     }
     if outputs_open {
-        eprintln!(
+        // Never a panic (eprintln!'s) when the user's stderr refuses the write.
+        let _ = writeln!(
+            std::io::stderr(),
             "docket: {} could not start: {message}",
             if args.inherit_stdio {
                 "the task"
@@ -313,7 +392,7 @@ fn become_job(args: &ShimArgs, outputs_open: &mut bool) -> Result<std::convert::
         drop((stdout, stderr));
     }
     if let Some(w) = warning {
-        eprintln!("docket: {w}");
+        let _ = writeln!(std::io::stderr(), "docket: {w}");
     }
     let Some((program, rest)) = args.command.split_first() else {
         bail!("no command");
@@ -425,6 +504,25 @@ pub fn encode_environment<'a>(vars: impl IntoIterator<Item = (&'a String, &'a St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_end_by_any_signal_is_recorded_with_it() {
+        // A job can end itself with a real-time signal; that must not read as a lost node.
+        for (script, expected) in [
+            ("kill -34 $$", (0, 34)),
+            ("kill -9 $$", (0, 9)),
+            ("exit 7", (7, 0)),
+        ] {
+            // Reaped by `wait_for`, the function under test, not by `Child::wait`.
+            #[allow(clippy::zombie_processes)]
+            let child = std::process::Command::new("/bin/sh")
+                .args(["-c", script])
+                .spawn()
+                .unwrap();
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            assert_eq!(wait_for(pid).unwrap(), expected, "{script}");
+        }
+    }
 
     fn args() -> ShimArgs {
         ShimArgs {
