@@ -176,6 +176,23 @@ impl State {
         s
     }
 
+    /// What placing newly submitted jobs needs of what is running. Where jobs are placed
+    /// one by one ([`State::placed_job_by_job`]) and no QOS has group limits, that is
+    /// nothing: no cap or limit reads the sums, and the one count left, an array's running
+    /// tasks (its throttle), is zero for an array just submitted. So a submission costs
+    /// nothing per running job (a walk over thousands of them, for every one-job
+    /// submission, showed in `perf` of the controller benchmark).
+    pub(crate) fn summary_for_new_jobs(&self, now: TimeMs) -> RunningSummary {
+        if self.placed_job_by_job() && !self.account_rules.qos_group {
+            RunningSummary {
+                rules: self.account_rules,
+                ..RunningSummary::default()
+            }
+        } else {
+            self.running_summary(now)
+        }
+    }
+
     /// Re-places every pending job (after configuration changes and on every tick).
     pub(crate) fn refresh_all_pending(&mut self, now: TimeMs) {
         self.account_rules = AccountRules::of(self);

@@ -147,7 +147,7 @@ impl State {
             }
         }
         if !grouped.is_empty() {
-            let running = self.running_summary(now);
+            let running = self.summary_for_new_jobs(now);
             let (users, ids) = grouped.into_groups();
             for (user, range) in users {
                 self.place_new(user, &ids[range], &running, now);
