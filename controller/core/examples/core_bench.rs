@@ -66,10 +66,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args = support::numeric_args();
     let users = args.first().copied().unwrap_or(10_000) as usize;
     let jobs = args.get(1).copied().unwrap_or(100_000) as usize;
     let batch = 10_000usize;

@@ -30,10 +30,7 @@ use support::{Bench, name};
 const SCRIPT: &[u8] = b"#!/bin/sh\ntrue\n";
 
 fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args = support::numeric_args();
     let nodes = args.first().copied().unwrap_or(200) as usize;
     let jobs = args.get(1).copied().unwrap_or(10_000) as usize;
     let users = args.get(2).copied().unwrap_or(1).max(1) as usize;

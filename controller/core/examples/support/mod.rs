@@ -106,6 +106,14 @@ pub fn time_runs<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, f64, T) {
     (ms[ms.len() / 2], ms[ms.len() - 1], last)
 }
 
+/// The command line's numeric arguments, in order (the others are left to the caller).
+pub fn numeric_args() -> Vec<u64> {
+    std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
 pub fn name<T: std::str::FromStr>(s: &str) -> T
 where
     T::Err: std::fmt::Debug,
