@@ -10,6 +10,12 @@
 //! the cluster key, as `docket-authd` would. One user submits everything, so its per-user
 //! caps are lifted: the site sets `MaxSubmitJobsPerUser = 0` and the replicas run with
 //! `--user-rpc-rate 0`.
+//!
+//! What the leader's scheduling passes did during each storm is read from its `/status`
+//! before and after: passes run, their mean duration, how many stopped early and why (time,
+//! `rpc pressure`), backfill cycles that started over, jobs started. With
+//! `--max-rpc-cnt 0,32` the whole benchmark runs once per value on a fresh cluster, so the
+//! passes' yielding under RPC pressure is seen side by side with it off (`0`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,7 +27,8 @@ use docket_proto::v1 as pb;
 use docket_proto::v1::jobs_client::JobsClient;
 use tonic::transport::Channel;
 
-/// The site the benchmark runs: 200 nodes of 64 cpus in one partition, loops every second.
+/// The site the benchmark runs: 200 nodes of 64 cpus in one partition, loops every second;
+/// `{params}` is replaced by the scheduler parameters a run adds.
 const SITE: &str = r#"
 ClusterName = "bench"
 MaxSubmitJobsPerUser = 0
@@ -31,6 +38,7 @@ sched_interval = 1
 bf_interval = 1
 max_sched_time = 1
 bf_max_time = 1
+{params}
 
 [[nodes]]
 NodeName = "b[001-200]"
@@ -110,6 +118,9 @@ fn spec(i: u64) -> pb::JobSpec {
         nodes: 1,
         ntasks: 1,
         cpus_per_task: 1,
+        // A job that names no memory gets the whole node's, as in Slurm without
+        // DefMemPerCPU: 1 GiB a cpu lets 64 share a node.
+        memory: Some(pb::job_spec::Memory::MemPerCpuMib(1024)),
         time_limit_seconds: Some(3600),
         script: b"#!/bin/sh\nsleep 3600\n".to_vec(),
         work_dir: "/tmp".into(),
@@ -140,6 +151,29 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Concurrent submitting clients, one storm each.
+    pub clients: Vec<usize>,
+    pub seconds: u64,
+    pub json: bool,
+    /// `max_rpc_cnt` values: the benchmark runs once per value, each on a fresh cluster.
+    pub max_rpc_cnt: Vec<u32>,
+    /// Backfill's `bf_continue`.
+    pub bf_continue: bool,
+}
+
+/// What one kind of pass did during a storm (the difference of the leader's `/status`).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct PassFigures {
+    pub runs: u64,
+    pub mean_ms: f64,
+    pub jobs_started: u64,
+    /// Passes that stopped before the end of their order, by why.
+    pub stopped_early: BTreeMap<String, u64>,
+}
+
 /// One measured storm.
 #[derive(Debug, serde::Serialize)]
 pub struct Run {
@@ -152,13 +186,57 @@ pub struct Run {
     pub list_p50_ms: f64,
     pub list_p99_ms: f64,
     pub queue_at_end: u64,
+    pub max_rpc_cnt: u32,
+    /// The leader's passes during the storm, by kind (`direct`, `main`, `backfill`).
+    pub passes: BTreeMap<String, PassFigures>,
+    /// Backfill cycles that ended after a yield because the state changed.
+    pub backfill_started_over: u64,
+    /// Jobs running at the end, and the reasons of the first 1,000 pending (with counts).
+    pub running_at_end: u64,
+    pub pending_reasons: BTreeMap<String, u64>,
 }
 
-/// Runs the benchmark with the `docket-controller` binary at `exe`.
-pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Result<()> {
+/// Runs the benchmark with the `docket-controller` binary at `exe`: once per `max_rpc_cnt`
+/// value, each on a cluster of its own.
+pub async fn run(exe: &Path, options: &BenchOptions) -> Result<()> {
+    let mut runs = Vec::new();
+    let values = if options.max_rpc_cnt.is_empty() {
+        vec![0]
+    } else {
+        options.max_rpc_cnt.clone()
+    };
+    for max_rpc_cnt in values {
+        if !options.json {
+            println!(
+                "max_rpc_cnt {max_rpc_cnt}, bf_continue {}:",
+                options.bf_continue
+            );
+        }
+        runs.extend(run_cluster(exe, options, max_rpc_cnt).await?);
+    }
+    if options.json {
+        println!(
+            "{}",
+            serde_json::json!({ "replicas": 3, "fsync": true, "runs": runs })
+        );
+    }
+    Ok(())
+}
+
+/// The scheduler parameters a run adds to [`SITE`].
+fn site(max_rpc_cnt: u32, bf_continue: bool) -> String {
+    SITE.replace(
+        "{params}",
+        &format!("max_rpc_cnt = {max_rpc_cnt}\nbf_continue = {bf_continue}"),
+    )
+}
+
+/// One cluster, one storm per client count.
+async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Result<Vec<Run>> {
+    let (clients, seconds, json) = (&options.clients, options.seconds, options.json);
     let dir = tempfile::Builder::new().prefix("docket-bench").tempdir()?;
-    let site = dir.path().join("site.toml");
-    std::fs::write(&site, SITE)?;
+    let site_file = dir.path().join("site.toml");
+    std::fs::write(&site_file, site(max_rpc_cnt, options.bf_continue))?;
     let secrets = docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "bench")?;
     for id in 1..=3 {
         secrets.issue(
@@ -173,6 +251,9 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         uid: docket_auth::local::uid_for(BENCH_USER),
     };
     let addrs: BTreeMap<u64, String> = (1..=3)
+        .map(|id| free_addr().map(|a| (id, a)))
+        .collect::<Result<_>>()?;
+    let http: BTreeMap<u64, String> = (1..=3)
         .map(|id| free_addr().map(|a| (id, a)))
         .collect::<Result<_>>()?;
     let bootstrap = addrs
@@ -197,7 +278,8 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         .arg("--data-dir")
         .arg(dir.path().join(format!("r{id}")))
         .arg("--config")
-        .arg(&site)
+        .arg(&site_file)
+        .args(["--http-listen", &http[id]])
         .args(["--user-rpc-rate", "0"])
         .args(secrets.controller_flags(*id))
         .stdout(Stdio::null())
@@ -236,6 +318,11 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         }
     }
     let leader = leader.context("no replica names a leader")?;
+    let leader_http = addrs
+        .iter()
+        .find(|(_, a)| **a == leader)
+        .map(|(id, _)| http[id].clone())
+        .context("the leader is not one of the replicas started")?;
     let follower = addrs
         .values()
         .find(|a| **a != leader)
@@ -244,6 +331,7 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
     let mut runs = Vec::new();
     let mut next_id = 1u64;
     for &n in clients {
+        let loops_before = loop_stats(&leader_http).await?;
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
         for c in 0..n {
@@ -293,6 +381,8 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
         }
         let elapsed = began.elapsed();
         let mut listings = lister.await?;
+        let loops_after = loop_stats(&leader_http).await?;
+        let queue = queue_summary(&access, &leader).await?;
         latencies.sort_unstable();
         listings.sort_unstable();
         let run = Run {
@@ -306,6 +396,12 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
             list_p99_ms: percentile(&listings, 0.99),
             queue_at_end: runs.iter().map(|r: &Run| r.submissions).sum::<u64>()
                 + latencies.len() as u64,
+            max_rpc_cnt,
+            passes: pass_figures(&loops_before, &loops_after),
+            backfill_started_over: counter(&loops_after, &["backfill_state_changed"])
+                .saturating_sub(counter(&loops_before, &["backfill_state_changed"])),
+            running_at_end: queue.0,
+            pending_reasons: queue.1,
         };
         if !json {
             println!(
@@ -318,14 +414,159 @@ pub async fn run(exe: &Path, clients: &[usize], seconds: u64, json: bool) -> Res
                 run.list_p50_ms,
                 run.list_p99_ms
             );
+            println!("             {}", run.passes_line());
+            let reasons: Vec<String> = run
+                .pending_reasons
+                .iter()
+                .map(|(r, n)| format!("{n} {r}"))
+                .collect();
+            println!(
+                "             at the end: {} running; the first 1,000 pending: {}",
+                run.running_at_end,
+                reasons.join(", ")
+            );
         }
         runs.push(run);
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({ "replicas": 3, "fsync": true, "runs": runs })
+    Ok(runs)
+}
+
+impl Run {
+    /// The leader's passes during the storm, one line.
+    fn passes_line(&self) -> String {
+        let mut parts: Vec<String> = self
+            .passes
+            .iter()
+            .map(|(kind, p)| {
+                let early = p
+                    .stopped_early
+                    .iter()
+                    .map(|(why, n)| format!("{n} by {why}"))
+                    .collect::<Vec<_>>();
+                format!(
+                    "{kind} {} x {:.1} ms, {} started{}",
+                    p.runs,
+                    p.mean_ms,
+                    p.jobs_started,
+                    if early.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", stopped {}", early.join(", "))
+                    }
+                )
+            })
+            .collect();
+        if self.backfill_started_over > 0 {
+            parts.push(format!(
+                "{} backfill cycles started over",
+                self.backfill_started_over
+            ));
+        }
+        format!("passes: {}", parts.join("; "))
+    }
+}
+
+/// Jobs running now, and the reasons of the first 1,000 pending jobs with their counts.
+async fn queue_summary(access: &Access, addr: &str) -> Result<(u64, BTreeMap<String, u64>)> {
+    let mut c = access.client(addr)?;
+    let mut running = 0;
+    let mut token = String::new();
+    loop {
+        let req = access.request(pb::ListJobsRequest {
+            states: vec!["RUNNING".into()],
+            page_size: 10_000,
+            page_token: token,
+            ..Default::default()
+        })?;
+        let page = c.list_jobs(req).await?.into_inner();
+        running += page.jobs.len() as u64;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let req = access.request(pb::ListJobsRequest {
+        states: vec!["PENDING".into()],
+        page_size: 1_000,
+        ..Default::default()
+    })?;
+    let mut reasons = BTreeMap::new();
+    for j in c.list_jobs(req).await?.into_inner().jobs {
+        *reasons.entry(j.reason).or_default() += 1;
+    }
+    Ok((running, reasons))
+}
+
+/// The `loops` object of a replica's `/status` (its HTTP endpoint at `addr`).
+async fn loop_stats(addr: &str) -> Result<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"GET /status HTTP/1.0\r\nHost: bench\r\n\r\n")
+            .await?;
+        let mut out = Vec::new();
+        s.take(64 << 20).read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    };
+    let out = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .with_context(|| format!("{addr}/status did not answer within 10 s"))?
+        .with_context(|| format!("GET {addr}/status"))?;
+    let text = String::from_utf8_lossy(&out);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .with_context(|| format!("{addr}/status: no HTTP body"))?;
+    let status: serde_json::Value =
+        serde_json::from_str(body).with_context(|| format!("{addr}/status is not JSON"))?;
+    Ok(status["loops"].clone())
+}
+
+/// The number at `path` in a `/status` loops object (0 if absent).
+fn counter(v: &serde_json::Value, path: &[&str]) -> u64 {
+    path.iter().fold(v, |v, k| &v[*k]).as_u64().unwrap_or(0)
+}
+
+/// What each kind of pass did between two `/status` loops objects.
+fn pass_figures(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+) -> BTreeMap<String, PassFigures> {
+    let mut out = BTreeMap::new();
+    for kind in ["direct", "main", "backfill"] {
+        let delta = |k: &str| {
+            counter(after, &["passes", kind, k])
+                .saturating_sub(counter(before, &["passes", kind, k]))
+        };
+        let runs = delta("runs");
+        let stopped_early = after["passes"][kind]["stopped_early"]
+            .as_object()
+            .map(|m| {
+                m.keys()
+                    .map(|why| {
+                        let n =
+                            counter(after, &["passes", kind, "stopped_early", why]).saturating_sub(
+                                counter(before, &["passes", kind, "stopped_early", why]),
+                            );
+                        (why.clone(), n)
+                    })
+                    .filter(|(_, n)| *n > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.insert(
+            kind.to_owned(),
+            PassFigures {
+                runs,
+                mean_ms: if runs > 0 {
+                    delta("total_us") as f64 / runs as f64 / 1000.0
+                } else {
+                    0.0
+                },
+                jobs_started: delta("jobs_started"),
+                stopped_early,
+            },
         );
     }
-    Ok(())
+    out
 }

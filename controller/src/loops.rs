@@ -6,14 +6,16 @@
 //!   a release: [`docket_core::Command::may_let_jobs_start`]), woken by the state machine,
 //! - the **main pass** every `sched_interval`, for at most `max_sched_time`,
 //! - the **backfill pass** every `bf_interval`, for at most `bf_max_time` in all, giving the
-//!   state back every `bf_yield_interval` for `bf_yield_sleep`,
+//!   state back every `bf_yield_interval` for `bf_yield_sleep` (longer while RPCs press) and,
+//!   unless `bf_continue` is set, starting over when the state changed meanwhile,
 //! - a **tick** (time passes: begin times, purges) every `sched_interval`.
 //!
 //! A pass reads the state under its read lock and plans; the plan's decisions are proposed as
 //! commands and re-validated when they apply (a stale decision is refused, not harmful).
 //! Every pass polls a [`LoopBudget`], which ends it when its time is spent, when more RPCs
-//! than `max_rpc_cnt` are in flight, or at once when leadership is lost; a pass that stopped
-//! early resumes from its continuation next time. Loop parameters are read from the
+//! than `max_rpc_cnt` are in flight (the main and backfill passes, which resume), or at once
+//! when leadership is lost; a pass that stopped early resumes from its continuation next
+//! time. Loop parameters are read from the
 //! replicated configuration at every iteration, so a config change takes effect without a
 //! restart.
 
@@ -32,6 +34,11 @@ use tokio::sync::Notify;
 use crate::machine::CoreMachine;
 use crate::stats::{LoopStats, PassKind};
 
+/// How long a pass plans, from its first look at a job, before RPC pressure may stop it: a
+/// pass resumed under a storm that never ends still considers a few hundred jobs each time,
+/// so jobs keep starting, while an RPC waits at most about this long for the cpu.
+pub const RPC_YIELD_QUANTUM: Duration = Duration::from_millis(1);
+
 /// What ends a pass early.
 #[derive(Debug)]
 pub struct LoopBudget {
@@ -39,15 +46,30 @@ pub struct LoopBudget {
     leading: Arc<AtomicBool>,
     inflight: Arc<AtomicUsize>,
     max_rpc_cnt: usize,
+    /// RPC pressure counts from this instant on (set at the first poll).
+    pressure_from: Option<Instant>,
     /// Why it ended, for diagnostics.
     pub stopped_by: Option<&'static str>,
+}
+
+impl LoopBudget {
+    /// Whether more than `max_rpc_cnt` RPCs are in flight, once the pass has had its quantum.
+    fn pressed(&mut self) -> bool {
+        if self.max_rpc_cnt == 0 {
+            return false;
+        }
+        let from = *self
+            .pressure_from
+            .get_or_insert_with(|| Instant::now() + RPC_YIELD_QUANTUM);
+        self.inflight.load(Ordering::Relaxed) > self.max_rpc_cnt && Instant::now() >= from
+    }
 }
 
 impl Budget for LoopBudget {
     fn exhausted(&mut self) -> bool {
         let why = if !self.leading.load(Ordering::Relaxed) {
             Some("leadership lost")
-        } else if self.max_rpc_cnt > 0 && self.inflight.load(Ordering::Relaxed) > self.max_rpc_cnt {
+        } else if self.pressed() {
             Some("rpc pressure")
         } else if Instant::now() >= self.deadline {
             Some("time")
@@ -137,9 +159,10 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
     let mut next_main = Instant::now();
     let mut next_backfill = Instant::now();
     while leading.load(Ordering::SeqCst) {
-        let loops = ctx
-            .replica
-            .read_stale(|a| a.machine.state.config.sched.loops.clone());
+        let (loops, bf_continue) = ctx.replica.read_stale(|a| {
+            let sched = &a.machine.state.config.sched;
+            (sched.loops.clone(), sched.bf_continue)
+        });
         let now = Instant::now();
         if now >= next_main {
             propose(ctx, Command::Tick).await;
@@ -155,7 +178,7 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
             next_main = Instant::now() + Duration::from_secs(loops.sched_interval.0.max(1));
         }
         if Instant::now() >= next_backfill {
-            backfill(ctx, leading, &loops).await;
+            backfill(ctx, leading, &loops, bf_continue).await;
             next_backfill = Instant::now() + Duration::from_secs(loops.bf_interval.0.max(1));
         }
         let wake = next_main.min(next_backfill);
@@ -176,15 +199,22 @@ async fn wait_not_leading(leading: &AtomicBool) {
 
 /// One backfill cycle: passes of at most `bf_yield_interval`, `bf_yield_sleep` apart, until
 /// the order is done or `bf_max_time` is spent.
+///
+/// Between two passes the cycle yields as Slurm's backfill does (`_yield_locks`): it sleeps
+/// `bf_yield_sleep`, and again while more than `max_rpc_cnt` RPCs are in flight, serving
+/// direct passes meanwhile. Then, unless `bf_continue` is set, a cycle during whose yield the
+/// state changed (any command applied) ends there, and the next cycle starts over from the
+/// top of the order at the next `bf_interval`; with `bf_continue` it resumes with the next
+/// job of its order, skipping the jobs that started, ended or were held meanwhile.
 async fn backfill(
     ctx: &LoopContext,
     leading: &Arc<AtomicBool>,
     loops: &docket_core::config::LoopParams,
+    bf_continue: bool,
 ) {
     let started = Instant::now();
     let total = Duration::from_secs(loops.bf_max_time.0.max(1));
     let slice = Duration::from_micros(loops.bf_yield_interval_us.max(1_000));
-    let sleep = Duration::from_micros(loops.bf_yield_sleep_us);
     let mut resume = None;
     loop {
         let left = total.saturating_sub(started.elapsed());
@@ -200,10 +230,70 @@ async fn backfill(
         if resume.is_none() || started.elapsed() >= total || !leading.load(Ordering::SeqCst) {
             return;
         }
-        // Yielded: new submissions still get their direct pass meanwhile.
-        tokio::select! {
-            _ = tokio::time::sleep(sleep) => {}
-            _ = ctx.schedule.notified() => direct(ctx, leading, loops).await,
+        let before = applied_index(ctx);
+        yield_between_passes(ctx, leading, loops, started + total).await;
+        match after_yield(bf_continue, before, applied_index(ctx)) {
+            AfterYield::Resume => {}
+            AfterYield::StartOver => {
+                ctx.stats
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .backfill_state_changed();
+                return;
+            }
+        }
+    }
+}
+
+/// What a backfill cycle does after a yield.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterYield {
+    /// Go on with the next job of the cycle's order.
+    Resume,
+    /// End the cycle; the next starts over from the top of the order (Slurm without
+    /// `bf_continue`: "system state changed, breaking out").
+    StartOver,
+}
+
+/// `bf_continue` resumes whatever happened during the yield; without it, a cycle resumes
+/// only if nothing was applied meanwhile (`before` and `after` are the applied log indexes).
+fn after_yield(bf_continue: bool, before: u64, after: u64) -> AfterYield {
+    if bf_continue || before == after {
+        AfterYield::Resume
+    } else {
+        AfterYield::StartOver
+    }
+}
+
+fn applied_index(ctx: &LoopContext) -> u64 {
+    ctx.replica.read_stale(|a| a.machine.state.applied.index)
+}
+
+/// Backfill's yield: `bf_yield_sleep`, then further sleeps of that length while more than
+/// `max_rpc_cnt` RPCs are in flight ("continuing to yield locks, N RPCs pending"), never
+/// past `until` nor past the loss of leadership. Submissions get their direct pass meanwhile.
+async fn yield_between_passes(
+    ctx: &LoopContext,
+    leading: &Arc<AtomicBool>,
+    loops: &docket_core::config::LoopParams,
+    until: Instant,
+) {
+    let sleep = Duration::from_micros(loops.bf_yield_sleep_us);
+    loop {
+        let wake = (Instant::now() + sleep).min(until);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => break,
+                _ = ctx.schedule.notified() => direct(ctx, leading, loops).await,
+            }
+            if Instant::now() >= wake {
+                break;
+            }
+        }
+        let pressed = loops.max_rpc_cnt > 0
+            && ctx.inflight.load(Ordering::Relaxed) > loops.max_rpc_cnt as usize;
+        if !pressed || Instant::now() >= until || !leading.load(Ordering::SeqCst) {
+            return;
         }
     }
 }
@@ -268,7 +358,15 @@ fn plan_now(
             deadline: Instant::now() + time,
             leading: leading.clone(),
             inflight: ctx.inflight.clone(),
-            max_rpc_cnt: state.config.sched.loops.max_rpc_cnt as usize,
+            // The direct pass is already bounded (`default_queue_depth`, paced to a ninth of
+            // the leader's time) and has no continuation: stopped by RPC pressure, it would
+            // throw away the order it had just computed. The passes that resume yield.
+            max_rpc_cnt: if kind == PassKind::Direct {
+                0
+            } else {
+                state.config.sched.loops.max_rpc_cnt as usize
+            },
+            pressure_from: None,
             stopped_by: None,
         };
         let now = TimeMs(wall_clock_ms().max(state.applied.now.0));
@@ -366,6 +464,7 @@ mod tests {
             leading: Arc::new(AtomicBool::new(leading)),
             inflight: Arc::new(AtomicUsize::new(inflight)),
             max_rpc_cnt,
+            pressure_from: None,
             stopped_by: None,
         }
     }
@@ -375,6 +474,9 @@ mod tests {
         let mut b = budget(3, 5, true, Duration::from_secs(60));
         assert!(!b.exhausted());
         b.inflight.store(6, Ordering::Relaxed);
+        // Not before the pass has had its quantum.
+        assert!(!b.exhausted());
+        std::thread::sleep(RPC_YIELD_QUANTUM);
         assert!(b.exhausted());
         assert_eq!(b.stopped_by, Some("rpc pressure"));
         // max_rpc_cnt 0: never yields for RPCs.
@@ -386,5 +488,13 @@ mod tests {
         let mut b = budget(0, 0, true, Duration::ZERO);
         assert!(b.exhausted());
         assert_eq!(b.stopped_by, Some("time"));
+    }
+
+    #[test]
+    fn without_bf_continue_a_cycle_whose_state_changed_during_its_yield_starts_over() {
+        assert_eq!(after_yield(false, 10, 10), AfterYield::Resume);
+        assert_eq!(after_yield(false, 10, 11), AfterYield::StartOver);
+        assert_eq!(after_yield(true, 10, 11), AfterYield::Resume);
+        assert_eq!(after_yield(true, 10, 10), AfterYield::Resume);
     }
 }

@@ -67,6 +67,18 @@ enum Cmd {
         /// Print one JSON object instead of a table.
         #[arg(long, env = "DOCKET_BENCH_JSON")]
         json: bool,
+        /// The site's `max_rpc_cnt`, comma-separated: the benchmark runs once per value, each
+        /// on a fresh cluster (0: the passes never yield to RPCs).
+        #[arg(
+            long,
+            env = "DOCKET_BENCH_MAX_RPC_CNT",
+            default_value = "0",
+            value_delimiter = ','
+        )]
+        max_rpc_cnt: Vec<u32>,
+        /// The site's `bf_continue`.
+        #[arg(long, env = "DOCKET_BENCH_BF_CONTINUE")]
+        bf_continue: bool,
     },
 }
 
@@ -254,7 +266,15 @@ fn main() -> std::process::ExitCode {
             clients,
             seconds,
             json,
-        } => match bench(&clients, seconds, json) {
+            max_rpc_cnt,
+            bf_continue,
+        } => match bench(&docket_controller::bench::BenchOptions {
+            clients,
+            seconds,
+            json,
+            max_rpc_cnt,
+            bf_continue,
+        }) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("docket-controller bench: {e:#}");
@@ -343,13 +363,13 @@ fn certs(c: Certs) -> Result<()> {
     Ok(())
 }
 
-fn bench(clients: &[usize], seconds: u64, json: bool) -> Result<()> {
+fn bench(options: &docket_controller::bench::BenchOptions) -> Result<()> {
     let exe = std::env::current_exe().context("locating this binary")?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(docket_controller::bench::run(&exe, clients, seconds, json))
+        .block_on(docket_controller::bench::run(&exe, options))
 }
 
 fn run(args: RunArgs) -> Result<()> {

@@ -57,9 +57,18 @@ pub struct LoopStats {
     pub passes: BTreeMap<PassKind, PassStats>,
     /// Terms this replica has led (scheduling loops started).
     pub leaderships: u64,
+    /// Backfill cycles ended after a yield because the state changed meanwhile (without
+    /// `bf_continue`; the next cycle starts over from the top of the order).
+    pub backfill_state_changed: u64,
 }
 
 impl LoopStats {
+    /// Records a backfill cycle that ended after a yield because the state changed.
+    pub fn backfill_state_changed(&mut self) {
+        self.backfill_state_changed += 1;
+        metrics::counter!("docket_sched_backfill_state_changed_total").increment(1);
+    }
+
     /// Records one pass.
     pub fn record(
         &mut self,

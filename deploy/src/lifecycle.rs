@@ -49,9 +49,10 @@ pub struct Phase {
     pub start_to_end_ms: Vec<u64>,
     /// Jobs that ended other than COMPLETED.
     pub not_completed: Vec<(u64, String)>,
-    /// Cpu time spent meanwhile, ms: the leader, every agent together.
+    /// Cpu time spent meanwhile, ms: the leader, and each agent (with the processes of the
+    /// jobs it ran).
     pub leader_cpu_ms: u64,
-    pub agents_cpu_ms: u64,
+    pub agent_cpu_ms: Vec<u64>,
 }
 
 /// Runs both phases against the cluster in `state_dir`.
@@ -208,7 +209,12 @@ async fn measure(
     phase.sbatch_ms = sbatch_ms;
     phase.submit_s = submit_s;
     phase.leader_cpu_ms = after.0.saturating_sub(before.0);
-    phase.agents_cpu_ms = after.1.saturating_sub(before.1);
+    phase.agent_cpu_ms = after
+        .1
+        .iter()
+        .zip(before.1.iter().chain(std::iter::repeat(&0)))
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
     Ok(phase)
 }
 
@@ -264,8 +270,8 @@ async fn follow(
     }
 }
 
-/// Cpu time so far, ms, of the leader and of every agent together.
-async fn cpu(cluster: &LocalCluster) -> (u64, u64) {
+/// Cpu time so far, ms, of the leader and of each agent.
+async fn cpu(cluster: &LocalCluster) -> (u64, Vec<u64>) {
     let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
     let leader_ms = cluster
         .record
@@ -279,9 +285,8 @@ async fn cpu(cluster: &LocalCluster) -> (u64, u64) {
         .record
         .agents
         .iter()
-        .filter_map(|a| a.pid)
-        .map(|pid| process_cpu_ms(pid, true))
-        .sum();
+        .map(|a| a.pid.map_or(0, |pid| process_cpu_ms(pid, true)))
+        .collect();
     (leader_ms, agents_ms)
 }
 
@@ -326,10 +331,16 @@ impl Phase {
             "  start -> end:       p50 {} ms, p99 {} ms\n",
             to_end.0, to_end.1
         ));
+        let each: Vec<String> = self
+            .agent_cpu_ms
+            .iter()
+            .map(|ms| format!("{:.1}", per_job(*ms)))
+            .collect();
         out.push_str(&format!(
-            "  cpu per job:        leader {:.1} ms, agents {:.1} ms\n",
+            "  cpu per job:        leader {:.1} ms, agents {:.1} ms (each: {})\n",
             per_job(self.leader_cpu_ms),
-            per_job(self.agents_cpu_ms)
+            per_job(self.agent_cpu_ms.iter().sum()),
+            each.join(" / ")
         ));
         if !self.not_completed.is_empty() {
             let states: BTreeSet<&str> =

@@ -44,6 +44,9 @@ pub struct ScaleReport {
     pub controller_cpu_s: Vec<f64>,
     /// Raft terms from every agent responding to every job ended (elections meanwhile).
     pub terms: u64,
+    /// Per job, from the replicated times: submitted to started, started to ended (ms).
+    pub submit_to_start_ms: Vec<u64>,
+    pub start_to_end_ms: Vec<u64>,
 }
 
 /// How long any phase may take before the run gives up.
@@ -101,7 +104,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
 
     let submitted = Instant::now();
     let first_ms = docket_deploy::stats::unix_ms();
-    let mut ids = Vec::with_capacity(spec.jobs as usize);
+    let mut ids = std::collections::BTreeSet::new();
     let script = format!("#!/bin/sh\nsleep {}\n", spec.runtime_s).into_bytes();
     let mut left = spec.jobs;
     while left > 0 {
@@ -122,7 +125,9 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
         let answer = submit(cluster, &leader, jobs).await?;
         for r in answer {
             match r.result {
-                Some(pb::submit_result::Result::JobId(id)) => ids.push(id),
+                Some(pb::submit_result::Result::JobId(id)) => {
+                    ids.insert(id);
+                }
                 Some(pb::submit_result::Result::Error(e)) => bail!("a submission was refused: {e}"),
                 None => bail!("a submission got no answer"),
             }
@@ -162,6 +167,12 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
             ));
             for j in ours {
                 *report.states.entry(j.state.clone()).or_default() += 1;
+                if let (Some(s), Some(e)) = (j.start_time_ms, j.end_time_ms) {
+                    report
+                        .submit_to_start_ms
+                        .push(s.saturating_sub(j.submit_time_ms));
+                    report.start_to_end_ms.push(e.saturating_sub(s));
+                }
             }
         }
     }
@@ -245,6 +256,8 @@ impl ScaleReport {
             .map(|c| format!("{c:.1}"))
             .collect();
         let rate = |n: u32, s: f64| if s > 0.0 { f64::from(n) / s } else { 0.0 };
+        let p = |v: &[u64]| docket_deploy::stats::percentiles(v).unwrap_or((0, 0, 0));
+        let (to_start, to_end) = (p(&self.submit_to_start_ms), p(&self.start_to_end_ms));
         format!(
             "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, agent heartbeat {} ms, raft heartbeat {} ms, election timeout {} ms ===\n\
              every agent registered and responding: {:.1} s after start\n\
@@ -252,6 +265,8 @@ impl ScaleReport {
              submission:                            {:.2} s ({:.0} jobs/s, batches of {})\n\
              every job started:                     {:.1} s after the first submission ({:.0} starts/s)\n\
              every job ended:                       {:.1} s after the first submission ({:.0} jobs/s to completion)\n\
+             submitted -> started, per job:         p50 {} ms, p99 {} ms, max {} ms\n\
+             started -> ended, per job:             p50 {} ms, p99 {} ms, max {} ms\n\
              final states:                          {}\n\
              controllers' cpu time meanwhile (s):   {}\n\
              elections meanwhile (new Raft terms):  {}\n",
@@ -272,6 +287,12 @@ impl ScaleReport {
             rate(spec.jobs, self.all_started_s),
             self.all_ended_s,
             rate(spec.jobs, self.all_ended_s),
+            to_start.0,
+            to_start.1,
+            to_start.2,
+            to_end.0,
+            to_end.1,
+            to_end.2,
             states.join(", "),
             cpu.join(" / "),
             self.terms,

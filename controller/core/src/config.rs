@@ -124,7 +124,8 @@ pub struct SchedParams {
     pub bf_max_job_user: u32,
     /// Jobs backfill considers per partition (bf_max_job_part; 0 = unlimited; GWDG 200).
     pub bf_max_job_part: u32,
-    /// After yielding, resume with the next job of the same pass rather than starting over.
+    /// After a yield during which the state changed, backfill goes on with the rest of its
+    /// order rather than ending the cycle (the next cycle starts over from the top).
     pub bf_continue: bool,
     /// When and for how long the leader runs the passes.
     pub loops: LoopParams,

@@ -11,8 +11,9 @@
 //!
 //! Every pass polls a [`Budget`] before each job. Told to stop, it returns its decisions and
 //! a [`Continuation`]: the rest of the order it computed when it began, and its counters.
-//! Handed back, the pass resumes there (Slurm's `bf_continue`), skipping jobs that started,
-//! ended or were blocked meanwhile.
+//! Handed back, the pass resumes there, skipping jobs that started, ended or were blocked
+//! meanwhile (the leader's loops decide whether to hand it back: backfill does so after a
+//! yield only with `bf_continue` or when nothing changed, as Slurm's does).
 
 pub mod backfill;
 pub mod budget;
