@@ -191,6 +191,11 @@ pub struct Run {
     pub passes: BTreeMap<String, PassFigures>,
     /// Backfill cycles that ended after a yield because the state changed.
     pub backfill_started_over: u64,
+    /// Cpu time per acknowledged submission, microseconds: the leader, each follower (the
+    /// one serving the listings first), and the benchmark's own clients.
+    pub leader_cpu_us: f64,
+    pub followers_cpu_us: Vec<f64>,
+    pub client_cpu_us: f64,
     /// Jobs running at the end, and the reasons of the first 1,000 pending (with counts).
     pub running_at_end: u64,
     pub pending_reasons: BTreeMap<String, u64>,
@@ -330,8 +335,37 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
         .context("no follower")?;
     let mut runs = Vec::new();
     let mut next_id = 1u64;
+    // Whose cpu is whose: the leader, the follower serving the listings, the other one.
+    let pid_of = |addr: &str| {
+        addrs
+            .iter()
+            .find(|(_, a)| *a == addr)
+            .map(|(id, _)| procs.0[(*id - 1) as usize].id() as i32)
+    };
+    let mut roles: Vec<i32> = [leader.as_str(), follower.as_str()]
+        .iter()
+        .filter_map(|a| pid_of(a))
+        .collect();
+    roles.extend(
+        addrs
+            .values()
+            .filter(|a| **a != leader && **a != follower)
+            .filter_map(|a| pid_of(a)),
+    );
+    let cpu_now = || {
+        let mut v: Vec<u64> = roles
+            .iter()
+            .map(|pid| docket_deploy::stats::process_cpu_ms(*pid, false))
+            .collect();
+        v.push(docket_deploy::stats::process_cpu_ms(
+            std::process::id() as i32,
+            false,
+        ));
+        v
+    };
     for &n in clients {
         let loops_before = loop_stats(&leader_http).await?;
+        let cpu_before = cpu_now();
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
         for c in 0..n {
@@ -381,6 +415,11 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
         }
         let elapsed = began.elapsed();
         let mut listings = lister.await?;
+        let cpu_spent: Vec<f64> = cpu_now()
+            .iter()
+            .zip(&cpu_before)
+            .map(|(a, b)| a.saturating_sub(*b) as f64 * 1000.0 / latencies.len().max(1) as f64)
+            .collect();
         let loops_after = loop_stats(&leader_http).await?;
         let queue = queue_summary(&access, &leader).await?;
         latencies.sort_unstable();
@@ -400,6 +439,12 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
             passes: pass_figures(&loops_before, &loops_after),
             backfill_started_over: counter(&loops_after, &["backfill_state_changed"])
                 .saturating_sub(counter(&loops_before, &["backfill_state_changed"])),
+            leader_cpu_us: cpu_spent.first().copied().unwrap_or(0.0),
+            followers_cpu_us: cpu_spent
+                .get(1..cpu_spent.len().saturating_sub(1))
+                .map(<[f64]>::to_vec)
+                .unwrap_or_default(),
+            client_cpu_us: cpu_spent.last().copied().unwrap_or(0.0),
             running_at_end: queue.0,
             pending_reasons: queue.1,
         };
@@ -413,6 +458,17 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
                 run.queue_at_end,
                 run.list_p50_ms,
                 run.list_p99_ms
+            );
+            let followers: Vec<String> = run
+                .followers_cpu_us
+                .iter()
+                .map(|us| format!("{us:.0}"))
+                .collect();
+            println!(
+                "             cpu per submission: leader {:.0} us, followers {} us (the first serves the listings), clients {:.0} us",
+                run.leader_cpu_us,
+                followers.join(" / "),
+                run.client_cpu_us
             );
             println!("             {}", run.passes_line());
             let reasons: Vec<String> = run

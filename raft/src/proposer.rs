@@ -66,7 +66,12 @@ pub struct ProposerConfig {
     pub max_batch_commands: usize,
     /// Most encoded bytes of commands in one log entry (keep below the RPC message limit).
     pub max_batch_bytes: usize,
-    /// Most entries proposed and not yet applied at once.
+    /// Most entries proposed and not yet applied at once. Two: each entry costs every
+    /// replica a log append, an fsync, a replication message and an apply wake-up whatever
+    /// its size, and with eight in flight a storm of 64 writers made entries of about eight
+    /// commands; with two they carry about thirty, and the controller benchmark went from
+    /// 5,500-5,900 to 7,200-7,900 submissions/s with lower latency (one in flight was no
+    /// better under load and slower for a lone writer).
     pub max_in_flight: usize,
 }
 
@@ -75,7 +80,7 @@ impl Default for ProposerConfig {
         ProposerConfig {
             max_batch_commands: 1024,
             max_batch_bytes: 4 << 20,
-            max_in_flight: 8,
+            max_in_flight: 2,
         }
     }
 }

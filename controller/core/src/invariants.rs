@@ -149,6 +149,14 @@ impl State {
                 == crate::relations::Relations::compute(self.jobs.values().map(|j| &**j)),
             "dependents/array-tasks index differs from the jobs"
         );
+        ensure!(
+            self.running_summary(self.applied.now) == self.running_summary_walked(self.applied.now),
+            "the running summary from the arrays' task index differs from the running jobs"
+        );
+        ensure!(
+            self.partition_caps == self.compute_partition_caps(),
+            "the partitions' node capacities differ from the nodes and partitions"
+        );
         // A rule the cache lacks would skip a limit; one it keeps after the limit went
         // away only costs a lookup.
         ensure!(

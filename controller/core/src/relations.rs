@@ -104,6 +104,11 @@ impl Relations {
     }
 
     /// The split-off task records of array `array_job`, in id order.
+    /// Every array with split-off task records, with those records.
+    pub fn arrays(&self) -> impl Iterator<Item = (JobId, &BTreeSet<JobId>)> + '_ {
+        self.tasks.iter().map(|(array, tasks)| (*array, tasks))
+    }
+
     pub fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = JobId> + '_ {
         self.tasks.get(&array_job).into_iter().flatten().copied()
     }

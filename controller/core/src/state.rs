@@ -113,6 +113,10 @@ pub struct State {
     /// configuration).
     #[serde(skip)]
     pub(crate) account_rules: crate::policy::AccountRules,
+    /// What each partition's nodes offer a job (derived from the nodes and partitions;
+    /// recomputed whenever either changes).
+    #[serde(skip)]
+    pub(crate) partition_caps: BTreeMap<PartitionName, crate::apply::submit::NodeCaps>,
     /// Jobs purged and not yet archived by the daemon (see [`crate::apply::purge`]).
     #[serde(skip)]
     pub(crate) finished: crate::apply::purge::Outbox,
@@ -144,6 +148,7 @@ impl State {
             holding: BTreeSet::new(),
             relations: Relations::default(),
             account_rules: crate::policy::AccountRules::default(),
+            partition_caps: BTreeMap::new(),
             finished: crate::apply::purge::Outbox::default(),
         };
         state.account_rules = crate::policy::AccountRules::of(&state);
@@ -162,6 +167,7 @@ impl State {
         self.holding = self.compute_holding();
         self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
         self.account_rules = crate::policy::AccountRules::of(self);
+        self.partition_caps = self.compute_partition_caps();
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {

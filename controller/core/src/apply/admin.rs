@@ -85,6 +85,7 @@ impl State {
                     .insert(spec.name.clone(), Node::new(spec.clone()));
             }
         }
+        self.partition_caps = self.compute_partition_caps();
         Ok(Response::Done)
     }
 
@@ -115,6 +116,7 @@ impl State {
             });
         }
         self.nodes.remove(name);
+        self.partition_caps = self.compute_partition_caps();
         Ok(Response::Done)
     }
 
@@ -179,6 +181,7 @@ impl State {
             }
         }
         self.partitions.insert(p.name.clone(), p.clone());
+        self.partition_caps = self.compute_partition_caps();
         self.refresh_all_pending(now);
         Ok(Response::Done)
     }
@@ -199,6 +202,7 @@ impl State {
             });
         }
         self.partitions.remove(name);
+        self.partition_caps = self.compute_partition_caps();
         Ok(Response::Done)
     }
 

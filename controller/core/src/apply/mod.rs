@@ -13,7 +13,7 @@ mod lifecycle;
 mod preemption;
 pub mod purge;
 mod steps;
-mod submit;
+pub(crate) mod submit;
 pub mod update;
 
 use serde::{Deserialize, Serialize};

@@ -25,8 +25,10 @@ pub const MAX_PATH_BYTES: usize = 4096;
 pub const MAX_NICE: i32 = 2_147_483_645;
 
 /// What the usable nodes of a partition offer one job: how many, and the largest of each
-/// resource. Computed once per partition per submission batch.
-#[derive(Debug, Clone, Copy, Default)]
+/// resource. Kept per partition in [`State::partition_caps`] for jobs that name no features
+/// and exclude no nodes (computing it walks the partition's nodes, which every one-job
+/// submission on every replica did), computed per job for the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct NodeCaps {
     count: u64,
     cpus: u32,
@@ -132,9 +134,8 @@ impl State {
         let admin = self.is_admin(actor);
         let mut results = Vec::with_capacity(jobs.len());
         let mut grouped = NewJobsByUser::with_capacity(jobs.len());
-        let mut caps_cache = BTreeMap::new();
         for spec in jobs {
-            let result = self.submit_one(actor, admin, spec, now, &mut caps_cache);
+            let result = self.submit_one(actor, admin, spec, now);
             if let Ok(id) = result {
                 grouped.push(&spec.user, id);
             }
@@ -162,7 +163,6 @@ impl State {
         admin: bool,
         spec: &JobSpec,
         now: TimeMs,
-        caps_cache: &mut BTreeMap<PartitionName, NodeCaps>,
     ) -> Result<JobId, Rejection> {
         if let Actor::User(u) = actor
             && u != &spec.user
@@ -181,7 +181,7 @@ impl State {
                 self.config.max_job_count,
             ));
         }
-        let resolved = self.resolve(spec, admin, caps_cache)?;
+        let resolved = self.resolve(spec, admin)?;
         self.check_dependency_targets(spec)?;
         let blob_refs =
             std::iter::once(("script", spec.script)).chain(spec.env.map(|env| ("env", env)));
@@ -283,12 +283,7 @@ impl State {
     }
 
     /// Checks a spec and fills in its defaults from partition, association and config.
-    fn resolve(
-        &self,
-        spec: &JobSpec,
-        admin: bool,
-        caps_cache: &mut BTreeMap<PartitionName, NodeCaps>,
-    ) -> Result<Resolved, Rejection> {
+    fn resolve(&self, spec: &JobSpec, admin: bool) -> Result<Resolved, Rejection> {
         if spec.name.len() > MAX_NAME_BYTES {
             return Err(Rejection::too_large(
                 "name length",
@@ -466,15 +461,9 @@ impl State {
             None => caps.iter().filter_map(|(_, cap)| *cap).min(),
         };
         // Nodes: enough in the partition, and each node big enough for one node's share.
-        let caps = match caps_cache.get(&partition.name) {
+        let caps = match self.partition_caps.get(&partition.name) {
             Some(c) if spec.features.is_empty() && spec.exclude.is_empty() => *c,
-            _ => {
-                let c = self.node_caps(partition, spec);
-                if spec.features.is_empty() && spec.exclude.is_empty() {
-                    caps_cache.insert(partition.name.clone(), c);
-                }
-                c
-            }
+            _ => self.node_caps(partition, Some(spec)),
         };
         if let Some(max) = partition.max_nodes
             && spec.nodes > max
@@ -652,15 +641,16 @@ impl State {
         })
     }
 
-    /// What the nodes of `partition` usable by `spec` (features, exclusions) offer.
-    fn node_caps(&self, partition: &Partition, spec: &JobSpec) -> NodeCaps {
+    /// What the nodes of `partition` usable by `spec` (features, exclusions) offer; with no
+    /// spec, what all of them offer.
+    fn node_caps(&self, partition: &Partition, spec: Option<&JobSpec>) -> NodeCaps {
         let mut caps = NodeCaps::default();
         for node in partition
             .nodes
             .iter()
-            .filter(|n| !spec.exclude.contains(*n))
+            .filter(|n| spec.is_none_or(|s| !s.exclude.contains(*n)))
             .filter_map(|n| self.nodes.get(n))
-            .filter(|n| spec.features.is_subset(&n.spec.features))
+            .filter(|n| spec.is_none_or(|s| s.features.is_subset(&n.spec.features)))
         {
             caps.count += 1;
             caps.cpus = caps.cpus.max(node.spec.cpus);
@@ -669,6 +659,15 @@ impl State {
             caps.gpus = caps.gpus.max(node.spec.gpus);
         }
         caps
+    }
+
+    /// What each partition's nodes offer a job that names no features and excludes no
+    /// nodes (derived: [`State::partition_caps`]).
+    pub(crate) fn compute_partition_caps(&self) -> BTreeMap<PartitionName, NodeCaps> {
+        self.partitions
+            .values()
+            .map(|p| (p.name.clone(), self.node_caps(p, None)))
+            .collect()
     }
 
     /// Dependencies must name jobs that exist (or existed: ids below the next id).
