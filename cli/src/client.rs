@@ -10,10 +10,12 @@
 //! A read (listing, showing, status) waits at most 5 s for one endpoint, then asks the next
 //! and asks the silent one last from then on: a replica that accepts connections but does not
 //! answer (stopped, overloaded, cut off) delays a command by seconds, not by the whole
-//! deadline. A write first asks the replicas that answer within that time who leads and is
-//! sent straight to the leader; it then waits for its answer (30 s, 60 s for
-//! administration), since sending it elsewhere could apply it twice; one that got no answer
-//! in time ends with the unknown-outcome status.
+//! deadline. A write goes to the first endpoint a connection (TCP and the TLS handshake) can
+//! be made to within 2 s — one that cannot was certainly not sent the write, which goes on to
+//! the next — and a follower passes it to the leader; it then waits for its answer (30 s,
+//! 60 s for administration), since sending it elsewhere could apply it twice; one that got no
+//! answer in time ends with the unknown-outcome status. (Asking first who leads cost every
+//! `sbatch` a second request and a second credential.)
 //!
 //! Every connection is TLS: the controller must present a replica certificate of the
 //! cluster CA (`DOCKET_TLS_CA`, else `[controller] CaFile` in docket.toml, else
@@ -49,9 +51,10 @@ pub struct Client {
     /// controller's "no credential".
     credential_error: Arc<Mutex<Option<String>>>,
     /// One connection per endpoint and call deadline, made at first use and reused by every
-    /// call after it: a command that asks who leads and then writes there pays for one TLS
-    /// handshake, not two.
+    /// call after it.
     channels: Arc<Mutex<HashMap<(String, Duration), Channel>>>,
+    /// The connections of `channels` known to have been made (writes go only over those).
+    connected: Arc<Mutex<std::collections::HashSet<(String, Duration)>>>,
 }
 
 /// The client settings of the site's docket.toml `[controller]` table.
@@ -78,6 +81,9 @@ const ADMIN_DEADLINE: Duration = Duration::from_secs(60);
 
 /// How long a read waits for one endpoint before asking the next.
 const READ_ATTEMPT: Duration = Duration::from_secs(5);
+
+/// How long a connection (TCP and the TLS handshake) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whether a call may be sent to another endpoint when one does not answer in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +149,7 @@ impl Client {
             credentials,
             credential_error: Arc::new(Mutex::new(None)),
             channels: Arc::new(Mutex::new(HashMap::new())),
+            connected: Arc::new(Mutex::new(std::collections::HashSet::new())),
         })
     }
 
@@ -158,15 +165,35 @@ impl Client {
         if let Some(c) = channels.get(&key) {
             return Ok(c.clone());
         }
-        let c = docket_auth::tls::connect::channel(
-            addr,
-            &self.tls,
-            Duration::from_secs(2),
-            Some(timeout),
-        )
-        .map_err(|e| anyhow!("controller address {e}"))?;
+        let c = docket_auth::tls::connect::channel(addr, &self.tls, CONNECT_TIMEOUT, Some(timeout))
+            .map_err(|e| anyhow!("controller address {e}"))?;
         channels.insert(key, c.clone());
         Ok(c)
+    }
+
+    /// Makes the connection to `addr` for calls ending after `timeout` now, if it was not
+    /// made yet; on failure nothing was sent to `addr`, and the reason.
+    async fn connect_for_write(&self, addr: &str, timeout: Duration) -> Result<(), String> {
+        let key = (addr.to_owned(), timeout);
+        if self
+            .connected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key)
+        {
+            return Ok(());
+        }
+        let c = docket_auth::tls::connect::connect(addr, &self.tls, CONNECT_TIMEOUT, Some(timeout))
+            .await?;
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), c);
+        self.connected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key);
+        Ok(())
     }
 
     fn jobs(&self, addr: &str) -> Result<JobsClient<Channel>> {
@@ -184,7 +211,8 @@ impl Client {
         F: FnMut(AdminClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(Attempt::Write, |addr| self.admin(addr), f).await
+        self.call(Attempt::Write, ADMIN_DEADLINE, |addr| self.admin(addr), f)
+            .await
     }
 
     /// [`Client::admin_call`] for a call that changes nothing: an endpoint that does not
@@ -194,7 +222,8 @@ impl Client {
         F: FnMut(AdminClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(Attempt::Read, |addr| self.admin(addr), f).await
+        self.call(Attempt::Read, ADMIN_DEADLINE, |addr| self.admin(addr), f)
+            .await
     }
 
     /// Every node, as the answering replica lists it.
@@ -249,7 +278,8 @@ impl Client {
         F: FnMut(JobsClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(Attempt::Write, |addr| self.jobs(addr), f).await
+        self.call(Attempt::Write, JOBS_DEADLINE, |addr| self.jobs(addr), f)
+            .await
     }
 
     /// [`Client::jobs_call`] where RESOURCE_EXHAUSTED is an answer for the caller (a step
@@ -289,15 +319,18 @@ impl Client {
         F: FnMut(JobsClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call(Attempt::Read, |addr| self.jobs(addr), f).await
+        self.call(Attempt::Read, JOBS_DEADLINE, |addr| self.jobs(addr), f)
+            .await
     }
 
     /// The retry loop of every call: endpoints in turn, UNAVAILABLE retried, a
     /// FAILED_PRECONDITION that names the leader (`x-docket-leader`) followed; a read passes
-    /// over an endpoint silent for [`READ_ATTEMPT`] and asks it last afterwards.
+    /// over an endpoint silent for [`READ_ATTEMPT`] and asks it last afterwards, a write one
+    /// no connection can be made to. `deadline` is that of the connections `make` gives.
     async fn call<C, T, F, Fut>(
         &self,
         attempt: Attempt,
+        deadline: Duration,
         make: impl Fn(&str) -> Result<C>,
         mut f: F,
     ) -> Result<T>
@@ -310,23 +343,21 @@ impl Client {
         let mut last = None;
         let mut order: Vec<String> = self.endpoints.clone();
         let mut queue: Vec<String> = order.clone();
-        if attempt == Attempt::Write {
-            // Straight to the leader, as the replicas that answer within the read deadline
-            // name it: a write is never sent to a replica that may be silent.
-            let (leader, silent) = self.find_leader().await;
-            order.retain(|a| !silent.contains(a));
-            order.extend(silent);
-            queue = order.clone();
-            if let Some(l) = leader {
-                queue.retain(|a| *a != l);
-                queue.insert(0, l);
-            }
-        }
         loop {
             while let Some(addr) = queue.first().cloned() {
                 queue.remove(0);
                 let answer = match attempt {
-                    Attempt::Write => f(make(&addr)?).await,
+                    Attempt::Write => {
+                        if let Err(why) = self.connect_for_write(&addr, deadline).await {
+                            // Nothing was sent: the next endpoint, and this one last from
+                            // then on.
+                            last = Some(tonic::Status::unavailable(why));
+                            order.retain(|a| *a != addr);
+                            order.push(addr);
+                            continue;
+                        }
+                        f(make(&addr)?).await
+                    }
                     Attempt::Read => {
                         match tokio::time::timeout(READ_ATTEMPT, f(make(&addr)?)).await {
                             Ok(a) => a,
@@ -400,31 +431,6 @@ impl Client {
             tokio::time::sleep(Duration::from_millis(250)).await;
             queue = order.clone();
         }
-    }
-}
-
-impl Client {
-    /// The leader's address as the first replica to answer within [`READ_ATTEMPT`] names it,
-    /// and the endpoints that did not answer in time (asked once each, no retries). Asked on
-    /// the jobs service's connection, which the write then reuses when that replica leads.
-    async fn find_leader(&self) -> (Option<String>, Vec<String>) {
-        let mut silent = Vec::new();
-        for addr in &self.endpoints {
-            let Ok(channel) = self.channel(addr, JOBS_DEADLINE) else {
-                continue;
-            };
-            let mut c = AdminClient::new(channel);
-            let req = self.request(docket_proto::v1::ClusterStatusRequest { leader_only: true });
-            match tokio::time::timeout(READ_ATTEMPT, c.cluster_status(req)).await {
-                Ok(Ok(r)) => {
-                    let leader = r.into_inner().leader_addr;
-                    return ((!leader.is_empty()).then_some(leader), silent);
-                }
-                Ok(Err(_)) => {}
-                Err(_) => silent.push(addr.clone()),
-            }
-        }
-        (None, silent)
     }
 }
 

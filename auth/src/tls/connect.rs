@@ -99,6 +99,30 @@ pub fn channel(
     Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
 }
 
+/// Like [`channel`], connected now: TCP and the TLS handshake within `connect_timeout`, or
+/// the reason they failed (and then nothing was sent on it).
+pub async fn connect(
+    addr: &str,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+    timeout: Option<Duration>,
+) -> Result<Channel, String> {
+    let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
+        .connect_timeout(connect_timeout);
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    endpoint
+        .connect_with_connector(Connector::new(tls.clone()))
+        .await
+        .map_err(|e| {
+            let why =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            format!("{addr}: cannot connect: {why}")
+        })
+}
+
 /// Like [`channel`], with HTTP/2 keep-alives (for long-lived channels between replicas and
 /// from agents, which must notice a dead peer).
 pub fn channel_with_keepalive(
