@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, bail};
-use docket_deploy::stats::{percentiles, process_cpu_ms, unix_ms};
+use docket_deploy::stats::{percentiles, process_cpu_ms, process_tree_cpu_ms, unix_ms};
 use docket_deploy::{LocalCluster, rpc};
 use docket_proto::v1 as pb;
 
@@ -285,7 +285,7 @@ async fn cpu(cluster: &LocalCluster) -> (u64, Vec<u64>) {
         .record
         .agents
         .iter()
-        .map(|a| a.pid.map_or(0, |pid| process_cpu_ms(pid, true)))
+        .map(|a| a.pid.map_or(0, process_tree_cpu_ms))
         .collect();
     (leader_ms, agents_ms)
 }

@@ -44,6 +44,35 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// [`process_cpu_ms`] with reaped children of `pid` and of each of its live children (an
+/// agent's launcher reaps the job monitors it forks, so their cpu, and their jobs', is its
+/// children's until it exits).
+pub fn process_tree_cpu_ms(pid: i32) -> u64 {
+    process_cpu_ms(pid, true)
+        + children_of(pid)
+            .into_iter()
+            .map(|c| process_cpu_ms(c, true))
+            .sum::<u64>()
+}
+
+/// The live children of `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                // The parent is the second field after the command's closing parenthesis.
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! - [`session`]: the leader: registration, instructions, heartbeats, reports, the fence.
 //!
 //! - [`cgroup`]: confinement on cgroup v2 and v1 hosts (cpuset, memory, vmem, pids, freezer).
+//! - [`launcher`]: the single-threaded process that forks each run's monitor.
 //! - [`shim`]: the job's first process, which joins the cgroups and becomes the user.
 //! - [`rootdir`]: the agent's private directories, used only through their handles.
 //!
@@ -18,6 +19,7 @@ pub mod crash;
 pub mod devices;
 pub mod gpu;
 pub mod jobfs;
+pub mod launcher;
 pub mod lifecycle;
 pub mod rootdir;
 pub mod runner;

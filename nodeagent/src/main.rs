@@ -1,5 +1,6 @@
 //! `docket-nodeagent`: the daemon on every compute node.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,6 +38,13 @@ enum Cmd {
     /// (Internal) Becomes the job: joins its cgroups, takes the user's identity, execs.
     #[command(hide = true)]
     ExecAsUser(ExecJobArgs),
+    /// (Internal) Forks the monitors of the agent whose socket is standard input.
+    #[command(hide = true)]
+    Launcher {
+        /// The agent's state directory (named so that what names it can be found).
+        #[arg(long)]
+        state_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -199,16 +207,20 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Cmd::Run(args) => args,
-        Cmd::ExecJob(a) => {
-            let Some(run_dir) = a.run_dir.clone() else {
-                eprintln!("docket-nodeagent exec-job: --run-dir is required");
-                return std::process::ExitCode::from(2);
+        Cmd::ExecJob(a) => return std::process::ExitCode::from(exec_job(a)),
+        Cmd::Launcher { state_dir: _ } => {
+            let socket = match std::io::stdin().as_fd().try_clone_to_owned() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("docket-nodeagent launcher: its socket: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
             };
-            return match docket_nodeagent::shim::monitor(&run_dir, &shim_args(a)) {
+            return match docket_nodeagent::launcher::serve(socket, launched_monitor) {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("docket-nodeagent exec-job: {e:#}");
-                    std::process::ExitCode::from(127)
+                    eprintln!("docket-nodeagent launcher: {e}");
+                    std::process::ExitCode::FAILURE
                 }
             };
         }
@@ -223,6 +235,38 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("docket-nodeagent: {e:#}");
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The monitor (`exec-job`): runs the job and records its end; the exit status.
+fn exec_job(a: ExecJobArgs) -> u8 {
+    let Some(run_dir) = a.run_dir.clone() else {
+        eprintln!("docket-nodeagent exec-job: --run-dir is required");
+        return 2;
+    };
+    match docket_nodeagent::shim::monitor(&run_dir, &shim_args(a)) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("docket-nodeagent exec-job: {e:#}");
+            127
+        }
+    }
+}
+
+/// A monitor the launcher forked, with `exec-job`'s arguments.
+fn launched_monitor(args: &[std::ffi::OsString]) -> i32 {
+    match Cli::try_parse_from(docket_nodeagent::launcher::exec_job_argv(args)) {
+        Ok(Cli {
+            command: Cmd::ExecJob(a),
+        }) => i32::from(exec_job(a)),
+        Ok(_) => {
+            eprintln!("docket-nodeagent launcher: a request that is not a monitor's");
+            2
+        }
+        Err(e) => {
+            eprintln!("docket-nodeagent launcher: {e}");
+            2
         }
     }
 }

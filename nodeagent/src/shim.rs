@@ -47,6 +47,9 @@ pub const LAUNCH_FAILED: i32 = 127;
 /// The mode of a run's private directory.
 pub const RUN_DIR_MODE: u32 = 0o700;
 
+/// In a run's private directory: the monitor's own messages (never the job's output).
+pub const MONITOR_LOG: &str = "monitor.log";
+
 /// The most of the job's environment block the shim reads (ARG_MAX-sized, like a real one).
 const MAX_ENVIRONMENT: u64 = 4 << 20;
 

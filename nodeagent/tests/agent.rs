@@ -528,6 +528,107 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     remove_agent_cgroups("n03");
 }
 
+/// The launcher of the agent keeping `state`: the process with the launcher's command line
+/// whose parent has another (its forked monitors have the same command line, and the
+/// launcher for a parent).
+fn launchers(state: &std::path::Path) -> Vec<i32> {
+    let want = format!("--state-dir={}", state.display());
+    let named: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&&b"launcher"[..]) && args.contains(&want.as_bytes())
+            })
+        })
+        .collect();
+    let parent = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("PPid:"))
+                    .and_then(|v| v.trim().parse::<i32>().ok())
+            })
+    };
+    named
+        .iter()
+        .copied()
+        .filter(|pid| parent(*pid).is_none_or(|p| !named.contains(&p)))
+        .collect()
+}
+
+/// Monitors are forked by the agent's launcher. A launcher killed under a running job costs
+/// nothing: the agent watches that run by its monitor's lock and reports its end, and the
+/// next launch starts another launcher; when the agent goes, so does its launcher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launcher_killed_under_a_running_job_loses_nothing_and_goes_with_its_agent() {
+    if !privileged("running jobs needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let agent = agent(
+        "n06",
+        &addr,
+        &state,
+        &["--cpus", "2", "--memory-mib", "1024", "--kill-grace-s", "1"],
+    );
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    leader
+        .send(launch(
+            1,
+            1,
+            &work,
+            "#!/bin/sh
+sleep 2
+exit 4
+",
+            60,
+        ))
+        .await;
+    wait_for("job 1 to start", || leader.started(1)).await;
+    let first = launchers(&state);
+    assert_eq!(first.len(), 1, "one launcher: {first:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let (_, end) = leader.ended(1).await;
+    assert_eq!((cause(&end), end.exit_code), ("failed", 4), "{end:?}");
+    leader
+        .send(launch(
+            2,
+            1,
+            &work,
+            "#!/bin/sh
+exit 6
+",
+            60,
+        ))
+        .await;
+    let (_, end) = leader.ended(2).await;
+    assert_eq!((cause(&end), end.exit_code), ("failed", 6), "{end:?}");
+    let second = launchers(&state);
+    assert!(
+        second.len() == 1 && second != first,
+        "a new launcher: {first:?} then {second:?}"
+    );
+    drop(agent);
+    wait_for("the launcher to go with its agent", || {
+        launchers(&state).is_empty()
+    })
+    .await;
+    server.abort();
+    remove_agent_cgroups("n06");
+}
+
 /// An agent killed at each of its crash points (after recording a launch, after starting the
 /// job's monitor but before recording it, after the job ended but before the end was
 /// recorded, after recording but before reporting it) and restarted: the job runs at most

@@ -16,9 +16,20 @@ use crate::world;
 
 const SCRIPT: &str = "script";
 const NODEFILE: &str = "nodefile";
-/// In a run's directory: the job's environment, and the monitor's own messages.
+/// In a run's directory: the job's environment.
 pub(super) const ENVIRON: &str = "environ";
-const MONITOR_LOG: &str = "monitor.log";
+use crate::shim::MONITOR_LOG;
+
+/// A run's monitor, however it was started.
+enum MonitorProc {
+    /// Forked by the launcher.
+    Launched(crate::launcher::Launched),
+    /// Started by the agent itself (`exec-job`), when the launcher cannot be used.
+    Child(tokio::process::Child),
+    /// Asked of a launcher that died before answering: only the run's directory can tell
+    /// whether a monitor runs.
+    Unknown,
+}
 
 /// A run made ready to start: who it runs as, its directories, what its monitor is told.
 struct Prepared {
@@ -42,13 +53,22 @@ impl Runner {
         })
         .await
         .unwrap_or_else(|e| Err(format!("preparing the run failed: {e}")));
-        let (prepared, mut child) = match started {
+        let (prepared, monitor) = match started {
             Ok(s) => s,
             Err(why) => return self.launch_failed(id, why),
         };
         self.wait_until_started(id, &prepared.run_dir).await;
         self.step(Input::Started(id));
-        let status = child.wait().await;
+        let status = match monitor {
+            MonitorProc::Launched(launched) => match launched.ended.await {
+                Ok(raw) => Ok(std::os::unix::process::ExitStatusExt::from_raw(raw)),
+                // The launcher died: its monitor, if it forked one, is watched as a
+                // restarted agent watches one.
+                Err(_) => return self.readopt(id, prepared.run_dir.path()).await,
+            },
+            MonitorProc::Child(mut child) => child.wait().await,
+            MonitorProc::Unknown => return self.readopt(id, prepared.run_dir.path()).await,
+        };
         crate::crash::reached(CrashPoint::ExitObserved);
         let this = self.clone();
         let ended = tokio::task::spawn_blocking(move || {
@@ -225,8 +245,40 @@ impl Runner {
 
     /// Starts the run's monitor as root with root's fixed environment, its run directory
     /// recorded first: an agent restarted after this point finds the monitor by its lock
-    /// there (or stops it from starting the job).
-    fn start_monitor(
+    /// there (or stops it from starting the job). The launcher forks it
+    /// ([`crate::launcher`]); only when the launcher cannot be used at all does the agent
+    /// start it as a program (`exec-job`).
+    fn start_monitor(&self, id: RunId, prepared: &Prepared) -> Result<MonitorProc, String> {
+        let run_dir = &prepared.run_dir;
+        self.hold(id, |h| h.run_dir = Some(run_dir.path().to_path_buf()));
+        let mut args = vec![std::ffi::OsString::from(format!(
+            "--run-dir={}",
+            run_dir.path().display()
+        ))];
+        args.extend(prepared.shim.to_args());
+        match self.launcher.launch(run_dir.path(), &args) {
+            Ok(launched) => {
+                crate::crash::reached(CrashPoint::LaunchSpawned);
+                let pid = launched.pid;
+                self.hold(id, |h| h.monitor = Some(pid));
+                return Ok(MonitorProc::Launched(launched));
+            }
+            Err(crate::launcher::LaunchError::Unanswered(why)) => {
+                tracing::warn!(job = id.0, epoch = id.1, %why, "the launcher did not answer; watching the run's directory");
+                return Ok(MonitorProc::Unknown);
+            }
+            Err(crate::launcher::LaunchError::Fork(e)) => {
+                return Err(format!("starting the job's monitor: {e}"));
+            }
+            Err(e @ crate::launcher::LaunchError::Unavailable(_)) => {
+                tracing::warn!(job = id.0, epoch = id.1, error = %e, "starting the monitor as a program");
+            }
+        }
+        self.spawn_monitor(id, prepared).map(MonitorProc::Child)
+    }
+
+    /// Starts the run's monitor as a program of its own (`exec-job`).
+    fn spawn_monitor(
         &self,
         id: RunId,
         prepared: &Prepared,

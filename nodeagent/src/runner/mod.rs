@@ -124,6 +124,8 @@ pub struct Runner {
     wake: Arc<Notify>,
     /// The steps the leader granted this node.
     steps: Arc<crate::steps::Grants>,
+    /// Forks the runs' monitors.
+    launcher: Arc<crate::launcher::Launcher>,
 }
 
 impl Runner {
@@ -132,8 +134,13 @@ impl Runner {
         let (events, rx) = mpsc::unbounded_channel();
         let steps = crate::steps::Grants::new(events.clone());
         let book = Runs::new(config.mode == Mode::Simulated, config.kill_grace);
+        let launcher = Arc::new(crate::launcher::Launcher::new(
+            config.shim.clone(),
+            config.state_dir.clone(),
+        ));
         (
             Runner {
+                launcher,
                 config: Arc::new(config),
                 book: Arc::new(Mutex::new(book)),
                 held: Arc::new(Mutex::new(BTreeMap::new())),
