@@ -157,6 +157,7 @@ pub async fn run(
 
     let readiness = Readiness::new();
     let inflight = Arc::new(AtomicUsize::new(0));
+    let users_inflight = Arc::new(AtomicUsize::new(0));
     let stats = Arc::new(std::sync::Mutex::new(LoopStats::default()));
     let http = match &config.http_listen {
         None => None,
@@ -185,7 +186,7 @@ pub async fn run(
     let server = {
         let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
         let router = tonic::transport::Server::builder()
-            .layer(InflightLayer::new(inflight.clone()))
+            .layer(InflightLayer::new(inflight.clone(), users_inflight.clone()))
             .add_service(ReplicaOnly::new(replica.service()))
             .add_service(JobsService::new(
                 replica.clone(),
@@ -229,6 +230,7 @@ pub async fn run(
         replica: replica.clone(),
         schedule: wakes.schedule.clone(),
         inflight,
+        users_inflight,
         site: config.site.clone(),
         direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
         stats,

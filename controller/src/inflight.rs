@@ -9,15 +9,17 @@ use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-/// A tower layer counting requests in flight in a shared counter.
+/// A tower layer counting requests in flight in a shared counter, and those of the users'
+/// services (jobs and administration, not Raft's nor the agents') in a second.
 #[derive(Debug, Clone)]
 pub struct InflightLayer {
     count: Arc<AtomicUsize>,
+    users: Arc<AtomicUsize>,
 }
 
 impl InflightLayer {
-    pub fn new(count: Arc<AtomicUsize>) -> Self {
-        InflightLayer { count }
+    pub fn new(count: Arc<AtomicUsize>, users: Arc<AtomicUsize>) -> Self {
+        InflightLayer { count, users }
     }
 }
 
@@ -28,6 +30,7 @@ impl<S> Layer<S> for InflightLayer {
         Inflight {
             inner,
             count: self.count.clone(),
+            users: self.users.clone(),
         }
     }
 }
@@ -37,6 +40,12 @@ impl<S> Layer<S> for InflightLayer {
 pub struct Inflight<S> {
     inner: S,
     count: Arc<AtomicUsize>,
+    users: Arc<AtomicUsize>,
+}
+
+/// Whether an RPC's path is one of the users' services.
+fn is_users(path: &str) -> bool {
+    path.starts_with("/docket.v1.Jobs/") || path.starts_with("/docket.v1.Admin/")
 }
 
 /// Decrements the counter when the response future finishes or is dropped.
@@ -65,6 +74,10 @@ where
     fn call(&mut self, request: tonic::codegen::http::Request<B>) -> Self::Future {
         self.count.fetch_add(1, Ordering::Relaxed);
         let guard = Guard(self.count.clone());
+        let users = is_users(request.uri().path()).then(|| {
+            self.users.fetch_add(1, Ordering::Relaxed);
+            Guard(self.users.clone())
+        });
         // `/docket.v1.Jobs/SubmitJobs` -> `docket.v1.Jobs/SubmitJobs`: a bounded label set.
         let method = request.uri().path().trim_start_matches('/').to_owned();
         let began = std::time::Instant::now();
@@ -73,7 +86,7 @@ where
             let result = future.await;
             metrics::histogram!("docket_rpc_duration_seconds", "method" => method)
                 .record(began.elapsed().as_secs_f64());
-            drop(guard);
+            drop((guard, users));
             result
         })
     }

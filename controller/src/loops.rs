@@ -89,6 +89,8 @@ pub struct LoopContext {
     pub schedule: Arc<Notify>,
     /// RPCs being served right now (counted by [`crate::inflight`]).
     pub inflight: Arc<AtomicUsize>,
+    /// ... of them, those of the users' services (submissions, listings, commands).
+    pub users_inflight: Arc<AtomicUsize>,
     /// Commands that build the site, proposed once if the state has no configuration.
     pub site: Vec<Command>,
     /// When the next direct pass may run (see [`direct`]).
@@ -303,9 +305,13 @@ async fn yield_between_passes(
 ///
 /// Paced: a direct pass orders the whole pending queue, so under a submission storm with a
 /// long queue running one per submission would spend the leader's CPU on planning rather
-/// than on taking submissions. After a pass that took `d`, the next waits until `8d` has
-/// passed (submissions arriving meanwhile are covered by it): at most a ninth of the time goes
-/// to direct passes, and a job still starts within a few pass-lengths of its submission.
+/// than on taking submissions. After a pass that took `d`, the next waits until `k·d` has
+/// passed (what commits meanwhile is covered by it), `k` from 1 with no user's RPC in flight
+/// to 8 under a storm of them ([`pacing_factor`]; the agents' and Raft's do not count): a storm's submissions get at least eight ninths of the
+/// leader's time, while a queue drained by job ends alone (thousands of short jobs on many
+/// nodes, where each pass starts what the last ends freed) is refilled twice as often as
+/// a fixed `8d` would (`docket-local scale`: 1,810-1,907 jobs/s with `8d` always, 2,024-2,154
+/// with `d`).
 async fn direct(
     ctx: &LoopContext,
     leading: &Arc<AtomicBool>,
@@ -327,8 +333,15 @@ async fn direct(
         |s, now, b| s.direct_pass(now, b),
     );
     let cost = began.elapsed();
-    *ctx.direct_pacer.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + cost * 8;
+    let factor = pacing_factor(ctx.users_inflight.load(Ordering::Relaxed));
+    *ctx.direct_pacer.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now() + cost * factor;
     propose_plan(ctx, plan).await;
+}
+
+/// How many pass-lengths a direct pass waits after the last: 1 with no user's RPC in flight,
+/// one more for every two in flight, 8 from fourteen on.
+fn pacing_factor(inflight: usize) -> u32 {
+    1 + (inflight.min(14) / 2) as u32
 }
 
 /// Plans one pass on the current state within `time`. Planning is CPU work of up to the
@@ -359,7 +372,7 @@ fn plan_now(
             leading: leading.clone(),
             inflight: ctx.inflight.clone(),
             // The direct pass is already bounded (`default_queue_depth`, paced to a ninth of
-            // the leader's time) and has no continuation: stopped by RPC pressure, it would
+            // the leader's time under a storm) and has no continuation: stopped by RPC pressure, it would
             // throw away the order it had just computed. The passes that resume yield.
             max_rpc_cnt: if kind == PassKind::Direct {
                 0
@@ -488,6 +501,16 @@ mod tests {
         let mut b = budget(0, 0, true, Duration::ZERO);
         assert!(b.exhausted());
         assert_eq!(b.stopped_by, Some("time"));
+    }
+
+    #[test]
+    fn direct_passes_are_paced_harder_the_more_rpcs_wait() {
+        assert_eq!(pacing_factor(0), 1);
+        assert_eq!(pacing_factor(1), 1);
+        assert_eq!(pacing_factor(2), 2);
+        assert_eq!(pacing_factor(8), 5);
+        assert_eq!(pacing_factor(14), 8);
+        assert_eq!(pacing_factor(64), 8);
     }
 
     #[test]

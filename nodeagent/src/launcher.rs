@@ -186,8 +186,8 @@ fn fork_monitor(fields: &[OsString], monitor: fn(&[OsString]) -> i32) -> Result<
 }
 
 /// The forked child's set-up, as `exec-job` was started: a process group of its own, no
-/// signal blocked, `/dev/null` in, the run's monitor log (root's, created here) out, in `/`,
-/// nothing else of the launcher's open.
+/// signal blocked, `/dev/null` in, the run's monitor log (root's, created by the agent) out,
+/// in `/`, nothing else of the launcher's open.
 fn become_monitor(run_dir: &Path) -> io::Result<()> {
     SigSet::empty().thread_set_mask().map_err(io::Error::from)?;
     // Its command line is the launcher's; `ps -e` shows this name.
@@ -195,7 +195,7 @@ fn become_monitor(run_dir: &Path) -> io::Result<()> {
     let me = nix::unistd::Pid::from_raw(0);
     nix::unistd::setpgid(me, me).map_err(io::Error::from)?;
     let null = std::fs::File::open("/dev/null")?;
-    let log = RootDir::open(run_dir, RUN_DIR_MODE)?.create_new(MONITOR_LOG, 0o600)?;
+    let log = RootDir::open(run_dir, RUN_DIR_MODE)?.open_append(MONITOR_LOG)?;
     nix::unistd::dup2_stdin(&null).map_err(io::Error::from)?;
     nix::unistd::dup2_stdout(&log).map_err(io::Error::from)?;
     nix::unistd::dup2_stderr(&log).map_err(io::Error::from)?;
@@ -233,7 +233,9 @@ pub enum LaunchError {
     Fork(io::Error),
 }
 
-/// The agent's handle on its launcher, started at the first launch and again after one dies.
+/// The agent's handle on its launcher, started at the first launch and again after one dies
+/// or the agent's binary is replaced on disk (an upgrade's fixes reach the next job's
+/// monitor, as they did when each monitor was a program start).
 #[derive(Debug)]
 pub struct Launcher {
     exe: PathBuf,
@@ -245,6 +247,30 @@ pub struct Launcher {
 struct Live {
     writer: Mutex<UnixStream>,
     shared: Arc<Mutex<Shared>>,
+    /// The binary it runs, as it was on disk when it started.
+    binary: Option<Binary>,
+}
+
+/// Which file a path named, and its last change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Binary {
+    dev: u64,
+    ino: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl Binary {
+    fn of(path: &Path) -> Option<Binary> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Binary {
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        })
+    }
 }
 
 /// A request sent and not yet answered: where to say the answer, and where the monitor's end
@@ -321,34 +347,40 @@ impl Launcher {
         match answer.recv_timeout(SPAWN_ANSWER) {
             Ok(Ok(pid)) => Ok(Launched { pid, ended }),
             Ok(Err(e)) => Err(e),
-            Err(e) => {
-                // A launcher that does not answer is useless from now on.
-                let _ = live
-                    .writer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .shutdown(std::net::Shutdown::Both);
-                Err(LaunchError::Unanswered(e.to_string()))
-            }
+            // A slow answer is this run's alone: the launcher is kept (the answer, should it
+            // come, is matched to this request still, and a monitor forked late finds the
+            // run given up and starts nothing), and the runs it already forked go on.
+            Err(e) => Err(LaunchError::Unanswered(format!(
+                "no answer within {} s ({e})",
+                SPAWN_ANSWER.as_secs()
+            ))),
         }
     }
 
-    /// The running launcher, started if there is none or the last one died.
+    /// The running launcher, started if there is none, the last one died, or the binary was
+    /// replaced since it started.
     fn live(&self) -> io::Result<Arc<Live>> {
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let binary = Binary::of(&self.exe);
         if let Some(l) = live.as_ref()
             && !l.shared.lock().unwrap_or_else(|p| p.into_inner()).dead
+            && l.binary == binary
         {
             return Ok(l.clone());
         }
-        let l = Arc::new(self.start()?);
+        // An old launcher whose binary was replaced reads the end of its socket once the
+        // last request through it is answered, and exits; its monitors live on, and their
+        // runs are watched by their locks.
+        let l = Arc::new(self.start(binary)?);
         *live = Some(l.clone());
         Ok(l)
     }
 
-    fn start(&self) -> io::Result<Live> {
+    fn start(&self, binary: Option<Binary>) -> io::Result<Live> {
         let (ours, theirs) = UnixStream::pair()?;
-        let mut child = std::process::Command::new(&self.exe)
+        // A launcher that stops reading holds a request for at most this long.
+        ours.set_write_timeout(Some(SPAWN_ANSWER))?;
+        let child = std::process::Command::new(&self.exe)
             .arg("launcher")
             .arg(format!("--state-dir={}", self.state_dir.display()))
             // Root runs with root's environment, never anyone else's.
@@ -359,24 +391,44 @@ impl Launcher {
             .stdout(std::process::Stdio::null())
             .process_group(0)
             .spawn()?;
+        // Whatever fails from here on, the launcher is told (the end of its socket), and
+        // reaped.
+        let give_up = |mut child: std::process::Child, e: io::Error| {
+            let _ = ours.shutdown(std::net::Shutdown::Both);
+            let _ = child.kill();
+            let _ = child.wait();
+            e
+        };
         let shared = Arc::new(Mutex::new(Shared::default()));
-        let reader = ours.try_clone()?;
+        let reader = match ours.try_clone() {
+            Ok(r) => r,
+            Err(e) => return Err(give_up(child, e)),
+        };
         let for_reader = shared.clone();
+        let slot = Arc::new(Mutex::new(Some(child)));
+        let for_thread = slot.clone();
         let spawned = std::thread::Builder::new()
             .name("docket-launcher-replies".into())
             .spawn(move || {
                 read_replies(reader, &for_reader);
                 // Reap the launcher (it exits once its socket closes).
-                let _ = child.wait();
+                if let Some(mut child) = for_thread.lock().unwrap_or_else(|p| p.into_inner()).take()
+                {
+                    let _ = child.wait();
+                }
             });
         if let Err(e) = spawned {
-            let _ = ours.shutdown(std::net::Shutdown::Both);
-            return Err(e);
+            let child = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+            return Err(match child {
+                Some(child) => give_up(child, e),
+                None => e,
+            });
         }
         tracing::info!(exe = %self.exe.display(), "the monitors' launcher started");
         Ok(Live {
             writer: Mutex::new(ours),
             shared,
+            binary,
         })
     }
 }

@@ -153,6 +153,19 @@ impl RootDir {
         Ok(std::fs::File::from(fd))
     }
 
+    /// Opens the existing file `name` (never through a symlink) for appending.
+    pub fn open_append(&self, name: &str) -> io::Result<std::fs::File> {
+        let name = component(name)?;
+        let fd = openat(
+            &self.fd,
+            name,
+            OFlag::O_WRONLY | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(at(&self.path, name))?;
+        Ok(std::fs::File::from(fd))
+    }
+
     /// Replaces the file `name` with `contents` atomically: a new temporary file, then a
     /// rename over the old one. Readers see the old contents or the new, never a part.
     pub fn write_atomically(&self, name: &str, contents: &[u8]) -> io::Result<()> {

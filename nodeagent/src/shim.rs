@@ -121,7 +121,8 @@ const MONITOR_LOCK: &str = "monitor.lock";
 /// Written by an agent that found no monitor and gave the run up: a monitor that starts after
 /// that (the agent crashed between starting it and recording it) must not start the job.
 const ABANDONED: &str = "abandoned";
-/// The job's process group, as the monitor started it.
+/// The job's process group, as the monitor started it, and when its leader started (see
+/// [`leader_start`]).
 const PGID: &str = "pgid";
 /// How the job ended, as the monitor's `waitpid` saw it ([`RecordedEnd`]).
 const EXIT: &str = "exit";
@@ -159,7 +160,8 @@ pub fn monitor(run_dir: &Path, args: &ShimArgs) -> Result<()> {
     let (status_read, status_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("a status pipe")?;
     let child = start_job(args, status_write)?;
-    dir.write_atomically(PGID, child.to_string().as_bytes())
+    let started = leader_start(child.as_raw()).map_or_else(String::new, |t| format!(" {t}"));
+    dir.write_atomically(PGID, format!("{child}{started}").as_bytes())
         .context("recording the job's process group")?;
     let mut why = Vec::new();
     let _ = std::fs::File::from(status_read)
@@ -309,7 +311,27 @@ pub fn probe(dir: &RootDir) -> Monitor {
 
 /// Reads the job's process group, once the monitor has recorded it.
 pub fn read_pgid(dir: &RootDir) -> Option<i32> {
-    dir.read_text(PGID)?.trim().parse().ok()
+    read_group(dir).map(|(pgid, _)| pgid)
+}
+
+/// The job's process group and, when the monitor recorded it, when its leader started.
+pub fn read_group(dir: &RootDir) -> Option<(i32, Option<u64>)> {
+    let text = dir.read_text(PGID)?;
+    let mut words = text.split_whitespace();
+    let pgid = words.next()?.parse().ok()?;
+    Some((pgid, words.next().and_then(|w| w.parse().ok())))
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/PID/stat`'s 22nd field):
+/// with its pid, it names one process for good — a later process given the same number
+/// started later. (Its command line does not: the job's first process is a fork of its
+/// monitor, which is a fork of the launcher, until it execs the script.)
+pub fn leader_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command, which may hold spaces, start after its last ')':
+    // the state is the 3rd field, the start time the 22nd.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 /// Becomes the job: joins cgroups, limits, identity, outputs, exec. Returns only on failure,
@@ -552,6 +574,39 @@ mod tests {
         let err = monitor(dir.path(), &args()).unwrap_err();
         assert!(format!("{err:#}").contains("gave this run up"), "{err:#}");
         assert!(read_pgid(&dir).is_none(), "a job was started");
+    }
+
+    #[test]
+    fn a_job_leader_is_known_by_its_pid_and_start_time_not_its_command_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = RootDir::open_or_create(&tmp.path().join("run"), RUN_DIR_MODE).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let started = leader_start(pid).unwrap();
+        assert_eq!(
+            leader_start(pid),
+            Some(started),
+            "a start time does not change"
+        );
+        assert_ne!(
+            leader_start(std::process::id() as i32),
+            None,
+            "this process has one too"
+        );
+        dir.write_atomically(PGID, format!("{pid} {started}").as_bytes())
+            .unwrap();
+        assert_eq!(read_group(&dir), Some((pid, Some(started))));
+        assert_eq!(read_pgid(&dir), Some(pid));
+        // What an older monitor wrote: the group alone.
+        dir.write_atomically(PGID, pid.to_string().as_bytes())
+            .unwrap();
+        assert_eq!(read_group(&dir), Some((pid, None)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(leader_start(pid), None, "gone");
     }
 
     #[test]

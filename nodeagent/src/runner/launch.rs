@@ -251,6 +251,11 @@ impl Runner {
     fn start_monitor(&self, id: RunId, prepared: &Prepared) -> Result<MonitorProc, String> {
         let run_dir = &prepared.run_dir;
         self.hold(id, |h| h.run_dir = Some(run_dir.path().to_path_buf()));
+        // The monitor's own messages (never the job's output) go to a log of root's, made
+        // here so that a failure to make it is this launch's failure, said.
+        let log = run_dir
+            .create_new(MONITOR_LOG, 0o600)
+            .map_err(|e| format!("the monitor's log: {e}"))?;
         let mut args = vec![std::ffi::OsString::from(format!(
             "--run-dir={}",
             run_dir.path().display()
@@ -274,20 +279,21 @@ impl Runner {
                 tracing::warn!(job = id.0, epoch = id.1, error = %e, "starting the monitor as a program");
             }
         }
-        self.spawn_monitor(id, prepared).map(MonitorProc::Child)
+        self.spawn_monitor(id, prepared, log)
+            .map(MonitorProc::Child)
     }
 
-    /// Starts the run's monitor as a program of its own (`exec-job`).
+    /// Starts the run's monitor as a program of its own (`exec-job`), its output to `log`.
     fn spawn_monitor(
         &self,
         id: RunId,
         prepared: &Prepared,
+        log: std::fs::File,
     ) -> Result<tokio::process::Child, String> {
         let run_dir = &prepared.run_dir;
-        let fail = |e: std::io::Error| format!("the monitor's log: {e}");
-        // The monitor's own messages (never the job's output) go to a log of root's.
-        let log = run_dir.create_new(MONITOR_LOG, 0o600).map_err(fail)?;
-        let log_too = log.try_clone().map_err(fail)?;
+        let log_too = log
+            .try_clone()
+            .map_err(|e| format!("the monitor's log: {e}"))?;
         let mut cmd = tokio::process::Command::new(&self.config.shim);
         cmd.arg("exec-job")
             .arg(format!("--run-dir={}", run_dir.path().display()))
@@ -354,18 +360,21 @@ impl Runner {
                     // The monitor died without the job's end: nothing will report it, so
                     // nothing of it may keep running. Confined, its cgroups are emptied when
                     // the run is released; unconfined, its process group is killed, but only
-                    // if its leader still runs this run's script (not a process that was
-                    // given the number since).
+                    // if its leader is still the process the monitor started (not one that
+                    // was given the number since): the same start time, or, recorded by an
+                    // older monitor without one, a command line naming this run's script.
                     let script = self
                         .config
                         .state_dir
                         .join(JOBS)
                         .join(run_name(id))
                         .join(SCRIPT);
-                    let pgid = pgid.filter(|p| {
-                        std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                    let recorded = crate::shim::read_group(&dir);
+                    let pgid = pgid.filter(|p| match recorded {
+                        Some((_, Some(started))) => crate::shim::leader_start(*p) == Some(started),
+                        _ => std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
                             String::from_utf8_lossy(&c).contains(&*script.to_string_lossy())
-                        })
+                        }),
                     });
                     let unconfined = self.holdings().get(&id).is_none_or(|h| h.cgroup.is_none());
                     if unconfined {
