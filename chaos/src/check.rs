@@ -8,7 +8,12 @@
 //! - No double runs: a job started at most once more than it was requeued, and no two
 //!   attempts of one job overlapped in time.
 //! - Every job reached a final state.
-//! - Raft safety as seen from outside: at most one leader per term.
+//! - Raft safety as seen from outside. openraft (without its `single-term-leader` feature,
+//!   which Docket does not use) identifies a leader by (term, replica), ordered by term and
+//!   then replica: a candidate with a higher id may win a term another has just won, and
+//!   log entries carry the whole leader id, so two leaders of one term are legal and are
+//!   only counted. What must hold is that leader ids only move forward: no replica
+//!   reports itself leader of a term older than one it has already led.
 //! - Convergence: every replica's own (stale) view of the queue is the same.
 //! - The agents' launch records agree (see [`crate::launches`]).
 
@@ -59,7 +64,10 @@ pub struct Report {
     pub double_runs: Vec<u64>,
     pub overlapping: Vec<u64>,
     pub not_final: Vec<u64>,
+    /// Terms with more than one leader (legal with openraft's leader ids; a figure).
     pub split_terms: Vec<u64>,
+    /// Replicas that reported leading an older term after a newer one.
+    pub leader_regressions: Vec<u64>,
     pub diverged: bool,
     pub faults: BTreeMap<&'static str, usize>,
     pub ops: BTreeMap<String, usize>,
@@ -83,7 +91,7 @@ impl Report {
             && self.overlapping.is_empty()
             && self.not_final.is_empty()
             && self.launches.ok()
-            && self.split_terms.is_empty()
+            && self.leader_regressions.is_empty()
             && !self.diverged
     }
 }
@@ -174,10 +182,18 @@ pub fn check(
             r.overlapping.push(id);
         }
     }
-    // At most one leader per term.
+    // Leader ids only move forward on each replica; leaders per term are counted.
     let mut per_term: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    for l in &records.leaders {
+    let mut sightings = records.leaders.clone();
+    sightings.sort_by_key(|l| l.at_ms);
+    let mut led: BTreeMap<u64, u64> = BTreeMap::new();
+    for l in &sightings {
         per_term.entry(l.term).or_default().insert(l.replica);
+        let newest = led.entry(l.replica).or_insert(l.term);
+        if l.term < *newest && !r.leader_regressions.contains(&l.replica) {
+            r.leader_regressions.push(l.replica);
+        }
+        *newest = (*newest).max(l.term);
     }
     r.terms_seen = per_term.len();
     r.split_terms = per_term
@@ -261,9 +277,10 @@ pub fn render(r: &Report, seed: u64) -> String {
         l.started_too_often.len()
     ));
     s.push_str(&format!(
-        "terms seen: {}   terms with two leaders: {}   replicas diverged: {}\n",
+        "terms seen: {}   terms with two leaders (allowed by openraft's leader ids): {}   leaders gone back a term: {}   replicas diverged: {}\n",
         r.terms_seen,
         r.split_terms.len(),
+        r.leader_regressions.len(),
         r.diverged
     ));
     let fmt = |v: &[u64]| match percentiles(v) {
@@ -303,7 +320,7 @@ pub fn render(r: &Report, seed: u64) -> String {
         };
         let ids = |v: &[u64]| -> Vec<String> { v.iter().map(u64::to_string).collect() };
         s.push_str(&format!(
-            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  split terms {}\n  starts not backed by a launch {}\n  abandoned yet started {}\n  started by agents beyond 1 + requeues {}\n",
+            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  leaders gone back a term {}\n  starts not backed by a launch {}\n  abandoned yet started {}\n  started by agents beyond 1 + requeues {}\n",
             few(&r.lost),
             few(&r.duplicated),
             few(&r.unexpected),
@@ -311,7 +328,7 @@ pub fn render(r: &Report, seed: u64) -> String {
             few(&ids(&r.double_runs)),
             few(&ids(&r.overlapping)),
             few(&ids(&r.not_final)),
-            few(&ids(&r.split_terms)),
+            few(&ids(&r.leader_regressions)),
             few(&ids(&r.launches.unbacked)),
             few(&ids(&r.launches.abandoned_started)),
             few(&ids(&r.launches.started_too_often)),
@@ -373,6 +390,11 @@ mod tests {
                     replica: 3,
                     at_ms: 6,
                 },
+                LeaderSeen {
+                    term: 1,
+                    replica: 2,
+                    at_ms: 7,
+                },
             ],
         };
         // b lost, c twice, d (unknown) present once: fine, x never submitted, e still running.
@@ -391,7 +413,10 @@ mod tests {
         assert_eq!(r.unexpected, ["x"]);
         assert_eq!(r.double_runs, [1]);
         assert_eq!(r.not_final, [5]);
+        // Two leaders of term 3 are legal (leader ids (3, 2) < (3, 3)); replica 2 leading
+        // term 1 after term 3 is not.
         assert_eq!(r.split_terms, [3]);
+        assert_eq!(r.leader_regressions, [2]);
         assert!(!r.diverged);
         assert!(!r.ok());
     }

@@ -215,13 +215,12 @@ impl History {
         self.lock().faults.push(fault);
     }
 
+    /// Records a leadership sighting when it differs from that replica's last one, so a
+    /// replica that went back to an older term shows in the records.
     pub fn leader(&self, seen: LeaderSeen) {
         let mut r = self.lock();
-        if !r
-            .leaders
-            .iter()
-            .any(|l| l.term == seen.term && l.replica == seen.replica)
-        {
+        let last = r.leaders.iter().rev().find(|l| l.replica == seen.replica);
+        if last.is_none_or(|l| l.term != seen.term) {
             r.leaders.push(seen);
         }
     }

@@ -206,10 +206,10 @@ struct RunArgs {
     /// Requests per second one user may make to this replica, sustained (root is exempt;
     /// 0: no limit). Over it, requests are refused with RESOURCE_EXHAUSTED and the
     /// command line retries a second later.
-    #[arg(long, env = "DOCKET_USER_RPC_RATE", default_value_t = 200)]
+    #[arg(long, env = "DOCKET_USER_RPC_RATE", default_value_t = 1000)]
     user_rpc_rate: u32,
     /// Requests one user may make in a burst above the sustained rate.
-    #[arg(long, env = "DOCKET_USER_RPC_BURST", default_value_t = 1000)]
+    #[arg(long, env = "DOCKET_USER_RPC_BURST", default_value_t = 2000)]
     user_rpc_burst: u32,
     /// Log filter (tracing's EnvFilter syntax), e.g. `info` or `docket_controller=debug`.
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]

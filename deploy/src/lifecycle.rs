@@ -10,6 +10,9 @@
 //! the `sbatch` processes' rate and latency, the jobs per second from the first submission
 //! to the last end, submit-to-start and start-to-end latencies (p50/p99, from the replicated
 //! submit, start and end times), and the cpu time the leader and the agents spent per job.
+//! With `held`, a first phase submits the same number of jobs held (`sbatch -H`), so
+//! nothing runs: the submission path alone, process to acknowledgement; they are cancelled
+//! afterwards.
 //! Nothing is timed against a threshold; it fails only when a job did not complete.
 
 use std::collections::BTreeSet;
@@ -29,6 +32,8 @@ pub struct BenchSpec {
     pub loops: u32,
     /// Also run the array phase.
     pub array: bool,
+    /// First run a phase of held submissions (nothing starts; cancelled after).
+    pub held: bool,
 }
 
 /// How long a phase may take before the run gives up.
@@ -39,6 +44,8 @@ const PHASE_DEADLINE: Duration = Duration::from_secs(900);
 pub struct Phase {
     pub name: String,
     pub jobs: usize,
+    /// Held submissions: only the `sbatch` figures and the cpu mean anything.
+    pub held: bool,
     /// Wall time of each `sbatch` process, ms (one for the array).
     pub sbatch_ms: Vec<u64>,
     /// From the first `sbatch` started to the last one exited, s.
@@ -75,7 +82,7 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let submitter = Submitter {
-        sbatch,
+        bin: state_dir.join("bin"),
         env,
         user: if nix::unistd::geteuid().is_root() {
             nix::unistd::User::from_name("nobody")?.map(|u| (u.uid.as_raw(), u.gid.as_raw()))
@@ -84,8 +91,12 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
         },
     };
     let mut phases = Vec::new();
+    if spec.held {
+        let name = format!("bench-held-{nonce}");
+        phases.push(loops_phase(spec, &cluster, &submitter, &name, true).await?);
+    }
     let name = format!("bench-loops-{nonce}");
-    phases.push(loops_phase(spec, &cluster, &submitter, &name).await?);
+    phases.push(loops_phase(spec, &cluster, &submitter, &name, false).await?);
     if spec.array {
         let name = format!("bench-array-{nonce}");
         phases.push(array_phase(spec, &cluster, &submitter, &name).await?);
@@ -96,7 +107,8 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
 /// How `sbatch` is run: the cluster's command, its environment, as whom.
 #[derive(Debug, Clone)]
 struct Submitter {
-    sbatch: PathBuf,
+    /// The cluster's commands.
+    bin: PathBuf,
     env: Vec<(String, String)>,
     user: Option<(u32, u32)>,
 }
@@ -105,8 +117,7 @@ impl Submitter {
     /// One `sbatch --parsable` of a trivial job named `name` with `extra` options; its
     /// wall time.
     fn submit(&self, name: &str, extra: &[&str]) -> Result<Duration> {
-        let mut cmd = std::process::Command::new(&self.sbatch);
-        cmd.args([
+        let mut args = vec![
             "--parsable",
             "-J",
             name,
@@ -116,25 +127,34 @@ impl Submitter {
             "/dev/null",
             "-D",
             "/tmp",
-        ])
-        .args(extra)
-        .args(["--wrap", "true"])
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .envs(self.env.iter().map(|(k, v)| (k, v)))
-        .current_dir("/tmp")
-        .stdin(std::process::Stdio::null());
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--wrap", "true"]);
+        self.run("sbatch", &args)
+    }
+
+    /// One run of the cluster's command `program` with `args` as the submitting user; its
+    /// wall time.
+    fn run(&self, program: &str, args: &[&str]) -> Result<Duration> {
+        let path = self.bin.join(program);
+        let mut cmd = std::process::Command::new(&path);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir("/tmp")
+            .stdin(std::process::Stdio::null());
         if let Some((uid, gid)) = self.user {
             cmd.uid(uid).gid(gid);
         }
         let began = Instant::now();
         let out = cmd
             .output()
-            .with_context(|| format!("running {}", self.sbatch.display()))?;
+            .with_context(|| format!("running {}", path.display()))?;
         let took = began.elapsed();
         if !out.status.success() {
             bail!(
-                "sbatch failed: {}",
+                "{program} failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
@@ -142,36 +162,67 @@ impl Submitter {
     }
 }
 
-/// `loops` concurrent loops of one `sbatch` process per job.
+/// `loops` concurrent loops of one `sbatch` process per job; with `held`, the jobs are
+/// submitted held (the submission path alone, nothing runs) and cancelled afterwards.
 async fn loops_phase(
     spec: &BenchSpec,
     cluster: &LocalCluster,
     submitter: &Submitter,
     name: &str,
+    held: bool,
 ) -> Result<Phase> {
     let loops = spec.loops.clamp(1, spec.jobs.max(1));
-    let title = format!("{} sbatch processes from {loops} loops", spec.jobs);
-    measure(cluster, name, spec.jobs, title, || {
-        let mut handles = Vec::new();
-        for k in 0..loops {
-            let n = spec.jobs / loops + u32::from(k < spec.jobs % loops);
-            let (s, name) = (submitter.clone(), name.to_owned());
-            handles.push(std::thread::spawn(move || {
-                (0..n)
-                    .map(|_| s.submit(&name, &[]).map(|d| d.as_millis() as u64))
-                    .collect::<Result<Vec<u64>>>()
-            }));
-        }
-        let mut sbatch_ms = Vec::new();
-        for h in handles {
-            sbatch_ms.extend(
-                h.join()
-                    .map_err(|_| anyhow!("a submission loop panicked"))??,
-            );
-        }
-        Ok(sbatch_ms)
+    let (title, extra): (String, &'static [&'static str]) = if held {
+        let t = format!(
+            "{} held sbatch -H processes from {loops} loops (nothing runs)",
+            spec.jobs
+        );
+        (t, &["-H"])
+    } else {
+        (
+            format!("{} sbatch processes from {loops} loops", spec.jobs),
+            &[],
+        )
+    };
+    let phase = measure(cluster, name, spec.jobs, title, held, || {
+        submit_loops(submitter, name, spec.jobs, loops, extra)
     })
-    .await
+    .await?;
+    if held {
+        submitter
+            .run("scancel", &["-n", name])
+            .context("cancelling the held jobs")?;
+    }
+    Ok(phase)
+}
+
+/// `jobs` submissions from `loops` concurrent threads, each running one `sbatch` process
+/// at a time; every process's wall time, ms.
+fn submit_loops(
+    submitter: &Submitter,
+    name: &str,
+    jobs: u32,
+    loops: u32,
+    extra: &'static [&'static str],
+) -> Result<Vec<u64>> {
+    let mut handles = Vec::new();
+    for k in 0..loops {
+        let n = jobs / loops + u32::from(k < jobs % loops);
+        let (s, name) = (submitter.clone(), name.to_owned());
+        handles.push(std::thread::spawn(move || {
+            (0..n)
+                .map(|_| s.submit(&name, extra).map(|d| d.as_millis() as u64))
+                .collect::<Result<Vec<u64>>>()
+        }));
+    }
+    let mut sbatch_ms = Vec::new();
+    for h in handles {
+        sbatch_ms.extend(
+            h.join()
+                .map_err(|_| anyhow!("a submission loop panicked"))??,
+        );
+    }
+    Ok(sbatch_ms)
 }
 
 /// One array of `jobs` tasks.
@@ -183,19 +234,21 @@ async fn array_phase(
 ) -> Result<Phase> {
     let range = format!("--array=0-{}", spec.jobs.saturating_sub(1));
     let title = format!("an array of {} tasks", spec.jobs);
-    measure(cluster, name, spec.jobs, title, || {
+    measure(cluster, name, spec.jobs, title, false, || {
         Ok(vec![submitter.submit(name, &[&range])?.as_millis() as u64])
     })
     .await
 }
 
 /// One phase: `submit` runs the `sbatch` processes (their wall times, ms), then the `jobs`
-/// jobs named `name` are followed to their end, and the cpu spent meanwhile is charged.
+/// jobs named `name` are followed to their end (unless `held`: nothing will run), and the
+/// cpu spent meanwhile is charged.
 async fn measure(
     cluster: &LocalCluster,
     name: &str,
     jobs: u32,
     title: String,
+    held: bool,
     submit: impl FnOnce() -> Result<Vec<u64>>,
 ) -> Result<Phase> {
     let before = cpu(cluster).await;
@@ -203,7 +256,15 @@ async fn measure(
     let began = Instant::now();
     let sbatch_ms = submit()?;
     let submit_s = began.elapsed().as_secs_f64();
-    let mut phase = follow(cluster, name, jobs as usize, first_ms).await?;
+    let mut phase = if held {
+        Phase {
+            jobs: sbatch_ms.len(),
+            held: true,
+            ..Default::default()
+        }
+    } else {
+        follow(cluster, name, jobs as usize, first_ms).await?
+    };
     let after = cpu(cluster).await;
     phase.name = title;
     phase.sbatch_ms = sbatch_ms;
@@ -296,11 +357,7 @@ impl Phase {
         let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         let per_job = |ms: u64| ms as f64 / self.jobs.max(1) as f64;
         let p = |v: &[u64]| percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99));
-        let (sbatch, to_start, to_end) = (
-            p(&self.sbatch_ms),
-            p(&self.submit_to_start_ms),
-            p(&self.start_to_end_ms),
-        );
+        let sbatch = p(&self.sbatch_ms);
         let mut out = format!("{}:\n", self.name);
         if self.sbatch_ms.len() > 1 {
             out.push_str(&format!(
@@ -317,20 +374,9 @@ impl Phase {
                 self.sbatch_ms.first().copied().unwrap_or(0)
             ));
         }
-        out.push_str(&format!(
-            "  to completion:      {} jobs, first submission to last end {:.1} s = {:.1} jobs/s\n",
-            self.jobs,
-            self.complete_s,
-            per_s(self.jobs, self.complete_s)
-        ));
-        out.push_str(&format!(
-            "  submit -> start:    p50 {} ms, p99 {} ms\n",
-            to_start.0, to_start.1
-        ));
-        out.push_str(&format!(
-            "  start -> end:       p50 {} ms, p99 {} ms\n",
-            to_end.0, to_end.1
-        ));
+        if !self.held {
+            self.render_lifecycle(&mut out);
+        }
         let each: Vec<String> = self
             .agent_cpu_ms
             .iter()
@@ -352,5 +398,26 @@ impl Phase {
             ));
         }
         out
+    }
+
+    /// The lines of a phase whose jobs ran: to completion, and the latencies.
+    fn render_lifecycle(&self, out: &mut String) {
+        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        let p = |v: &[u64]| percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99));
+        let (to_start, to_end) = (p(&self.submit_to_start_ms), p(&self.start_to_end_ms));
+        out.push_str(&format!(
+            "  to completion:      {} jobs, first submission to last end {:.1} s = {:.1} jobs/s\n",
+            self.jobs,
+            self.complete_s,
+            per_s(self.jobs, self.complete_s)
+        ));
+        out.push_str(&format!(
+            "  submit -> start:    p50 {} ms, p99 {} ms\n",
+            to_start.0, to_start.1
+        ));
+        out.push_str(&format!(
+            "  start -> end:       p50 {} ms, p99 {} ms\n",
+            to_end.0, to_end.1
+        ));
     }
 }

@@ -91,6 +91,10 @@ enum Cmd {
         /// Skip the array phase.
         #[arg(long)]
         no_array: bool,
+        /// First submit as many held jobs (`sbatch -H`) from the loops: the submission
+        /// path alone, nothing runs; they are cancelled afterwards.
+        #[arg(long)]
+        held: bool,
     },
     /// Run the demo workload and print what happened.
     Demo,
@@ -410,11 +414,13 @@ async fn run(cli: Cli) -> Result<()> {
             jobs,
             loops,
             no_array,
+            held,
         } => {
             let spec = lifecycle::BenchSpec {
                 jobs,
                 loops,
                 array: !no_array,
+                held,
             };
             let c = LocalCluster::open(&cli.state_dir)?;
             let bins = c.record.bin_dir.display().to_string();

@@ -7,6 +7,12 @@
 //! flight at once, and writes arriving meanwhile wait and form the next batch. Under load the
 //! batch grows by itself; with one writer it is one command and adds no delay.
 //!
+//! An entry counts as in flight only while this replica leads the term it was proposed in. A
+//! leader deposed with entries in its log (stopped, cut off) waits for them until the new
+//! leader truncates or commits them, which may take seconds; were those entries to keep
+//! their places, every write reaching this replica meanwhile would wait behind them instead
+//! of being passed to the new leader at once.
+//!
 //! On a follower the batch is forwarded to the leader's proposer over the Raft service, where
 //! it joins the leader's own writes. A write is answered only after its entry is committed and
 //! applied; the answer is the machine's response to each command.
@@ -18,9 +24,10 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use openraft::ServerState;
 use openraft::error::{ClientWriteError, RaftError};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::encode;
 use crate::ids::ReplicaAddr;
@@ -215,14 +222,20 @@ async fn run<M: StateMachine>(
         let raft = raft.clone();
         let channels = channels.clone();
         tokio::spawn(async move {
-            propose(&raft, &channels, group).await;
-            drop(permit);
+            propose(&raft, &channels, group, permit).await;
         });
     }
 }
 
-/// Proposes one group as one entry and answers each member.
-async fn propose<M: StateMachine>(raft: &Raft<M>, channels: &Channels, group: Vec<Pending<M>>) {
+/// Proposes one group as one entry and answers each member. `permit` is its place among the
+/// entries in flight, given up when the write ends or this replica stops leading the term
+/// it was proposed in, whichever comes first.
+async fn propose<M: StateMachine>(
+    raft: &Raft<M>,
+    channels: &Channels,
+    group: Vec<Pending<M>>,
+    permit: OwnedSemaphorePermit,
+) {
     let sizes: Vec<usize> = group.iter().map(|p| p.commands.len()).collect();
     let mut replies = Vec::with_capacity(group.len());
     let mut forwarded = Vec::with_capacity(group.len());
@@ -236,7 +249,7 @@ async fn propose<M: StateMachine>(raft: &Raft<M>, channels: &Channels, group: Ve
         time_ms: now_ms(),
         commands,
     };
-    let outcome = match raft.client_write(batch.clone()).await {
+    let outcome = match write_while_leading(raft, batch.clone(), permit).await {
         Ok(response) => Ok(response.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
             // Not proposed here, or truncated away: either way not applied.
@@ -269,6 +282,37 @@ async fn propose<M: StateMachine>(raft: &Raft<M>, channels: &Channels, group: Ve
             debug_assert_eq!(offset, sizes.iter().sum::<usize>());
             if let (Some(leader), false) = (leader, local.is_empty()) {
                 forward::<M>(channels, &leader, local).await;
+            }
+        }
+    }
+}
+
+/// `client_write`, giving up `permit` as soon as this replica no longer leads the term it
+/// proposed in (the write itself is still awaited: its outcome is what the caller answers).
+async fn write_while_leading<M: StateMachine>(
+    raft: &Raft<M>,
+    batch: Batch<M::Command>,
+    permit: OwnedSemaphorePermit,
+) -> Result<
+    openraft::raft::ClientWriteResponse<crate::types::TypeConfig<M>>,
+    crate::types::RaftError<ClientWriteError<crate::ids::ReplicaId, ReplicaAddr>>,
+> {
+    let mut metrics = raft.metrics();
+    let term = metrics.borrow().current_term;
+    let mut permit = Some(permit);
+    let write = raft.client_write(batch);
+    tokio::pin!(write);
+    loop {
+        tokio::select! {
+            result = &mut write => return result,
+            changed = metrics.changed(), if permit.is_some() => {
+                let deposed = changed.is_err() || {
+                    let m = metrics.borrow_and_update();
+                    m.state != ServerState::Leader || m.current_term != term
+                };
+                if deposed {
+                    permit = None;
+                }
             }
         }
     }
