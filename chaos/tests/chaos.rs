@@ -94,7 +94,7 @@ fn a_short_run_with_every_fault_kind_passes_every_checker() {
         out.contains("leader loss -> first committed write:     p50 "),
         "{out}"
     );
-    assert!(out.contains("terms with two leaders: 0"), "{out}");
+    assert!(out.contains("leaders gone back a term: 0"), "{out}");
     assert!(
         out.contains(
             "starts not backed: 0   abandoned yet started: 0   started beyond 1 + requeues: 0"
