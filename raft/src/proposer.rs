@@ -236,6 +236,7 @@ async fn propose<M: StateMachine>(
     group: Vec<Pending<M>>,
     permit: OwnedSemaphorePermit,
 ) {
+    let mut permit = Some(permit);
     let sizes: Vec<usize> = group.iter().map(|p| p.commands.len()).collect();
     let mut replies = Vec::with_capacity(group.len());
     let mut forwarded = Vec::with_capacity(group.len());
@@ -249,7 +250,7 @@ async fn propose<M: StateMachine>(
         time_ms: now_ms(),
         commands,
     };
-    let outcome = match write_while_leading(raft, batch.clone(), permit).await {
+    let outcome = match write_while_leading(raft, batch.clone(), &mut permit).await {
         Ok(response) => Ok(response.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
             // Not proposed here, or truncated away: either way not applied.
@@ -289,29 +290,33 @@ async fn propose<M: StateMachine>(
 
 /// `client_write`, giving up `permit` as soon as this replica no longer leads the term it
 /// proposed in (the write itself is still awaited: its outcome is what the caller answers).
+/// Proposed on a follower, the write comes straight back to be forwarded, and the permit
+/// stays, bounding the forwards in flight as it bounds the leader's entries.
 async fn write_while_leading<M: StateMachine>(
     raft: &Raft<M>,
     batch: Batch<M::Command>,
-    permit: OwnedSemaphorePermit,
+    permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<
     openraft::raft::ClientWriteResponse<crate::types::TypeConfig<M>>,
     crate::types::RaftError<ClientWriteError<crate::ids::ReplicaId, ReplicaAddr>>,
 > {
     let mut metrics = raft.metrics();
-    let term = metrics.borrow().current_term;
-    let mut permit = Some(permit);
+    let (leading, term) = {
+        let m = metrics.borrow();
+        (m.state == ServerState::Leader, m.current_term)
+    };
     let write = raft.client_write(batch);
     tokio::pin!(write);
     loop {
         tokio::select! {
             result = &mut write => return result,
-            changed = metrics.changed(), if permit.is_some() => {
+            changed = metrics.changed(), if leading && permit.is_some() => {
                 let deposed = changed.is_err() || {
                     let m = metrics.borrow_and_update();
                     m.state != ServerState::Leader || m.current_term != term
                 };
                 if deposed {
-                    permit = None;
+                    *permit = None;
                 }
             }
         }
