@@ -33,8 +33,7 @@ use crate::history::{FaultKind, History};
 /// Starts a real cluster, drives a concurrent workload, injects faults on a seeded schedule,
 /// then checks the recorded history: every acknowledged job exists exactly once, no job ran
 /// twice, every job finished, no replica leads an older term after a newer one, every replica
-/// agrees. Prints the
-/// figures and the seed that reproduces the run.
+/// agrees. Prints the figures and the seed that reproduces the run.
 #[derive(Debug, Parser)]
 #[command(
     name = "docket-chaos",

@@ -62,10 +62,11 @@ pub struct Phase {
     pub agent_cpu_ms: Vec<u64>,
 }
 
-/// Runs both phases against the cluster in `state_dir`.
+/// Runs the phases `spec` asks for against the cluster in `state_dir`.
 pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
     let cluster = LocalCluster::open(state_dir)?;
-    let sbatch = state_dir.join("bin").join("sbatch");
+    let bin = state_dir.join("bin");
+    let sbatch = bin.join("sbatch");
     if !sbatch.exists() {
         bail!(
             "{} is missing: start the cluster with `docket-local up` first",
@@ -82,7 +83,7 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
     let submitter = Submitter {
-        bin: state_dir.join("bin"),
+        bin,
         env,
         user: if nix::unistd::geteuid().is_root() {
             nix::unistd::User::from_name("nobody")?.map(|u| (u.uid.as_raw(), u.gid.as_raw()))
@@ -354,10 +355,8 @@ async fn cpu(cluster: &LocalCluster) -> (u64, Vec<u64>) {
 impl Phase {
     /// The figures of this phase, a few lines.
     pub fn render(&self) -> String {
-        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
         let per_job = |ms: u64| ms as f64 / self.jobs.max(1) as f64;
-        let p = |v: &[u64]| percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99));
-        let sbatch = p(&self.sbatch_ms);
+        let sbatch = p50_p99(&self.sbatch_ms);
         let mut out = format!("{}:\n", self.name);
         if self.sbatch_ms.len() > 1 {
             out.push_str(&format!(
@@ -402,9 +401,10 @@ impl Phase {
 
     /// The lines of a phase whose jobs ran: to completion, and the latencies.
     fn render_lifecycle(&self, out: &mut String) {
-        let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-        let p = |v: &[u64]| percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99));
-        let (to_start, to_end) = (p(&self.submit_to_start_ms), p(&self.start_to_end_ms));
+        let (to_start, to_end) = (
+            p50_p99(&self.submit_to_start_ms),
+            p50_p99(&self.start_to_end_ms),
+        );
         out.push_str(&format!(
             "  to completion:      {} jobs, first submission to last end {:.1} s = {:.1} jobs/s\n",
             self.jobs,
@@ -420,4 +420,14 @@ impl Phase {
             to_end.0, to_end.1
         ));
     }
+}
+
+/// `n` per second over `s` seconds (0 when no time passed).
+fn per_s(n: usize, s: f64) -> f64 {
+    if s > 0.0 { n as f64 / s } else { 0.0 }
+}
+
+/// The p50 and p99 of `v` (zeros when empty).
+fn p50_p99(v: &[u64]) -> (u64, u64) {
+    percentiles(v).map_or((0, 0), |(p50, p99, _)| (p50, p99))
 }

@@ -10,8 +10,8 @@
 //! Then the network heals, everything restarts, and the checkers run: leader ids only move
 //! forward (openraft identifies a leader by (term, replica), so a higher replica may win a
 //! term a lower one has just won; a leader id lower than one already elected means a voter
-//! granted out of order); every acknowledged submission applied exactly once, with the id it was acknowledged
-//! with, on every replica; committed entries identical on every replica (log matching); every
+//! granted out of order); every acknowledged submission applied exactly once, with the id it
+//! was acknowledged with, on every replica; committed entries identical on every replica (log matching); every
 //! replica's state the same.
 
 mod net;
@@ -503,6 +503,43 @@ async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
     report
 }
 
+/// The leader ids (term, replica) seen, in the order they were first seen.
+#[derive(Debug, Default)]
+struct LeaderIds {
+    seen: BTreeSet<(u64, u64)>,
+    /// One line per leader id first seen below one seen at an earlier observation.
+    backwards: Vec<String>,
+}
+
+impl LeaderIds {
+    /// One observation: the leaders every replica that is up reports now. Leader ids
+    /// elected between two observations may be seen together in either order; one seen
+    /// first after a higher one was seen before was elected after it, which openraft's
+    /// vote order forbids.
+    fn observe(&mut self, now: &[(u64, u64)]) {
+        let highest = self.seen.last().copied();
+        for &id in now {
+            if self.seen.insert(id)
+                && let Some(h) = highest
+                && id < h
+            {
+                self.backwards.push(format!(
+                    "leader (term {}, replica {}) elected after (term {}, replica {})",
+                    id.0, id.1, h.0, h.1
+                ));
+            }
+        }
+    }
+
+    fn terms(&self) -> usize {
+        self.seen
+            .iter()
+            .map(|(t, _)| t)
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -554,42 +591,5 @@ mod tests {
         let again = run_seed_broken(*seed, 100);
         assert_eq!(again.failures, first.failures);
         assert_eq!(again.trace, first.trace);
-    }
-}
-
-/// The leader ids (term, replica) seen, in the order they were first seen.
-#[derive(Debug, Default)]
-struct LeaderIds {
-    seen: BTreeSet<(u64, u64)>,
-    /// One line per leader id first seen below one seen at an earlier observation.
-    backwards: Vec<String>,
-}
-
-impl LeaderIds {
-    /// One observation: the leaders every replica that is up reports now. Leader ids
-    /// elected between two observations may be seen together in either order; one seen
-    /// first after a higher one was seen before was elected after it, which openraft's
-    /// vote order forbids.
-    fn observe(&mut self, now: &[(u64, u64)]) {
-        let highest = self.seen.last().copied();
-        for &id in now {
-            if self.seen.insert(id)
-                && let Some(h) = highest
-                && id < h
-            {
-                self.backwards.push(format!(
-                    "leader (term {}, replica {}) elected after (term {}, replica {})",
-                    id.0, id.1, h.0, h.1
-                ));
-            }
-        }
-    }
-
-    fn terms(&self) -> usize {
-        self.seen
-            .iter()
-            .map(|(t, _)| t)
-            .collect::<BTreeSet<_>>()
-            .len()
     }
 }
