@@ -22,6 +22,7 @@ mod sbatch;
 mod scancel;
 mod scontrol;
 mod sim;
+mod sim_compare;
 mod sinfo;
 mod slurmtime;
 mod sprio;

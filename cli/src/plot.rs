@@ -5,6 +5,8 @@ use std::path::Path;
 
 use anyhow::{Result, anyhow};
 use docket_core::sim::Replay;
+
+use crate::sim_compare::Row;
 use plotters::prelude::*;
 
 pub fn write(replay: &Replay, path: &Path) -> Result<()> {
@@ -89,6 +91,72 @@ where
         .map_err(|e| anyhow!("{e}"))?;
     chart
         .draw_series(LineSeries::new(points.iter().copied(), color))
+        .map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Reads one figure of a policy's row.
+type Figure = fn(&Row) -> f64;
+
+/// `docket sim --compare --plot`: per policy, mean bounded slowdown, mean and maximum wait,
+/// and utilization, as bars.
+pub fn write_compare(rows: &[Row], path: &Path) -> Result<()> {
+    let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let areas = root.split_evenly((2, 2));
+    let charts: [(&str, Figure, &RGBColor); 4] = [
+        ("mean bounded slowdown", |r| r.mean_bsld, &RED),
+        ("mean wait (hours)", |r| r.mean_wait_s / 3600.0, &BLUE),
+        ("maximum wait (hours)", |r| r.max_wait_s / 3600.0, &MAGENTA),
+        ("utilization", |r| r.utilization, &GREEN),
+    ];
+    for (area, (caption, value, color)) in areas.iter().zip(charts) {
+        bar_chart(area, caption, rows, value, color)?;
+    }
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// One bar per policy, labelled with its name.
+fn bar_chart<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    caption: &str,
+    rows: &[Row],
+    value: Figure,
+    color: &RGBColor,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let n = rows.len().max(1);
+    let top = rows.iter().map(value).fold(0.0, f64::max).max(1e-9) * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0..n).into_segmented(), 0.0..top)
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| match x {
+            SegmentValue::CenterOf(i) => rows.get(*i).map_or(String::new(), |r| r.policy.clone()),
+            _ => String::new(),
+        })
+        .draw()
+        .map_err(|e| anyhow!("{e}"))?;
+    chart
+        .draw_series(rows.iter().enumerate().map(|(i, r)| {
+            Rectangle::new(
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), value(r)),
+                ],
+                color.mix(0.7).filled(),
+            )
+        }))
         .map_err(|e| anyhow!("{e}"))?;
     Ok(())
 }

@@ -19,54 +19,66 @@ use docket_core::sim::{self, Policy, Replay, SimOptions, SimSite};
 pub struct SimArgs {
     /// The trace to replay (SWF).
     #[arg(long, value_name = "FILE")]
-    swf: PathBuf,
+    pub(crate) swf: PathBuf,
     /// The controller's configuration (docket.toml): its nodes, partitions, QOS, accounts
     /// and every policy apply, and its [sim] table maps SWF queues and partitions.
     #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// The scheduling policy: first come first served, EASY backfill, or conservative
-    /// backfill (default: the configuration's, else easy).
-    #[arg(long, value_enum)]
-    policy: Option<PolicyArg>,
+    pub(crate) config: Option<PathBuf>,
+    /// The scheduling policy (default: the configuration's, else easy): fcfs, easy,
+    /// conservative, easy-sjbf (backfill shortest first), easy++ (Tsafrir et al.: easy-sjbf
+    /// on runtime predictions), sjf, lxf, f1 (EASY with the queue by shortest expected run
+    /// time, largest expansion factor, or Carastan-Santos and de Camargo's F1); modifiers
+    /// +sjbf, +predict, +starve=SECONDS (e.g. sjf+predict+starve=86400).
+    #[arg(long, value_parser = Policy::parse, conflicts_with = "compare")]
+    pub(crate) policy: Option<Policy>,
+    /// Replay under each of these policies (comma-separated, as --policy names them) and
+    /// print one row per policy; with --plot, an SVG comparing them.
+    #[arg(long, value_parser = Policy::parse, value_delimiter = ',', value_name = "POLICY,...")]
+    pub(crate) compare: Vec<Policy>,
+    /// Replay sequences of this many consecutive jobs instead of the whole trace (each from
+    /// time 0 on an empty machine) and report the mean of their figures, as published
+    /// evaluations do (RLScheduler: 1,024).
+    #[arg(long, value_name = "JOBS")]
+    pub(crate) window: Option<usize>,
+    /// Scale the intervals between submissions so the trace offers this load (processor
+    /// time asked over processor time available, e.g. 0.9) on the machine.
+    #[arg(long, value_name = "LOAD", value_parser = parse_load)]
+    pub(crate) load: Option<f64>,
+    /// How many sequences --window replays, evenly spaced through the trace.
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "window")]
+    pub(crate) samples: usize,
     /// Processors of the machine (default: the trace's MaxProcs, else MaxNodes; a
     /// configuration that defines nodes defines the machine instead).
     #[arg(long, value_name = "N")]
-    procs: Option<u64>,
+    pub(crate) procs: Option<u64>,
     /// Replay only the first N jobs.
     #[arg(long, value_name = "N")]
-    jobs: Option<usize>,
+    pub(crate) jobs: Option<usize>,
     /// Write one CSV row per job (id, user, procs, submit, start, end, wait, run, bsld).
     #[arg(long, value_name = "FILE.csv")]
-    jobs_out: Option<PathBuf>,
+    pub(crate) jobs_out: Option<PathBuf>,
     /// Draw utilization and queue length over time and the wait-time distribution (SVG).
     #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+    /// With --compare or --window: one JSON object per policy instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
     /// No progress bar (it is drawn only on a terminal anyway).
     #[arg(long)]
-    no_progress: bool,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum PolicyArg {
-    Fcfs,
-    Easy,
-    Conservative,
-}
-
-impl From<PolicyArg> for Policy {
-    fn from(p: PolicyArg) -> Policy {
-        match p {
-            PolicyArg::Fcfs => Policy::Fcfs,
-            PolicyArg::Easy => Policy::Easy,
-            PolicyArg::Conservative => Policy::Conservative,
-        }
-    }
+    pub(crate) no_progress: bool,
 }
 
 pub fn run(args: &SimArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.swf)
         .with_context(|| format!("reading trace {}", args.swf.display()))?;
-    let trace = sim::swf::parse(&text).with_context(|| format!("in {}", args.swf.display()))?;
+    let mut trace = sim::swf::parse(&text).with_context(|| format!("in {}", args.swf.display()))?;
+    if let Some(load) = args.load {
+        // Offered on the trace's machine (or --procs); a site's nodes may differ.
+        let procs = trace
+            .machine_procs(args.procs)
+            .context("--load needs the machine size: give --procs")?;
+        trace = trace.at_load(procs, load);
+    }
     let site = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -80,8 +92,11 @@ pub fn run(args: &SimArgs) -> Result<()> {
         }
         None => None,
     };
+    if !args.compare.is_empty() || args.window.is_some() {
+        return crate::sim_compare::run(args, &trace, site);
+    }
     let options = SimOptions {
-        policy: args.policy.map(Policy::from),
+        policy: args.policy,
         procs: args.procs,
         max_jobs: args.jobs,
         site,
@@ -115,13 +130,14 @@ pub fn run(args: &SimArgs) -> Result<()> {
     }
     let s = &replay.summary;
     let summary = serde_json::json!({
+        "policy_name": s.policy.name(),
         "jobs": s.jobs,
         "dropped": s.dropped,
         "refused": s.refused,
         "first_refusal": s.first_refusal,
         "unstarted": s.unstarted,
         "procs": s.procs,
-        "policy": s.policy.name(),
+        "policy": base_name(&s.policy),
         "utilization": s.utilization,
         "mean_wait_s": s.mean_wait_s,
         "p95_wait_s": s.p95_wait_s,
@@ -165,4 +181,23 @@ fn write_csv(replay: &Replay, path: &PathBuf) -> Result<()> {
     }
     w.flush()?;
     Ok(())
+}
+
+/// The planner's name alone (`fcfs`, `easy`, `conservative`), what the JSON's `policy`
+/// field has always said; `policy_name` has the whole policy.
+fn base_name(p: &Policy) -> &'static str {
+    match p.backfill {
+        docket_core::config::BackfillMode::Off => "fcfs",
+        docket_core::config::BackfillMode::Easy => "easy",
+        docket_core::config::BackfillMode::Conservative => "conservative",
+    }
+}
+
+fn parse_load(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 10.0 => Ok(v),
+        _ => Err(format!(
+            "{text:?} is not a load between 0 and 10 (e.g. 0.9)"
+        )),
+    }
 }

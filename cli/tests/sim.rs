@@ -140,3 +140,81 @@ fn sim_replays_on_a_site_configuration() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("SchedulerParameters.bf_window"), "{err}");
 }
+
+/// `--compare` replays the trace under each policy (here sequences of 200 jobs at a load
+/// where queues form) and prints one JSON row per policy, and an SVG comparing them; an
+/// unknown policy is refused with the known ones named.
+#[test]
+fn sim_compares_policies_over_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("compare.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args([
+            "sim",
+            "--swf",
+            &trace(),
+            "--load",
+            "0.9",
+            "--jobs",
+            "1000",
+            "--window",
+            "200",
+            "--samples",
+            "3",
+            "--compare",
+            "easy,easy++,lxf+starve=86400",
+            "--json",
+        ])
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["easy", "easy++", "lxf+starve=86400"]);
+    for r in &rows {
+        assert_eq!(r["replays"], 3, "{r}");
+        assert_eq!(r["jobs"], 200.0, "{r}");
+        assert!(r["mean_bsld"].as_f64().unwrap() >= 1.0, "{r}");
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("mean bounded slowdown"));
+
+    let table = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args([
+            "sim",
+            "--swf",
+            &trace(),
+            "--jobs",
+            "300",
+            "--compare",
+            "fcfs,easy",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        text.contains("mean bsld") && text.lines().count() == 4,
+        "{text}"
+    );
+
+    let bad = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["sim", "--swf", &trace(), "--compare", "easy,best"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("unknown policy \"best\"") && err.contains("easy++"),
+        "{err}"
+    );
+}

@@ -80,14 +80,14 @@ fn main() {
     let mut policies: Vec<Policy> = std::env::args()
         .skip(1)
         .filter_map(|a| match a.as_str() {
-            "fcfs" => Some(Policy::Fcfs),
-            "easy" => Some(Policy::Easy),
-            "conservative" => Some(Policy::Conservative),
+            "fcfs" => Some(Policy::FCFS),
+            "easy" => Some(Policy::EASY),
+            "conservative" => Some(Policy::CONSERVATIVE),
             _ => None,
         })
         .collect();
     if policies.is_empty() {
-        policies = vec![Policy::Easy, Policy::Conservative];
+        policies = vec![Policy::EASY, Policy::CONSERVATIVE];
     }
     let file = std::env::args().skip(1).find(|a| a.ends_with(".swf"));
     let trace = match &file {

@@ -103,6 +103,18 @@ pub enum BackfillMode {
     Conservative,
 }
 
+/// The order backfill tries its candidates in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackfillOrder {
+    /// The order of consideration (priority), as Slurm's backfill.
+    #[default]
+    Queue,
+    /// Shortest expected run time first (Tsafrir et al.'s SJBF): more, shorter jobs fit in
+    /// the holes before each reservation. Applies to EASY; conservative backfill reserves
+    /// in queue order.
+    Shortest,
+}
+
 /// The limits of the scheduling passes, in Slurm's `SchedulerParameters` vocabulary. Zero
 /// means unlimited wherever Slurm says so.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,6 +139,15 @@ pub struct SchedParams {
     /// After a yield during which the state changed, backfill goes on with the rest of its
     /// order rather than ending the cycle (the next cycle starts over from the top).
     pub bf_continue: bool,
+    /// The order backfill tries the jobs behind each partition's first blocked job in:
+    /// the queue's, or shortest expected run time first (EASY++'s SJBF).
+    pub bf_order: BackfillOrder,
+    /// What the planners take a job's run time to be: its limit, or a prediction.
+    pub runtime_predictor: crate::predict::RuntimePredictor,
+    /// Jobs eligible this long are considered before every other job, oldest first, whatever
+    /// their priority: the bound on starvation under orders that favour short jobs
+    /// (`None` = no bound beyond the formula's own age factor).
+    pub starvation_wait: Option<Seconds>,
     /// When and for how long the leader runs the passes.
     pub loops: LoopParams,
 }
@@ -179,6 +200,9 @@ impl Default for SchedParams {
             bf_max_job_user: 0,
             bf_max_job_part: 0,
             bf_continue: false,
+            bf_order: BackfillOrder::Queue,
+            runtime_predictor: crate::predict::RuntimePredictor::TimeLimit,
+            starvation_wait: None,
             loops: LoopParams::default(),
         }
     }
@@ -211,7 +235,7 @@ impl SchedParams {
             bf_max_job_user: 0,
             bf_max_job_part: 0,
             bf_continue: true,
-            loops: LoopParams::default(),
+            ..SchedParams::default()
         }
     }
 }

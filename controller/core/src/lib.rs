@@ -34,6 +34,7 @@ pub mod node;
 pub mod partition;
 pub mod plan;
 mod policy;
+pub mod predict;
 pub mod preempt;
 pub mod priority;
 pub mod qos;

@@ -12,6 +12,9 @@
 //!   queue time (growing exponentially as a job nears its QOS's target) and fair-share.
 //! - **FCFS** (Slurm's priority/basic): every job 0; the order of consideration's tie-breaks
 //!   (submit time, then id) make it first come, first served.
+//! - **Runtime** ([`RuntimeOrder`]): shortest expected run time first, largest expansion
+//!   factor first, or Carastan-Santos and de Camargo's F1 (SC'17), on the time limit or the
+//!   runtime prediction (see [`crate::predict`]).
 //!
 //! Each formula is written once, as a function that reports each factor to a sink:
 //! [`priority`] sums them without allocating (it runs for every pending job every pass) and
@@ -136,6 +139,25 @@ impl Maui {
     }
 }
 
+/// Orders by expected run time (the time limit, or a prediction where the site predicts):
+/// what the scheduling literature beats FCFS's slowdowns with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RuntimeOrder {
+    /// Shortest expected run time first (SJF): priority = -expected run time in seconds.
+    ShortestFirst,
+    /// Largest expansion factor first (LXF, Maui's XFACTOR alone): priority =
+    /// (eligible wait + expected run time) / expected run time, the slowdown the job would
+    /// have if it started now; short jobs gain fastest as they wait.
+    LargestXfactor,
+    /// Carastan-Santos and de Camargo's F1 (SC'17), learned under EASY to minimize bounded
+    /// slowdown: score = log10(r) x n + 870 x log10(s), lowest first, with r the expected
+    /// run time, n the cpus and s the submit time in seconds. Their s counts from the
+    /// trace's start, as a replay's clock does; on a live cluster's clock (from 1970) the
+    /// second term barely differs between jobs, so F1 becomes smallest log-area first and
+    /// `starvation_wait` should bound the wait.
+    F1,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PriorityFormula {
     Fcfs,
@@ -143,6 +165,7 @@ pub enum PriorityFormula {
     Flux(Flux),
     It4i(It4i),
     Maui(Maui),
+    Runtime(RuntimeOrder),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,7 +205,7 @@ impl State {
             half_life: self.config.fairshare.half_life,
         };
         let fairshare = match self.config.priority.formula {
-            PriorityFormula::Fcfs => FairShare::unused(&self.assocs),
+            PriorityFormula::Fcfs | PriorityFormula::Runtime(_) => FairShare::unused(&self.assocs),
             _ => fairshare::compute(
                 self.config.fairshare.algorithm,
                 &self.accounts,
@@ -360,6 +383,27 @@ fn evaluate(
                 span / 864_000.0,
             );
         }
+        PriorityFormula::Runtime(order) => {
+            // An unlimited job counts as a year.
+            let runtime = job
+                .expected_runtime(inputs.now)
+                .map_or(365.0 * 86_400.0, |s| s.0.max(1) as f64);
+            match order {
+                RuntimeOrder::ShortestFirst => sink("expected_runtime", &|| runtime, -1.0),
+                RuntimeOrder::LargestXfactor => {
+                    sink("xfactor", &|| (eligible.0 as f64 + runtime) / runtime, 1.0)
+                }
+                RuntimeOrder::F1 => {
+                    sink(
+                        "log_area",
+                        &|| libm::log10(runtime) * job.cpus() as f64,
+                        -1.0,
+                    );
+                    let submitted = (job.submit_time.0 as f64 / 1000.0).max(0.1);
+                    sink("log_submit", &|| libm::log10(submitted), -870.0);
+                }
+            }
+        }
         PriorityFormula::Maui(m) => {
             sink(
                 "queuetime",
@@ -441,13 +485,16 @@ pub fn explain(inputs: &PriorityInputs<'_>, job: &Job) -> Explanation {
 }
 
 /// Where a job stands in the order of consideration (seed 003): jobs that can preempt, jobs
-/// in a reservation, higher partition priority tier, higher priority, earlier submission,
-/// lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
+/// in a reservation, higher partition priority tier, starving jobs (eligible for
+/// `starvation_wait`, oldest first), higher priority, earlier submission, lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OrderKey {
     pub preemptor: bool,
     pub in_reservation: bool,
     pub tier: u32,
+    /// Eligible for `starvation_wait` or longer: ahead of every job that is not, oldest
+    /// first among themselves.
+    pub starving: bool,
     pub priority: f64,
     pub submit: TimeMs,
     pub id: JobId,
@@ -490,6 +537,11 @@ impl OrderKey {
                 .partitions
                 .get(&job.resolved.partition)
                 .map_or(0, |p| p.priority_tier),
+            starving: state
+                .config
+                .sched
+                .starvation_wait
+                .is_some_and(|w| job.eligible_time(inputs.now) >= w),
             priority: priority(inputs, job),
             submit: job.submit_time,
             id: job.id,
@@ -502,6 +554,14 @@ impl OrderKey {
             .cmp(&self.preemptor)
             .then(other.in_reservation.cmp(&self.in_reservation))
             .then(other.tier.cmp(&self.tier))
+            .then(other.starving.cmp(&self.starving))
+            .then_with(|| {
+                if self.starving && other.starving {
+                    self.submit.cmp(&other.submit)
+                } else {
+                    Ordering::Equal
+                }
+            })
             .then(other.priority.total_cmp(&self.priority))
             .then(self.submit.cmp(&other.submit))
             .then(self.id.cmp(&other.id))

@@ -35,6 +35,9 @@ pub struct Blob {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UserEntry {
     pub user: User,
+    /// The run times of their last jobs that ran to their end (what runtime predictions
+    /// read; two at most).
+    pub recent_runtimes: crate::predict::RecentRuntimes,
     /// Their jobs that are not terminal (derived from the jobs).
     #[serde(skip)]
     pub(crate) live: BTreeSet<JobId>,
@@ -54,6 +57,7 @@ impl UserEntry {
     pub fn new(user: User) -> UserEntry {
         UserEntry {
             user,
+            recent_runtimes: Default::default(),
             live: BTreeSet::new(),
             assocs: Vec::new(),
             stored: BTreeMap::new(),

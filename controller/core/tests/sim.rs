@@ -56,12 +56,12 @@ fn easy_backfills_a_short_job_that_fcfs_makes_wait() {
         ],
     );
     assert_eq!(
-        starts(&t, Policy::Fcfs),
+        starts(&t, Policy::FCFS),
         vec![(1, 0), (2, 10), (3, 20), (4, 20)]
     );
     // Job 4 would run past job 2's start at 10 on processors job 2 needs: it waits.
     assert_eq!(
-        starts(&t, Policy::Easy),
+        starts(&t, Policy::EASY),
         vec![(1, 0), (2, 10), (3, 1), (4, 20)]
     );
 }
@@ -80,11 +80,11 @@ fn easy_uses_the_extra_processors_at_the_shadow_time() {
         ],
     );
     assert_eq!(
-        starts(&t, Policy::Fcfs),
+        starts(&t, Policy::FCFS),
         vec![(1, 0), (2, 10), (3, 10), (4, 10)]
     );
     assert_eq!(
-        starts(&t, Policy::Easy),
+        starts(&t, Policy::EASY),
         vec![(1, 0), (2, 10), (3, 0), (4, 10)]
     );
 }
@@ -100,7 +100,7 @@ fn an_early_end_lets_the_reserved_job_start_early() {
             job(3, 2, 1, 3, 3),
         ],
     );
-    for p in [Policy::Fcfs, Policy::Easy, Policy::Conservative] {
+    for p in [Policy::FCFS, Policy::EASY, Policy::CONSERVATIVE] {
         assert_eq!(starts(&t, p), vec![(1, 0), (2, 5), (3, 15)], "{p:?}");
     }
 }
@@ -120,11 +120,11 @@ fn conservative_protects_every_waiting_job() {
         ],
     );
     assert_eq!(
-        starts(&t, Policy::Easy),
+        starts(&t, Policy::EASY),
         vec![(1, 0), (2, 10), (3, 100), (4, 0)]
     );
     assert_eq!(
-        starts(&t, Policy::Conservative),
+        starts(&t, Policy::CONSERVATIVE),
         vec![(1, 0), (2, 10), (3, 20), (4, 30)]
     );
 }
@@ -234,12 +234,12 @@ proptest! {
     #[test]
     fn fcfs_matches_the_textbook(jobs in random_trace()) {
         let t = trace(16, jobs.clone());
-        prop_assert_eq!(starts(&t, Policy::Fcfs), reference(16, &jobs, false));
+        prop_assert_eq!(starts(&t, Policy::FCFS), reference(16, &jobs, false));
     }
 
     #[test]
     fn easy_matches_the_textbook(jobs in random_trace()) {
         let t = trace(16, jobs.clone());
-        prop_assert_eq!(starts(&t, Policy::Easy), reference(16, &jobs, true));
+        prop_assert_eq!(starts(&t, Policy::EASY), reference(16, &jobs, true));
     }
 }

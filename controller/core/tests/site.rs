@@ -247,6 +247,22 @@ fn errors_name_the_key_and_what_it_accepts() {
             "[QueuePolicy]\nMAXPS = [10, 5]\n",
             &["QueuePolicy.MAXPS", "exceeds the hard limit"],
         ),
+        (
+            "[SchedulerParameters]\nbf_order = \"random\"\n",
+            &["bf_order", "queue", "shortest"],
+        ),
+        (
+            "[SchedulerParameters]\nruntime_predictor = \"oracle\"\n",
+            &["runtime_predictor", "time_limit", "recent_average"],
+        ),
+        (
+            "[SchedulerParameters]\nstarvation_wait = 0\n",
+            &["SchedulerParameters.starvation_wait", "allowed 1 to"],
+        ),
+        (
+            "[PriorityRuntime]\nOrder = \"shortest\"\n",
+            &["PriorityRuntime", "priority/runtime"],
+        ),
     ];
     for (extra, wanted) in cases {
         // Top-level keys go before the tables, tables after.
@@ -330,7 +346,7 @@ fn sim_on_a_site_suspends_for_express_and_resumes_after() {
     "#;
     // A normal job fills the node; an express one arrives at 20 and runs 10 s.
     let r = replay_on(text, vec![swf(1, 0, 8, 100, 1), swf(2, 20, 4, 10, 2)]);
-    assert_eq!(r.summary.policy, Policy::Easy);
+    assert_eq!(r.summary.policy, Policy::EASY);
     let by_id = |id| r.outcomes.iter().find(|o| o.swf_id == id).unwrap();
     assert_eq!((by_id(2).start, by_id(2).end), (20, 30));
     // Suspended from 20 to 30: its 100 s of work end at 110.
@@ -400,10 +416,10 @@ fn sim_policy_defaults_to_the_site_and_can_be_overridden() {
         ..Trace::default()
     };
     let r = replay(&t, &options, &mut |_, _| {}).unwrap();
-    assert_eq!(r.summary.policy, Policy::Conservative);
-    options.policy = Some(Policy::Fcfs);
+    assert_eq!(r.summary.policy, Policy::CONSERVATIVE);
+    options.policy = Some(Policy::FCFS);
     let r = replay(&t, &options, &mut |_, _| {}).unwrap();
-    assert_eq!(r.summary.policy, Policy::Fcfs);
+    assert_eq!(r.summary.policy, Policy::FCFS);
     // --procs conflicts with a site that defines nodes.
     options.procs = Some(64);
     let e = replay(&t, &options, &mut |_, _| {}).unwrap_err();
@@ -476,4 +492,41 @@ fn privacy_and_per_user_caps_come_from_the_file() {
     );
     let e = error_of(&format!("PrivateData = [\"everything\"]\n{BASE}"));
     assert!(e.contains("PrivateData") || e.contains("everything"), "{e}");
+}
+
+/// EASY++ and the runtime orders are site settings: `runtime_predictor`, `bf_order` and
+/// `starvation_wait` in `[SchedulerParameters]`, `PriorityType = "priority/runtime"` with
+/// its order; `priority/runtime` without an order is refused.
+#[test]
+fn runtime_predictions_and_orders_come_from_the_file() {
+    use docket_core::config::BackfillOrder;
+    use docket_core::predict::RuntimePredictor;
+    use docket_core::priority::RuntimeOrder;
+    let text = format!(
+        "PriorityType = \"priority/runtime\"\n{BASE}[PriorityRuntime]\nOrder = \"xfactor\"\n\
+         [SchedulerParameters]\nbf_order = \"shortest\"\nruntime_predictor = \"recent_average\"\n\
+         starvation_wait = 86400\n"
+    );
+    let site = site::parse(&text).unwrap().site;
+    let s = &site.sched;
+    assert_eq!(
+        s.priority.formula,
+        PriorityFormula::Runtime(RuntimeOrder::LargestXfactor)
+    );
+    assert_eq!(s.sched.bf_order, BackfillOrder::Shortest);
+    assert_eq!(s.sched.runtime_predictor, RuntimePredictor::RecentAverage);
+    assert_eq!(s.sched.starvation_wait, Some(Seconds(86_400)));
+    // Defaults: Slurm's behaviour.
+    let plain = site::parse(BASE).unwrap().site;
+    assert_eq!(plain.sched.sched.bf_order, BackfillOrder::Queue);
+    assert_eq!(
+        plain.sched.sched.runtime_predictor,
+        RuntimePredictor::TimeLimit
+    );
+    assert_eq!(plain.sched.sched.starvation_wait, None);
+    let e = error_of(&format!("PriorityType = \"priority/runtime\"\n{BASE}"));
+    assert!(
+        e.contains("PriorityRuntime.Order") && e.contains("xfactor"),
+        "{e}"
+    );
 }

@@ -17,7 +17,7 @@ fn check(path: &std::path::Path, jobs: usize) {
     );
     let procs = trace.machine_procs(None).unwrap();
     let mut means = Vec::new();
-    for policy in [Policy::Fcfs, Policy::Easy, Policy::Conservative] {
+    for policy in [Policy::FCFS, Policy::EASY, Policy::CONSERVATIVE] {
         let options = SimOptions {
             policy: Some(policy),
             procs: None,

@@ -369,7 +369,23 @@ impl State {
                 job.end_cause = Some(cause);
             }
         }
+        // A run that ended on its own says how long this user's jobs take (what runtime
+        // predictions read); one cut short by someone else does not.
+        let ran_its_course = !requeue
+            && !cancelled
+            && !preempted
+            && matches!(
+                cause,
+                EndCause::Exited
+                    | EndCause::Timeout
+                    | EndCause::OutOfMemory
+                    | EndCause::JobfsExceeded
+            );
+        let run_time = job.run_time(now);
         let user = job.spec.user.clone();
+        if ran_its_course && let Some(entry) = self.users.get_mut(&user) {
+            entry.recent_runtimes.record(run_time);
+        }
         let terminal = job.state.is_terminal();
         self.end_live_steps(id, cause == EndCause::NodeFail, now);
         if let Some(alloc) = alloc {

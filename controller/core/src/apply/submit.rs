@@ -206,6 +206,11 @@ impl State {
             pending: a.indexes.clone(),
             throttle: a.throttle,
         });
+        let predicted = crate::predict::predict(
+            self.config.sched.runtime_predictor,
+            self.users.get(&spec.user).map(|u| &u.recent_runtimes),
+            resolved.time_limit,
+        );
         let job = Job {
             id,
             spec: spec.clone(),
@@ -233,6 +238,7 @@ impl State {
             steps: Default::default(),
             completed_with: None,
             ran_on: None,
+            predicted,
         };
         self.index_live(&job);
         self.relations.add(&job);

@@ -152,6 +152,9 @@ pub struct Job {
     /// The allocation it ended with, kept for accounting (`sacct`'s NodeList, AllocCPUS and
     /// the batch step's node) once [`Job::alloc`] no longer holds anything.
     pub ran_on: Option<Allocation>,
+    /// How long the planners expect it to run, predicted at submission from its owner's
+    /// recent jobs (see [`crate::predict`]); `None` = plan on the time limit.
+    pub predicted: Option<Seconds>,
 }
 
 /// Why a running job was stopped for another.

@@ -9,10 +9,19 @@
 //! `reservation_depth`). Jobs count against `bf_max_job_test` and the per-user and
 //! per-partition caps whether they start or not, as in Slurm.
 //!
-//! Time limits are the only estimates: a job that ends early frees its nodes early, which
-//! can only make reserved jobs start sooner.
+//! Durations are [`crate::job::Job::expected_runtime`]'s: time limits, or (with a runtime
+//! predictor) predictions. With limits, a job that ends early frees its nodes early, which
+//! can only make reserved jobs start sooner. With predictions (EASY++), a job that outlives
+//! its prediction can delay a reservation until its prediction is corrected; the limit
+//! still bounds that delay.
+//!
+//! With `bf_order = shortest` (EASY only), the queue is walked in order up to each
+//! partition's first job that cannot start (which gets the reservation), and the jobs
+//! behind those are tried shortest expected run time first (Tsafrir, Etsion and
+//! Feitelson's SJBF): more and shorter jobs fit in the holes, and none can delay the
+//! reservations.
 
-use crate::config::BackfillMode;
+use crate::config::{BackfillMode, BackfillOrder};
 use crate::job::{JobRef, JobState, Part};
 use crate::plan::pass::{Outcome, Pass};
 use crate::plan::{Budget, Continuation, Plan};
@@ -36,7 +45,6 @@ impl State {
             rest: self.consideration_order(now),
             ..Continuation::default()
         });
-        let rest = std::mem::take(&mut cont.rest);
         let mut pass = Pass::new(self, now);
         // Reservations from before a yield still bind, where their jobs still wait.
         cont.reservations.retain(|(target, placement)| {
@@ -46,78 +54,122 @@ impl State {
                 && pass.pool.hold(&self.jobs[&target.job], placement)
         });
         let horizon = now.plus(params.bf_window);
+        // SJBF: jobs behind their partition's reservation wait in `deferred` until the queue
+        // has been walked, then go shortest first.
+        let shortest_first =
+            params.bf_order == BackfillOrder::Shortest && params.backfill == BackfillMode::Easy;
         let mut waiting_ahead: Vec<crate::ids::JobId> = Vec::new();
-        for (k, &id) in rest.iter().enumerate() {
-            if params.bf_max_job_test > 0 && cont.considered >= u64::from(params.bf_max_job_test) {
-                break;
-            }
-            if budget.exhausted() {
-                cont.rest = rest[k..].to_vec();
-                pass.plan.reservations = cont.reservations.clone();
-                pass.plan.continuation = Some(cont);
-                return pass.plan;
-            }
-            let Some(job) = self.waiting(id) else {
-                continue;
-            };
-            let partition = &job.resolved.partition;
-            let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
-            if params.bf_max_job_part > 0 && in_partition >= params.bf_max_job_part {
-                continue;
-            }
-            let of_user = cont.per_user.get(&job.spec.user).copied().unwrap_or(0);
-            if params.bf_max_job_user > 0 && of_user >= params.bf_max_job_user {
-                continue;
-            }
-            cont.depth.insert(partition.clone(), in_partition + 1);
-            cont.per_user.insert(job.spec.user.clone(), of_user + 1);
-            cont.considered += 1;
-            match pass.try_start(job) {
-                Outcome::Started => {
-                    // Every job ahead of it that could not start has been bypassed (Maui's
-                    // bypass count; NCI: bypassed jobs gain score so none starves).
-                    pass.plan.bypassed.extend(waiting_ahead.iter().copied());
-                    waiting_ahead.clear();
+        loop {
+            let rest = std::mem::take(&mut cont.rest);
+            for (k, &id) in rest.iter().enumerate() {
+                if params.bf_max_job_test > 0
+                    && cont.considered >= u64::from(params.bf_max_job_test)
+                {
+                    break;
+                }
+                if budget.exhausted() {
+                    cont.rest = rest[k..].to_vec();
+                    pass.plan.reservations = cont.reservations.clone();
+                    pass.plan.continuation = Some(cont);
+                    return pass.plan;
+                }
+                let Some(job) = self.waiting(id) else {
+                    continue;
+                };
+                let partition = &job.resolved.partition;
+                if shortest_first && !cont.sorted && cont.blocked.contains(partition) {
+                    cont.deferred.push(id);
                     continue;
                 }
-                Outcome::Limited => continue,
-                Outcome::NoResources => {
-                    pass.note_reason(job, crate::job::Reason::Resources);
-                    waiting_ahead.push(id);
-                }
+                self.backfill_one(job, &mut pass, &mut cont, &mut waiting_ahead, horizon);
             }
-            let may_reserve = match params.backfill {
-                BackfillMode::Off => false,
-                BackfillMode::Easy => !cont.blocked.contains(partition),
-                BackfillMode::Conservative => {
-                    params.reservation_depth == 0
-                        || cont.reservations.len() < params.reservation_depth as usize
-                }
-            };
-            if !may_reserve {
-                continue;
+            if !shortest_first || cont.sorted || cont.deferred.is_empty() {
+                break;
             }
-            cont.blocked.insert(partition.clone());
-            let target = match &job.array {
-                Some(crate::job::ArrayPart::Master { pending, .. }) => JobRef {
-                    job: id,
-                    task: pending.first(),
-                },
-                _ => JobRef {
-                    job: id,
-                    task: None,
-                },
-            };
-            if let Some(placement) =
-                pass.pool
-                    .reserve(job, job.resolved.time_limit, params.bf_resolution, horizon)
-            {
-                cont.reservations.push((target, placement));
-            }
+            // The deferred jobs, shortest expected run first (unlimited last); ties keep
+            // the queue's order.
+            cont.sorted = true;
+            let mut deferred = std::mem::take(&mut cont.deferred);
+            deferred.sort_by_key(|id| {
+                self.jobs
+                    .get(id)
+                    .and_then(|j| j.expected_runtime(now))
+                    .map_or(u64::MAX, |s| s.0)
+            });
+            cont.rest = deferred;
         }
         pass.plan.reservations = cont.reservations;
         pass.plan.bypassed.sort_unstable();
         pass.plan.bypassed.dedup();
         pass.plan
+    }
+
+    /// Backfill's step for one waiting job: counted against the caps, started if it fits
+    /// around every reservation so far, else given a reservation where the mode says so.
+    fn backfill_one(
+        &self,
+        job: &crate::job::Job,
+        pass: &mut Pass<'_>,
+        cont: &mut Continuation,
+        waiting_ahead: &mut Vec<crate::ids::JobId>,
+        horizon: TimeMs,
+    ) {
+        let params = &self.config.sched;
+        let id = job.id;
+        let partition = &job.resolved.partition;
+        let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
+        if params.bf_max_job_part > 0 && in_partition >= params.bf_max_job_part {
+            return;
+        }
+        let of_user = cont.per_user.get(&job.spec.user).copied().unwrap_or(0);
+        if params.bf_max_job_user > 0 && of_user >= params.bf_max_job_user {
+            return;
+        }
+        cont.depth.insert(partition.clone(), in_partition + 1);
+        cont.per_user.insert(job.spec.user.clone(), of_user + 1);
+        cont.considered += 1;
+        match pass.try_start(job) {
+            Outcome::Started => {
+                // Every job ahead of it that could not start has been bypassed (Maui's
+                // bypass count; NCI: bypassed jobs gain score so none starves).
+                pass.plan.bypassed.append(waiting_ahead);
+                return;
+            }
+            Outcome::Limited => return,
+            Outcome::NoResources => {
+                pass.note_reason(job, crate::job::Reason::Resources);
+                waiting_ahead.push(id);
+            }
+        }
+        let may_reserve = match params.backfill {
+            BackfillMode::Off => false,
+            BackfillMode::Easy => !cont.blocked.contains(partition),
+            BackfillMode::Conservative => {
+                params.reservation_depth == 0
+                    || cont.reservations.len() < params.reservation_depth as usize
+            }
+        };
+        if !may_reserve {
+            return;
+        }
+        cont.blocked.insert(partition.clone());
+        let target = match &job.array {
+            Some(crate::job::ArrayPart::Master { pending, .. }) => JobRef {
+                job: id,
+                task: pending.first(),
+            },
+            _ => JobRef {
+                job: id,
+                task: None,
+            },
+        };
+        if let Some(placement) = pass.pool.reserve(
+            job,
+            job.expected_runtime(pass.now),
+            params.bf_resolution,
+            horizon,
+        ) {
+            cont.reservations.push((target, placement));
+        }
     }
 }

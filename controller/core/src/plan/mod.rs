@@ -72,6 +72,11 @@ pub struct Continuation {
     /// Backfill: reservations made so far, kept across a yield so that jobs planned after
     /// it still cannot delay them.
     pub(crate) reservations: Vec<(JobRef, Placement)>,
+    /// Backfill in shortest-first order: jobs met behind their partition's reservation,
+    /// tried once the queue has been walked.
+    pub(crate) deferred: Vec<JobId>,
+    /// ... and `rest` now holds them, shortest first.
+    pub(crate) sorted: bool,
 }
 
 impl crate::state::State {

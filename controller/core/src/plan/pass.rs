@@ -79,7 +79,7 @@ impl<'a> Pass<'a> {
             return Outcome::Limited;
         }
         let Some(ArrayPart::Master { pending, throttle }) = &job.array else {
-            return match self.pool.place(job, job.resolved.time_limit) {
+            return match self.pool.place(job, job.expected_runtime(self.now)) {
                 Some(nodes) => {
                     let target = JobRef {
                         job: job.id,
@@ -114,7 +114,7 @@ impl<'a> Pass<'a> {
             if self.state.dependency_status(job, Some(index), self.now) != DepStatus::Satisfied {
                 continue; // aftercorr: this task's partner has not finished well
             }
-            let Some(nodes) = self.pool.place(job, job.resolved.time_limit) else {
+            let Some(nodes) = self.pool.place(job, job.expected_runtime(self.now)) else {
                 return if started.is_empty() {
                     Outcome::NoResources
                 } else {

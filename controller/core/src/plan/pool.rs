@@ -16,6 +16,10 @@
 //! Conservative assumptions: a suspended job holds its node until further notice, a job
 //! without a time limit holds it for ever, and a job past its limit gives it back no sooner
 //! than a moment from now (never *now*, which would plan on resources still held).
+//!
+//! Durations are what [`Job::expected_runtime`] says: the time limit, or a runtime
+//! prediction where the site predicts (EASY++). Advance reservation windows are always
+//! checked against the limit, as apply checks them.
 
 use std::collections::BTreeMap;
 
@@ -258,12 +262,12 @@ impl<'a> Pool<'a> {
         }
     }
 
-    /// Can `job` use node `name` over `[start, end)` as far as admin state, exclusions,
-    /// features and reservation windows go?
-    pub fn admits(&self, job: &Job, name: &NodeName, start: TimeMs, end: Option<TimeMs>) -> bool {
+    /// Can `job` use node `name` from `start` to its time limit as far as admin state,
+    /// exclusions, features and reservation windows go?
+    pub fn admits(&self, job: &Job, name: &NodeName, start: TimeMs) -> bool {
         self.index
             .get(name)
-            .is_some_and(|&i| self.usable_for(job, i) && self.window_ok(job, i, start, end))
+            .is_some_and(|&i| self.usable_for(job, i) && self.window_ok(job, i, start))
     }
 
     /// Finds nodes for `job` from now for `duration` (`None` = for ever) and takes them.
@@ -307,7 +311,7 @@ impl<'a> Pool<'a> {
             let Some(want) = crate::request::node_use(job, 0, &self.nodes[i].spec) else {
                 continue;
             };
-            let allowed = self.allowed_starts(job, i, duration);
+            let allowed = self.allowed_starts(job, i);
             for (a, b) in self.feasible_starts(i, &want, duration) {
                 for (x, y) in &allowed {
                     let (lo, hi) = (a.max(*x), b.min(*y));
@@ -493,11 +497,13 @@ impl<'a> Pool<'a> {
         Some(at_start)
     }
 
-    /// Do advance reservations let `job` run on node `i` over `[start, end)`? A job in a
-    /// reservation only inside its window on its nodes; any other job never overlapping a
-    /// window on a reserved node.
-    fn window_ok(&self, job: &Job, i: usize, start: TimeMs, end: Option<TimeMs>) -> bool {
+    /// Do advance reservations let `job` run on node `i` from `start` to its time limit? A
+    /// job in a reservation only inside its window on its nodes; any other job never
+    /// overlapping a window on a reserved node. Always the limit, never a prediction: the
+    /// job may run that long, and apply checks the same.
+    fn window_ok(&self, job: &Job, i: usize, start: TimeMs) -> bool {
         let windows = &self.windows[i];
+        let end = job.resolved.time_limit.map(|d| start.plus(d));
         match &job.spec.reservation {
             Some(name) => windows
                 .iter()
@@ -509,14 +515,10 @@ impl<'a> Pool<'a> {
     }
 
     /// The closed intervals of start times at which advance reservations let `job` run on
-    /// node `i` for `duration`.
-    fn allowed_starts(
-        &self,
-        job: &Job,
-        i: usize,
-        duration: Option<Seconds>,
-    ) -> Vec<(TimeMs, TimeMs)> {
+    /// node `i` up to its time limit.
+    fn allowed_starts(&self, job: &Job, i: usize) -> Vec<(TimeMs, TimeMs)> {
         let windows = &self.windows[i];
+        let duration = job.resolved.time_limit;
         let back =
             |t: TimeMs| duration.map(|d| TimeMs(t.0.saturating_sub(d.0.saturating_mul(1000))));
         match &job.spec.reservation {
@@ -581,7 +583,7 @@ impl<'a> Pool<'a> {
         // Required nodes (`-w`) take the first shares, in name order.
         for name in &spec.nodelist {
             let i = *self.index.get(name)?;
-            if !members.contains(&i) || !usable(i) || !self.window_ok(job, i, start, end) {
+            if !members.contains(&i) || !usable(i) || !self.window_ok(job, i, start) {
                 return None;
             }
             let want = crate::request::node_use(job, chosen.len(), &self.nodes[i].spec)?;
@@ -594,7 +596,7 @@ impl<'a> Pool<'a> {
             let position = chosen.len();
             let mut best: Option<(i64, i64, usize)> = None;
             for &i in members {
-                if chosen.contains(&i) || !usable(i) || !self.window_ok(job, i, start, end) {
+                if chosen.contains(&i) || !usable(i) || !self.window_ok(job, i, start) {
                     continue;
                 }
                 let Some(want) = crate::request::node_use(job, position, &self.nodes[i].spec)
@@ -627,8 +629,9 @@ fn insert(changes: &mut Vec<Change>, c: Change) {
     changes.insert(at, c);
 }
 
-/// When a job holding resources will give them back, if it is known: at its time limit
-/// (walltime does not run while suspended, so a suspended job's end is unknown).
+/// When a job holding resources is expected to give them back, if it is known: at its time
+/// limit, or its (corrected) prediction where the site predicts run times (walltime does
+/// not run while suspended, so a suspended job's end is unknown).
 fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
     if job.state == JobState::Suspended {
         return None;
@@ -636,6 +639,6 @@ fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
     if job.state == JobState::Completing {
         return Some(now);
     }
-    let limit = job.resolved.time_limit?;
-    Some(now.plus(limit.saturating_sub(job.run_time(now))))
+    let runtime = job.expected_runtime(now)?;
+    Some(now.plus(runtime.saturating_sub(job.run_time(now))))
 }

@@ -70,14 +70,13 @@ impl Pass<'_> {
         if !(by_qos || by_tier || parallel) {
             return false;
         }
-        let end = job.resolved.time_limit.map(|t| now.plus(t));
         // Per node: what could be freed, best victims first.
         let mut options: Vec<(usize, i64, Vec<JobId>, &NodeName)> = Vec::new();
         for name in &partition.nodes {
             let Some(node) = state.nodes.get(name) else {
                 continue;
             };
-            if !self.pool.admits(job, name, now, end) {
+            if !self.pool.admits(job, name, now) {
                 continue;
             }
             let Some(mut free) = self.pool.free_now(name) else {

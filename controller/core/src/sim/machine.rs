@@ -184,11 +184,11 @@ pub(super) fn build(
         None => {
             let mut c = SchedConfig::default();
             c.priority.formula = PriorityFormula::Fcfs;
-            c.sched = SchedParams::unlimited(policy.backfill());
+            c.sched = SchedParams::unlimited(policy.backfill);
             c
         }
     };
-    config.sched.backfill = policy.backfill();
+    policy.configure(&mut config);
     // A replay submits whole instants at once and keeps every job.
     config.max_batch = config
         .max_batch

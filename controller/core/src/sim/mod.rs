@@ -18,11 +18,14 @@ use std::collections::BinaryHeap;
 use rustc_hash::FxHashMap;
 
 use crate::command::{Command, EndCause, EndReport, Envelope};
-use crate::config::BackfillMode;
+use crate::config::{BackfillMode, BackfillOrder};
 use crate::ids::JobId;
 use crate::job::{ExitStatus, JobRef};
 use crate::partition::PreemptMode;
 use crate::plan::Unlimited;
+use crate::predict::RuntimePredictor;
+use crate::priority::RuntimeOrder;
+use crate::quantity::Seconds;
 use crate::quantity::TimeMs;
 use crate::{ApplyCtx, PreemptOutcome, Response, State};
 
@@ -30,38 +33,152 @@ pub use machine::{QueueMap, SimMap, SimSite};
 
 use swf::Trace;
 
-/// Which planner runs at each instant.
+/// What a replay schedules with: the planner that runs at each instant, the order of the
+/// queue, the order of backfill's candidates and what run times it plans with.
+///
+/// Named as `docket sim --policy` and `--compare` take them: `fcfs`, `easy`,
+/// `conservative`, `easy-sjbf` (EASY, backfilling shortest first), `easy++` (Tsafrir et
+/// al.'s EASY++: `easy-sjbf` planning on runtime predictions), and `sjf`, `lxf`, `f1`
+/// (EASY with the queue ordered by [`RuntimeOrder`]); any of them followed by modifiers
+/// `+sjbf`, `+predict` and `+starve=SECONDS` (see [`Policy::parse`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    Fcfs,
-    Easy,
-    Conservative,
+pub struct Policy {
+    pub backfill: BackfillMode,
+    /// `None`: the queue in the site's priority order (FCFS without a site).
+    pub order: Option<RuntimeOrder>,
+    pub bf_order: BackfillOrder,
+    pub predictor: RuntimePredictor,
+    pub starvation_wait: Option<Seconds>,
 }
 
 impl Policy {
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::Fcfs => "fcfs",
-            Policy::Easy => "easy",
-            Policy::Conservative => "conservative",
-        }
-    }
+    pub const FCFS: Policy = Policy::of(BackfillMode::Off);
+    pub const EASY: Policy = Policy::of(BackfillMode::Easy);
+    pub const CONSERVATIVE: Policy = Policy::of(BackfillMode::Conservative);
 
     /// The policy a configuration's backfill mode amounts to.
-    pub fn of(mode: BackfillMode) -> Policy {
-        match mode {
-            BackfillMode::Off => Policy::Fcfs,
-            BackfillMode::Easy => Policy::Easy,
-            BackfillMode::Conservative => Policy::Conservative,
+    pub const fn of(backfill: BackfillMode) -> Policy {
+        Policy {
+            backfill,
+            order: None,
+            bf_order: BackfillOrder::Queue,
+            predictor: RuntimePredictor::TimeLimit,
+            starvation_wait: None,
         }
     }
 
-    fn backfill(self) -> BackfillMode {
-        match self {
-            Policy::Fcfs => BackfillMode::Off,
-            Policy::Easy => BackfillMode::Easy,
-            Policy::Conservative => BackfillMode::Conservative,
+    /// A policy by name (see [`Policy`]), e.g. `easy++`, `sjf+starve=86400`.
+    pub fn parse(text: &str) -> Result<Policy, String> {
+        let mut parts = text.split('+');
+        let base = parts.next().unwrap_or_default();
+        let mut modifiers: Vec<&str> = parts.collect();
+        // `easy++` splits into "easy", "", "".
+        let mut p = if base == "easy" && modifiers == ["", ""] {
+            modifiers.clear();
+            Policy {
+                bf_order: BackfillOrder::Shortest,
+                predictor: RuntimePredictor::RecentAverage,
+                ..Policy::EASY
+            }
+        } else {
+            match base {
+                "fcfs" => Policy::FCFS,
+                "easy" => Policy::EASY,
+                "conservative" => Policy::CONSERVATIVE,
+                "easy-sjbf" => Policy {
+                    bf_order: BackfillOrder::Shortest,
+                    ..Policy::EASY
+                },
+                "sjf" | "lxf" | "f1" => Policy {
+                    order: Some(match base {
+                        "sjf" => RuntimeOrder::ShortestFirst,
+                        "lxf" => RuntimeOrder::LargestXfactor,
+                        _ => RuntimeOrder::F1,
+                    }),
+                    ..Policy::EASY
+                },
+                other => {
+                    return Err(format!(
+                        "unknown policy {other:?}; known: fcfs, easy, conservative, easy-sjbf, \
+                         easy++, sjf, lxf, f1 (each with +sjbf, +predict, +starve=SECONDS)"
+                    ));
+                }
+            }
+        };
+        for m in modifiers {
+            match m.split_once('=') {
+                None if m == "sjbf" => p.bf_order = BackfillOrder::Shortest,
+                None if m == "predict" => p.predictor = RuntimePredictor::RecentAverage,
+                Some(("starve", v)) => {
+                    let s: u64 = v.parse().map_err(|_| {
+                        format!("policy {text:?}: starve={v:?} is not a number of seconds")
+                    })?;
+                    if s == 0 {
+                        return Err(format!("policy {text:?}: starve must be at least 1 s"));
+                    }
+                    p.starvation_wait = Some(Seconds(s));
+                }
+                _ => {
+                    return Err(format!(
+                        "policy {text:?}: unknown modifier {m:?}; known: +sjbf, +predict, \
+                         +starve=SECONDS"
+                    ));
+                }
+            }
         }
+        if p.backfill == BackfillMode::Off && p.bf_order == BackfillOrder::Shortest {
+            return Err(format!("policy {text:?}: +sjbf needs backfill"));
+        }
+        Ok(p)
+    }
+
+    /// The policy's name, as [`Policy::parse`] reads it back.
+    pub fn name(&self) -> String {
+        let plus_plus = self.order.is_none()
+            && self.backfill == BackfillMode::Easy
+            && self.bf_order == BackfillOrder::Shortest
+            && self.predictor == RuntimePredictor::RecentAverage;
+        let mut name = match (self.order, self.backfill) {
+            (Some(RuntimeOrder::ShortestFirst), _) => "sjf".to_owned(),
+            (Some(RuntimeOrder::LargestXfactor), _) => "lxf".to_owned(),
+            (Some(RuntimeOrder::F1), _) => "f1".to_owned(),
+            _ if plus_plus => "easy++".to_owned(),
+            (None, BackfillMode::Off) => "fcfs".to_owned(),
+            (None, BackfillMode::Easy) if self.bf_order == BackfillOrder::Shortest => {
+                "easy-sjbf".to_owned()
+            }
+            (None, BackfillMode::Easy) => "easy".to_owned(),
+            (None, BackfillMode::Conservative) => "conservative".to_owned(),
+        };
+        let base_sjbf = self.order.is_none() && self.backfill == BackfillMode::Easy;
+        if self.bf_order == BackfillOrder::Shortest && !base_sjbf {
+            name.push_str("+sjbf");
+        }
+        if self.predictor == RuntimePredictor::RecentAverage && !plus_plus {
+            name.push_str("+predict");
+        }
+        if let Some(w) = self.starvation_wait {
+            name.push_str(&format!("+starve={}", w.0));
+        }
+        name
+    }
+
+    /// Applies the policy to a site's scheduling configuration.
+    pub(crate) fn configure(&self, config: &mut crate::config::SchedConfig) {
+        config.sched.backfill = self.backfill;
+        config.sched.bf_order = self.bf_order;
+        config.sched.runtime_predictor = self.predictor;
+        config.sched.starvation_wait = self.starvation_wait;
+        if let Some(order) = self.order {
+            config.priority.formula = crate::priority::PriorityFormula::Runtime(order);
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Policy, String> {
+        Policy::parse(s)
     }
 }
 
@@ -246,8 +363,16 @@ pub fn replay(
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Replay, SimError> {
     let policy = options.policy.unwrap_or_else(|| match &options.site {
-        Some(s) => Policy::of(s.site.sched.sched.backfill),
-        None => Policy::Easy,
+        Some(s) => {
+            let sched = &s.site.sched.sched;
+            Policy {
+                bf_order: sched.bf_order,
+                predictor: sched.runtime_predictor,
+                starvation_wait: sched.starvation_wait,
+                ..Policy::of(sched.backfill)
+            }
+        }
+        None => Policy::EASY,
     });
     // The machine's size bounds the jobs kept; a site's nodes define it.
     let site_procs = options
@@ -303,13 +428,32 @@ pub fn replay(
     let mut next = 0usize;
     let mut done = 0usize;
     let mut last_tick = t0;
+    // Instants at which a running job outlives its runtime prediction: the plans are made
+    // again then, on the corrected prediction (EASY++); stale entries are skipped.
+    let mut expiries: BinaryHeap<Reverse<(u64, JobId)>> = BinaryHeap::new();
     loop {
-        let t = match (jobs.get(next).map(|j| j.submit), running.next_end()) {
-            (None, None) => break,
-            (Some(a), None) => a,
-            (None, Some(e)) => e,
-            (Some(a), Some(e)) => a.min(e),
+        let arrival = jobs.get(next).map(|j| j.submit);
+        let end = running.next_end();
+        let t = match [arrival, end].into_iter().flatten().min() {
+            Some(t) => t,
+            // Nothing arrives or runs (expiries belong to running jobs).
+            None => break,
         };
+        let t = expiries.peek().map_or(t, |Reverse((x, _))| t.min(*x));
+        // Predictions that run out now: the passes below plan on the corrected ones.
+        while let Some(&Reverse((x, id))) = expiries.peek()
+            && x <= t
+        {
+            expiries.pop();
+            let later = d
+                .state
+                .jobs
+                .get(&id)
+                .and_then(|j| j.prediction_expires(TimeMs(t * 1000)));
+            if let Some(later) = later {
+                expiries.push(Reverse((later.0.div_ceil(1000), id)));
+            }
+        }
         if t >= last_tick + 3600 {
             d.apply(Command::Tick, t)?;
             last_tick = t;
@@ -384,7 +528,7 @@ pub fn replay(
         let rounds = if options.site.is_some() { 16 } else { 1 };
         for _ in 0..rounds {
             let mut starts = Vec::new();
-            if policy == Policy::Fcfs || preempting {
+            if policy.backfill == BackfillMode::Off || preempting {
                 let plan = d.state.main_pass(now, &mut Unlimited, None);
                 starts.extend(apply_starts(&mut d, plan.starts, t)?);
                 if !plan.preemptions.is_empty() {
@@ -449,7 +593,7 @@ pub fn replay(
                     }
                 }
             }
-            if policy != Policy::Fcfs {
+            if policy.backfill != BackfillMode::Off {
                 let plan = d.state.backfill_pass(now, &mut Unlimited, None);
                 starts.extend(apply_starts(&mut d, plan.starts, t)?);
             }
@@ -458,6 +602,14 @@ pub fn replay(
                 let k = which[&id];
                 let j = jobs[k];
                 running.start(id, t + j.runtime, j.procs);
+                if let Some(e) = d
+                    .state
+                    .jobs
+                    .get(&id)
+                    .and_then(|j| j.prediction_expires(now))
+                {
+                    expiries.push(Reverse((e.0.div_ceil(1000), id)));
+                }
                 // A requeued job's outcome is its last run.
                 outcomes[k] = Some(JobOutcome {
                     swf_id: j.id,

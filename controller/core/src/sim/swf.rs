@@ -40,6 +40,80 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// `samples` sequences of `size` consecutive jobs, evenly spaced from the first job to
+    /// the last full sequence, each shifted to start at time 0 (as the published
+    /// evaluations sample a trace: Zhang et al., RLScheduler, SC'20, use 1,024 jobs). Fewer
+    /// when the trace is shorter; one (the whole trace) when it holds `size` jobs or fewer.
+    pub fn windows(&self, size: usize, samples: usize) -> Vec<Trace> {
+        let size = size.max(1);
+        let n = self.jobs.len();
+        let last = n.saturating_sub(size);
+        let samples = samples.clamp(1, last + 1);
+        (0..samples)
+            .map(|i| {
+                let from = if samples == 1 {
+                    0
+                } else {
+                    i * last / (samples - 1)
+                };
+                let jobs = &self.jobs[from..(from + size).min(n)];
+                let t0 = jobs.iter().map(|j| j.submit).min().unwrap_or(0);
+                Trace {
+                    jobs: jobs
+                        .iter()
+                        .map(|j| SwfJob {
+                            submit: j.submit - t0,
+                            ..j.clone()
+                        })
+                        .collect(),
+                    max_procs: self.max_procs,
+                    max_nodes: self.max_nodes,
+                    malformed: Vec::new(),
+                    dropped: 0,
+                }
+            })
+            .collect()
+    }
+
+    /// The offered load on `procs` processors: the jobs' processor-seconds over the
+    /// processor-seconds between the first and the last submission.
+    pub fn offered_load(&self, procs: u64) -> f64 {
+        let first = self.jobs.iter().map(|j| j.submit).min().unwrap_or(0);
+        let last = self.jobs.iter().map(|j| j.submit).max().unwrap_or(0);
+        let work: f64 = self
+            .jobs
+            .iter()
+            .map(|j| j.runtime as f64 * j.procs as f64)
+            .sum();
+        let span = (last - first).max(1) as f64 * procs.max(1) as f64;
+        work / span
+    }
+
+    /// The same jobs arriving faster or slower so that the offered load on `procs` is
+    /// `load`: every interval between submissions scaled by one factor, as evaluations of
+    /// scheduling policies compare them at a chosen load (Feitelson, "Workload Modeling
+    /// for Computer Systems Performance Evaluation", 2015, ch. 9).
+    pub fn at_load(&self, procs: u64, load: f64) -> Trace {
+        let current = self.offered_load(procs);
+        let factor = if load > 0.0 && current > 0.0 {
+            current / load
+        } else {
+            1.0
+        };
+        let first = self.jobs.iter().map(|j| j.submit).min().unwrap_or(0);
+        Trace {
+            jobs: self
+                .jobs
+                .iter()
+                .map(|j| SwfJob {
+                    submit: first + ((j.submit - first) as f64 * factor).round() as u64,
+                    ..j.clone()
+                })
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// The machine size: `procs` if given, else MaxProcs, else MaxNodes.
     pub fn machine_procs(&self, procs: Option<u64>) -> Option<u64> {
         procs

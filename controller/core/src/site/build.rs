@@ -7,13 +7,16 @@ use std::str::FromStr;
 use super::file::*;
 use super::{AccountDef, SiteConfig, SiteError, UserDef};
 use crate::account::{AssocLimits, Grant, User, UserAssoc};
-use crate::config::{BackfillMode, Promotion, QueueOrdering, SchedConfig, ShuffleBy};
+use crate::config::{
+    BackfillMode, BackfillOrder, Promotion, QueueOrdering, SchedConfig, ShuffleBy,
+};
 use crate::fairshare::FairshareAlgorithm;
 use crate::ids::{AccountName, NodeName};
 use crate::node::NodeSpec;
 use crate::partition::{Milli, Partition, PartitionLimits, PreemptMode};
+use crate::predict::RuntimePredictor;
 use crate::preempt::ParallelRun;
-use crate::priority::{Flux, It4i, Maui, Multifactor, PriorityFormula};
+use crate::priority::{Flux, It4i, Maui, Multifactor, PriorityFormula, RuntimeOrder};
 use crate::qos::Qos;
 use crate::quantity::{self, MiB, Seconds, SlurmDuration};
 use crate::tres::BillingWeights;
@@ -351,6 +354,18 @@ fn sched_params(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
     if let Some(v) = p.bf_continue {
         s.bf_continue = v;
     }
+    if let Some(o) = p.bf_order {
+        s.bf_order = match o {
+            RawBackfillOrder::Queue => BackfillOrder::Queue,
+            RawBackfillOrder::Shortest => BackfillOrder::Shortest,
+        };
+    }
+    if let Some(r) = p.runtime_predictor {
+        s.runtime_predictor = match r {
+            RawRuntimePredictor::TimeLimit => RuntimePredictor::TimeLimit,
+            RawRuntimePredictor::RecentAverage => RuntimePredictor::RecentAverage,
+        };
+    }
     if let Some(m) = p.bf_mode {
         if s.backfill == BackfillMode::Off {
             return Err(SiteError::invalid(
@@ -395,6 +410,10 @@ fn sched_params(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
     }
     if let Some(v) = p.bf_yield_interval {
         s.loops.bf_yield_interval_us = positive("bf_yield_interval", v, 10_000_000)?;
+    }
+    if let Some(v) = p.starvation_wait {
+        // At most a year.
+        s.starvation_wait = Some(Seconds(positive("starvation_wait", v, 31_536_000)?));
     }
     if let Some(v) = p.bf_yield_sleep {
         s.loops.bf_yield_sleep_us = positive("bf_yield_sleep", v, 10_000_000)?;
@@ -443,6 +462,11 @@ fn priority(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
         ("PriorityFlux", raw.priority_flux.is_some(), "priority/flux"),
         ("PriorityIT4I", raw.priority_it4i.is_some(), "priority/it4i"),
         ("PriorityMaui", raw.priority_maui.is_some(), "priority/maui"),
+        (
+            "PriorityRuntime",
+            raw.priority_runtime.is_some(),
+            "priority/runtime",
+        ),
     ];
     let wanted = match kind {
         RawPriorityType::Multifactor => "priority/multifactor",
@@ -450,6 +474,7 @@ fn priority(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
         RawPriorityType::Flux => "priority/flux",
         RawPriorityType::It4i => "priority/it4i",
         RawPriorityType::Maui => "priority/maui",
+        RawPriorityType::Runtime => "priority/runtime",
     };
     for (key, set, needs) in other_tables {
         if set && needs != wanted {
@@ -555,6 +580,23 @@ fn priority(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
                 }
             }
             PriorityFormula::Maui(m)
+        }
+        RawPriorityType::Runtime => {
+            let order = raw
+                .priority_runtime
+                .as_ref()
+                .map(|r| r.order)
+                .ok_or_else(|| {
+                    SiteError::invalid(
+                        "PriorityRuntime.Order",
+                        "required with priority/runtime: shortest, xfactor or f1",
+                    )
+                })?;
+            PriorityFormula::Runtime(match order {
+                RawRuntimeOrder::Shortest => RuntimeOrder::ShortestFirst,
+                RawRuntimeOrder::Xfactor => RuntimeOrder::LargestXfactor,
+                RawRuntimeOrder::F1 => RuntimeOrder::F1,
+            })
         }
     };
     Ok(())

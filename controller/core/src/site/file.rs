@@ -49,6 +49,9 @@ pub enum RawPriorityType {
     It4i,
     #[serde(rename = "priority/maui")]
     Maui,
+    /// Docket: by expected run time (`[PriorityRuntime] Order`).
+    #[serde(rename = "priority/runtime")]
+    Runtime,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -74,6 +77,34 @@ pub enum RawQueueOrdering {
 pub enum RawBackfillMode {
     Easy,
     Conservative,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RawBackfillOrder {
+    Queue,
+    Shortest,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RawRuntimePredictor {
+    TimeLimit,
+    RecentAverage,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RawRuntimeOrder {
+    Shortest,
+    Xfactor,
+    F1,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "PascalCase")]
+pub struct RawPriorityRuntime {
+    pub order: RawRuntimeOrder,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -175,6 +206,7 @@ pub struct RawFile {
     #[serde(rename = "PriorityIT4I")]
     pub priority_it4i: Option<RawIt4i>,
     pub priority_maui: Option<RawMaui>,
+    pub priority_runtime: Option<RawPriorityRuntime>,
 
     pub queue_policy: Option<RawQueuePolicy>,
     pub preempt_parallel_run: Option<RawParallelRun>,
@@ -215,6 +247,12 @@ pub struct RawSchedParams {
     pub bf_mode: Option<RawBackfillMode>,
     /// Docket: how many jobs conservative backfill reserves for (0 = all it considers).
     pub bf_reservation_depth: Option<u32>,
+    /// Docket: `queue` or `shortest` (EASY++'s shortest-predicted-first backfill).
+    pub bf_order: Option<RawBackfillOrder>,
+    /// Docket: `time_limit` or `recent_average` (EASY++'s runtime predictions).
+    pub runtime_predictor: Option<RawRuntimePredictor>,
+    /// Docket: seconds a job may be eligible before it goes ahead of every other job.
+    pub starvation_wait: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
