@@ -15,7 +15,8 @@
 //! - change: [`command`] (what), [`apply`] (how), [`policy`] (which part of the queue and
 //!   which reason each pending job gets);
 //! - fair-share: [`usage`] (decayed usage ledger), [`fairshare`] (Fair Tree, classic, IT4I);
-//! - ordering: [`priority`] (five formulas, `explain`, the order of consideration);
+//! - ordering: [`priority`] (six formulas, `explain`, the order of consideration),
+//!   [`predict`] (runtime predictions the planners may plan on instead of limits);
 //! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
 pub mod access;
