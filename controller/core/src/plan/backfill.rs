@@ -117,16 +117,27 @@ impl State {
         let params = &self.config.sched;
         let id = job.id;
         let partition = &job.resolved.partition;
-        let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
-        if params.bf_max_job_part > 0 && in_partition >= params.bf_max_job_part {
-            return;
+        // Counted only where a cap reads the count: two name-keyed map updates per job were
+        // a seventh of a replay's time with no cap set.
+        if params.bf_max_job_part > 0 {
+            let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
+            if in_partition >= params.bf_max_job_part {
+                return;
+            }
+            if params.bf_max_job_user > 0
+                && cont.per_user.get(&job.spec.user).copied().unwrap_or(0) >= params.bf_max_job_user
+            {
+                return;
+            }
+            cont.depth.insert(partition.clone(), in_partition + 1);
         }
-        let of_user = cont.per_user.get(&job.spec.user).copied().unwrap_or(0);
-        if params.bf_max_job_user > 0 && of_user >= params.bf_max_job_user {
-            return;
+        if params.bf_max_job_user > 0 {
+            let of_user = cont.per_user.get(&job.spec.user).copied().unwrap_or(0);
+            if of_user >= params.bf_max_job_user {
+                return;
+            }
+            cont.per_user.insert(job.spec.user.clone(), of_user + 1);
         }
-        cont.depth.insert(partition.clone(), in_partition + 1);
-        cont.per_user.insert(job.spec.user.clone(), of_user + 1);
         cont.considered += 1;
         match pass.try_start(job) {
             Outcome::Started => {
