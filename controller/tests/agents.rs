@@ -625,3 +625,78 @@ async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
     assert_eq!(next.job_id, second);
     wait_state(&cluster, second, "RUNNING").await;
 }
+
+/// The backfill order in the live controller (the planners `docket sim` replays with):
+/// node g01 (16 cpus) runs an 8-cpu job for up to 10 minutes; a 16-cpu job waits behind it
+/// and is reserved at that job's limit; then an 8-cpu job of 9 minutes and an 8-cpu job of
+/// 1 minute arrive together, both able to run before the reservation but only one at a
+/// time. EASY in queue order (Slurm's) backfills the 9-minute job; with
+/// `bf_order = "shortest"` (EASY++'s SJBF) the 1-minute job goes ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shortest_first_backfill_starts_the_short_job_ahead_of_where_easy_puts_it() {
+    for (order, started, waiting) in [("queue", "nine", "one"), ("shortest", "one", "nine")] {
+        let dir = tempfile::tempdir().unwrap();
+        let site = std::fs::read_to_string(common::site_config())
+            .unwrap()
+            .replace(
+                "bf_interval = 1\n",
+                &format!("bf_interval = 1\nbf_order = \"{order}\"\n"),
+            );
+        assert!(site.contains("bf_order"));
+        let config = dir.path().join("site.toml");
+        std::fs::write(&config, site).unwrap();
+        let cluster = Cluster::start_custom(1, config, &["--agent-fence-ms", "0"]).await;
+        let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
+        let leader = cluster.leader().await;
+        let mut jobs = cluster.jobs(leader).await;
+        let spec = |name: &str, cpus: u32, limit: i64| {
+            let mut j = pinned(name, "g01");
+            j.cpus_per_task = cpus;
+            j.time_limit_seconds = Some(limit);
+            // 1 GiB per cpu: without a memory request a job takes the whole node's.
+            j.memory = Some(pb::job_spec::Memory::MemPerCpuMib(1024));
+            j
+        };
+        let ids = |r: Vec<pb::SubmitResult>| -> Vec<u64> {
+            r.into_iter()
+                .map(|r| match r.result {
+                    Some(pb::submit_result::Result::JobId(id)) => id,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let first = ids(submit(&mut jobs, "alice", vec![spec("first", 8, 600)])
+            .await
+            .unwrap())[0];
+        let pb::instruction::Kind::Launch(l) = agent.next().await else {
+            panic!("expected the first job's launch")
+        };
+        assert_eq!(l.job_id, first);
+        wait_state(&cluster, first, "RUNNING").await;
+        let head = ids(submit(&mut jobs, "alice", vec![spec("head", 16, 600)])
+            .await
+            .unwrap())[0];
+        // One request: both wait when the next backfill pass runs.
+        let pair = ids(submit(
+            &mut jobs,
+            "alice",
+            vec![spec("nine", 8, 540), spec("one", 8, 60)],
+        )
+        .await
+        .unwrap());
+        let id_of = |name: &str| if name == "nine" { pair[0] } else { pair[1] };
+        let pb::instruction::Kind::Launch(l) = agent.next().await else {
+            panic!("{order}: expected a backfilled launch")
+        };
+        assert_eq!(l.job_id, id_of(started), "{order}: {started} backfilled");
+        wait_state(&cluster, id_of(started), "RUNNING").await;
+        // Two more backfill passes: the other still waits (no cpus), and so does the head.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(
+            state_of(&cluster, id_of(waiting)).await,
+            "PENDING",
+            "{order}"
+        );
+        assert_eq!(state_of(&cluster, head).await, "PENDING", "{order}");
+    }
+}

@@ -7,7 +7,7 @@
 //! (default 100,000) for a machine of PROCS processors (default 1,000), sizes mostly small
 //! powers of two with some wide jobs, runtimes log-uniform from a minute to a day, estimates
 //! 1-5x the runtime, and arrivals paced for an offered load near 0.9, so queues form. Then
-//! replays it with each POLICY (fcfs, easy, conservative; default easy and conservative)
+//! replays it with each POLICY (any `docket sim --policy` name; default easy and conservative)
 //! and prints one JSON line each. FCFS cannot keep up with that load (its queue grows
 //! without bound and every pass orders all of it): minutes, not seconds.
 
@@ -79,12 +79,8 @@ fn main() {
     let procs = args.get(1).copied().unwrap_or(1000);
     let mut policies: Vec<Policy> = std::env::args()
         .skip(1)
-        .filter_map(|a| match a.as_str() {
-            "fcfs" => Some(Policy::FCFS),
-            "easy" => Some(Policy::EASY),
-            "conservative" => Some(Policy::CONSERVATIVE),
-            _ => None,
-        })
+        .filter(|a| a.parse::<u64>().is_err() && !a.ends_with(".swf"))
+        .map(|a| Policy::parse(&a).expect("a policy name (docket sim --policy's)"))
         .collect();
     if policies.is_empty() {
         policies = vec![Policy::EASY, Policy::CONSERVATIVE];

@@ -225,13 +225,17 @@ impl State {
                 .max()
                 .unwrap_or(0),
             max_qos_priority: self.qos.values().map(|q| q.priority).max().unwrap_or(0),
-            max_assoc_priority: self
-                .accounts
-                .accounts
-                .values()
-                .flat_map(|a| a.users.values().map(|u| u.priority))
-                .max()
-                .unwrap_or(0),
+            // A walk of every association: only the multifactor formula reads it.
+            max_assoc_priority: match self.config.priority.formula {
+                PriorityFormula::Multifactor(_) => self
+                    .accounts
+                    .accounts
+                    .values()
+                    .flat_map(|a| a.users.values().map(|u| u.priority))
+                    .max()
+                    .unwrap_or(0),
+                _ => 0,
+            },
             total_nodes: self.nodes.len() as u64,
             total_cpus: self.nodes.values().map(|n| u64::from(n.spec.cpus)).sum(),
             total_memory: self.nodes.values().map(|n| n.spec.memory.0).sum(),
