@@ -194,6 +194,10 @@ pub struct PriorityInputs<'a> {
     total_cpus: u64,
     total_memory: u64,
     total_jobfs: u64,
+    /// Does any QOS preempt? (Most sites: none, and no job's QOS need be looked up.)
+    any_preemptor: bool,
+    /// The one priority tier every partition has, if they all have the same.
+    uniform_tier: Option<u32>,
 }
 
 impl State {
@@ -240,6 +244,12 @@ impl State {
             total_cpus: self.nodes.values().map(|n| u64::from(n.spec.cpus)).sum(),
             total_memory: self.nodes.values().map(|n| n.spec.memory.0).sum(),
             total_jobfs: self.nodes.values().map(|n| n.spec.jobfs.0).sum(),
+            any_preemptor: self.qos.values().any(|q| !q.preempt.is_empty()),
+            uniform_tier: {
+                let mut tiers = self.partitions.values().map(|p| p.priority_tier);
+                let first = tiers.next().unwrap_or(0);
+                tiers.all(|t| t == first).then_some(first)
+            },
         }
     }
 }
@@ -463,6 +473,9 @@ fn evaluate(
 
 /// A job's priority under the configured formula.
 pub fn priority(inputs: &PriorityInputs<'_>, job: &Job) -> f64 {
+    if inputs.state.config.priority.formula == PriorityFormula::Fcfs {
+        return 0.0;
+    }
     let mut total = 0.0;
     evaluate(inputs, job, false, &mut |_, value, weight| {
         total += value * weight
@@ -531,16 +544,21 @@ impl Ord for FirstFirst {
 impl OrderKey {
     pub fn new(inputs: &PriorityInputs<'_>, job: &Job, in_reservation: bool) -> OrderKey {
         let state = inputs.state;
+        // Every pending job gets a key on every pass: skip the name lookups where the
+        // answer is the same for all.
         OrderKey {
-            preemptor: state
-                .qos
-                .get(&job.resolved.qos)
-                .is_some_and(|q| !q.preempt.is_empty()),
+            preemptor: inputs.any_preemptor
+                && state
+                    .qos
+                    .get(&job.resolved.qos)
+                    .is_some_and(|q| !q.preempt.is_empty()),
             in_reservation,
-            tier: state
-                .partitions
-                .get(&job.resolved.partition)
-                .map_or(0, |p| p.priority_tier),
+            tier: inputs.uniform_tier.unwrap_or_else(|| {
+                state
+                    .partitions
+                    .get(&job.resolved.partition)
+                    .map_or(0, |p| p.priority_tier)
+            }),
             starving: state
                 .config
                 .sched
