@@ -3,6 +3,9 @@
 //!   cargo run --release -p docket-core --example sim_bench [-- JOBS PROCS POLICY...]
 //!   cargo run --release -p docket-core --example sim_bench -- TRACE.swf [POLICY...]
 //!
+//! `--write FILE.swf` saves the synthetic trace instead (scripts/reference-sim.py replays it
+//! for the side-by-side figures in the README).
+//!
 //! With a trace file, replays it (on its header's processors). Otherwise generates a synthetic trace (seeded, so every run replays the same one): JOBS jobs
 //! (default 100,000) for a machine of PROCS processors (default 1,000), sizes mostly small
 //! powers of two with some wide jobs, runtimes log-uniform from a minute to a day, estimates
@@ -79,13 +82,16 @@ fn main() {
     let procs = args.get(1).copied().unwrap_or(1000);
     let mut policies: Vec<Policy> = std::env::args()
         .skip(1)
-        .filter(|a| a.parse::<u64>().is_err() && !a.ends_with(".swf"))
+        .filter(|a| a.parse::<u64>().is_err() && !a.ends_with(".swf") && a != "--write")
         .map(|a| Policy::parse(&a).expect("a policy name (docket sim --policy's)"))
         .collect();
     if policies.is_empty() {
         policies = vec![Policy::EASY, Policy::CONSERVATIVE];
     }
-    let file = std::env::args().skip(1).find(|a| a.ends_with(".swf"));
+    let written = std::env::args().skip_while(|a| a != "--write").nth(1);
+    let file = std::env::args()
+        .skip(1)
+        .find(|a| a.ends_with(".swf") && Some(a) != written.as_ref());
     let trace = match &file {
         Some(path) => {
             let text = std::fs::read_to_string(path).expect("reading the trace");
@@ -93,6 +99,20 @@ fn main() {
         }
         None => synthetic(jobs, procs, 42),
     };
+    // `--write FILE.swf`: save the trace (for another simulator to replay) and stop.
+    let argv: Vec<String> = std::env::args().collect();
+    if let Some(k) = argv.iter().position(|a| a == "--write") {
+        let path = argv.get(k + 1).expect("--write FILE.swf");
+        let mut text = format!("; MaxProcs: {}\n", trace.max_procs.unwrap_or(procs));
+        for j in &trace.jobs {
+            text.push_str(&format!(
+                "{} {} -1 {} {} -1 -1 {} {} -1 1 {} {} -1 -1 -1 -1 -1\n",
+                j.id, j.submit, j.runtime, j.procs, j.procs, j.estimate, j.user, j.group
+            ));
+        }
+        std::fs::write(path, text).expect("writing the trace");
+        return;
+    }
     for policy in policies {
         let options = SimOptions {
             policy: Some(policy),
