@@ -442,7 +442,7 @@ impl Jobs for JobsService {
                 })
                 .collect();
             pb::ExplainPriorityResponse {
-                formula: format!("{:?}", state.config.priority.formula).to_lowercase(),
+                formula: state.config.priority.formula.name().to_owned(),
                 jobs,
             }
         })

@@ -94,7 +94,8 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
     let explained = client.explain_priority(req).await.unwrap().into_inner();
     assert_eq!(explained.jobs.len(), 1, "{explained:?}");
     assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");
-    assert!(!explained.formula.is_empty());
+    // The formula by name (it was once the whole configuration, Debug-printed).
+    assert_eq!(explained.formula, "multifactor");
 
     // A cancelled running job completes when its agent confirms the kill (no agents here).
     assert_eq!(

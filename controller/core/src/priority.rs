@@ -168,6 +168,23 @@ pub enum PriorityFormula {
     Runtime(RuntimeOrder),
 }
 
+impl PriorityFormula {
+    /// The formula's name, as `PriorityType` spells it without `priority/` (and the order
+    /// for `runtime`): what `sprio --json` reports.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PriorityFormula::Fcfs => "basic",
+            PriorityFormula::Multifactor(_) => "multifactor",
+            PriorityFormula::Flux(_) => "flux",
+            PriorityFormula::It4i(_) => "it4i",
+            PriorityFormula::Maui(_) => "maui",
+            PriorityFormula::Runtime(RuntimeOrder::ShortestFirst) => "runtime/shortest",
+            PriorityFormula::Runtime(RuntimeOrder::LargestXfactor) => "runtime/xfactor",
+            PriorityFormula::Runtime(RuntimeOrder::F1) => "runtime/f1",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriorityConfig {
     pub formula: PriorityFormula,
