@@ -3,7 +3,8 @@
 //!   cargo run --release -p docket-core --example sim_bench [-- JOBS PROCS POLICY...]
 //!   cargo run --release -p docket-core --example sim_bench -- TRACE.swf [POLICY...]
 //!
-//! `--write FILE.swf` saves the synthetic trace instead (scripts/reference-sim.py replays it
+//! `--repetitive` generates a workload whose users repeat themselves instead (see
+//! `repetitive`: what runtime predictions need). `--write FILE.swf` saves the trace instead (scripts/reference-sim.py replays it
 //! for the side-by-side figures in the README).
 //!
 //! With a trace file, replays it (on its header's processors). Otherwise generates a synthetic trace (seeded, so every run replays the same one): JOBS jobs
@@ -73,6 +74,64 @@ fn synthetic(jobs: usize, procs: u64, seed: u64) -> Trace {
     }
 }
 
+/// A workload whose users repeat themselves, as real users do (Tsafrir et al. found the
+/// last two jobs of a user the best predictor of the next): 200 users, each with a typical
+/// size (a power of two up to 64, a tenth of them wide) and a typical run time
+/// (log-uniform from a minute to a day), each job within a factor of 1.5 of it; limits as
+/// users set them, rounded up to whole hours and 1-10x the typical run time; arrivals
+/// paced for an offered load near 0.9. Users submit in bursts of 1-10 jobs.
+fn repetitive(jobs: usize, procs: u64, seed: u64) -> Trace {
+    let mut r = Lcg(seed);
+    let users: Vec<(u64, f64, u64)> = (0..200)
+        .map(|_| {
+            let size = if r.next() < 0.1 {
+                (procs as f64 * (0.1 + 0.3 * r.next())) as u64
+            } else {
+                1u64 << (r.next() * 7.0) as u32
+            }
+            .clamp(1, procs);
+            let typical = 60.0 * 1440f64.powf(r.next());
+            let limit = ((typical * (1.0 + 9.0 * r.next())) / 3600.0).ceil() as u64 * 3600;
+            (size, typical, limit)
+        })
+        .collect();
+    let mut raw = Vec::with_capacity(jobs);
+    let mut work = 0.0;
+    while raw.len() < jobs {
+        let u = (r.next() * users.len() as f64) as usize;
+        let (size, typical, limit) = users[u];
+        let burst = 1 + (r.next() * 10.0) as usize;
+        for _ in 0..burst.min(jobs - raw.len()) {
+            let runtime = ((typical * 1.5f64.powf(2.0 * r.next() - 1.0)) as u64).min(limit);
+            work += size as f64 * runtime as f64;
+            raw.push((u, size, runtime, limit));
+        }
+    }
+    let span = work / (procs as f64 * 0.9);
+    let mean_gap = span / jobs as f64;
+    let mut submit = 0.0;
+    let mut out = Vec::with_capacity(jobs);
+    for (i, (u, size, runtime, limit)) in raw.into_iter().enumerate() {
+        submit += -mean_gap * (1.0 - r.next()).ln();
+        out.push(SwfJob {
+            id: i as u64 + 1,
+            submit: submit as u64,
+            runtime,
+            procs: size,
+            estimate: limit,
+            user: u as i64,
+            group: (u % 7) as i64,
+            queue: -1,
+            partition: -1,
+        });
+    }
+    Trace {
+        jobs: out,
+        max_procs: Some(procs),
+        ..Trace::default()
+    }
+}
+
 fn main() {
     let args: Vec<u64> = std::env::args()
         .skip(1)
@@ -82,7 +141,12 @@ fn main() {
     let procs = args.get(1).copied().unwrap_or(1000);
     let mut policies: Vec<Policy> = std::env::args()
         .skip(1)
-        .filter(|a| a.parse::<u64>().is_err() && !a.ends_with(".swf") && a != "--write")
+        .filter(|a| {
+            a.parse::<u64>().is_err()
+                && !a.ends_with(".swf")
+                && a != "--write"
+                && a != "--repetitive"
+        })
         .map(|a| Policy::parse(&a).expect("a policy name (docket sim --policy's)"))
         .collect();
     if policies.is_empty() {
@@ -97,6 +161,7 @@ fn main() {
             let text = std::fs::read_to_string(path).expect("reading the trace");
             docket_core::sim::swf::parse(&text).expect("parsing the trace")
         }
+        None if std::env::args().any(|a| a == "--repetitive") => repetitive(jobs, procs, 42),
         None => synthetic(jobs, procs, 42),
     };
     // `--write FILE.swf`: save the trace (for another simulator to replay) and stop.
