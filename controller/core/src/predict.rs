@@ -121,7 +121,8 @@ impl Job {
             return limit;
         };
         if self.state == JobState::Pending {
-            return Some(predicted);
+            // The limit may have been lowered since the prediction was made.
+            return Some(limit.map_or(predicted, |l| predicted.min(l)));
         }
         Some(corrected(predicted, self.run_time(now), limit))
     }

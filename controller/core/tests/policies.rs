@@ -5,8 +5,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use common::{Cluster, jr};
+use docket_core::apply::update::JobUpdate;
+use docket_core::command::EndCause;
+use docket_core::config::SchedConfig;
+use docket_core::job::TimeRequest;
+use docket_core::predict::RuntimePredictor;
+use docket_core::quantity::{Seconds, TimeMs};
 use docket_core::sim::swf::{SwfJob, Trace};
 use docket_core::sim::{Policy, SimOptions, replay};
+use docket_core::{Actor, Command};
 
 fn job(id: u64, user: i64, submit: u64, procs: u64, runtime: u64, estimate: u64) -> SwfJob {
     SwfJob {
@@ -184,6 +194,7 @@ fn policy_names_read_back() {
         "lxf+sjbf+predict+starve=86400",
         "easy+predict",
         "conservative+predict",
+        "easy+++starve=600",
     ] {
         assert_eq!(Policy::parse(name).unwrap().name(), name);
     }
@@ -201,4 +212,62 @@ fn policy_names_read_back() {
     ] {
         assert!(Policy::parse(bad).is_err(), "{bad:?} was accepted");
     }
+}
+
+/// In the state machine: a prediction is the average of the user's last two runs that
+/// ended on their own (a cancelled run says nothing, another user's neither), made at
+/// submission; a limit lowered later caps it.
+#[test]
+fn predictions_come_from_the_users_own_finished_runs() {
+    let mut config = SchedConfig::default();
+    config.sched.runtime_predictor = RuntimePredictor::RecentAverage;
+    let mut c = Cluster::new(config, 1);
+    let run = |c: &mut Cluster, secs: u64, cause: EndCause| {
+        let id = c.submit(vec![c.spec("alice")])[0];
+        c.start(jr(id), &["n001"]).unwrap();
+        c.now = c.now.plus(Seconds(secs));
+        c.end(id, cause, 0);
+        id
+    };
+    let first = run(&mut c, 100, EndCause::Exited);
+    assert_eq!(c.job(first).predicted, None, "no history yet");
+    run(&mut c, 5000, EndCause::Cancelled);
+    let next = c.submit(vec![c.spec("alice")])[0];
+    assert_eq!(c.job(next).predicted, Some(Seconds(100)));
+    run(&mut c, 301, EndCause::Timeout);
+    let pending = c.submit(vec![c.spec("alice")])[0];
+    assert_eq!(c.job(pending).predicted, Some(Seconds(201)));
+    assert_eq!(
+        c.job(pending).expected_runtime(TimeMs(0)),
+        Some(Seconds(201))
+    );
+    let bobs = c.submit(vec![c.spec("bob")])[0];
+    assert_eq!(
+        c.job(bobs).predicted,
+        None,
+        "alice's runs say nothing of bob's"
+    );
+    c.ok(common::by(
+        Actor::User("alice".parse().unwrap()),
+        Command::UpdateJobs {
+            jobs: vec![jr(pending)],
+            update: JobUpdate {
+                time_limit: Some(TimeRequest::Limit(Seconds(120))),
+                ..Default::default()
+            },
+        },
+    ));
+    assert_eq!(
+        c.job(pending).expected_runtime(TimeMs(0)),
+        Some(Seconds(120)),
+        "the lowered limit caps the prediction"
+    );
+    // Time-limit planning (the default) predicts nothing.
+    let mut plain = Cluster::new(SchedConfig::default(), 1);
+    let id = run(&mut plain, 100, EndCause::Exited);
+    let after = plain.submit(vec![plain.spec("alice")])[0];
+    assert_eq!(
+        (plain.job(id).predicted, plain.job(after).predicted),
+        (None, None)
+    );
 }

@@ -72,9 +72,9 @@ impl Policy {
         let mut parts = text.split('+');
         let base = parts.next().unwrap_or_default();
         let mut modifiers: Vec<&str> = parts.collect();
-        // `easy++` splits into "easy", "", "".
-        let mut p = if base == "easy" && modifiers == ["", ""] {
-            modifiers.clear();
+        // `easy++` splits into "easy", "", "" (and `easy+++starve=60` goes on from there).
+        let mut p = if base == "easy" && modifiers.len() >= 2 && modifiers[..2] == ["", ""] {
+            modifiers.drain(..2);
             Policy {
                 bf_order: BackfillOrder::Shortest,
                 predictor: RuntimePredictor::RecentAverage,
