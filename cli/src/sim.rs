@@ -28,7 +28,9 @@ pub struct SimArgs {
     /// conservative, easy-sjbf (backfill shortest first), easy++ (Tsafrir et al.: easy-sjbf
     /// on runtime predictions), sjf, lxf, f1 (EASY with the queue by shortest expected run
     /// time, largest expansion factor, or Carastan-Santos and de Camargo's F1); modifiers
-    /// +sjbf, +predict, +starve=SECONDS (e.g. sjf+predict+starve=86400).
+    /// +sjbf, +predict, +starve=SECONDS (e.g. sjf+predict+starve=86400). A policy sets the
+    /// backfill mode, both orders, the predictor and the starvation bound, overriding the
+    /// configuration's.
     #[arg(long, value_parser = Policy::parse, conflicts_with = "compare")]
     pub(crate) policy: Option<Policy>,
     /// Replay under each of these policies (comma-separated, as --policy names them) and
@@ -195,9 +197,9 @@ fn base_name(p: &Policy) -> &'static str {
 
 fn parse_load(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 10.0 => Ok(v),
+        Ok(v) if v.is_finite() && (0.01..=10.0).contains(&v) => Ok(v),
         _ => Err(format!(
-            "{text:?} is not a load between 0 and 10 (e.g. 0.9)"
+            "{text:?} is not a load between 0.01 and 10 (e.g. 0.9)"
         )),
     }
 }

@@ -144,8 +144,9 @@ pub struct SchedParams {
     pub bf_order: BackfillOrder,
     /// What the planners take a job's run time to be: its limit, or a prediction.
     pub runtime_predictor: crate::predict::RuntimePredictor,
-    /// Jobs eligible this long are considered before every other job, oldest first, whatever
-    /// their priority: the bound on starvation under orders that favour short jobs
+    /// Jobs eligible this long are considered before every other job (after preemptors,
+    /// advance-reservation jobs and higher tiers), longest eligible first, whatever their
+    /// priority: the bound on starvation under orders that favour short jobs
     /// (`None` = no bound beyond the formula's own age factor).
     pub starvation_wait: Option<Seconds>,
     /// When and for how long the leader runs the passes.

@@ -520,15 +520,17 @@ pub fn explain(inputs: &PriorityInputs<'_>, job: &Job) -> Explanation {
 
 /// Where a job stands in the order of consideration (seed 003): jobs that can preempt, jobs
 /// in a reservation, higher partition priority tier, starving jobs (eligible for
-/// `starvation_wait`, oldest first), higher priority, earlier submission, lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
+/// `starvation_wait`, longest eligible first), higher priority, earlier submission, lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OrderKey {
     pub preemptor: bool,
     pub in_reservation: bool,
     pub tier: u32,
-    /// Eligible for `starvation_wait` or longer: ahead of every job that is not, oldest
-    /// first among themselves.
+    /// Eligible for `starvation_wait` or longer: ahead of every job that is not (after
+    /// preemptors, advance-reservation jobs and higher tiers), longest eligible first.
     pub starving: bool,
+    /// Seconds eligible so far (orders starving jobs).
+    pub eligible_s: u64,
     pub priority: f64,
     pub submit: TimeMs,
     pub id: JobId,
@@ -561,6 +563,7 @@ impl Ord for FirstFirst {
 impl OrderKey {
     pub fn new(inputs: &PriorityInputs<'_>, job: &Job, in_reservation: bool) -> OrderKey {
         let state = inputs.state;
+        let eligible = job.eligible_time(inputs.now);
         // Every pending job gets a key on every pass: skip the name lookups where the
         // answer is the same for all.
         OrderKey {
@@ -580,7 +583,8 @@ impl OrderKey {
                 .config
                 .sched
                 .starvation_wait
-                .is_some_and(|w| job.eligible_time(inputs.now) >= w),
+                .is_some_and(|w| eligible >= w),
+            eligible_s: eligible.0,
             priority: priority(inputs, job),
             submit: job.submit_time,
             id: job.id,
@@ -596,7 +600,7 @@ impl OrderKey {
             .then(other.starving.cmp(&self.starving))
             .then_with(|| {
                 if self.starving && other.starving {
-                    self.submit.cmp(&other.submit)
+                    other.eligible_s.cmp(&self.eligible_s)
                 } else {
                     Ordering::Equal
                 }

@@ -208,6 +208,7 @@ fn policy_names_read_back() {
         "easy+starve=0",
         "easy+starve=x",
         "fcfs+sjbf",
+        "conservative+sjbf",
         "best",
     ] {
         assert!(Policy::parse(bad).is_err(), "{bad:?} was accepted");
@@ -270,4 +271,49 @@ fn predictions_come_from_the_users_own_finished_runs() {
         (plain.job(id).predicted, plain.job(after).predicted),
         (None, None)
     );
+}
+
+/// Shortest-first backfill in the live planner: the caps count jobs in the queue's order
+/// (Slurm's `bf_max_job_test`), only the jobs within them are reordered, and a job counts
+/// as bypassed when one behind it in the queue's order starts while it cannot. One node of
+/// 16 cpus: `run` holds 8 for an hour; `head` needs 16; then 8-cpu jobs of 50, 40 and 1
+/// minutes. With every job tested, the 1-minute job starts; with three tested (head, 50,
+/// 40), the 40-minute one does. The jobs ahead of the one that started in the queue's order
+/// were bypassed, though the 40-minute one was tried after the 1-minute one.
+#[test]
+fn shortest_first_backfill_reorders_only_the_jobs_within_the_caps() {
+    use docket_core::config::{BackfillMode, BackfillOrder};
+    use docket_core::plan::Unlimited;
+    for (cap, expected, bypassed) in [(0u32, "one", 3), (3, "forty", 2)] {
+        let mut config = SchedConfig::default();
+        config.sched.backfill = BackfillMode::Easy;
+        config.sched.bf_order = BackfillOrder::Shortest;
+        config.sched.bf_max_job_test = cap;
+        config.sched.bf_resolution = Seconds(1);
+        let mut c = Cluster::new(config, 1);
+        let spec = |c: &Cluster, name: &str, cpus: u32, minutes: u64| {
+            let mut s = c.spec("alice");
+            s.name = name.into();
+            s.cpus_per_task = cpus;
+            s.time = TimeRequest::Limit(Seconds::minutes(minutes));
+            s
+        };
+        let run = c.submit(vec![spec(&c, "run", 8, 60)])[0];
+        c.start(jr(run), &["n001"]).unwrap();
+        let ids = c.submit(vec![
+            spec(&c, "head", 16, 60),
+            spec(&c, "fifty", 8, 50),
+            spec(&c, "forty", 8, 40),
+            spec(&c, "one", 8, 1),
+        ]);
+        let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+        let started: Vec<&str> = plan
+            .starts
+            .iter()
+            .map(|d| c.job(d.job.job).spec.name.as_str())
+            .collect();
+        assert_eq!(started, [expected], "bf_max_job_test {cap}");
+        assert_eq!(plan.bypassed, ids[..bypassed], "bf_max_job_test {cap}");
+        assert_eq!(plan.reservations.len(), 1, "the head's");
+    }
 }

@@ -54,21 +54,34 @@ impl State {
                 && pass.pool.hold(&self.jobs[&target.job], placement)
         });
         let horizon = now.plus(params.bf_window);
-        // SJBF: jobs behind their partition's reservation wait in `deferred` until the queue
-        // has been walked, then go shortest first.
+        // SJBF: jobs behind their partition's reservation are counted against the caps in
+        // queue order (as Slurm counts them) and wait in `deferred` until the queue has been
+        // walked, then go shortest first.
         let shortest_first =
             params.bf_order == BackfillOrder::Shortest && params.backfill == BackfillMode::Easy;
-        let mut waiting_ahead: Vec<crate::ids::JobId> = Vec::new();
+        // Maui's bypass count: a job that could not start is bypassed when a job behind it
+        // in the queue's order starts in the same pass (whatever order they were tried in).
+        let mut bypass = Bypass::default();
         loop {
             let rest = std::mem::take(&mut cont.rest);
+            let positions = std::mem::take(&mut cont.positions);
             for (k, &id) in rest.iter().enumerate() {
-                if params.bf_max_job_test > 0
+                let position = positions.get(k).copied().unwrap_or(cont.walked + k);
+                // Deferred jobs were counted when the walk met them.
+                if !cont.sorted
+                    && params.bf_max_job_test > 0
                     && cont.considered >= u64::from(params.bf_max_job_test)
                 {
                     break;
                 }
                 if budget.exhausted() {
                     cont.rest = rest[k..].to_vec();
+                    if cont.sorted {
+                        cont.positions = positions[k.min(positions.len())..].to_vec();
+                    } else {
+                        cont.walked += k;
+                    }
+                    bypass.note(&mut pass);
                     pass.plan.reservations = cont.reservations.clone();
                     pass.plan.continuation = Some(cont);
                     return pass.plan;
@@ -76,82 +89,96 @@ impl State {
                 let Some(job) = self.waiting(id) else {
                     continue;
                 };
-                let partition = &job.resolved.partition;
-                if shortest_first && !cont.sorted && cont.blocked.contains(partition) {
-                    cont.deferred.push(id);
-                    continue;
+                if !cont.sorted {
+                    if !self.admit_to_backfill(job, &mut cont) {
+                        continue;
+                    }
+                    if shortest_first && cont.blocked.contains(&job.resolved.partition) {
+                        cont.deferred.push((position, id));
+                        continue;
+                    }
                 }
-                self.backfill_one(job, &mut pass, &mut cont, &mut waiting_ahead, horizon);
+                match self.backfill_one(job, &mut pass, &mut cont, horizon) {
+                    Outcome::Started => bypass.started(position),
+                    Outcome::NoResources => bypass.failed(position, id),
+                    Outcome::Limited => {}
+                }
             }
-            if !shortest_first || cont.sorted || cont.deferred.is_empty() {
+            if !cont.sorted {
+                cont.walked += rest.len();
+            }
+            if cont.sorted || cont.deferred.is_empty() {
                 break;
             }
             // The deferred jobs, shortest expected run first (unlimited last); ties keep
             // the queue's order.
             cont.sorted = true;
             let mut deferred = std::mem::take(&mut cont.deferred);
-            deferred.sort_by_key(|id| {
-                self.jobs
-                    .get(id)
+            deferred.sort_by_key(|&(position, id)| {
+                let runtime = self
+                    .jobs
+                    .get(&id)
                     .and_then(|j| j.expected_runtime(now))
-                    .map_or(u64::MAX, |s| s.0)
+                    .map_or(u64::MAX, |s| s.0);
+                (runtime, position)
             });
-            cont.rest = deferred;
+            cont.positions = deferred.iter().map(|d| d.0).collect();
+            cont.rest = deferred.into_iter().map(|d| d.1).collect();
         }
+        bypass.note(&mut pass);
         pass.plan.reservations = cont.reservations;
         pass.plan.bypassed.sort_unstable();
         pass.plan.bypassed.dedup();
         pass.plan
     }
 
-    /// Backfill's step for one waiting job: counted against the caps, started if it fits
-    /// around every reservation so far, else given a reservation where the mode says so.
-    fn backfill_one(
-        &self,
-        job: &crate::job::Job,
-        pass: &mut Pass<'_>,
-        cont: &mut Continuation,
-        waiting_ahead: &mut Vec<crate::ids::JobId>,
-        horizon: TimeMs,
-    ) {
+    /// Counts `job` against backfill's caps (`bf_max_job_part`, `bf_max_job_user`) and the
+    /// jobs tested; `false` (and nothing counted) when a cap is reached.
+    fn admit_to_backfill(&self, job: &crate::job::Job, cont: &mut Continuation) -> bool {
         let params = &self.config.sched;
-        let id = job.id;
         let partition = &job.resolved.partition;
         // Counted only where a cap reads the count: two name-keyed map updates per job were
         // a seventh of a replay's time with no cap set.
         if params.bf_max_job_part > 0 {
             let in_partition = cont.depth.get(partition).copied().unwrap_or(0);
             if in_partition >= params.bf_max_job_part {
-                return;
+                return false;
             }
             if params.bf_max_job_user > 0
                 && cont.per_user.get(&job.spec.user).copied().unwrap_or(0) >= params.bf_max_job_user
             {
-                return;
+                return false;
             }
             cont.depth.insert(partition.clone(), in_partition + 1);
         }
         if params.bf_max_job_user > 0 {
             let of_user = cont.per_user.get(&job.spec.user).copied().unwrap_or(0);
             if of_user >= params.bf_max_job_user {
-                return;
+                return false;
             }
             cont.per_user.insert(job.spec.user.clone(), of_user + 1);
         }
         cont.considered += 1;
-        match pass.try_start(job) {
-            Outcome::Started => {
-                // Every job ahead of it that could not start has been bypassed (Maui's
-                // bypass count; NCI: bypassed jobs gain score so none starves).
-                pass.plan.bypassed.append(waiting_ahead);
-                return;
-            }
-            Outcome::Limited => return,
-            Outcome::NoResources => {
-                pass.note_reason(job, crate::job::Reason::Resources);
-                waiting_ahead.push(id);
-            }
+        true
+    }
+
+    /// Backfill's step for one admitted job: started if it fits around every reservation so
+    /// far, else given a reservation where the mode says so.
+    fn backfill_one(
+        &self,
+        job: &crate::job::Job,
+        pass: &mut Pass<'_>,
+        cont: &mut Continuation,
+        horizon: TimeMs,
+    ) -> Outcome {
+        let params = &self.config.sched;
+        let id = job.id;
+        let partition = &job.resolved.partition;
+        let outcome = pass.try_start(job);
+        if outcome != Outcome::NoResources {
+            return outcome;
         }
+        pass.note_reason(job, crate::job::Reason::Resources);
         let may_reserve = match params.backfill {
             BackfillMode::Off => false,
             BackfillMode::Easy => !cont.blocked.contains(partition),
@@ -161,7 +188,7 @@ impl State {
             }
         };
         if !may_reserve {
-            return;
+            return outcome;
         }
         cont.blocked.insert(partition.clone());
         let target = match &job.array {
@@ -182,5 +209,37 @@ impl State {
         ) {
             cont.reservations.push((target, placement));
         }
+        outcome
+    }
+}
+
+/// The jobs that could not start and the latest queue position that did, in one pass.
+#[derive(Default)]
+struct Bypass {
+    failed: Vec<(usize, crate::ids::JobId)>,
+    latest_start: Option<usize>,
+}
+
+impl Bypass {
+    fn failed(&mut self, position: usize, id: crate::ids::JobId) {
+        self.failed.push((position, id));
+    }
+
+    fn started(&mut self, position: usize) {
+        self.latest_start = self.latest_start.max(Some(position));
+    }
+
+    /// Every job that could not start with a started job behind it (Maui's bypass count;
+    /// NCI: bypassed jobs gain score so none starves).
+    fn note(&self, pass: &mut Pass<'_>) {
+        let Some(latest) = self.latest_start else {
+            return;
+        };
+        pass.plan.bypassed.extend(
+            self.failed
+                .iter()
+                .filter(|(position, _)| *position < latest)
+                .map(|(_, id)| *id),
+        );
     }
 }

@@ -72,11 +72,15 @@ pub struct Continuation {
     /// Backfill: reservations made so far, kept across a yield so that jobs planned after
     /// it still cannot delay them.
     pub(crate) reservations: Vec<(JobRef, Placement)>,
-    /// Backfill in shortest-first order: jobs met behind their partition's reservation,
-    /// tried once the queue has been walked.
-    pub(crate) deferred: Vec<JobId>,
-    /// ... and `rest` now holds them, shortest first.
+    /// Backfill in shortest-first order: jobs met behind their partition's reservation
+    /// (already counted against the caps), with their queue positions, tried once the queue
+    /// has been walked.
+    pub(crate) deferred: Vec<(usize, JobId)>,
+    /// ... and `rest` now holds them, shortest first, with their positions in `positions`.
     pub(crate) sorted: bool,
+    pub(crate) positions: Vec<usize>,
+    /// Backfill: jobs of the queue's order walked so far (the next one's queue position).
+    pub(crate) walked: usize,
 }
 
 impl crate::state::State {

@@ -126,8 +126,10 @@ impl Policy {
                 }
             }
         }
-        if p.backfill == BackfillMode::Off && p.bf_order == BackfillOrder::Shortest {
-            return Err(format!("policy {text:?}: +sjbf needs backfill"));
+        if p.backfill != BackfillMode::Easy && p.bf_order == BackfillOrder::Shortest {
+            return Err(format!(
+                "policy {text:?}: +sjbf needs EASY backfill (conservative reserves in queue order)"
+            ));
         }
         Ok(p)
     }
