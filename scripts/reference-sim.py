@@ -63,8 +63,7 @@ def at_load(jobs, machine, load):
 def simulate(jobs, machine, easy):
     free = machine
     queue = []  # waiting jobs, FCFS
-    running = []  # heap of (actual end, procs)
-    est_ends = {}  # (estimated end, procs) -> count of running jobs with it
+    running = []  # heap of (actual end, procs, estimated end)
     starts = []
     nxt, n = 0, len(jobs)
 

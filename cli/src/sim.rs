@@ -139,7 +139,8 @@ pub fn run(args: &SimArgs) -> Result<()> {
         "first_refusal": s.first_refusal,
         "unstarted": s.unstarted,
         "procs": s.procs,
-        "policy": base_name(&s.policy),
+        // The planner alone, what this field has always said.
+        "policy": Policy::of(s.policy.backfill).name(),
         "utilization": s.utilization,
         "mean_wait_s": s.mean_wait_s,
         "p95_wait_s": s.p95_wait_s,
@@ -183,16 +184,6 @@ fn write_csv(replay: &Replay, path: &PathBuf) -> Result<()> {
     }
     w.flush()?;
     Ok(())
-}
-
-/// The planner's name alone (`fcfs`, `easy`, `conservative`), what the JSON's `policy`
-/// field has always said; `policy_name` has the whole policy.
-fn base_name(p: &Policy) -> &'static str {
-    match p.backfill {
-        docket_core::config::BackfillMode::Off => "fcfs",
-        docket_core::config::BackfillMode::Easy => "easy",
-        docket_core::config::BackfillMode::Conservative => "conservative",
-    }
 }
 
 fn parse_load(text: &str) -> Result<f64, String> {

@@ -155,6 +155,18 @@ async fn wait_state(cluster: &Cluster, id: u64, want: &str) {
     }
 }
 
+/// The test site with each `(from, to)` replaced (each must be there), written into `dir`.
+fn site_with(dir: &tempfile::TempDir, changes: &[(&str, &str)]) -> std::path::PathBuf {
+    let mut site = std::fs::read_to_string(common::site_config()).unwrap();
+    for (from, to) in changes {
+        assert!(site.contains(from), "the test site has no {from:?}");
+        site = site.replace(from, to);
+    }
+    let config = dir.path().join("site.toml");
+    std::fs::write(&config, site).unwrap();
+    config
+}
+
 fn pinned(name: &str, node: &str) -> pb::JobSpec {
     let mut j = job(name, "big");
     j.nodelist = vec![node.into()];
@@ -583,13 +595,13 @@ async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
     // Timed passes an hour apart: only a pass that the end itself wakes can start the job
     // waiting behind it before the deadline.
     let dir = tempfile::tempdir().unwrap();
-    let site = std::fs::read_to_string(common::site_config())
-        .unwrap()
-        .replace("sched_interval = 1", "sched_interval = 3600")
-        .replace("bf_interval = 1", "bf_interval = 3600");
-    assert!(site.contains("sched_interval = 3600") && site.contains("bf_interval = 3600"));
-    let config = dir.path().join("site.toml");
-    std::fs::write(&config, site).unwrap();
+    let config = site_with(
+        &dir,
+        &[
+            ("sched_interval = 1", "sched_interval = 3600"),
+            ("bf_interval = 1", "bf_interval = 3600"),
+        ],
+    );
     let cluster = Cluster::start_custom(1, config, &["--agent-fence-ms", "0"]).await;
     let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
     let leader = cluster.leader().await;
@@ -636,15 +648,13 @@ async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
 async fn shortest_first_backfill_starts_the_short_job_ahead_of_where_easy_puts_it() {
     for (order, started, waiting) in [("queue", "nine", "one"), ("shortest", "one", "nine")] {
         let dir = tempfile::tempdir().unwrap();
-        let site = std::fs::read_to_string(common::site_config())
-            .unwrap()
-            .replace(
+        let config = site_with(
+            &dir,
+            &[(
                 "bf_interval = 1\n",
                 &format!("bf_interval = 1\nbf_order = \"{order}\"\n"),
-            );
-        assert!(site.contains("bf_order"));
-        let config = dir.path().join("site.toml");
-        std::fs::write(&config, site).unwrap();
+            )],
+        );
         let cluster = Cluster::start_custom(1, config, &["--agent-fence-ms", "0"]).await;
         let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
         let leader = cluster.leader().await;

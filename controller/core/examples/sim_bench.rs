@@ -32,37 +32,35 @@ impl Lcg {
     }
 }
 
-fn synthetic(jobs: usize, procs: u64, seed: u64) -> Trace {
-    let mut r = Lcg(seed);
-    let mut out = Vec::with_capacity(jobs);
-    let mut raw = Vec::with_capacity(jobs);
-    let mut work = 0.0;
-    for _ in 0..jobs {
-        let size = if r.next() < 0.1 {
-            (procs as f64 * (0.1 + 0.4 * r.next())) as u64
-        } else {
-            1u64 << (r.next() * 7.0) as u32
-        }
-        .clamp(1, procs);
-        let runtime = (60.0 * 1440f64.powf(r.next())) as u64;
-        let estimate = (runtime as f64 * (1.0 + 4.0 * r.next())) as u64;
-        work += size as f64 * runtime as f64;
-        raw.push((size, runtime, estimate));
-    }
-    // Pace arrivals so that the offered load is about 0.9.
-    let span = work / (procs as f64 * 0.9);
-    let mean_gap = span / jobs as f64;
+/// One generated job before it is given a submit time.
+struct Drawn {
+    procs: u64,
+    runtime: u64,
+    estimate: u64,
+    user: i64,
+    group: i64,
+}
+
+/// Submit times for `drawn`, exponential gaps paced so that the offered load on `procs`
+/// is about 0.9 (drawn from `r` after the jobs, so each generator's trace stays the same).
+fn paced(drawn: Vec<Drawn>, procs: u64, r: &mut Lcg) -> Trace {
+    let work: f64 = drawn
+        .iter()
+        .map(|d| d.procs as f64 * d.runtime as f64)
+        .sum();
+    let mean_gap = work / (procs as f64 * 0.9) / drawn.len().max(1) as f64;
     let mut submit = 0.0;
-    for (i, (size, runtime, estimate)) in raw.into_iter().enumerate() {
+    let mut out = Vec::with_capacity(drawn.len());
+    for (i, d) in drawn.into_iter().enumerate() {
         submit += -mean_gap * (1.0 - r.next()).ln();
         out.push(SwfJob {
             id: i as u64 + 1,
             submit: submit as u64,
-            runtime,
-            procs: size,
-            estimate,
-            user: (i % 97) as i64,
-            group: (i % 7) as i64,
+            runtime: d.runtime,
+            procs: d.procs,
+            estimate: d.estimate,
+            user: d.user,
+            group: d.group,
             queue: -1,
             partition: -1,
         });
@@ -72,6 +70,29 @@ fn synthetic(jobs: usize, procs: u64, seed: u64) -> Trace {
         max_procs: Some(procs),
         ..Trace::default()
     }
+}
+
+fn synthetic(jobs: usize, procs: u64, seed: u64) -> Trace {
+    let mut r = Lcg(seed);
+    let mut drawn = Vec::with_capacity(jobs);
+    for i in 0..jobs {
+        let size = if r.next() < 0.1 {
+            (procs as f64 * (0.1 + 0.4 * r.next())) as u64
+        } else {
+            1u64 << (r.next() * 7.0) as u32
+        }
+        .clamp(1, procs);
+        let runtime = (60.0 * 1440f64.powf(r.next())) as u64;
+        let estimate = (runtime as f64 * (1.0 + 4.0 * r.next())) as u64;
+        drawn.push(Drawn {
+            procs: size,
+            runtime,
+            estimate,
+            user: (i % 97) as i64,
+            group: (i % 7) as i64,
+        });
+    }
+    paced(drawn, procs, &mut r)
 }
 
 /// A workload whose users repeat themselves, as real users do (Tsafrir et al. found the
@@ -95,41 +116,23 @@ fn repetitive(jobs: usize, procs: u64, seed: u64) -> Trace {
             (size, typical, limit)
         })
         .collect();
-    let mut raw = Vec::with_capacity(jobs);
-    let mut work = 0.0;
-    while raw.len() < jobs {
+    let mut drawn = Vec::with_capacity(jobs);
+    while drawn.len() < jobs {
         let u = (r.next() * users.len() as f64) as usize;
         let (size, typical, limit) = users[u];
         let burst = 1 + (r.next() * 10.0) as usize;
-        for _ in 0..burst.min(jobs - raw.len()) {
+        for _ in 0..burst.min(jobs - drawn.len()) {
             let runtime = ((typical * 1.5f64.powf(2.0 * r.next() - 1.0)) as u64).min(limit);
-            work += size as f64 * runtime as f64;
-            raw.push((u, size, runtime, limit));
+            drawn.push(Drawn {
+                procs: size,
+                runtime,
+                estimate: limit,
+                user: u as i64,
+                group: (u % 7) as i64,
+            });
         }
     }
-    let span = work / (procs as f64 * 0.9);
-    let mean_gap = span / jobs as f64;
-    let mut submit = 0.0;
-    let mut out = Vec::with_capacity(jobs);
-    for (i, (u, size, runtime, limit)) in raw.into_iter().enumerate() {
-        submit += -mean_gap * (1.0 - r.next()).ln();
-        out.push(SwfJob {
-            id: i as u64 + 1,
-            submit: submit as u64,
-            runtime,
-            procs: size,
-            estimate: limit,
-            user: u as i64,
-            group: (u % 7) as i64,
-            queue: -1,
-            partition: -1,
-        });
-    }
-    Trace {
-        jobs: out,
-        max_procs: Some(procs),
-        ..Trace::default()
-    }
+    paced(drawn, procs, &mut r)
 }
 
 fn main() {

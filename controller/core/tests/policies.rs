@@ -7,15 +7,15 @@
 
 mod common;
 
-use common::{Cluster, jr};
+use common::{Cluster, jr, swf_trace as trace};
 use docket_core::apply::update::JobUpdate;
 use docket_core::command::EndCause;
 use docket_core::config::SchedConfig;
 use docket_core::job::TimeRequest;
 use docket_core::predict::RuntimePredictor;
 use docket_core::quantity::{Seconds, TimeMs};
+use docket_core::sim::Policy;
 use docket_core::sim::swf::{SwfJob, Trace};
-use docket_core::sim::{Policy, SimOptions, replay};
 use docket_core::{Actor, Command};
 
 fn job(id: u64, user: i64, submit: u64, procs: u64, runtime: u64, estimate: u64) -> SwfJob {
@@ -32,26 +32,9 @@ fn job(id: u64, user: i64, submit: u64, procs: u64, runtime: u64, estimate: u64)
     }
 }
 
-fn trace(procs: u64, jobs: Vec<SwfJob>) -> Trace {
-    Trace {
-        jobs,
-        max_procs: Some(procs),
-        ..Trace::default()
-    }
-}
-
-/// Each job's start, by SWF id.
+/// Each job's start, by SWF id, under the policy named `policy`.
 fn starts(t: &Trace, policy: &str) -> Vec<(u64, u64)> {
-    let options = SimOptions {
-        policy: Some(Policy::parse(policy).unwrap()),
-        procs: None,
-        max_jobs: None,
-        site: None,
-    };
-    let r = replay(t, &options, &mut |_, _| {}).unwrap();
-    let mut s: Vec<(u64, u64)> = r.outcomes.iter().map(|o| (o.swf_id, o.start)).collect();
-    s.sort_unstable();
-    s
+    common::swf_starts(t, Policy::parse(policy).unwrap())
 }
 
 fn start_of(t: &Trace, policy: &str, id: u64) -> u64 {

@@ -4,8 +4,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use docket_core::sim::swf::{SwfJob, Trace};
-use docket_core::sim::{Policy, SimOptions, replay};
+mod common;
+
+use common::{swf_starts as starts, swf_trace as trace};
+use docket_core::sim::Policy;
+use docket_core::sim::swf::SwfJob;
 use proptest::prelude::*;
 
 fn job(id: u64, submit: u64, procs: u64, runtime: u64, estimate: u64) -> SwfJob {
@@ -20,27 +23,6 @@ fn job(id: u64, submit: u64, procs: u64, runtime: u64, estimate: u64) -> SwfJob 
         queue: -1,
         partition: -1,
     }
-}
-
-fn trace(procs: u64, jobs: Vec<SwfJob>) -> Trace {
-    Trace {
-        jobs,
-        max_procs: Some(procs),
-        ..Trace::default()
-    }
-}
-
-fn starts(t: &Trace, policy: Policy) -> Vec<(u64, u64)> {
-    let options = SimOptions {
-        policy: Some(policy),
-        procs: None,
-        max_jobs: None,
-        site: None,
-    };
-    let r = replay(t, &options, &mut |_, _| {}).unwrap();
-    let mut s: Vec<(u64, u64)> = r.outcomes.iter().map(|o| (o.swf_id, o.start)).collect();
-    s.sort_unstable();
-    s
 }
 
 /// Job 2 needs the whole machine; job 3 is short enough to run before job 2's reserved start.

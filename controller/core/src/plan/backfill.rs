@@ -114,7 +114,7 @@ impl State {
             // the queue's order.
             cont.sorted = true;
             let mut deferred = std::mem::take(&mut cont.deferred);
-            deferred.sort_by_key(|&(position, id)| {
+            deferred.sort_by_cached_key(|&(position, id)| {
                 let runtime = self
                     .jobs
                     .get(&id)

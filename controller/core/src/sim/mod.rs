@@ -452,9 +452,7 @@ pub fn replay(
                 .jobs
                 .get(&id)
                 .and_then(|j| j.prediction_expires(TimeMs(t * 1000)));
-            if let Some(later) = later {
-                expiries.push(Reverse((later.0.div_ceil(1000), id)));
-            }
+            schedule_expiry(&mut expiries, later, id);
         }
         if t >= last_tick + 3600 {
             d.apply(Command::Tick, t)?;
@@ -604,14 +602,12 @@ pub fn replay(
                 let k = which[&id];
                 let j = jobs[k];
                 running.start(id, t + j.runtime, j.procs);
-                if let Some(e) = d
+                let expires = d
                     .state
                     .jobs
                     .get(&id)
-                    .and_then(|j| j.prediction_expires(now))
-                {
-                    expiries.push(Reverse((e.0.div_ceil(1000), id)));
-                }
+                    .and_then(|j| j.prediction_expires(now));
+                schedule_expiry(&mut expiries, expires, id);
                 // A requeued job's outcome is its last run.
                 outcomes[k] = Some(JobOutcome {
                     swf_id: j.id,
@@ -660,6 +656,17 @@ pub fn replay(
         summary,
         samples,
     })
+}
+
+/// Re-plans at the (whole) second job `id`'s runtime prediction runs out, if it will.
+fn schedule_expiry(
+    expiries: &mut BinaryHeap<Reverse<(u64, JobId)>>,
+    at: Option<TimeMs>,
+    id: JobId,
+) {
+    if let Some(at) = at {
+        expiries.push(Reverse((at.0.div_ceil(1000), id)));
+    }
 }
 
 /// Applies planned starts; the ids of those apply accepted (a replay's plans are never

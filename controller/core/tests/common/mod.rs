@@ -12,9 +12,34 @@ use docket_core::node::NodeSpec;
 use docket_core::partition::Partition;
 use docket_core::qos::Qos;
 use docket_core::quantity::{MiB, Seconds, TimeMs};
+use docket_core::sim::swf::{SwfJob, Trace};
+use docket_core::sim::{Policy, SimOptions, replay};
 use docket_core::{Actor, ApplyCtx, Command, Envelope, JobId, Rejection, Response, State};
 
 pub const SCRIPT: &[u8] = b"#!/bin/sh\necho hello\n";
+
+/// A trace of `jobs` on a machine of `procs` processors (the textbook replay's).
+pub fn swf_trace(procs: u64, jobs: Vec<SwfJob>) -> Trace {
+    Trace {
+        jobs,
+        max_procs: Some(procs),
+        ..Trace::default()
+    }
+}
+
+/// Each job's start when `t` is replayed under `policy`, by SWF id.
+pub fn swf_starts(t: &Trace, policy: Policy) -> Vec<(u64, u64)> {
+    let options = SimOptions {
+        policy: Some(policy),
+        procs: None,
+        max_jobs: None,
+        site: None,
+    };
+    let r = replay(t, &options, &mut |_, _| {}).unwrap();
+    let mut s: Vec<(u64, u64)> = r.outcomes.iter().map(|o| (o.swf_id, o.start)).collect();
+    s.sort_unstable();
+    s
+}
 
 /// What the test cluster applies: a bare command is the controller's own.
 pub trait IntoEnvelope {
