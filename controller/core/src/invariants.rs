@@ -145,6 +145,10 @@ impl State {
             "holding index differs from the jobs"
         );
         ensure!(
+            self.queue_index == self.compute_queue_index(),
+            "queue order index differs from the idle jobs"
+        );
+        ensure!(
             self.relations
                 == crate::relations::Relations::compute(self.jobs.values().map(|j| &**j)),
             "dependents/array-tasks index differs from the jobs"
@@ -343,15 +347,7 @@ impl State {
     fn check_placement_current(&self) -> Result<(), InvariantViolation> {
         let mut fresh = self.clone();
         fresh.refresh_all_pending(self.applied.now);
-        let clocked = |job: &crate::job::Job| {
-            job.spec.begin.is_some()
-                || job.reason.depends_on_time()
-                || job.spec.dependency.as_ref().is_some_and(|d| {
-                    d.clauses.iter().any(
-                        |c| matches!(c.kind, crate::job::DepKind::After { delay } if delay.0 > 0),
-                    )
-                })
-        };
+        let clocked = crate::policy::placement_moves_with_time;
         let skip: BTreeSet<&UserName> = self
             .jobs
             .values()

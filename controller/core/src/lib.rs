@@ -16,7 +16,8 @@
 //!   which reason each pending job gets);
 //! - fair-share: [`usage`] (decayed usage ledger), [`fairshare`] (Fair Tree, classic, IT4I);
 //! - ordering: [`priority`] (six formulas, `explain`, the order of consideration),
-//!   [`predict`] (runtime predictions the planners may plan on instead of limits);
+//!   [`predict`] (runtime predictions the planners may plan on instead of limits),
+//!   `queue_index` (the idle queue kept in order where that order is time-independent);
 //! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
 
 pub mod access;
@@ -40,6 +41,7 @@ pub mod preempt;
 pub mod priority;
 pub mod qos;
 pub mod quantity;
+mod queue_index;
 pub mod relations;
 pub mod request;
 pub mod reservation;

@@ -232,6 +232,50 @@ impl State {
         }
     }
 
+    /// Re-places what the passing of time alone can move, on the hourly tick.
+    ///
+    /// Where jobs are placed one by one ([`State::placed_job_by_job`], and no QOS group
+    /// limit or bonus QOS counts what runs over time), every command re-places the jobs it
+    /// affects, so a placement can only go stale with the clock: a begin time or an
+    /// advance reservation's window passing, a dependency's delay running out or its
+    /// target purged by this tick. Only such jobs are re-placed; re-placing thousands of
+    /// queued jobs every simulated hour was most of a deep-queue replay's time (`perf`).
+    /// Elsewhere, caps and limits that count remaining time tie jobs together: the whole
+    /// queue is re-placed.
+    pub(crate) fn refresh_on_tick(&mut self, now: TimeMs) {
+        self.account_rules = AccountRules::of(self);
+        if !self.placed_job_by_job()
+            || self.account_rules.qos_group
+            || self.config.bonus_qos.is_some()
+        {
+            return self.refresh_all_pending(now);
+        }
+        let clocked: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| {
+                j.state == JobState::Pending
+                    && (placement_moves_with_time(j)
+                        || j.spec.reservation.is_some()
+                        || j.spec.dependency.is_some())
+            })
+            .map(|j| j.id)
+            .collect();
+        if clocked.is_empty() {
+            return;
+        }
+        let running = self.running_summary(now);
+        for id in clocked {
+            let placed = self
+                .jobs
+                .get(&id)
+                .map(|job| self.placement_alone(job, &running, now));
+            if let Some((part, reason)) = placed {
+                self.set_pending(id, part, reason, now);
+            }
+        }
+    }
+
     /// Notes whose pending jobs a change to job `id` (started, ended, cancelled, held,
     /// released, suspended, resumed) can re-place.
     pub(crate) fn note_changed(&self, id: JobId, affected: &mut Affected) {
@@ -323,8 +367,8 @@ impl State {
                 (job.state == JobState::Pending && !affected.users.contains(&job.spec.user))
                     .then(|| self.placement_alone(job, &running, now))
             });
-            if let (Some((part, reason)), Some(job)) = (placed, self.jobs.get_mut(&id)) {
-                set_pending(job, part, reason, now);
+            if let Some((part, reason)) = placed {
+                self.set_pending(id, part, reason, now);
             }
         }
     }
@@ -431,9 +475,7 @@ impl State {
             decided.push((id, Part::Idle, reason));
         }
         for (id, part, reason) in decided {
-            if let Some(job) = self.jobs.get_mut(&id) {
-                set_pending(job, part, reason, now);
-            }
+            self.set_pending(id, part, reason, now);
         }
     }
 
@@ -513,9 +555,7 @@ impl State {
             decided.push((*id, placed));
         }
         for (id, (part, reason)) in decided {
-            if let Some(job) = self.jobs.get_mut(&id) {
-                set_pending(job, part, reason, now);
-            }
+            self.set_pending(id, part, reason, now);
         }
     }
 
@@ -951,6 +991,33 @@ fn combine(how: Combine, statuses: impl Iterator<Item = DepStatus>) -> DepStatus
         Combine::Any if any_wait => DepStatus::Waiting,
         Combine::Any => DepStatus::Never,
     }
+}
+
+impl State {
+    /// Records where a pending job stands ([`set_pending`]); one that changed part may have
+    /// entered or left the idle queue, which the queue index learns.
+    fn set_pending(&mut self, id: JobId, part: Part, reason: Reason, now: TimeMs) {
+        if let Some(job) = self.jobs.get_mut(&id) {
+            let moved = job.part != part;
+            set_pending(job, part, reason, now);
+            if moved {
+                self.queue_index.touch(id);
+            }
+        }
+    }
+}
+
+/// Whether where a pending job stands can change with the clock alone: a begin time, a
+/// reason that counts time (a reservation's window, remaining processor-seconds or
+/// cpu-minutes), or a dependency with a delay (`after:ID+MINUTES`).
+pub(crate) fn placement_moves_with_time(job: &Job) -> bool {
+    job.spec.begin.is_some()
+        || job.reason.depends_on_time()
+        || job.spec.dependency.as_ref().is_some_and(|d| {
+            d.clauses
+                .iter()
+                .any(|c| matches!(c.kind, DepKind::After { delay } if delay.0 > 0))
+        })
 }
 
 /// Records a pending job's part and reason, and keeps its eligible-time clock: it runs only

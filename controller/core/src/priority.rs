@@ -616,6 +616,9 @@ impl State {
     /// Under NCI shuffling, a job's place within its tier comes from its shuffle score
     /// instead of its priority.
     pub fn consideration_order(&self, now: TimeMs) -> Vec<JobId> {
+        if let Some(kept) = self.queue_index.in_order() {
+            return kept.collect();
+        }
         let mut keys = self.consideration_keys(now);
         keys.sort_by(OrderKey::consider_before);
         keys.into_iter().map(|k| k.id).collect()

@@ -124,6 +124,10 @@ pub struct State {
     /// Jobs purged and not yet archived by the daemon (see [`crate::apply::purge`]).
     #[serde(skip)]
     pub(crate) finished: crate::apply::purge::Outbox,
+    /// The idle queue in order of consideration, where that order is time-independent
+    /// (derived).
+    #[serde(skip)]
+    pub(crate) queue_index: crate::queue_index::QueueIndex,
 }
 
 impl Default for State {
@@ -154,8 +158,10 @@ impl State {
             account_rules: crate::policy::AccountRules::default(),
             partition_caps: BTreeMap::new(),
             finished: crate::apply::purge::Outbox::default(),
+            queue_index: crate::queue_index::QueueIndex::default(),
         };
         state.account_rules = crate::policy::AccountRules::of(&state);
+        state.queue_index = state.compute_queue_index();
         state
     }
 
@@ -172,6 +178,7 @@ impl State {
         self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
         self.account_rules = crate::policy::AccountRules::of(self);
         self.partition_caps = self.compute_partition_caps();
+        self.queue_index = self.compute_queue_index();
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {

@@ -136,6 +136,18 @@ enum Op {
         pick: usize,
         step: usize,
     },
+    /// A new priority formula (some keep the queue's order in an index, some do not), with
+    /// or without a starvation bound.
+    Formula {
+        which: usize,
+        starvation: bool,
+    },
+    /// `scontrol update job=ID TimeLimit=...` by an administrator (moves the job under the
+    /// runtime formulas).
+    Retime {
+        pick: usize,
+        mins: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -179,6 +191,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, step, code, foreign)| Op::StepEnd { pick, step, code, foreign }),
         1 => (0..64usize, 0..8usize).prop_map(|(pick, step)| Op::StepCancel { pick, step }),
         1 => (0..64usize, any::<bool>()).prop_map(|(pick, other)| Op::Rename { pick, other }),
+        1 => (0..5usize, proptest::bool::weighted(0.2))
+            .prop_map(|(which, starvation)| Op::Formula { which, starvation }),
+        1 => (0..64usize, 1..600u64).prop_map(|(pick, mins)| Op::Retime { pick, mins }),
     ]
 }
 
@@ -458,6 +473,29 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
         }
         Op::Resume { node } => (ctl(Command::ResumeNode(name(NODES[*node]))), 0),
         Op::Tick { secs } => (ctl(Command::Tick), *secs),
+        Op::Formula { which, starvation } => {
+            use docket_core::priority::{PriorityFormula, RuntimeOrder};
+            let mut config = state.config.clone();
+            config.priority.formula = match which {
+                0 => SchedConfig::default().priority.formula,
+                1 => PriorityFormula::Fcfs,
+                2 => PriorityFormula::Runtime(RuntimeOrder::ShortestFirst),
+                3 => PriorityFormula::Runtime(RuntimeOrder::F1),
+                _ => PriorityFormula::Runtime(RuntimeOrder::LargestXfactor),
+            };
+            config.sched.starvation_wait = starvation.then(|| Seconds::minutes(30));
+            (ctl(Command::SetConfig(Box::new(config))), 0)
+        }
+        Op::Retime { pick, mins } => (
+            ctl(Command::UpdateJobs {
+                jobs: vec![job(*pick)],
+                update: docket_core::apply::update::JobUpdate {
+                    time_limit: Some(TimeRequest::Limit(Seconds(mins * 60))),
+                    ..Default::default()
+                },
+            }),
+            0,
+        ),
         Op::Plan { backfill, what } => {
             let now = state.applied.now;
             let plan = if *backfill {
@@ -698,6 +736,19 @@ struct Stats {
     /// Steps created, and steps that ended on their nodes' reports.
     steps_created: u64,
     steps_ended: u64,
+    /// Passes planned while the formula keeps the queue's order in an index.
+    timeless_plans: u64,
+}
+
+/// Whether the configuration's order of consideration is time-independent (kept in an
+/// index rather than computed at each pass).
+fn timeless(config: &SchedConfig) -> bool {
+    use docket_core::priority::{PriorityFormula, RuntimeOrder};
+    matches!(
+        config.priority.formula,
+        PriorityFormula::Fcfs
+            | PriorityFormula::Runtime(RuntimeOrder::ShortestFirst | RuntimeOrder::F1)
+    ) && config.sched.starvation_wait.is_none()
 }
 
 /// Applies a stream to one replica (checking invariants and refusals), replays it on a second
@@ -709,6 +760,9 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
     let mut log: Vec<(Envelope, ApplyCtx)> = Vec::new();
     for op in ops {
         let (cmd, advance) = command(&a.state, op, &spec_base);
+        if matches!(op, Op::Plan { .. }) && timeless(&a.state.config) {
+            stats.timeless_plans += 1;
+        }
         let before = content(&a.state);
         let r = a.apply_after(advance, cmd.clone());
         if refused_entirely(&r) {
@@ -824,6 +878,7 @@ fn random_streams_exercise_the_interesting_paths() {
         total.users_refused_admin += s.users_refused_admin;
         total.steps_created += s.steps_created;
         total.steps_ended += s.steps_ended;
+        total.timeless_plans += s.timeless_plans;
     }
     eprintln!("{total:?}");
     assert!(total.accepted_jobs > 100, "{total:?}");
@@ -839,6 +894,7 @@ fn random_streams_exercise_the_interesting_paths() {
     assert!(total.preempted > 0, "{total:?}");
     assert!(total.foreign_reports > 0, "{total:?}");
     assert!(total.users_refused_admin > 0, "{total:?}");
+    assert!(total.timeless_plans > 50, "{total:?}");
 }
 
 #[test]

@@ -295,6 +295,7 @@ impl State {
             Place::Record(id) => id,
             Place::PendingTask(master, index) => self.split_task(master, index),
         };
+        self.queue_index.touch(id);
         let Some(job) = self.jobs.get_mut(&id) else {
             return Err(Rejection::unknown("job", target));
         };
@@ -430,6 +431,7 @@ impl State {
         self.index_live(&task);
         self.relations.add(&task);
         self.jobs.insert(id, task);
+        self.queue_index.touch(id);
         id
     }
 }

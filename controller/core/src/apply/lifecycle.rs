@@ -146,6 +146,7 @@ impl State {
             });
         }
         self.holding.insert(id);
+        self.queue_index.touch(id);
         Ok(id)
     }
 
@@ -396,6 +397,7 @@ impl State {
             }
         }
         self.holding.remove(&id);
+        self.queue_index.touch(id);
         if terminal {
             self.unindex_live(&user, id);
         }

@@ -18,7 +18,7 @@ pub mod update;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{COMMAND_VERSION, Command, Envelope};
+use crate::command::{Actor, COMMAND_VERSION, Command, Envelope};
 use crate::ids::JobId;
 use crate::quantity::TimeMs;
 use crate::state::State;
@@ -156,7 +156,22 @@ impl State {
         }
         let actor = &envelope.actor;
         self.authorize(actor, &envelope.command)?;
-        match &envelope.command {
+        let response = self.execute(actor, &envelope.command, now);
+        if envelope.command.changes_configuration() {
+            self.queue_index = self.compute_queue_index();
+        } else {
+            self.sync_queue_index(now);
+        }
+        response
+    }
+
+    fn execute(
+        &mut self,
+        actor: &Actor,
+        command: &Command,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        match command {
             Command::SetConfig(c) => self.set_config(c),
             Command::UpsertNode(spec) => self.upsert_node(spec),
             Command::RemoveNode(name) => self.remove_node(name),
@@ -228,7 +243,7 @@ impl State {
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);
-                self.refresh_all_pending(now);
+                self.refresh_on_tick(now);
                 Ok(Response::Done)
             }
         }

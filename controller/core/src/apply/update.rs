@@ -48,6 +48,8 @@ impl State {
                 let mut before = Affected::default();
                 self.note_changed(target.job, &mut before);
                 let r = self.update_one(actor, *target, update);
+                // Its limit or nice value, and so its key, may have changed.
+                self.queue_index.touch(target.job);
                 if r.is_ok() {
                     affected.merge(before);
                     self.note_changed(target.job, &mut affected);

@@ -49,15 +49,18 @@ impl State {
                 let rest = std::mem::take(&mut c.rest);
                 (Order::Listed(rest.into_iter()), c)
             }
-            None => (
-                Order::Heap(
-                    self.consideration_keys(now)
-                        .into_iter()
-                        .map(FirstFirst)
-                        .collect(),
-                ),
-                Continuation::default(),
-            ),
+            None => {
+                let fresh = match self.queue_index.in_order() {
+                    Some(kept) => Order::Kept(Box::new(kept)),
+                    None => Order::Heap(
+                        self.consideration_keys(now)
+                            .into_iter()
+                            .map(FirstFirst)
+                            .collect(),
+                    ),
+                };
+                (fresh, Continuation::default())
+            }
         };
         let cont = &mut order.1;
         let order = &mut order.0;
@@ -113,17 +116,21 @@ impl State {
 }
 
 /// The jobs a pass still has to consider, first first.
-enum Order {
+enum Order<'a> {
     /// A resumed pass: the rest of the order computed when it began.
     Listed(std::vec::IntoIter<JobId>),
+    /// A fresh pass where the order does not change with time: walked from the index the
+    /// state keeps (see `queue_index`).
+    Kept(Box<dyn Iterator<Item = JobId> + 'a>),
     /// A fresh pass: keys in a heap.
     Heap(BinaryHeap<FirstFirst>),
 }
 
-impl Order {
+impl Order<'_> {
     fn next(&mut self) -> Option<JobId> {
         match self {
             Order::Listed(it) => it.next(),
+            Order::Kept(it) => it.next(),
             Order::Heap(h) => h.pop().map(|k| k.0.id),
         }
     }
@@ -132,6 +139,7 @@ impl Order {
     fn drain(&mut self) -> Vec<JobId> {
         match self {
             Order::Listed(it) => it.collect(),
+            Order::Kept(it) => it.collect(),
             Order::Heap(h) => {
                 let mut rest: Vec<JobId> = std::mem::take(h)
                     .into_sorted_vec()

@@ -1,0 +1,163 @@
+//! The idle queue kept in order of consideration, for orders that never change with time.
+//!
+//! Every pass walks the idle queue in order of consideration. Computed afresh, that order
+//! costs a key for every idle job and a heap on every pass, although a main pass usually
+//! stops after a few jobs: with thousands of jobs queued and a pass at every event, `perf`
+//! put half of a trace replay's time there (NASA and Lublin's traces under FCFS at load 0.9).
+//!
+//! Under most formulas the order moves with the clock (age, fair-share decay, expansion
+//! factors, `starvation_wait`), so it must be computed at each pass. Under the others —
+//! FCFS (Slurm's priority/basic), shortest expected run time first and F1, with no
+//! starvation bound and no shuffling — a job's key depends only on the job and the
+//! configuration, so the order changes only when a job enters or leaves the idle queue or
+//! the configuration changes. For those this index keeps the order as it changes and
+//! passes walk it lazily, stopping where they stop.
+//!
+//! Derived state, never serialized: the commands that can move a job in or out of the idle
+//! queue mark it ([`QueueIndex::touch`]), and the end of every applied command brings the
+//! marked jobs up to date ([`State::sync_queue_index`]); commands that change the
+//! configuration rebuild it. `check_invariants` compares it with a fresh computation.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::QueueOrdering;
+use crate::ids::JobId;
+use crate::job::{Job, JobState, Part};
+use crate::priority::{OrderKey, PriorityFormula, RuntimeOrder};
+use crate::quantity::TimeMs;
+use crate::state::State;
+
+/// Idle pending jobs by their place in a time-independent order of consideration.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueIndex {
+    /// Whether the order is time-independent; when not, the index is empty and unused.
+    active: bool,
+    keys: BTreeMap<JobId, OrderKey>,
+    order: BTreeSet<Ordered>,
+    /// Jobs a command changed that may have entered or left the idle queue or changed key.
+    touched: Vec<JobId>,
+}
+
+/// An [`OrderKey`] ordered so that the job to consider first is the smallest.
+#[derive(Debug, Clone, Copy)]
+struct Ordered(OrderKey);
+
+impl PartialEq for Ordered {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Ordered {}
+
+impl PartialOrd for Ordered {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ordered {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.consider_before(&other.0)
+    }
+}
+
+impl QueueIndex {
+    /// Marks a job whose state, part or key a command may have changed.
+    pub(crate) fn touch(&mut self, id: JobId) {
+        if self.active {
+            self.touched.push(id);
+        }
+    }
+
+    /// The idle queue in order of consideration, when the order is time-independent.
+    pub(crate) fn in_order(&self) -> Option<impl Iterator<Item = JobId> + '_> {
+        self.active.then(|| self.order.iter().map(|k| k.0.id))
+    }
+
+    fn remove(&mut self, id: JobId) {
+        if let Some(key) = self.keys.remove(&id) {
+            self.order.remove(&Ordered(key));
+        }
+    }
+
+    fn insert(&mut self, key: OrderKey) {
+        if self.keys.get(&key.id) == Some(&key) {
+            return;
+        }
+        self.remove(key.id);
+        self.keys.insert(key.id, key);
+        self.order.insert(Ordered(key));
+    }
+}
+
+/// Whether a job belongs in the idle queue.
+fn is_idle(job: &Job) -> bool {
+    job.state == JobState::Pending && job.part == Part::Idle
+}
+
+impl State {
+    /// Whether the order of consideration is a function of the jobs and the configuration
+    /// alone (see the module docs).
+    pub(crate) fn order_is_timeless(&self) -> bool {
+        let formula_timeless = matches!(
+            self.config.priority.formula,
+            PriorityFormula::Fcfs
+                | PriorityFormula::Runtime(RuntimeOrder::ShortestFirst | RuntimeOrder::F1)
+        );
+        formula_timeless
+            && self.config.sched.starvation_wait.is_none()
+            && self.config.queue_ordering == QueueOrdering::Priority
+    }
+
+    /// A job's key in the index (with the one field that moves with time, which only
+    /// starving jobs read, cleared).
+    fn timeless_key(inputs: &crate::priority::PriorityInputs<'_>, job: &Job) -> OrderKey {
+        let mut key = OrderKey::new(inputs, job, job.spec.reservation.is_some());
+        key.eligible_s = 0;
+        key
+    }
+
+    /// The index as it should be now, computed from every job.
+    pub(crate) fn compute_queue_index(&self) -> QueueIndex {
+        let mut index = QueueIndex {
+            active: self.order_is_timeless(),
+            ..QueueIndex::default()
+        };
+        if index.active {
+            let inputs = self.priority_inputs(self.applied.now);
+            for job in self.jobs.values().filter(|j| is_idle(j)) {
+                index.insert(State::timeless_key(&inputs, job));
+            }
+        }
+        index
+    }
+
+    /// Brings the jobs marked since the last call up to date.
+    pub(crate) fn sync_queue_index(&mut self, now: TimeMs) {
+        if self.queue_index.touched.is_empty() {
+            return;
+        }
+        let mut touched = std::mem::take(&mut self.queue_index.touched);
+        touched.sort_unstable();
+        touched.dedup();
+        let inputs = self.priority_inputs(now);
+        let mut changes = Vec::with_capacity(touched.len());
+        for id in touched {
+            let key = self
+                .jobs
+                .get(&id)
+                .filter(|j| is_idle(j))
+                .map(|j| State::timeless_key(&inputs, j));
+            changes.push((id, key));
+        }
+        let index = &mut self.queue_index;
+        for (id, key) in changes {
+            match key {
+                Some(key) => index.insert(key),
+                None => index.remove(id),
+            }
+        }
+    }
+}
