@@ -62,7 +62,12 @@ impl<'a> FairShare<'a> {
     /// Every association at factor 1: for formulas that do not use fair-share (FCFS), so
     /// the leader's passes do not pay for the tree walk.
     pub fn unused(assocs: &'a AssocTable) -> Self {
-        FairShare::new(assocs)
+        // Nothing stored: every id reads as unused (1.0), with no allocation per pass.
+        FairShare {
+            assocs,
+            by_id: Vec::new(),
+            rows: Vec::new(),
+        }
     }
 
     fn new(assocs: &'a AssocTable) -> Self {

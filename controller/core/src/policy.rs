@@ -684,7 +684,12 @@ impl State {
                 return Some(Reason::MaxPsSoftLimit);
             }
         }
-        if let Some(q) = self.qos.get(&r.qos) {
+        // The QOS and partition are looked up only where some QOS or partition has a
+        // limit at all (a search by name per job tried, in every pass, showed in `perf`).
+        if let Some(q) = (rules.qos_user || rules.qos_group)
+            .then(|| self.qos.get(&r.qos))
+            .flatten()
+        {
             let l = &q.limits;
             if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
                 let mine = nested(&running.per_user_qos, user, &r.qos);
@@ -713,7 +718,11 @@ impl State {
                 }
             }
         }
-        if let Some(p) = self.partitions.get(&r.partition) {
+        if let Some(p) = rules
+            .partition_user
+            .then(|| self.partitions.get(&r.partition))
+            .flatten()
+        {
             let l = &p.limits;
             if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
                 let mine = nested(&running.per_user_partition, user, &r.partition);

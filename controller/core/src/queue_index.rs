@@ -76,6 +76,11 @@ impl QueueIndex {
         self.active.then(|| self.order.iter().map(|k| k.0.id))
     }
 
+    /// Whether no job waits in the idle queue (meaningful only where the index is kept).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
     fn remove(&mut self, id: JobId) {
         if let Some(key) = self.keys.remove(&id) {
             self.order.remove(&Ordered(key));

@@ -41,10 +41,21 @@ impl State {
         if params.backfill == BackfillMode::Off {
             return Plan::default();
         }
-        let mut cont = resume.unwrap_or_else(|| Continuation {
-            rest: self.consideration_order(now),
-            ..Continuation::default()
-        });
+        let mut cont = match resume {
+            Some(cont) => cont,
+            None => {
+                let rest = self.consideration_order(now);
+                if rest.is_empty() {
+                    // Nothing waits: no profile to build (a replay meets an empty queue at
+                    // most of its events).
+                    return Plan::default();
+                }
+                Continuation {
+                    rest,
+                    ..Continuation::default()
+                }
+            }
+        };
         let mut pass = Pass::new(self, now);
         // Reservations from before a yield still bind, where their jobs still wait.
         cont.reservations.retain(|(target, placement)| {
@@ -61,7 +72,10 @@ impl State {
             params.bf_order == BackfillOrder::Shortest && params.backfill == BackfillMode::Easy;
         // Maui's bypass count: a job that could not start is bypassed when a job behind it
         // in the queue's order starts in the same pass (whatever order they were tried in).
-        let mut bypass = Bypass::default();
+        let mut bypass = Bypass {
+            failed: Vec::with_capacity(cont.rest.len()),
+            latest_start: None,
+        };
         loop {
             let rest = std::mem::take(&mut cont.rest);
             let positions = std::mem::take(&mut cont.positions);

@@ -51,6 +51,7 @@ impl State {
             }
             None => {
                 let fresh = match self.queue_index.in_order() {
+                    Some(_) if self.queue_index.is_empty() => Order::Listed(Vec::new().into_iter()),
                     Some(kept) => Order::Kept(Box::new(kept)),
                     None => Order::Heap(
                         self.consideration_keys(now)
@@ -62,10 +63,15 @@ impl State {
                 (fresh, Continuation::default())
             }
         };
+        let resumes = self.resumable();
+        if resumes.is_empty() && order.0.is_empty() {
+            // Nothing to start or resume: no profile to build.
+            return Plan::default();
+        }
         let cont = &mut order.1;
         let order = &mut order.0;
         let mut pass = Pass::new(self, now);
-        pass.plan.resumes = self.resumable();
+        pass.plan.resumes = resumes;
         let per_partition = self.config.sched.partition_job_depth;
         let finished = |c: &Continuation| {
             self.partitions.keys().all(|p| {
@@ -127,6 +133,16 @@ enum Order<'a> {
 }
 
 impl Order<'_> {
+    /// Whether nothing is left, where that is known without walking (a kept order is
+    /// never empty: an empty one is listed).
+    fn is_empty(&self) -> bool {
+        match self {
+            Order::Listed(it) => it.len() == 0,
+            Order::Kept(_) => false,
+            Order::Heap(h) => h.is_empty(),
+        }
+    }
+
     fn next(&mut self) -> Option<JobId> {
         match self {
             Order::Listed(it) => it.next(),

@@ -169,7 +169,10 @@ impl<'a> Pool<'a> {
                 exclusive: 0,
             })
             .collect();
-        let mut changes: Vec<Vec<Change>> = vec![Vec::new(); nodes.len()];
+        let mut changes: Vec<Vec<Change>> = nodes
+            .iter()
+            .map(|n| Vec::with_capacity(n.jobs.len()))
+            .collect();
         // Never plan on something still held: returns happen no sooner than just after now.
         let soonest = TimeMs(now.0.saturating_add(1));
         for (i, node) in nodes.iter().enumerate() {
@@ -302,8 +305,8 @@ impl<'a> Pool<'a> {
         };
         // Each usable node's feasible starts for the job's largest share (a node that can
         // take it can take any smaller one): a few intervals per node.
-        let mut opens: Vec<TimeMs> = Vec::new();
-        let mut closes: Vec<TimeMs> = Vec::new();
+        let mut opens: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
+        let mut closes: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
         for &i in members {
             if !self.usable_for(job, i) {
                 continue;
