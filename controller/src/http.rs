@@ -38,12 +38,103 @@ impl std::fmt::Debug for HttpState {
 pub fn install_recorder() -> Option<PrometheusHandle> {
     let builder = metrics_exporter_prometheus::PrometheusBuilder::new();
     match builder.install_recorder() {
-        Ok(handle) => Some(handle),
+        Ok(handle) => {
+            describe_metrics();
+            Some(handle)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
             None
         }
     }
+}
+
+/// Every family `/metrics` serves, with its help text. Counters start at zero with each
+/// label set they can take, so every replica exports every family from its first scrape:
+/// `rate()` and `increase()` in alert rules see a series before the first event, and the
+/// dashboards and rules in `deploy/` are checked against a real scrape.
+fn describe_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "docket_jobs",
+        "Jobs in the replica's applied state, by state."
+    );
+    describe_gauge!(
+        "docket_nodes",
+        "Nodes by state (idle, mix, alloc, drain, draining, down)."
+    );
+    describe_gauge!("docket_raft_term", "The replica's current Raft term.");
+    describe_gauge!("docket_raft_is_leader", "1 on the leader, 0 elsewhere.");
+    describe_gauge!(
+        "docket_raft_leader_id",
+        "The leader this replica knows of (0: none)."
+    );
+    describe_gauge!(
+        "docket_raft_last_log_index",
+        "The replica's last log index."
+    );
+    describe_gauge!(
+        "docket_raft_applied_index",
+        "The last log index applied to the state."
+    );
+    describe_gauge!(
+        "docket_raft_snapshot_index",
+        "The last index in the replica's snapshot."
+    );
+    describe_gauge!(
+        "docket_raft_replica_lag_entries",
+        "On the leader: how many entries each replica is behind."
+    );
+    describe_gauge!("docket_rpcs_in_flight", "Users' RPCs being served now.");
+    describe_gauge!(
+        "docket_controller_ready",
+        "1 once the replica serves requests."
+    );
+    describe_gauge!(
+        "docket_sched_pass_depth",
+        "Jobs the last pass of each kind considered."
+    );
+    describe_histogram!(
+        "docket_sched_pass_duration_seconds",
+        Unit::Seconds,
+        "How long each scheduling pass took."
+    );
+    describe_histogram!(
+        "docket_rpc_duration_seconds",
+        Unit::Seconds,
+        "How long users' RPCs took, by method."
+    );
+    describe_counter!(
+        "docket_sched_jobs_started_total",
+        "Jobs the leader's passes started, by pass."
+    );
+    describe_counter!(
+        "docket_sched_pass_yields_total",
+        "Passes that stopped before the end of their order, by pass and reason."
+    );
+    describe_counter!(
+        "docket_sched_backfill_state_changed_total",
+        "Backfill cycles that started over after a yield because the state changed."
+    );
+    describe_counter!(
+        "docket_rpc_rate_limited_total",
+        "Requests refused by the per-user rate limit."
+    );
+    describe_counter!(
+        "docket_raft_leader_changes_total",
+        "Leaders this replica has seen come to power."
+    );
+    for kind in crate::stats::PassKind::ALL {
+        let pass = kind.name();
+        metrics::counter!("docket_sched_jobs_started_total", "pass" => pass).absolute(0);
+        for reason in crate::stats::STOP_REASONS {
+            metrics::counter!("docket_sched_pass_yields_total", "pass" => pass, "reason" => reason)
+                .absolute(0);
+        }
+    }
+    metrics::counter!("docket_sched_backfill_state_changed_total").absolute(0);
+    metrics::counter!("docket_rpc_rate_limited_total").absolute(0);
+    metrics::counter!("docket_raft_leader_changes_total").absolute(0);
 }
 
 /// The router serving `/metrics` and `/status`.
@@ -78,8 +169,11 @@ async fn metrics(AxumState(state): AxumState<HttpState>) -> String {
         let n = jobs.get(&name).copied().unwrap_or(0);
         metrics::gauge!("docket_jobs", "state" => name).set(n as f64);
     }
-    for (st, n) in nodes {
-        metrics::gauge!("docket_nodes", "state" => st).set(n as f64);
+    // Every state, so a state no node is in any more reads 0 rather than its last count.
+    for st in docket_core::node::NodeState::ALL {
+        let name = format!("{st:?}").to_lowercase();
+        let n = nodes.get(&name).copied().unwrap_or(0);
+        metrics::gauge!("docket_nodes", "state" => name).set(n as f64);
     }
     let raft = state.replica.status();
     metrics::gauge!("docket_raft_term").set(raft.term as f64);

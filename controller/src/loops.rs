@@ -67,12 +67,13 @@ impl LoopBudget {
 
 impl Budget for LoopBudget {
     fn exhausted(&mut self) -> bool {
+        use crate::stats::{STOPPED_BY_LEADERSHIP, STOPPED_BY_RPC_PRESSURE, STOPPED_BY_TIME};
         let why = if !self.leading.load(Ordering::Relaxed) {
-            Some("leadership lost")
+            Some(STOPPED_BY_LEADERSHIP)
         } else if self.pressed() {
-            Some("rpc pressure")
+            Some(STOPPED_BY_RPC_PRESSURE)
         } else if Instant::now() >= self.deadline {
-            Some("time")
+            Some(STOPPED_BY_TIME)
         } else {
             None
         };

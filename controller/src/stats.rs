@@ -20,6 +20,8 @@ pub enum PassKind {
 }
 
 impl PassKind {
+    pub const ALL: [PassKind; 3] = [PassKind::Direct, PassKind::Main, PassKind::Backfill];
+
     pub fn name(self) -> &'static str {
         match self {
             PassKind::Direct => "direct",
@@ -28,6 +30,18 @@ impl PassKind {
         }
     }
 }
+
+/// Why a pass stopped before the end of its order (the `reason` label of
+/// `docket_sched_pass_yields_total`): leadership lost, RPC pressure (`max_rpc_cnt`), or its
+/// time budget (`max_sched_time`, `bf_yield_interval`).
+pub const STOPPED_BY_LEADERSHIP: &str = "leadership lost";
+pub const STOPPED_BY_RPC_PRESSURE: &str = "rpc pressure";
+pub const STOPPED_BY_TIME: &str = "time";
+pub const STOP_REASONS: [&str; 3] = [
+    STOPPED_BY_LEADERSHIP,
+    STOPPED_BY_RPC_PRESSURE,
+    STOPPED_BY_TIME,
+];
 
 /// Figures of one kind of pass.
 #[derive(Debug, Clone, Default, Serialize)]

@@ -63,6 +63,15 @@ pub enum NodeState {
 }
 
 impl NodeState {
+    pub const ALL: [NodeState; 6] = [
+        NodeState::Idle,
+        NodeState::Mix,
+        NodeState::Alloc,
+        NodeState::Draining,
+        NodeState::Drain,
+        NodeState::Down,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             NodeState::Idle => "idle",
