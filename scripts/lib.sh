@@ -90,14 +90,19 @@ ensure_prereqs() {
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1
   fi
-  # submitit (PyPI), the job launcher deploy/'s compatibility test drives a cluster with.
+  # The Python tools deploy/'s compatibility tests drive a cluster with, from PyPI: submitit
+  # (a job launcher) and dask-jobqueue (SLURMCluster and PBSCluster), pinned.
   if [ "${1:-}" = test ]; then
-    local venv="$CARGO_TARGET_DIR/submitit-venv"
-    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import submitit' 2>/dev/null; then
-      log "python3 -m venv $venv && pip install submitit==1.5.4 (one-time)"
-      python3 -m venv "$venv" && "$venv/bin/pip" install --quiet submitit==1.5.4 || return 1
+    local venv="$CARGO_TARGET_DIR/python-tools-venv"
+    local want="submitit==1.5.4 dask-jobqueue==0.9.0 dask==2026.8.0 distributed==2026.8.0"
+    if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.docket-pins" 2>/dev/null)" != "$want" ]; then
+      log "python3 -m venv $venv && pip install $want (one-time)"
+      rm -rf "$venv"
+      # shellcheck disable=SC2086 # the pins are words
+      python3 -m venv "$venv" && "$venv/bin/pip" install --quiet $want || return 1
+      printf '%s' "$want" >"$venv/.docket-pins"
     fi
-    export DOCKET_TEST_SUBMITIT_PYTHON="$venv/bin/python"
+    export DOCKET_TEST_PYTHON="$venv/bin/python"
   fi
   # cargo-nextest runs every test binary with per-test processes and hard timeouts.
   if ! cargo nextest --version >/dev/null 2>&1; then

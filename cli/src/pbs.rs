@@ -181,6 +181,14 @@ pub fn directives(script: &str) -> Result<Vec<String>> {
     Ok(args)
 }
 
+/// PBS's file for a job's stdout (`o`) or stderr (`e`) in directory `dir`: `<name>.o<id>`,
+/// as an output pattern (a `%` of the name kept literal).
+fn in_directory(dir: &str, name: &str, suffix: &str) -> String {
+    let dir = dir.trim_end_matches('/');
+    let name = name.replace('%', "%%");
+    format!("{dir}/{name}.{suffix}%j")
+}
+
 /// The job spec from the command line over the directives.
 pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> {
     let dir =
@@ -242,6 +250,14 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "STDIN".into());
+    }
+    // `-o DIR/` and `-e DIR/` (dask-jobqueue writes them): PBS names the files in that
+    // directory `<job name>.o<job id>` and `.e<job id>`.
+    let is_dir = |p: &str| p.ends_with('/') || std::path::Path::new(cwd).join(p).is_dir();
+    for (path, suffix) in [(&mut spec.stdout, "o"), (&mut spec.stderr, "e")] {
+        if !path.is_empty() && is_dir(path) {
+            *path = in_directory(path, &spec.name, suffix);
+        }
     }
     let mut env: Vec<u8> = Vec::new();
     let mut push = |k: &str, v: &str| {
@@ -507,6 +523,24 @@ pub fn qctl(verb: &str, a: QctlArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_directories_get_pbs_file_names() {
+        let script = "#!/bin/bash\n#PBS -N dask-worker\n#PBS -e /logs/\n#PBS -o out\n";
+        let cli = QsubArgs::try_parse_from(["qsub"]).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("out")).unwrap();
+        let spec = job_spec(&cli, script, tmp.path().to_str().unwrap()).unwrap();
+        assert_eq!(spec.stderr, "/logs/dask-worker.e%j");
+        assert_eq!(spec.stdout, "out/dask-worker.o%j");
+        // A file stays a file; a name with % stays literal in the pattern.
+        let script = "#PBS -N 100%\n#PBS -o run.log\n#PBS -e /logs/\n";
+        let spec = job_spec(&cli, script, tmp.path().to_str().unwrap()).unwrap();
+        assert_eq!(
+            (spec.stdout.as_str(), spec.stderr.as_str()),
+            ("run.log", "/logs/100%%.e%j")
+        );
+    }
 
     #[test]
     fn qstat_prints_as_pbs_prints_it() {

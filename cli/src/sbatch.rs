@@ -43,7 +43,7 @@ pub struct SbatchArgs {
     /// Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S; 0 for none.
     #[arg(short = 't', long)]
     pub time: Option<String>,
-    /// stdout file pattern (%j %A %a %x %u %N %%).
+    /// stdout file pattern (%j %J %s %A %a %x %u %N %n %t %%).
     #[arg(short = 'o', long)]
     pub output: Option<String>,
     #[arg(short = 'e', long)]

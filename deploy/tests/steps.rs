@@ -8,6 +8,9 @@
 //! Then the agents' step port is attacked with what every user of the cluster has (the CA
 //! certificate): launching tasks of a step without its secret is refused, and so is an
 //! oversized launch, each with a message naming what was wrong.
+//!
+//! And the Python tools that drive Slurm and PBS through their commands run unchanged:
+//! submitit, and dask-jobqueue with both dialects.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -984,15 +987,10 @@ fn steps_survive_a_failover(site: &Site) {
 /// `--open-mode=append --wckey --signal` and an `srun --unbuffered --output ... --error ...`
 /// line, polls `sacct`, and reads each task's pickled result. One single-task job and one
 /// over two nodes (two tasks, SLURM_PROCID 0 and 1), run as root (the test command installs
-/// submitit in a virtual environment under the target directory, which only root reaches).
+/// the tools in a virtual environment under the target directory, which only root reaches).
 #[test]
 fn submitit_runs_a_job_and_a_two_node_job() {
-    let Some(python) = std::env::var_os("DOCKET_TEST_SUBMITIT_PYTHON") else {
-        assert!(
-            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
-            "DOCKET_TEST_SUBMITIT_PYTHON is unset (scripts/test installs submitit and sets it)"
-        );
-        eprintln!("skipped: no DOCKET_TEST_SUBMITIT_PYTHON (scripts/test sets it)");
+    let Some(python) = python_tools() else {
         return;
     };
     let Some(site) = Site::start(1) else {
@@ -1021,6 +1019,123 @@ fn submitit_runs_a_job_and_a_two_node_job() {
     assert!(out.contains("single (49, '0')"), "{out}");
     assert!(out.contains("multi [(9, '0'), (9, '1')]"), "{out}");
 }
+
+/// The Python with the tools from PyPI (`DOCKET_TEST_PYTHON`, a virtual environment
+/// scripts/test makes), or None after printing why (a failure under
+/// DOCKET_REQUIRE_PRIVILEGED, which CI sets).
+fn python_tools() -> Option<std::ffi::OsString> {
+    let python = std::env::var_os("DOCKET_TEST_PYTHON");
+    if python.is_none() {
+        assert!(
+            std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+            "DOCKET_TEST_PYTHON is unset (scripts/test installs submitit and dask-jobqueue and sets it)"
+        );
+        eprintln!("skipped: no DOCKET_TEST_PYTHON (scripts/test sets it)");
+    }
+    python
+}
+
+/// dask-jobqueue (PyPI), as notebook users get workers from a batch system: its
+/// `SLURMCluster` writes `#SBATCH -J -e DIR/dask-worker-%J.err -o ... -n 1
+/// --cpus-per-task --mem=954M -t` and its `PBSCluster` `#PBS -N -l select=1:ncpus=1:mem=954MB
+/// -l walltime -e DIR/ -o DIR/`; each submits two workers with `sbatch`/`qsub`, reads the job
+/// ids they print, and cancels them with `scancel`/`qdel` when closed. The workers connect
+/// back and compute a sum; their logs land where each dialect names them.
+#[test]
+fn dask_jobqueue_computes_on_workers_from_both_dialects() {
+    let Some(python) = python_tools() else {
+        return;
+    };
+    let Some(site) = Site::start(1) else {
+        return;
+    };
+    let folder = site.dir.path().join("dask");
+    std::fs::create_dir(&folder).unwrap();
+    let driver = folder.join("drive.py");
+    std::fs::write(&driver, DASK_DRIVER).unwrap();
+    let logs = folder.join("logs");
+    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+    for dialect in ["slurm", "pbs"] {
+        let o = Command::new("/usr/bin/timeout")
+            .arg("50")
+            .arg(&python)
+            .arg(&driver)
+            .arg(dialect)
+            .arg(&logs)
+            .current_dir(&folder)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", site.dir.path())
+            .envs(site.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let out = text(&o);
+        println!("{out}");
+        assert!(o.status.success(), "{dialect}: {out}");
+        assert!(
+            out.contains(&format!("{dialect} sum of squares 285")),
+            "{out}"
+        );
+    }
+    // Both workers of each ended (cancelled when the cluster closed), and their logs are
+    // named as Slurm and PBS name them: `%J` is `jobid.4294967291` (Slurm's batch step),
+    // and a directory gets `<name>.o<id>` / `.e<id>`.
+    let mut names: Vec<String> = std::fs::read_dir(&logs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "dask-worker-1.4294967291.err",
+            "dask-worker-1.4294967291.out",
+            "dask-worker-2.4294967291.err",
+            "dask-worker-2.4294967291.out",
+            "dask-worker.e3",
+            "dask-worker.e4",
+            "dask-worker.o3",
+            "dask-worker.o4",
+        ],
+        "{names:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let o = Command::new(site.state().join("bin/squeue"))
+            .args(["-h", "-o", "%i %T"])
+            .env_clear()
+            .env("PATH", &path)
+            .envs(site.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let left = text(&o);
+        if left.trim().is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "workers left in the queue: {left}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Two workers, a map and a reduce; the scheduler listens on loopback, where the agents'
+/// jobs reach it.
+const DASK_DRIVER: &str = r#"import sys
+from dask.distributed import Client
+from dask_jobqueue import PBSCluster, SLURMCluster
+
+dialect, logs = sys.argv[1], sys.argv[2]
+Cluster = SLURMCluster if dialect == "slurm" else PBSCluster
+with Cluster(cores=1, processes=1, memory="1GB", walltime="00:10:00", log_directory=logs,
+             scheduler_options={"host": "127.0.0.1"}, death_timeout=30) as cluster:
+    cluster.scale(jobs=2)
+    with Client(cluster) as client:
+        client.wait_for_workers(2, timeout=30)
+        squares = client.map(lambda x: x * x, range(10))
+        print(dialect, "sum of squares", client.submit(sum, squares).result(timeout=30), flush=True)
+"#;
 
 const SUBMITIT_DRIVER: &str = r#"import os, sys
 import submitit

@@ -7,9 +7,15 @@ use std::path::{Path, PathBuf};
 
 use docket_proto::v1::Launch;
 
-/// Expands a Slurm output pattern: `%j` job id, `%A` array job id, `%a` array index, `%x` job
-/// name, `%u` user, `%N` short host name, `%%` a percent sign. Unknown tokens stay as they are.
-/// A relative result is relative to the job's working directory.
+/// Slurm's step id of a batch script (`SLURM_BATCH_SCRIPT`, 0xfffffffb), what `%s` and `%J`
+/// print in a batch job's file names.
+const BATCH_STEP: u32 = 0xffff_fffb;
+
+/// Expands a Slurm output pattern as slurmd does for a batch script: `%j` job id, `%J`
+/// `jobid.stepid` (the batch step's id, as Slurm prints it), `%s` step id, `%A` array job
+/// id, `%a` array index, `%x` job name, `%u` user, `%N` short host name, `%n` node index and
+/// `%t` task id (0: the script runs once, on the first node), `%%` a percent sign. Unknown
+/// tokens stay as they are. A relative result is relative to the job's working directory.
 pub fn expand_pattern(pattern: &str, launch: &Launch, node: &str) -> String {
     let mut out = String::with_capacity(pattern.len() + 16);
     let mut chars = pattern.chars().peekable();
@@ -21,6 +27,9 @@ pub fn expand_pattern(pattern: &str, launch: &Launch, node: &str) -> String {
         match chars.next() {
             Some('%') => out.push('%'),
             Some('j') => out.push_str(&launch.job_id.to_string()),
+            Some('J') => out.push_str(&format!("{}.{BATCH_STEP}", launch.job_id)),
+            Some('s') => out.push_str(&BATCH_STEP.to_string()),
+            Some('n' | 't') => out.push('0'),
             Some('A') => out.push_str(&launch.array_job_id.unwrap_or(launch.job_id).to_string()),
             Some('a') => match launch.array_task_id {
                 Some(i) => out.push_str(&i.to_string()),
@@ -202,6 +211,11 @@ mod tests {
         l.array_job_id = Some(40);
         l.array_task_id = Some(7);
         assert_eq!(expand_pattern("%A_%a", &l, "n01"), "40_7");
+        // dask-jobqueue's `-e worker-%J.err`: Slurm prints the batch step's id.
+        assert_eq!(
+            expand_pattern("worker-%J.err %s %n %t", &l, "n01"),
+            "worker-42.4294967291.err 4294967291 0 0"
+        );
         assert_eq!(expand_pattern("%q%", &l, "n01"), "%q%");
     }
 
