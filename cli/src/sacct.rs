@@ -86,6 +86,8 @@ const FIELDS: &[(&str, usize)] = &[
     ("Charged", 10),
     ("Restarts", 8),
     ("WorkDir", 20),
+    ("ReqMem", 10),
+    ("AllocTRES", 10),
 ];
 
 const DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -279,8 +281,43 @@ pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
         "Charged" => only_allocation(format!("{:.3}", r.charged_milli_su as f64 / 1000.0)),
         "Restarts" => only_allocation(j.requeue_count.to_string()),
         "WorkDir" => only_allocation(j.work_dir.clone()),
+        "ReqMem" => only_allocation(memory(r.req_mem_mib)),
+        // The allocation's row names what it holds; a step's, its own cpus.
+        "AllocTRES" => match row.part {
+            Part::Allocation => alloc_tres(r),
+            _ if cpus == 0 => String::new(),
+            _ => format!("cpu={cpus}"),
+        },
         _ => String::new(),
     }
+}
+
+/// A MiB amount as Slurm prints memory: whole units of the largest size that divides it.
+fn memory(mib: u64) -> String {
+    match mib {
+        0 => "0".into(),
+        m if m % (1024 * 1024) == 0 => format!("{}T", m / (1024 * 1024)),
+        m if m % 1024 == 0 => format!("{}G", m / 1024),
+        m => format!("{m}M"),
+    }
+}
+
+/// The allocation's TRES as sacct's AllocTRES lists them, in Slurm's order (billing as
+/// with the default weights: one per cpu); empty until it has nodes.
+fn alloc_tres(r: &pb::AccountingRecord) -> String {
+    if r.alloc_nodes == 0 {
+        return String::new();
+    }
+    let mut parts = vec![
+        format!("billing={}", r.alloc_cpus),
+        format!("cpu={}", r.alloc_cpus),
+    ];
+    if r.alloc_gpus > 0 {
+        parts.push(format!("gres/gpu={}", r.alloc_gpus));
+    }
+    parts.push(format!("mem={}", memory(r.alloc_mem_mib)));
+    parts.push(format!("node={}", r.alloc_nodes));
+    parts.join(",")
 }
 
 /// The table as sacct prints it: padded columns under a dashed rule, or `|`-separated.
@@ -401,7 +438,9 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
                 "charged_su": r.charged_milli_su as f64 / 1000.0, "archived": r.archived,
                 "submit_time_ms": j.submit_time_ms, "start_time_ms": j.start_time_ms,
                 "end_time_ms": j.end_time_ms, "total_cpu_ms": r.total_cpu_ms,
-                "max_rss_mib": r.max_rss_mib,
+                "max_rss_mib": r.max_rss_mib, "req_mem_mib": r.req_mem_mib,
+                "alloc_mem_mib": r.alloc_mem_mib, "alloc_gpus": r.alloc_gpus,
+                "alloc_nodes": r.alloc_nodes,
                 "steps": j.steps.iter().map(|s| serde_json::json!({"step_id": s.step_id,
                     "name": s.name, "state": s.state, "ntasks": s.ntasks, "cpus": s.cpus,
                     "node_list": s.node_list, "exit_code": s.exit_code,
@@ -448,7 +487,38 @@ mod tests {
             total_cpu_ms: 61_500,
             max_rss_mib: 64,
             batch: None,
+            req_mem_mib: 4096,
+            alloc_mem_mib: 4096,
+            alloc_gpus: 0,
+            alloc_nodes: 1,
         }
+    }
+
+    #[test]
+    fn requested_memory_and_allocated_tres_read_as_slurms() {
+        let mut r = record();
+        let cols = columns("JobID,ReqMem,AllocTRES").unwrap();
+        let line = |r: &pb::AccountingRecord| {
+            table(
+                &rows(std::slice::from_ref(r), false),
+                &cols,
+                false,
+                Some(""),
+                0,
+            )
+        };
+        assert_eq!(line(&r), "9|4G|billing=4,cpu=4,mem=4G,node=1\n");
+        r.req_mem_mib = 1000;
+        r.alloc_mem_mib = 2000;
+        r.alloc_gpus = 2;
+        r.alloc_nodes = 2;
+        assert_eq!(
+            line(&r),
+            "9|1000M|billing=4,cpu=4,gres/gpu=2,mem=2000M,node=2\n"
+        );
+        // Not started: nothing allocated yet.
+        r.alloc_nodes = 0;
+        assert_eq!(line(&r), "9|1000M|\n");
     }
 
     #[test]

@@ -68,6 +68,9 @@ pub struct SbatchArgs {
     pub constraint: Option<String>,
     #[arg(long)]
     pub exclusive: bool,
+    /// Run in this advance reservation (on its nodes, inside its window).
+    #[arg(long)]
+    pub reservation: Option<String>,
     /// Submit held.
     #[arg(short = 'H', long)]
     pub hold: bool,
@@ -149,6 +152,7 @@ impl SbatchArgs {
             nodelist,
             exclude,
             constraint,
+            reservation,
             begin,
             signal,
             gres,
@@ -199,6 +203,7 @@ fn from_env() -> SbatchArgs {
         array: var("SBATCH_ARRAY_INX"),
         export: var("SBATCH_EXPORT"),
         exclusive: var("SBATCH_EXCLUSIVE").is_some(),
+        reservation: var("SBATCH_RESERVATION"),
         requeue: var("SBATCH_REQUEUE").is_some(),
         ..Default::default()
     }
@@ -271,6 +276,7 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
         stderr: o.error.clone().unwrap_or_default(),
         script: script.as_bytes().to_vec(),
         gpus_per_node: o.gpus_per_node.unwrap_or(0),
+        reservation: o.reservation.clone().unwrap_or_default(),
         ..Default::default()
     };
     match (&o.mem, &o.mem_per_cpu) {
@@ -524,6 +530,15 @@ mod tests {
         let spec = job_spec(&o, "#!/bin/sh\nsrun hostname\n", "/home/u", 0).unwrap();
         assert_eq!(spec.name, "wrap");
         assert!(SbatchArgs::try_parse_from(["sbatch", "--wrap", "true", "job.sh"]).is_err());
+    }
+
+    #[test]
+    fn a_reservation_is_asked_for_by_name() {
+        let o = SbatchArgs::try_parse_from(["sbatch", "--reservation", "maint"]).unwrap();
+        let spec = job_spec(&o, "#!/bin/sh\ntrue\n", "/home/u", 0).unwrap();
+        assert_eq!(spec.reservation, "maint");
+        let o = SbatchArgs::try_parse_from(["sbatch"]).unwrap();
+        assert_eq!(job_spec(&o, "#!/bin/sh\n", "/", 0).unwrap().reservation, "");
     }
 
     #[test]

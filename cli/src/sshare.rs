@@ -1,7 +1,7 @@
 //! `sshare`: the fair-share tree. Accounts and users depth-first, each indented one space per
 //! level, with raw and normalised shares, raw and effective usage and each user's factor
 //! (`-l` adds Fair Tree's level fair-share). By default only your own associations and the
-//! accounts above them, as Slurm does; `-a` for everyone.
+//! accounts above them, as Slurm does; `-a` for everyone; `-U` users' rows only.
 
 use anyhow::Result;
 use clap::Parser;
@@ -25,6 +25,10 @@ pub struct SshareArgs {
     /// Long form: LevelFS too.
     #[arg(short = 'l', long)]
     pub long: bool,
+    /// Only users' rows, not the accounts' (what workflow managers read a user's accounts
+    /// from: `sshare -U -u USER -n -P`).
+    #[arg(short = 'U', long = "Users")]
+    pub users_only: bool,
     #[arg(short = 'n', long = "noheader")]
     pub noheader: bool,
     /// `|`-separated, with a trailing `|` (`-P`: without).
@@ -142,13 +146,16 @@ pub fn sshare(a: SshareArgs) -> Result<()> {
     } else {
         vec![client.user().to_owned()]
     };
-    let r = runtime()?.block_on(client.jobs_read(|mut c| {
+    let mut r = runtime()?.block_on(client.jobs_read(|mut c| {
         let req = client.request(pb::ShareTreeRequest {
             users: users.clone(),
             accounts: a.accounts.clone(),
         });
         async move { c.share_tree(req).await }
     }))?;
+    if a.users_only {
+        r.rows.retain(|row| !row.user.is_empty());
+    }
     if a.json {
         let rows: Vec<_> = r
             .rows

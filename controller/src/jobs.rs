@@ -704,9 +704,26 @@ fn accounting_record(
         }),
         _ => None,
     };
+    let alloc = job.allocation_record();
+    let alloc_mem_mib = alloc.map_or(0, |a| {
+        a.shares
+            .iter()
+            .fold(0u64, |m, s| m.saturating_add(s.memory.0))
+    });
+    let req_mem_mib = match job.resolved.memory {
+        docket_core::job::MemoryRequest::PerNode(m) => {
+            m.0.saturating_mul(u64::from(job.spec.nodes.max(1)))
+        }
+        docket_core::job::MemoryRequest::PerCpu(m) => m.0.saturating_mul(job.cpus()),
+        docket_core::job::MemoryRequest::WholeNode => alloc_mem_mib,
+    };
     pb::AccountingRecord {
         job: Some(convert::job_info(job)),
-        alloc_cpus: job.allocation_record().map_or(0, |a| a.cpus()),
+        alloc_cpus: alloc.map_or(0, |a| a.cpus()),
+        req_mem_mib,
+        alloc_mem_mib,
+        alloc_gpus: alloc.map_or(0, |a| a.gpus()),
+        alloc_nodes: alloc.map_or(0, |a| a.shares.len() as u32),
         elapsed_seconds: job.run_time(job.end_time.unwrap_or(now)).0,
         charged_milli_su,
         archived,
