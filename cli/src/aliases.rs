@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 /// Every name `docket` answers to.
-pub const ALIASES: [&str; 17] = [
+pub const ALIASES: [&str; 18] = [
     "sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sprio", "sshare",
-    "sacct", "qsub", "qstat", "qdel", "qhold", "qrls", "pbsnodes", "pbsdsh",
+    "sacct", "sacctmgr", "qsub", "qstat", "qdel", "qhold", "qrls", "pbsnodes", "pbsdsh",
 ];
 
 /// `docket install-aliases DIR`: symlinks DIR/sbatch, ... to this binary.

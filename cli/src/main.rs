@@ -17,6 +17,7 @@ mod pbsdsh;
 mod pbsnodes;
 mod plot;
 mod sacct;
+mod sacctmgr;
 mod salloc;
 mod sbatch;
 mod scancel;
@@ -108,6 +109,10 @@ fn main() -> ExitCode {
         "sinfo" => ("sinfo", sinfo::sinfo(sinfo::SinfoArgs::parse())),
         "sacct" => ("sacct", sacct::sacct(sacct::SacctArgs::parse())),
         "sshare" => ("sshare", sshare::sshare(sshare::SshareArgs::parse())),
+        "sacctmgr" => (
+            "sacctmgr",
+            sacctmgr::sacctmgr(sacctmgr::SacctmgrArgs::parse()),
+        ),
         "pbsnodes" => (
             "pbsnodes",
             pbsnodes::pbsnodes(pbsnodes::PbsnodesArgs::parse()),

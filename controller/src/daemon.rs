@@ -43,6 +43,8 @@ pub struct DaemonConfig {
     pub bootstrap: Option<BTreeMap<ReplicaId, String>>,
     /// The site's commands, proposed by the first leader of a cluster with no configuration.
     pub site: Vec<Command>,
+    /// The site's ClusterName (`sacctmgr show cluster`, associations).
+    pub cluster_name: String,
     /// How long a linearizable read waits for this replica to catch up.
     pub read_timeout: Duration,
     /// Raft timing.
@@ -194,6 +196,7 @@ pub async fn run(
                 Some(archive.clone()),
                 Some(agents.clone()),
                 auth.clone(),
+                config.cluster_name.clone(),
             ))
             .add_service(AdminService::new(
                 replica.clone(),

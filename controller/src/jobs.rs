@@ -36,6 +36,8 @@ pub struct JobsService {
     agents: Option<crate::agents::AgentHub>,
     /// Who is calling.
     auth: Authenticator,
+    /// The site's ClusterName (what `sacctmgr show` prints).
+    cluster: String,
 }
 
 /// Most job references one request may name.
@@ -62,6 +64,7 @@ impl JobsService {
         archive: Option<Arc<crate::archive::Archive>>,
         agents: Option<crate::agents::AgentHub>,
         auth: Authenticator,
+        cluster: String,
     ) -> JobsServer<Self> {
         JobsServer::new(JobsService {
             replica,
@@ -69,6 +72,7 @@ impl JobsService {
             archive,
             agents,
             auth,
+            cluster,
         })
     }
 
@@ -322,6 +326,19 @@ impl Jobs for JobsService {
         request: Request<pb::CompleteJobRequest>,
     ) -> Result<TonicResponse<pb::CompleteJobResponse>, Status> {
         self.complete_job_rpc(request).await
+    }
+
+    async fn associations(
+        &self,
+        request: Request<pb::AssociationsRequest>,
+    ) -> Result<TonicResponse<pb::AssociationsResponse>, Status> {
+        let actor = self.auth.caller(&request).await?;
+        let cluster = self.cluster.clone();
+        let response = read(&self.replica, false, self.read_timeout, move |state| {
+            crate::associations::associations(state, &actor, &cluster)
+        })
+        .await?;
+        Ok(TonicResponse::new(response))
     }
 
     async fn share_tree(

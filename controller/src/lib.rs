@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod agents;
 pub mod archive;
+pub mod associations;
 pub mod bench;
 pub mod convert;
 pub mod daemon;

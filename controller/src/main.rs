@@ -387,9 +387,13 @@ fn run(args: RunArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let bootstrap = args.bootstrap.as_deref().map(parse_members).transpose()?;
-    let site = match &args.config {
-        Some(path) => read_site(path)?.site.commands(),
-        None => Vec::new(),
+    let (site, cluster_name) = match &args.config {
+        Some(path) => {
+            let file = read_site(path)?;
+            let name = file.site.cluster_name.clone();
+            (file.site.commands(), name)
+        }
+        None => (Vec::new(), None),
     };
     let (lo, hi) = parse_range(&args.election_timeout_ms)?;
     let tuning = RaftTuning {
@@ -405,6 +409,7 @@ fn run(args: RunArgs) -> Result<()> {
         data_dir: args.data_dir,
         bootstrap,
         site,
+        cluster_name: cluster_name.unwrap_or_else(|| "docket".into()),
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         tuning,
         http_listen: args.http_listen,

@@ -302,6 +302,23 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
         .into_inner();
     assert!(tree.rows.iter().any(|r| r.user == "bob"), "{tree:?}");
     assert!(!tree.rows.iter().any(|r| r.user == "alice"), "{tree:?}");
+    // Associations (sacctmgr show) by the same rule: bob's, not alice's; root sees both.
+    let assocs = |who: &'static str| {
+        let mut jobs = jobs.clone();
+        async move {
+            jobs.associations(as_user(who, pb::AssociationsRequest {}))
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    let bobs = assocs("bob").await;
+    assert!(bobs.assocs.iter().any(|a| a.user == "bob"), "{bobs:?}");
+    assert!(!bobs.assocs.iter().any(|a| a.user == "alice"), "{bobs:?}");
+    assert!(!bobs.users.iter().any(|u| u.name == "alice"), "{bobs:?}");
+    let roots = assocs("root").await;
+    assert!(roots.assocs.iter().any(|a| a.user == "alice"), "{roots:?}");
+    assert!(roots.users.iter().any(|u| u.name == "alice"), "{roots:?}");
     // Over MaxSubmitBatch: refused whole, before any job is read, naming the limit.
     let e = common::submit(&mut jobs, "alice", vec![held("x"), held("y"), held("z")])
         .await

@@ -1040,7 +1040,8 @@ fn python_tools() -> Option<std::ffi::OsString> {
 /// --cpus-per-task --mem=954M -t` and its `PBSCluster` `#PBS -N -l select=1:ncpus=1:mem=954MB
 /// -l walltime -e DIR/ -o DIR/`; each submits two workers with `sbatch`/`qsub`, reads the job
 /// ids they print, and cancels them with `scancel`/`qdel` when closed. The workers connect
-/// back and compute a sum; their logs land where each dialect names them.
+/// back and compute a sum; their logs land where each dialect names them. First, the checks
+/// workflow managers make of a user's accounts: `sacctmgr` and `sshare -U`.
 #[test]
 fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     let Some(python) = python_tools() else {
@@ -1049,6 +1050,23 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     let Some(site) = Site::start(1) else {
         return;
     };
+    // What workflow managers ask before they submit: the user's accounts, both ways.
+    let o = site.command(
+        "sacctmgr",
+        &[
+            "-n",
+            "-P",
+            "show",
+            "assoc",
+            "where",
+            "user=nobody",
+            "format=account",
+        ],
+    );
+    assert_eq!(text(&o).trim(), "demo", "{}", text(&o));
+    let o = site.command("sshare", &["-U", "-u", "nobody", "-n", "-P"]);
+    assert!(text(&o).starts_with("demo|nobody|"), "{}", text(&o));
+    assert_eq!(text(&o).lines().count(), 1, "{}", text(&o));
     let folder = site.dir.path().join("dask");
     std::fs::create_dir(&folder).unwrap();
     let driver = folder.join("drive.py");
