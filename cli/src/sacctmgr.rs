@@ -171,6 +171,9 @@ fn canonical(name: &str) -> Option<&'static str> {
         .map(|(f, _, _)| *f)
 }
 
+/// The widest column `Name%W` may ask for (as sacct's and squeue's formats).
+const MAX_WIDTH: usize = 1024;
+
 /// A chosen column: its field and width.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Column {
@@ -186,9 +189,16 @@ fn columns(format: &str) -> Result<Vec<Column>> {
             let (name, width) = match f.trim().split_once('%') {
                 Some((n, w)) => (
                     n,
-                    Some(w.parse::<usize>().map_err(|_| {
-                        anyhow!("format: {f:?}: the width after % is not a number")
-                    })?),
+                    Some(
+                        w.parse::<usize>()
+                            .ok()
+                            .filter(|w| *w <= MAX_WIDTH)
+                            .ok_or_else(|| {
+                                anyhow!(
+                                    "format: {f:?}: the width after % must be a number up to {MAX_WIDTH}"
+                                )
+                            })?,
+                    ),
                 ),
                 None => (f.trim(), None),
             };
@@ -804,6 +814,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"shoesize\" is not a field"), "{e}");
+        let e = run(&["show", "user", "format=user%999999999"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("up to 1024"), "{e}");
         let e = run(&["show", "user", "colour=red"])
             .unwrap_err()
             .to_string();

@@ -5,7 +5,10 @@
 //! Everyone may read it, as in Slurm; where the site keeps usage private
 //! (`PrivateData=usage`), a user sees only their own associations and the accounts above
 //! them, a coordinator their accounts' subtrees, an administrator everything — the rule
-//! `sshare` follows ([`State::may_see_usage`]).
+//! `sshare` follows ([`State::may_see_usage`]); there, who coordinates an account is shown
+//! only to its coordinators and to administrators, and an administrator's level only to
+//! administrators and themself. The reply is bounded by the site's size: one pass over the
+//! accounts and one over the users.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +25,25 @@ pub fn associations(state: &State, actor: &Actor, cluster: &str) -> pb::Associat
     for a in accounts.values() {
         if let Some(parent) = &a.parent {
             children.entry(parent).or_default().push(a);
+        }
+    }
+    // Under private usage, who coordinates what and who administers are shown only to
+    // administrators and to coordinators of the accounts concerned (sshare shows neither).
+    let private = state.config.private_data.usage && !state.is_admin(actor);
+    let me = match actor {
+        Actor::User(u) => Some(u),
+        _ => None,
+    };
+    let coordinates_here =
+        |account: &AccountName| !private || me.is_some_and(|u| state.is_coordinator(u, account));
+    // Each user's coordinated accounts, from one pass over the accounts.
+    let mut coordinates: BTreeMap<&docket_core::UserName, Vec<String>> = BTreeMap::new();
+    for a in accounts.values() {
+        if !coordinates_here(&a.name) {
+            continue;
+        }
+        for u in &a.coordinators {
+            coordinates.entry(u).or_default().push(a.name.to_string());
         }
     }
     let mut out = pb::AssociationsResponse {
@@ -45,7 +67,11 @@ pub fn associations(state: &State, actor: &Actor, cluster: &str) -> pb::Associat
             out.accounts.push(pb::AccountEntry {
                 name: account.name.to_string(),
                 parent: parent_name(account),
-                coordinators: account.coordinators.iter().map(|u| u.to_string()).collect(),
+                coordinators: if coordinates_here(&account.name) {
+                    account.coordinators.iter().map(|u| u.to_string()).collect()
+                } else {
+                    Vec::new()
+                },
             });
             out.assocs.push(pb::AssocEntry {
                 account: account.name.to_string(),
@@ -85,12 +111,8 @@ pub fn associations(state: &State, actor: &Actor, cluster: &str) -> pb::Associat
         out.users.push(pb::UserEntry {
             name: user.name.to_string(),
             default_account: user.default_account.to_string(),
-            admin: user.admin,
-            coordinates: accounts
-                .values()
-                .filter(|a| a.coordinators.contains(&user.name))
-                .map(|a| a.name.to_string())
-                .collect(),
+            admin: user.admin && (!private || me == Some(&user.name)),
+            coordinates: coordinates.remove(&user.name).unwrap_or_default(),
         });
     }
     out.users.sort_by(|a, b| a.name.cmp(&b.name));

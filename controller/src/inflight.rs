@@ -57,9 +57,9 @@ impl Drop for Guard {
     }
 }
 
-impl<S, B> Service<tonic::codegen::http::Request<B>> for Inflight<S>
+impl<S, B, RB> Service<tonic::codegen::http::Request<B>> for Inflight<S>
 where
-    S: Service<tonic::codegen::http::Request<B>>,
+    S: Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<RB>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -78,12 +78,26 @@ where
             self.users.fetch_add(1, Ordering::Relaxed);
             Guard(self.users.clone())
         });
-        // `/docket.v1.Jobs/SubmitJobs` -> `docket.v1.Jobs/SubmitJobs`: a bounded label set.
+        // `/docket.v1.Jobs/SubmitJobs` -> `docket.v1.Jobs/SubmitJobs`; a path no service
+        // serves is answered UNIMPLEMENTED and counted as `unimplemented`, so whoever
+        // reaches the port cannot mint label values (series) at will.
         let method = request.uri().path().trim_start_matches('/').to_owned();
         let began = std::time::Instant::now();
         let future = self.inner.call(request);
         Box::pin(async move {
             let result = future.await;
+            let served = match &result {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .is_none_or(|s| s.as_bytes() != b"12"),
+                Err(_) => true,
+            };
+            let method = if served {
+                method
+            } else {
+                "unimplemented".to_owned()
+            };
             metrics::histogram!("docket_rpc_duration_seconds", "method" => method)
                 .record(began.elapsed().as_secs_f64());
             drop((guard, users));

@@ -139,6 +139,22 @@ async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // Whoever reaches the port cannot mint label values: a method no service serves is
+    // counted as `unimplemented`, not under the path it was sent to.
+    let mut raw = tonic::client::Grpc::new(common::channel(&cluster.addrs[&leader]));
+    raw.ready().await.unwrap();
+    let e = raw
+        .unary::<pb::AssociationsRequest, pb::AssociationsResponse, _>(
+            as_user("alice", pb::AssociationsRequest {}),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/docket.v1.Jobs/NoSuchMethod7"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let scraped = cluster.http_get(leader, "/metrics");
+    assert!(!scraped.contains("NoSuchMethod7"), "{scraped}");
+    assert!(scraped.contains("method=\"unimplemented\""), "{scraped}");
     let mut admin = cluster.admin(follower).await;
     admin
         .cluster_status(as_user("alice", pb::ClusterStatusRequest::default()))

@@ -316,6 +316,12 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
     assert!(bobs.assocs.iter().any(|a| a.user == "bob"), "{bobs:?}");
     assert!(!bobs.assocs.iter().any(|a| a.user == "alice"), "{bobs:?}");
     assert!(!bobs.users.iter().any(|u| u.name == "alice"), "{bobs:?}");
+    // Nor who administers or coordinates anything above him.
+    assert!(bobs.users.iter().all(|u| !u.admin), "{bobs:?}");
+    assert!(
+        bobs.accounts.iter().all(|a| a.coordinators.is_empty()),
+        "{bobs:?}"
+    );
     let roots = assocs("root").await;
     assert!(roots.assocs.iter().any(|a| a.user == "alice"), "{roots:?}");
     assert!(roots.users.iter().any(|u| u.name == "alice"), "{roots:?}");
