@@ -25,6 +25,7 @@ mod scontrol;
 mod sim;
 mod sim_compare;
 mod sinfo;
+mod slurm_json;
 mod slurmtime;
 mod sprio;
 mod squeue;

@@ -427,29 +427,11 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
         token = page.next_page_token;
     }
     if a.json {
-        let rows: Vec<_> = records
+        let rows = records
             .iter()
-            .filter_map(|r| r.job.as_ref().map(|j| (j, r)))
-            .map(|(j, r)| {
-                serde_json::json!({"job_id": j.job_id, "array_task": j.array_task,
-                "name": j.name, "user": j.user, "partition": j.partition, "account": j.account,
-                "alloc_cpus": r.alloc_cpus, "state": j.state, "exit_code": j.exit_code,
-                "exit_signal": j.exit_signal, "elapsed_seconds": r.elapsed_seconds,
-                "charged_su": r.charged_milli_su as f64 / 1000.0, "archived": r.archived,
-                "submit_time_ms": j.submit_time_ms, "start_time_ms": j.start_time_ms,
-                "end_time_ms": j.end_time_ms, "total_cpu_ms": r.total_cpu_ms,
-                "max_rss_mib": r.max_rss_mib, "req_mem_mib": r.req_mem_mib,
-                "alloc_mem_mib": r.alloc_mem_mib, "alloc_gpus": r.alloc_gpus,
-                "alloc_nodes": r.alloc_nodes,
-                "steps": j.steps.iter().map(|s| serde_json::json!({"step_id": s.step_id,
-                    "name": s.name, "state": s.state, "ntasks": s.ntasks, "cpus": s.cpus,
-                    "node_list": s.node_list, "exit_code": s.exit_code,
-                    "exit_signal": s.exit_signal, "start_time_ms": s.start_time_ms,
-                    "end_time_ms": s.end_time_ms, "total_cpu_ms": s.cpu_time_ms,
-                    "max_rss_mib": s.max_rss_mib})).collect::<Vec<_>>()})
-            })
+            .filter_map(|r| r.job.as_ref().map(|j| crate::slurm_json::sacct_job(r, j)))
             .collect();
-        println!("{}", serde_json::json!({ "jobs": rows }));
+        println!("{}", crate::slurm_json::document("sacct", rows));
         return Ok(());
     }
     let parsable = if a.parsable {

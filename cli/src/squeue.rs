@@ -118,20 +118,8 @@ pub fn run(a: SqueueArgs) -> Result<()> {
         return print_steps(&jobs, wanted, &pieces, !a.noheader);
     }
     if a.json {
-        let rows: Vec<serde_json::Value> = jobs
-            .iter()
-            .map(|j| {
-                serde_json::json!({
-                    "job_id": j.job_id, "array_task": j.array_task, "name": j.name,
-                    "user": j.user, "account": j.account, "partition": j.partition,
-                    "state": j.state, "reason": j.reason, "nodes": j.nodes,
-                    "node_list": j.node_list, "cpus": j.cpus,
-                    "time_limit_seconds": j.time_limit_seconds,
-                    "submit_time_ms": j.submit_time_ms, "start_time_ms": j.start_time_ms,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::json!({ "jobs": rows }));
+        let rows = jobs.iter().map(crate::slurm_json::squeue_job).collect();
+        println!("{}", crate::slurm_json::document("squeue", rows));
         return Ok(());
     }
     let now_ms = crate::client::now_ms();
