@@ -2,8 +2,10 @@
 //! accounting database — users, accounts, associations, QOS, the cluster — read-only, in
 //! Slurm's columns and formats (`-n`, `-p`, `-P`, `Name%W`). Workflow managers and portals
 //! check a user's accounts this way before they submit (`sacctmgr -n -P show assoc
-//! where user=$USER format=account`). Changes go through `docket config apply` (the site's
-//! docket.toml); `add`, `modify` and `delete` say so.
+//! where user=$USER format=account`). `delete user|account|qos NAME` removes whole objects,
+//! as `docket config remove` does (administrators only, unused objects only); accounts and
+//! users are added and changed in the site's docket.toml with `docket config apply`, which
+//! `add` and `modify` say.
 
 use anyhow::{Result, anyhow, bail};
 use clap::Parser;
@@ -550,11 +552,12 @@ fn render(r: &pb::AssociationsResponse, a: &SacctmgrArgs) -> Result<String> {
         .ok_or_else(|| anyhow!("usage: sacctmgr show|list ENTITY [where] [SPEC...]"))?;
     match verb.to_ascii_lowercase().as_str() {
         "show" | "list" => {}
-        "add" | "create" | "modify" | "update" | "delete" | "remove" => bail!(
-            "{verb}: accounts, users, associations and QOS are changed in the site's \
+        "add" | "create" | "modify" | "update" => bail!(
+            "{verb}: accounts, users, associations and QOS are defined in the site's \
              docket.toml and applied with `docket config apply FILE` (--dry-run shows the \
-             change first), or removed with `docket config remove KIND NAME`"
+             change first; --objects-only keeps the scheduler's parameters)"
         ),
+        "delete" | "remove" => bail!("{verb}: takes `user|account|qos NAME[,NAME...]`"),
         other => bail!("{other:?}: only show and list (read-only)"),
     }
     let (entity_word, rest) = rest
@@ -601,10 +604,69 @@ fn render(r: &pb::AssociationsResponse, a: &SacctmgrArgs) -> Result<String> {
     Ok(table(&rows, &cols, !a.noheader, parsable))
 }
 
+/// `delete user|account|qos NAME[,NAME...]`: what is removed (kind and names), the
+/// removal of whole objects `docket config remove` does. Slurm's removal of one association
+/// (`delete user bob account=physics`) has no counterpart: a user's accounts are defined
+/// with the user, in docket.toml.
+fn deletion(words: &[String]) -> Result<(&'static str, Vec<String>)> {
+    let (entity, rest) = words
+        .split_first()
+        .ok_or_else(|| anyhow!("delete what? user, account or qos, and its name"))?;
+    let kind = match Entity::parse(entity)? {
+        Entity::User => "user",
+        Entity::Account => "account",
+        Entity::Qos => "qos",
+        Entity::Assoc | Entity::Cluster => bail!(
+            "delete {entity}: associations are defined with their users in docket.toml \
+             (`docket config apply`); the cluster is not removed"
+        ),
+    };
+    let s = specs(rest)?;
+    if !s.accounts.is_empty()
+        || !s.users.is_empty()
+        || !s.clusters.is_empty()
+        || !s.parents.is_empty()
+    {
+        bail!(
+            "delete {kind} with account=, user=, cluster= or parent=: only whole objects are \
+             removed here; a user's accounts are changed in docket.toml (`docket config apply`)"
+        );
+    }
+    if s.names.is_empty() {
+        bail!("delete {kind}: name the {kind} (`name=NAME` or just NAME)");
+    }
+    Ok((kind, s.names))
+}
+
 pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
+    let verb = a.words.first().map(|v| v.to_ascii_lowercase());
+    if matches!(verb.as_deref(), Some("delete" | "remove")) {
+        let (kind, names) = deletion(&a.words[1..])?;
+        let client = Client::new(a.addr.as_deref())?;
+        let rt = runtime()?;
+        for name in names {
+            let r = rt.block_on(client.admin_call(|mut c| {
+                let req = client.request(pb::RemoveObjectRequest {
+                    kind: kind.to_owned(),
+                    name: name.clone(),
+                });
+                async move { c.remove_object(req).await }
+            }))?;
+            if !a.quiet {
+                let why = if r.message.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", r.message)
+                };
+                println!(" Deleting {kind}: {name}{why}");
+            }
+        }
+        return Ok(());
+    }
     // Refuse what cannot run before asking anything.
-    if let Some(verb) = a.words.first()
-        && !matches!(verb.to_ascii_lowercase().as_str(), "show" | "list")
+    if verb
+        .as_deref()
+        .is_some_and(|v| !matches!(v, "show" | "list"))
     {
         render(&pb::AssociationsResponse::default(), &a)?;
     }
@@ -800,6 +862,28 @@ mod tests {
             .unwrap(),
             "gadi|1|normal\n"
         );
+    }
+
+    #[test]
+    fn whole_users_accounts_and_qos_are_deleted_associations_are_not() {
+        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            deletion(&words(&["user", "bob,carol"])).unwrap(),
+            ("user", vec!["bob".to_owned(), "carol".to_owned()])
+        );
+        assert_eq!(
+            deletion(&words(&["account", "where", "name=astro"])).unwrap(),
+            ("account", vec!["astro".to_owned()])
+        );
+        let e = deletion(&words(&["user", "bob", "account=physics"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only whole objects"), "{e}");
+        let e = deletion(&words(&["assoc", "user=bob"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("docket config apply"), "{e}");
+        assert!(deletion(&words(&["qos"])).is_err());
     }
 
     #[test]

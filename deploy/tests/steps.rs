@@ -1067,6 +1067,10 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     let o = site.command("sshare", &["-U", "-u", "nobody", "-n", "-P"]);
     assert!(text(&o).starts_with("demo|nobody|"), "{}", text(&o));
     assert_eq!(text(&o).lines().count(), 1, "{}", text(&o));
+    // Removing needs an administrator, as in Slurm.
+    let o = site.command("sacctmgr", &["-i", "delete", "user", "nobody"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("sacctmgr: error:"), "{}", text(&o));
     let folder = site.dir.path().join("dask");
     std::fs::create_dir(&folder).unwrap();
     let driver = folder.join("drive.py");
