@@ -1,5 +1,6 @@
-//! The controller's HTTP endpoints: `/metrics` (Prometheus text, prefix `docket_`) and
-//! `/status` (JSON: this replica's Raft status, the loops' figures, jobs and nodes by state).
+//! The controller's HTTP endpoints: the status page (`/`, `/jobs/ID`; [`crate::web`]),
+//! `/metrics` (Prometheus text, prefix `docket_`) and `/status` (JSON: this replica's Raft
+//! status, the loops' figures, jobs and nodes by state).
 //!
 //! Gauges that describe state (jobs and nodes by state, Raft indexes and lag) are set when
 //! scraped, from the replica's applied state; counters and histograms (passes, RPCs) are
@@ -140,6 +141,8 @@ fn describe_metrics() {
 /// The router serving `/metrics` and `/status`.
 pub fn router(state: HttpState) -> Router {
     Router::new()
+        .route("/", get(crate::web::overview))
+        .route("/jobs/{id}", get(crate::web::job))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)

@@ -28,4 +28,5 @@ pub mod machine;
 pub mod stats;
 pub mod step_grants;
 pub mod steps;
+pub mod web;
 pub mod write;

@@ -322,6 +322,10 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
         bobs.accounts.iter().all(|a| a.coordinators.is_empty()),
         "{bobs:?}"
     );
+    // The status page, which anyone reaching the HTTP port may read, lists no job.
+    let page = cluster.http_get(1, "/");
+    assert!(page.contains("Jobs are private"), "{page}");
+    assert!(!page.contains("/jobs/"), "{page}");
     let roots = assocs("root").await;
     assert!(roots.assocs.iter().any(|a| a.user == "alice"), "{roots:?}");
     assert!(roots.users.iter().any(|u| u.name == "alice"), "{roots:?}");

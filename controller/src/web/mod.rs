@@ -1,0 +1,119 @@
+//! The status page every replica serves on its HTTP port (`/`, and `/jobs/ID`): the
+//! cluster's replicas and roles, the nodes as a grid coloured by state with their reasons
+//! and jobs, the partitions, the queue (filtered by user, partition and state), a job's
+//! priority factors, reason, steps and output paths, and the scheduler's passes.
+//!
+//! Rendered on the server from askama templates (`controller/templates/`, HTML-escaped);
+//! a few lines of plain JavaScript ask for the page's main part again every five seconds
+//! (`X-Docket-Partial`) and swap it in, so it updates without reloading. Any replica
+//! answers from its own applied state; a follower says so and names the leader. What it
+//! shows, anyone reaching the port may see: the privacy rules are in [`view`].
+
+pub mod view;
+
+use askama::Template;
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+
+use crate::http::HttpState;
+use view::{Filter, JobPage, Overview};
+
+/// The header the page's script sends to get only the main part.
+const PARTIAL: &str = "x-docket-partial";
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+struct OverviewPage<'a> {
+    replica: u64,
+    role: &'a str,
+    v: &'a Overview,
+}
+
+#[derive(Template)]
+#[template(path = "overview_main.html")]
+struct OverviewMain<'a> {
+    v: &'a Overview,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobFull<'a> {
+    replica: u64,
+    role: &'a str,
+    j: &'a JobPage,
+}
+
+#[derive(Template)]
+#[template(path = "job_main.html")]
+struct JobMain<'a> {
+    j: &'a JobPage,
+}
+
+fn html(rendered: askama::Result<String>) -> Response {
+    match rendered {
+        Ok(body) => Html(body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("rendering: {e}")).into_response(),
+    }
+}
+
+/// `/`: the overview.
+pub async fn overview(
+    AxumState(state): AxumState<HttpState>,
+    Query(filter): Query<Filter>,
+    headers: HeaderMap,
+) -> Response {
+    let raft = state.replica.status();
+    let loops = state
+        .stats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let v = state
+        .replica
+        .read_stale(|a| view::overview(&a.machine.state, &raft, &loops, filter));
+    if headers.contains_key(PARTIAL) {
+        return html(OverviewMain { v: &v }.render());
+    }
+    let role = raft.role.to_string();
+    html(
+        OverviewPage {
+            replica: raft.id.0,
+            role: &role,
+            v: &v,
+        }
+        .render(),
+    )
+}
+
+/// `/jobs/ID`: one job.
+pub async fn job(
+    AxumState(state): AxumState<HttpState>,
+    Path(id): Path<u64>,
+    headers: HeaderMap,
+) -> Response {
+    let raft = state.replica.status();
+    let page = state.replica.read_stale(|a| {
+        let s = &a.machine.state;
+        view::job_page(s, id, s.applied.now)
+    });
+    let Some(j) = page else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("no job {id} here (or jobs are private on this cluster)"),
+        )
+            .into_response();
+    };
+    if headers.contains_key(PARTIAL) {
+        return html(JobMain { j: &j }.render());
+    }
+    let role = raft.role.to_string();
+    html(
+        JobFull {
+            replica: raft.id.0,
+            role: &role,
+            j: &j,
+        }
+        .render(),
+    )
+}

@@ -1,0 +1,128 @@
+//! The status page against three real `docket-controller` processes: every replica serves
+//! it, a follower says so and names the leader, the nodes, partitions, queue and passes are
+//! there, the queue filters, a job's page shows its priority factors and output paths, the
+//! script's partial refresh returns the main part alone, what users name is escaped, and an
+//! unknown job is a 404.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{Cluster, DEADLINE, job, submit};
+use docket_proto::v1 as pb;
+
+/// GET `path` from `addr`, with extra header lines; the status code and the body.
+fn get(addr: &str, path: &str, headers: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n{headers}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_serves_the_status_page() {
+    let cluster = Cluster::start(3).await;
+    cluster.wait_configured().await;
+    let leader = cluster.leader().await;
+    let follower = cluster.follower_of(leader);
+    let mut jobs = cluster.jobs(leader).await;
+    // A held job (it stays pending, with priority factors) named with markup.
+    let mut spec = job("<b>bold</b>", "");
+    spec.hold = true;
+    spec.stdout = "out-%j.log".into();
+    let r = submit(&mut jobs, "alice", vec![spec]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}");
+    };
+
+    // The leader's page, once the job has been applied there.
+    let http = &cluster.http;
+    let start = Instant::now();
+    let page = loop {
+        let (code, page) = get(&http[&leader], "/", "");
+        assert_eq!(code, 200, "{page}");
+        if page.contains(&format!("/jobs/{id}")) {
+            break page;
+        }
+        assert!(start.elapsed() < DEADLINE, "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(page.starts_with("<!doctype html>"), "{page}");
+    for part in [
+        "id=\"cluster\"",
+        "<b>leader</b>",
+        "id=\"nodes\"",
+        "class=\"node idle\"",
+        "n01",
+        "id=\"partitions\"",
+        "id=\"queue\"",
+        "alice",
+        "JobHeldUser",
+        "id=\"passes\"",
+        "setInterval",
+    ] {
+        assert!(page.contains(part), "no {part} in\n{page}");
+    }
+    // What users name is escaped, never markup.
+    assert!(
+        page.contains("&#60;b&#62;bold&#60;/b&#62;") || page.contains("&lt;b&gt;bold"),
+        "{page}"
+    );
+    assert!(!page.contains("<b>bold</b>"), "{page}");
+    assert!(!page.contains("id=\"follower\""), "{page}");
+
+    // A follower says so and names the leader.
+    let start = Instant::now();
+    let page = loop {
+        let (_, page) = get(&http[&follower], "/", "");
+        if page.contains(&format!("/jobs/{id}")) {
+            break page;
+        }
+        assert!(start.elapsed() < DEADLINE, "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(page.contains("id=\"follower\""), "{page}");
+    assert!(page.contains(&format!("replica {leader}")), "{page}");
+
+    // The queue filters; the partial refresh is the main part alone.
+    let (_, mine) = get(&http[&leader], "/?user=alice&state=pending", "");
+    assert!(mine.contains(&format!("/jobs/{id}")), "{mine}");
+    let (_, theirs) = get(&http[&leader], "/?user=bob", "");
+    assert!(!theirs.contains(&format!("/jobs/{id}")), "{theirs}");
+    let (code, part) = get(&http[&leader], "/", "X-Docket-Partial: 1\r\n");
+    assert_eq!(code, 200);
+    assert!(
+        part.contains("id=\"cluster\"") && !part.contains("<html"),
+        "{part}"
+    );
+
+    // The job's page: its reason, priority factor by factor, its output paths.
+    let (code, page) = get(&http[&leader], &format!("/jobs/{id}"), "");
+    assert_eq!(code, 200, "{page}");
+    for part in [
+        "JobHeldUser",
+        "id=\"priority\"",
+        "<th>Factor</th>",
+        &format!("/tmp/out-{id}.log"),
+    ] {
+        assert!(page.contains(part), "no {part} in\n{page}");
+    }
+    let (code, _) = get(&http[&leader], "/jobs/999999", "");
+    assert_eq!(code, 404);
+    let (code, _) = get(&http[&leader], "/jobs/not-a-number", "");
+    assert_eq!(code, 400);
+}
