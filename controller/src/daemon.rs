@@ -49,8 +49,10 @@ pub struct DaemonConfig {
     pub read_timeout: Duration,
     /// Raft timing.
     pub tuning: docket_raft::replica::RaftTuning,
-    /// Where to serve `/metrics` and `/status` over HTTP, if anywhere.
+    /// Where to serve the status page, `/metrics` and `/status` over HTTP, if anywhere.
     pub http_listen: Option<String>,
+    /// How often the status page's plots sample.
+    pub history_interval: Duration,
     /// Node agents' timing and liveness.
     pub agents: crate::agents::AgentConfig,
     /// The cluster CA and this replica's certificate and key.
@@ -167,16 +169,30 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("--http-listen {addr}: cannot bind"))?;
+            let history = Arc::new(std::sync::Mutex::new(
+                crate::web::history::History::default(),
+            ));
             let router = crate::http::router(crate::http::HttpState {
                 replica: replica.clone(),
                 stats: stats.clone(),
                 inflight: inflight.clone(),
                 prometheus: crate::http::install_recorder(),
+                history: history.clone(),
             });
-            tracing::info!(addr = %listener.local_addr()?, "serving /metrics and /status");
-            Some(tokio::spawn(
-                async move { axum::serve(listener, router).await },
-            ))
+            tracing::info!(addr = %listener.local_addr()?, "serving the status page, /metrics and /status");
+            let sampler = crate::web::sample_every(
+                config.history_interval,
+                replica.clone(),
+                stats.clone(),
+                history,
+            );
+            // One task: stopping the server stops the sampling too.
+            Some(tokio::spawn(async move {
+                tokio::select! {
+                    served = axum::serve(listener, router) => served,
+                    () = sampler => Ok(()),
+                }
+            }))
         }
     };
     let agents = crate::agents::AgentHub::new(

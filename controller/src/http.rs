@@ -27,6 +27,8 @@ pub struct HttpState {
     pub stats: Arc<std::sync::Mutex<LoopStats>>,
     pub inflight: Arc<AtomicUsize>,
     pub prometheus: Option<PrometheusHandle>,
+    /// What the status page plots.
+    pub history: Arc<std::sync::Mutex<crate::web::history::History>>,
 }
 
 impl std::fmt::Debug for HttpState {

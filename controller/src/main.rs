@@ -157,9 +157,13 @@ struct RunArgs {
     /// keeps it near one second.
     #[arg(long, env = "DOCKET_ELECTION_TIMEOUT_MS", default_value = "300-600")]
     election_timeout_ms: String,
-    /// Serve Prometheus `/metrics` and a JSON `/status` over HTTP at this host:port.
+    /// Serve the status page, Prometheus `/metrics` and a JSON `/status` over HTTP at this
+    /// host:port.
     #[arg(long, env = "DOCKET_HTTP_LISTEN")]
     http_listen: Option<String>,
+    /// The status page's plots sample this often (milliseconds); six hours at the default.
+    #[arg(long, env = "DOCKET_HISTORY_INTERVAL_MS", default_value_t = 60_000)]
+    history_interval_ms: u64,
     /// Node agents heartbeat this often (milliseconds).
     #[arg(long, env = "DOCKET_AGENT_HEARTBEAT_MS", default_value_t = 2_000)]
     agent_heartbeat_ms: u64,
@@ -413,6 +417,7 @@ fn run(args: RunArgs) -> Result<()> {
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         tuning,
         http_listen: args.http_listen,
+        history_interval: Duration::from_millis(args.history_interval_ms.max(100)),
         agents: docket_controller::agents::AgentConfig {
             heartbeat: Duration::from_millis(args.agent_heartbeat_ms.max(1)),
             fence_timeout: Duration::from_millis(args.agent_fence_ms),

@@ -1,8 +1,8 @@
 //! The status page against three real `docket-controller` processes: every replica serves
 //! it, a follower says so and names the leader, the nodes, partitions, queue and passes are
 //! there, the queue filters, a job's page shows its priority factors and output paths, the
-//! script's partial refresh returns the main part alone, what users name is escaped, and an
-//! unknown job is a 404.
+//! script's partial refresh returns the main part alone, the plots fill as the history is
+//! sampled, what users name is escaped, and an unknown job is a 404.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -35,7 +35,12 @@ fn get(addr: &str, path: &str, headers: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_serves_the_status_page() {
-    let cluster = Cluster::start(3).await;
+    // Plots sampled every 200 ms instead of every minute.
+    let cluster = Cluster::start_with(
+        3,
+        &["--agent-fence-ms", "0", "--history-interval-ms", "200"],
+    )
+    .await;
     cluster.wait_configured().await;
     let leader = cluster.leader().await;
     let follower = cluster.follower_of(leader);
@@ -74,8 +79,28 @@ async fn every_replica_serves_the_status_page() {
         "JobHeldUser",
         "id=\"passes\"",
         "setInterval",
+        "id=\"plot-utilization\"",
+        "id=\"plot-starts\"",
+        "<polyline",
     ] {
         assert!(page.contains(part), "no {part} in\n{page}");
+    }
+    // The plots have points once two samples exist.
+    let start = Instant::now();
+    loop {
+        let (_, page) = get(&http[&leader], "/", "");
+        let pending = page
+            .split("id=\"plot-pending\"")
+            .nth(1)
+            .and_then(|rest| rest.split("points=\"").nth(1))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default()
+            .to_owned();
+        if pending.split(' ').count() >= 2 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // What users name is escaped, never markup.
     assert!(

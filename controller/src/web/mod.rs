@@ -9,6 +9,7 @@
 //! answers from its own applied state; a follower says so and names the leader. What it
 //! shows, anyone reaching the port may see: the privacy rules are in [`view`].
 
+pub mod history;
 pub mod view;
 
 use askama::Template;
@@ -69,9 +70,14 @@ pub async fn overview(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let v = state
+    let mut v = state
         .replica
         .read_stale(|a| view::overview(&a.machine.state, &raft, &loops, filter));
+    v.plots = state
+        .history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .plots();
     if headers.contains_key(PARTIAL) {
         return html(OverviewMain { v: &v }.render());
     }
@@ -116,4 +122,27 @@ pub async fn job(
         }
         .render(),
     )
+}
+
+/// Samples this replica into `history` every `interval`, for ever (the caller stops it).
+pub async fn sample_every(
+    interval: std::time::Duration,
+    replica: docket_raft::replica::Replica<crate::machine::CoreMachine>,
+    stats: std::sync::Arc<std::sync::Mutex<crate::stats::LoopStats>>,
+    history: std::sync::Arc<std::sync::Mutex<history::History>>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let loops = stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let sample = replica.read_stale(|a| history::Sample::of(&a.machine.state, &loops, at_ms));
+        history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sample);
+    }
 }

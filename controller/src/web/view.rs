@@ -110,6 +110,8 @@ pub struct Overview {
     pub more: usize,
     pub filter: Filter,
     pub passes: Vec<PassView>,
+    /// Filled by the server from this replica's history.
+    pub plots: Vec<super::history::Plot>,
 }
 
 /// A time as the page prints it: UTC, to the second.
@@ -289,6 +291,7 @@ pub fn overview(
         more,
         filter,
         passes,
+        plots: Vec::new(),
     }
 }
 
