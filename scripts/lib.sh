@@ -4,7 +4,8 @@
 # - CARGO_TARGET_DIR: defaults to a directory outside the clone, so every clone on a machine
 #   (and every CI run, which starts from a fresh clone) reuses one build of RocksDB.
 # - ensure_prereqs [test]: installs what a fresh Debian machine with only the Rust toolchain
-#   lacks (with `test`, also what the tests use: libfaketime, iproute2, munge, MPI, promtool).
+#   lacks (with `test`, also what the tests use: libfaketime, iproute2, munge, MPI, promtool,
+#   Chromium).
 # - stage NAME CMD...: runs CMD, prints its elapsed time, records failures in FAILED_STAGES.
 
 DOCKET_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -84,8 +85,10 @@ ensure_prereqs() {
     command -v mpicc.mpich >/dev/null 2>&1 || pkgs+=(mpich libmpich-dev)
     command -v mpicc.openmpi >/dev/null 2>&1 || pkgs+=(openmpi-bin libopenmpi-dev)
     command -v python3 >/dev/null 2>&1 || pkgs+=(python3 python3-venv)
-    # promtool checks and unit-tests the alert rules in deploy/prometheus.
+    # promtool checks and unit-tests the alert rules in deploy/prometheus; Chromium renders
+    # the controllers' status page (controller/tests/web.rs).
     command -v promtool >/dev/null 2>&1 || pkgs+=(prometheus)
+    [ -x /usr/bin/chromium ] || pkgs+=(chromium)
   fi
   if [ "${#pkgs[@]}" -gt 0 ]; then
     apt_install "${pkgs[@]}" || return 1

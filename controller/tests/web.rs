@@ -151,3 +151,104 @@ async fn every_replica_serves_the_status_page() {
     let (code, _) = get(&http[&leader], "/jobs/not-a-number", "");
     assert_eq!(code, 400);
 }
+
+/// Chromium (Debian's package; scripts/test installs it), or None after printing why (a
+/// failure under DOCKET_REQUIRE_PRIVILEGED, which CI sets).
+fn chromium() -> Option<&'static str> {
+    let path = "/usr/bin/chromium";
+    if std::path::Path::new(path).exists() {
+        return Some(path);
+    }
+    let why = "no /usr/bin/chromium (Debian's chromium package; scripts/test installs it)";
+    assert!(
+        std::env::var_os("DOCKET_REQUIRE_PRIVILEGED").is_none(),
+        "{why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// The page in a real browser: headless Chromium loads it, runs its script through one
+/// refresh (virtual time), and what a person would read is there — the sections, the
+/// nodes, the job by its name as text; a screenshot is kept beside the build
+/// (`$CARGO_TARGET_DIR/artifacts/status-page.png`) for a person to look at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_renders_the_status_page() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let cluster = Cluster::start_with(
+        3,
+        &["--agent-fence-ms", "0", "--history-interval-ms", "200"],
+    )
+    .await;
+    cluster.wait_configured().await;
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let mut spec = job("<i>relax</i>", "");
+    spec.hold = true;
+    submit(&mut jobs, "alice", vec![spec]).await.unwrap();
+    let url = format!("http://{}/", cluster.http[&leader]);
+    let start = Instant::now();
+    while !get(&cluster.http[&leader], "/", "").1.contains("relax") {
+        assert!(start.elapsed() < DEADLINE, "the job never showed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let profile = tempfile::tempdir().unwrap();
+    let artifacts = std::path::PathBuf::from(
+        std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()),
+    )
+    .join("artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let run = |extra: &[String]| {
+        std::process::Command::new("/usr/bin/timeout")
+            .arg("60")
+            .arg(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--window-size=1280,1100",
+                "--virtual-time-budget=7000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .args(extra)
+            .arg(&url)
+            .output()
+            .unwrap()
+    };
+    let dom = run(&["--dump-dom".into()]);
+    assert!(dom.status.success(), "{dom:?}");
+    let dom = String::from_utf8_lossy(&dom.stdout).into_owned();
+    for seen in [
+        "Cluster",
+        "Nodes",
+        "n01",
+        "Partitions",
+        "Queue",
+        "&lt;i&gt;relax&lt;/i&gt;",
+        "Scheduler passes",
+        "Utilization",
+    ] {
+        assert!(dom.contains(seen), "a person would not see {seen}:\n{dom}");
+    }
+    // The name is text, not markup, after the script's refresh too.
+    assert!(!dom.contains("<i>relax</i>"), "{dom}");
+    let o = run(&[format!("--screenshot={}", shot.display())]);
+    assert!(o.status.success(), "{o:?}");
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    println!("screenshot: {}", shot.display());
+}
