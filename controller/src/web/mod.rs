@@ -23,6 +23,13 @@ use view::{Filter, JobPage, Overview};
 /// The header the page's script sends to get only the main part.
 const PARTIAL: &str = "x-docket-partial";
 
+/// Pages rendered at once. A page walks every job (the counts) under the state's read
+/// lock, and the port takes requests from anyone who reaches it: more requests than this
+/// wait their turn instead of stacking up work beside the replica's own.
+const RENDERING_AT_ONCE: usize = 2;
+
+static RENDERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(RENDERING_AT_ONCE);
+
 #[derive(Template)]
 #[template(path = "overview.html")]
 struct OverviewPage<'a> {
@@ -64,6 +71,9 @@ pub async fn overview(
     Query(filter): Query<Filter>,
     headers: HeaderMap,
 ) -> Response {
+    let Ok(_turn) = RENDERING.acquire().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     let raft = state.replica.status();
     let loops = state
         .stats
@@ -98,6 +108,9 @@ pub async fn job(
     Path(id): Path<u64>,
     headers: HeaderMap,
 ) -> Response {
+    let Ok(_turn) = RENDERING.acquire().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     let raft = state.replica.status();
     let page = state.replica.read_stale(|a| {
         let s = &a.machine.state;
