@@ -117,8 +117,16 @@ pub async fn run(ctx: LoopContext) {
             let m = metrics.borrow_and_update();
             if m.current_leader != last_leader {
                 last_leader = m.current_leader;
-                if last_leader.is_some() {
+                if let Some(leader) = last_leader {
                     metrics::counter!("docket_raft_leader_changes_total").increment(1);
+                    ctx.stats
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .leader_seen(crate::stats::LeaderSeen {
+                            at_ms: wall_clock_ms(),
+                            leader: leader.0,
+                            term: m.current_term,
+                        });
                 }
             }
             m.state == openraft::ServerState::Leader

@@ -74,9 +74,32 @@ pub struct LoopStats {
     /// Backfill cycles ended after a yield because the state changed meanwhile (without
     /// `bf_continue`; the next cycle starts over from the top of the order).
     pub backfill_state_changed: u64,
+    /// The last leaders this replica saw come to power, oldest first (the status page's
+    /// failovers), at most [`LEADERS_KEPT`].
+    pub leaders_seen: std::collections::VecDeque<LeaderSeen>,
+}
+
+/// How many leader changes [`LoopStats::leaders_seen`] keeps.
+pub const LEADERS_KEPT: usize = 10;
+
+/// A leader this replica saw come to power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LeaderSeen {
+    /// Wall-clock milliseconds since the epoch, on this replica.
+    pub at_ms: u64,
+    pub leader: u64,
+    pub term: u64,
 }
 
 impl LoopStats {
+    /// Records a leader seen coming to power.
+    pub fn leader_seen(&mut self, seen: LeaderSeen) {
+        if self.leaders_seen.len() == LEADERS_KEPT {
+            self.leaders_seen.pop_front();
+        }
+        self.leaders_seen.push_back(seen);
+    }
+
     /// Records a backfill cycle that ended after a yield because the state changed.
     pub fn backfill_state_changed(&mut self) {
         self.backfill_state_changed += 1;

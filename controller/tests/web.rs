@@ -79,6 +79,7 @@ async fn every_replica_serves_the_status_page() {
         "JobHeldUser",
         "id=\"passes\"",
         "setInterval",
+        "id=\"failovers\"",
         "id=\"plot-utilization\"",
         "id=\"plot-starts\"",
         "<polyline",

@@ -110,6 +110,8 @@ pub struct Overview {
     pub more: usize,
     pub filter: Filter,
     pub passes: Vec<PassView>,
+    /// Leaders this replica saw come to power, newest first: (when, leader, term).
+    pub leaders: Vec<(String, u64, u64)>,
     /// Filled by the server from this replica's history.
     pub plots: Vec<super::history::Plot>,
 }
@@ -291,6 +293,12 @@ pub fn overview(
         more,
         filter,
         passes,
+        leaders: loops
+            .leaders_seen
+            .iter()
+            .rev()
+            .map(|l| (when(Some(TimeMs(l.at_ms))), l.leader, l.term))
+            .collect(),
         plots: Vec::new(),
     }
 }
