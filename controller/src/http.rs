@@ -145,6 +145,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/", get(crate::web::overview))
         .route("/jobs/{id}", get(crate::web::job))
+        .route("/refresh.js", get(crate::web::script))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(state)

@@ -326,6 +326,11 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
     let page = cluster.http_get(1, "/");
     assert!(page.contains("Jobs are private"), "{page}");
     assert!(!page.contains("/jobs/"), "{page}");
+    assert!(
+        !page.contains("plot-pending") && page.contains("plot-utilization"),
+        "{page}"
+    );
+    assert!(!page.contains("PENDING "), "{page}");
     let roots = assocs("root").await;
     assert!(roots.assocs.iter().any(|a| a.user == "alice"), "{roots:?}");
     assert!(roots.users.iter().any(|u| u.name == "alice"), "{roots:?}");

@@ -78,7 +78,7 @@ async fn every_replica_serves_the_status_page() {
         "alice",
         "JobHeldUser",
         "id=\"passes\"",
-        "setInterval",
+        "<script src=\"/refresh.js\">",
         "id=\"failovers\"",
         "id=\"plot-utilization\"",
         "id=\"plot-starts\"",
@@ -146,6 +146,26 @@ async fn every_replica_serves_the_status_page() {
         &format!("/tmp/out-{id}.log"),
     ] {
         assert!(page.contains(part), "no {part} in\n{page}");
+    }
+    // The script, from the page's own origin; every page fresh, unsniffed, script-safe.
+    let (code, js) = get(&http[&leader], "/refresh.js", "");
+    assert_eq!(code, 200);
+    assert!(
+        js.contains("X-Docket-Partial") && js.contains("setInterval"),
+        "{js}"
+    );
+    let mut s = std::net::TcpStream::connect(&http[&leader]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    for h in [
+        "cache-control: no-store",
+        "x-content-type-options: nosniff",
+        "content-security-policy: default-src 'self'; script-src 'self'",
+    ] {
+        assert!(head.contains(h), "no {h} in\n{head}");
     }
     let (code, _) = get(&http[&leader], "/jobs/999999", "");
     assert_eq!(code, 404);

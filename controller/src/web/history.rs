@@ -94,7 +94,17 @@ impl History {
     }
 
     /// The plots, oldest sample on the left. Rates need two samples; with fewer, the plots
-    /// have no points.
+    /// have no points. Where jobs are private, only utilization and pass durations (no
+    /// counts of jobs).
+    pub fn plots_for(&self, jobs_private: bool) -> Vec<Plot> {
+        let mut plots = self.plots();
+        if jobs_private {
+            plots.retain(|p| matches!(p.id, "utilization" | "pass-ms"));
+        }
+        plots
+    }
+
+    /// Every plot.
     pub fn plots(&self) -> Vec<Plot> {
         let levels =
             |f: &dyn Fn(&Sample) -> f64| -> Vec<f64> { self.samples.iter().map(f).collect() };

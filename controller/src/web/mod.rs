@@ -14,7 +14,7 @@ pub mod view;
 
 use askama::Template;
 use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 
 use crate::http::HttpState;
@@ -26,7 +26,22 @@ const PARTIAL: &str = "x-docket-partial";
 /// Pages rendered at once. A page walks every job (the counts) under the state's read
 /// lock, and the port takes requests from anyone who reaches it: more requests than this
 /// wait their turn instead of stacking up work beside the replica's own.
-const RENDERING_AT_ONCE: usize = 2;
+const RENDERING_AT_ONCE: usize = 1;
+
+/// How long a request waits for its turn before it is told to come back (503).
+const TURN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits for a turn to render, at most [`TURN_WAIT`].
+async fn turn() -> Option<tokio::sync::SemaphorePermit<'static>> {
+    tokio::time::timeout(TURN_WAIT, RENDERING.acquire())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+fn busy() -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, "busy rendering; try again").into_response()
+}
 
 static RENDERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(RENDERING_AT_ONCE);
 
@@ -59,10 +74,27 @@ struct JobMain<'a> {
 }
 
 fn html(rendered: askama::Result<String>) -> Response {
-    match rendered {
+    let mut response = match rendered {
         Ok(body) => Html(body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("rendering: {e}")).into_response(),
-    }
+    };
+    // Always fresh (the whole page and its main part share a URL), never sniffed as
+    // anything but what it says, scripts only the page's own.
+    let h = response.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::VARY, HeaderValue::from_static("x-docket-partial"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; script-src 'self'; style-src 'unsafe-inline'; \
+             object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+        ),
+    );
+    response
 }
 
 /// `/`: the overview.
@@ -71,35 +103,41 @@ pub async fn overview(
     Query(filter): Query<Filter>,
     headers: HeaderMap,
 ) -> Response {
-    let Ok(_turn) = RENDERING.acquire().await else {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    let Some(_turn) = turn().await else {
+        return busy();
     };
-    let raft = state.replica.status();
-    let loops = state
-        .stats
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let mut v = state
-        .replica
-        .read_stale(|a| view::overview(&a.machine.state, &raft, &loops, filter));
-    v.plots = state
-        .history
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .plots();
-    if headers.contains_key(PARTIAL) {
-        return html(OverviewMain { v: &v }.render());
-    }
-    let role = raft.role.to_string();
-    html(
-        OverviewPage {
-            replica: raft.id.0,
-            role: &role,
-            v: &v,
+    let partial = headers.contains_key(PARTIAL);
+    // The walk over every job runs on the blocking pool, not on the async workers that
+    // serve gRPC and Raft.
+    blocking(move || {
+        let raft = state.replica.status();
+        let loops = state
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut v = state
+            .replica
+            .read_stale(|a| view::overview(&a.machine.state, &raft, &loops, filter));
+        v.plots = state
+            .history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .plots_for(v.private);
+        if partial {
+            return html(OverviewMain { v: &v }.render());
         }
-        .render(),
-    )
+        let role = raft.role.to_string();
+        html(
+            OverviewPage {
+                replica: raft.id.0,
+                role: &role,
+                v: &v,
+            }
+            .render(),
+        )
+    })
+    .await
 }
 
 /// `/jobs/ID`: one job.
@@ -108,34 +146,71 @@ pub async fn job(
     Path(id): Path<u64>,
     headers: HeaderMap,
 ) -> Response {
-    let Ok(_turn) = RENDERING.acquire().await else {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    let Some(_turn) = turn().await else {
+        return busy();
     };
-    let raft = state.replica.status();
-    let page = state.replica.read_stale(|a| {
-        let s = &a.machine.state;
-        view::job_page(s, id, s.applied.now)
-    });
-    let Some(j) = page else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("no job {id} here (or jobs are private on this cluster)"),
-        )
-            .into_response();
-    };
-    if headers.contains_key(PARTIAL) {
-        return html(JobMain { j: &j }.render());
-    }
-    let role = raft.role.to_string();
-    html(
-        JobFull {
-            replica: raft.id.0,
-            role: &role,
-            j: &j,
+    let partial = headers.contains_key(PARTIAL);
+    blocking(move || {
+        let raft = state.replica.status();
+        let page = state.replica.read_stale(|a| {
+            let s = &a.machine.state;
+            view::job_page(s, id, s.applied.now)
+        });
+        let Some(j) = page else {
+            return (
+                StatusCode::NOT_FOUND,
+                format!("no job {id} here (or jobs are private on this cluster)"),
+            )
+                .into_response();
+        };
+        if partial {
+            return html(JobMain { j: &j }.render());
         }
-        .render(),
-    )
+        let role = raft.role.to_string();
+        html(
+            JobFull {
+                replica: raft.id.0,
+                role: &role,
+                j: &j,
+            }
+            .render(),
+        )
+    })
+    .await
 }
+
+/// Runs `render` on the blocking pool.
+async fn blocking(render: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(render)
+        .await
+        .unwrap_or_else(|e| {
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("rendering: {e}")).into_response()
+        })
+}
+
+/// `/refresh.js`: the page's one script, served from the page's own origin (the content
+/// security policy allows no other).
+pub async fn script() -> Response {
+    let mut response = (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        REFRESH_JS,
+    )
+        .into_response();
+    response.headers_mut().insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+/// Refreshes the page's main part every five seconds, without reloading.
+const REFRESH_JS: &str = r#"setInterval(async () => {
+  try {
+    const r = await fetch(location.href, { headers: { "X-Docket-Partial": "1" } });
+    if (r.ok) { document.querySelector("main").innerHTML = await r.text(); }
+  } catch (e) { /* the replica may be restarting; try again later */ }
+}, 5000);
+"#;
 
 /// Samples this replica into `history` every `interval`, for ever (the caller stops it).
 pub async fn sample_every(

@@ -2,9 +2,12 @@
 //! loops' figures: plain structs the templates print, built without I/O so they are tested
 //! without a cluster.
 //!
-//! The page is served without authentication, so it shows what anyone may see: where the
-//! site keeps jobs private (`PrivateData = ["jobs"]`), the queue's counts but no job, and
-//! no job page — what the CLI would show a user who is not the job's owner.
+//! The page is served without authentication, so it shows what anyone may see. Where the
+//! site keeps jobs private (`PrivateData = ["jobs"]`): no job, no job page, no counts of
+//! jobs by state or partition and no plots of the queue — what the CLI shows a user of
+//! other users' work (sinfo's node states, cpus busy and reasons stay). Where usage is
+//! private (`"usage"`), a job's page leaves out its fair-share factor, which sshare would
+//! not show.
 
 use docket_core::State;
 use docket_core::job::{Job, JobState};
@@ -62,8 +65,9 @@ pub struct PartitionView {
     pub up: bool,
     pub default: bool,
     pub nodes: usize,
-    pub pending: u64,
-    pub running: u64,
+    /// Empty where jobs are private.
+    pub pending: String,
+    pub running: String,
     pub max_time: String,
 }
 
@@ -102,8 +106,10 @@ pub struct Overview {
     pub members: Vec<MemberView>,
     pub nodes: Vec<NodeView>,
     pub partitions: Vec<PartitionView>,
-    /// (state, jobs in it), every state with jobs.
+    /// (state, jobs in it), every state with jobs; empty where jobs are private.
     pub counts: Vec<(&'static str, u64)>,
+    /// Whether jobs are private (the page says so and shows no counts of them).
+    pub private: bool,
     /// The listed jobs; `None` where jobs are private.
     pub jobs: Option<Vec<JobRow>>,
     /// Jobs the filter admits beyond [`MAX_ROWS`].
@@ -225,8 +231,16 @@ pub fn overview(
                 up: p.up,
                 default: p.is_default,
                 nodes: p.nodes.len(),
-                pending,
-                running,
+                pending: if private {
+                    String::new()
+                } else {
+                    pending.to_string()
+                },
+                running: if private {
+                    String::new()
+                } else {
+                    running.to_string()
+                },
                 max_time: limit(p.max_time.map(|t| t.0)),
             }
         })
@@ -288,7 +302,12 @@ pub fn overview(
         members,
         nodes,
         partitions,
-        counts: counts.into_iter().collect(),
+        counts: if private {
+            Vec::new()
+        } else {
+            counts.into_iter().collect()
+        },
+        private,
         jobs,
         more,
         filter,
@@ -361,8 +380,13 @@ pub fn job_page(state: &State, id: u64, now: TimeMs) -> Option<JobPage> {
         return None;
     }
     let job = state.jobs.get(&docket_core::JobId(id))?;
-    let explained = (job.state == JobState::Pending)
+    let mut explained = (job.state == JobState::Pending)
         .then(|| docket_core::priority::explain(&state.priority_inputs(now), job));
+    if state.config.private_data.usage
+        && let Some(e) = explained.as_mut()
+    {
+        e.factors.retain(|f| f.name != "fairshare");
+    }
     let stdout = output_path(job, job.spec.stdout.as_deref());
     let stderr = match job.spec.stderr.as_deref() {
         Some(e) => output_path(job, Some(e)),

@@ -166,6 +166,15 @@ impl Cluster {
             cluster.spawn(id, (id == 1).then_some(bootstrap.as_str()));
         }
         cluster.wait_configured().await;
+        // A leader is elected by a majority: the last replica may not listen yet. Tests
+        // talk to any replica, so wait for every one (gRPC and HTTP).
+        let start = Instant::now();
+        for addr in cluster.addrs.values().chain(cluster.http.values()) {
+            while std::net::TcpStream::connect(addr).is_err() {
+                assert!(start.elapsed() < DEADLINE, "{addr} never listened");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         cluster
     }
 

@@ -533,6 +533,9 @@ struct SavedRun {
     step_base: Option<crate::steps::StepBase>,
 }
 
+/// How long a step waits for its run's preparation to finish on this node.
+const STEP_BASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn now_unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -557,11 +560,21 @@ impl crate::steps::serve::Jobs for Runner {
             Some(r) if r.running() => {}
             _ => return Err(format!("job {job} does not run on node {node}")),
         }
-        let held = self
-            .holdings()
-            .get(&(job, epoch))
-            .cloned()
-            .unwrap_or_default();
+        // A run the controller already counts as started may still be being prepared here
+        // (its cgroups and environment, on the blocking pool): a step that comes that early
+        // (`salloc` then `srun` at once) waits for it, briefly. Called on a blocking thread.
+        let deadline = std::time::Instant::now() + STEP_BASE_WAIT;
+        let held = loop {
+            let held = self
+                .holdings()
+                .get(&(job, epoch))
+                .cloned()
+                .unwrap_or_default();
+            if held.step_base.is_some() || std::time::Instant::now() >= deadline {
+                break held;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        };
         let base = held.step_base.ok_or_else(|| {
             format!(
                 "the agent of node {node} restarted since job {job} started there; it starts no \
