@@ -544,22 +544,35 @@ fn table(rows: &[Row], columns: &[Column], header: bool, parsable: Option<&str>)
     out
 }
 
-/// What one invocation prints, from the answer and the arguments.
-fn render(r: &pb::AssociationsResponse, a: &SacctmgrArgs) -> Result<String> {
-    let (verb, rest) = a
-        .words
+/// What an invocation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Show,
+    Delete,
+}
+
+/// The verb and the words after it; the other verbs are refused with the way to do them.
+fn verb(words: &[String]) -> Result<(Verb, &[String])> {
+    let (verb, rest) = words
         .split_first()
         .ok_or_else(|| anyhow!("usage: sacctmgr show|list ENTITY [where] [SPEC...]"))?;
     match verb.to_ascii_lowercase().as_str() {
-        "show" | "list" => {}
+        "show" | "list" => Ok((Verb::Show, rest)),
+        "delete" | "remove" => Ok((Verb::Delete, rest)),
         "add" | "create" | "modify" | "update" => bail!(
             "{verb}: accounts, users, associations and QOS are defined in the site's \
              docket.toml and applied with `docket config apply FILE` (--dry-run shows the \
              change first; --objects-only keeps the scheduler's parameters)"
         ),
-        "delete" | "remove" => bail!("{verb}: takes `user|account|qos NAME[,NAME...]`"),
-        other => bail!("{other:?}: only show and list (read-only)"),
+        other => bail!("{other:?}: show, list or delete"),
     }
+}
+
+/// What `show` prints, from the answer and the arguments.
+fn render(r: &pb::AssociationsResponse, a: &SacctmgrArgs) -> Result<String> {
+    let (Verb::Show, rest) = verb(&a.words)? else {
+        bail!("delete lists nothing");
+    };
     let (entity_word, rest) = rest
         .split_first()
         .ok_or_else(|| anyhow!("show what? user, account, association, qos or cluster"))?;
@@ -639,9 +652,8 @@ fn deletion(words: &[String]) -> Result<(&'static str, Vec<String>)> {
 }
 
 pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
-    let verb = a.words.first().map(|v| v.to_ascii_lowercase());
-    if matches!(verb.as_deref(), Some("delete" | "remove")) {
-        let (kind, names) = deletion(&a.words[1..])?;
+    if let (Verb::Delete, rest) = verb(&a.words)? {
+        let (kind, names) = deletion(rest)?;
         let client = Client::new(a.addr.as_deref())?;
         let rt = runtime()?;
         for name in names {
@@ -662,13 +674,6 @@ pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
             }
         }
         return Ok(());
-    }
-    // Refuse what cannot run before asking anything.
-    if verb
-        .as_deref()
-        .is_some_and(|v| !matches!(v, "show" | "list"))
-    {
-        render(&pb::AssociationsResponse::default(), &a)?;
     }
     let client = Client::new(a.addr.as_deref())?;
     let r = runtime()?.block_on(client.jobs_read(|mut c| {

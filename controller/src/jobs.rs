@@ -722,11 +722,7 @@ fn accounting_record(
         _ => None,
     };
     let alloc = job.allocation_record();
-    let alloc_mem_mib = alloc.map_or(0, |a| {
-        a.shares
-            .iter()
-            .fold(0u64, |m, s| m.saturating_add(s.memory.0))
-    });
+    let alloc_mem_mib = alloc.map_or(0, |a| a.memory().0);
     let req_mem_mib = match job.resolved.memory {
         docket_core::job::MemoryRequest::PerNode(m) => {
             m.0.saturating_mul(u64::from(job.spec.nodes.max(1)))

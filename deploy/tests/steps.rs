@@ -14,6 +14,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -183,6 +184,37 @@ impl Site {
             .gid(self.nobody.gid.as_raw())
             .stdin(Stdio::null());
         cmd
+    }
+
+    /// Writes `driver` as `name/drive.py` under the site's directory and runs it with the
+    /// Python of the tools from PyPI, as root (the virtual environment is root's), there,
+    /// `seconds` at most, with the cluster's commands on PATH: its output, also printed.
+    fn python(
+        &self,
+        python: &OsStr,
+        name: &str,
+        driver: &str,
+        seconds: u32,
+        args: &[&OsStr],
+    ) -> Output {
+        let folder = self.dir.path().join(name);
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("drive.py"), driver).unwrap();
+        let path = format!("{}:/usr/bin:/bin", self.state().join("bin").display());
+        let o = Command::new("/usr/bin/timeout")
+            .arg(seconds.to_string())
+            .arg(python)
+            .arg(folder.join("drive.py"))
+            .args(args)
+            .current_dir(&folder)
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", self.dir.path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        println!("{}", text(&o));
+        o
     }
 
     /// `sbatch --parsable args`, which must succeed: the job's id.
@@ -996,25 +1028,15 @@ fn submitit_runs_a_job_and_a_two_node_job() {
     let Some(site) = Site::start(1) else {
         return;
     };
-    let folder = site.dir.path().join("submitit");
-    std::fs::create_dir(&folder).unwrap();
-    let driver = folder.join("drive.py");
-    std::fs::write(&driver, SUBMITIT_DRIVER).unwrap();
-    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
-    let o = Command::new("/usr/bin/timeout")
-        .arg("150")
-        .arg(&python)
-        .arg(&driver)
-        .arg(folder.join("log_%j"))
-        .current_dir(&folder)
-        .env_clear()
-        .env("PATH", &path)
-        .env("HOME", site.dir.path())
-        .envs(site.env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
+    let logs = site.dir.path().join("submitit").join("log_%j");
+    let o = site.python(
+        &python,
+        "submitit",
+        SUBMITIT_DRIVER,
+        150,
+        &[logs.as_os_str()],
+    );
     let out = text(&o);
-    println!("{out}");
     assert!(o.status.success(), "{out}");
     assert!(out.contains("single (49, '0')"), "{out}");
     assert!(out.contains("multi [(9, '0'), (9, '1')]"), "{out}");
@@ -1071,28 +1093,16 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     let o = site.command("sacctmgr", &["-i", "delete", "user", "nobody"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("sacctmgr: error:"), "{}", text(&o));
-    let folder = site.dir.path().join("dask");
-    std::fs::create_dir(&folder).unwrap();
-    let driver = folder.join("drive.py");
-    std::fs::write(&driver, DASK_DRIVER).unwrap();
-    let logs = folder.join("logs");
-    let path = format!("{}:/usr/bin:/bin", site.state().join("bin").display());
+    let logs = site.dir.path().join("dask").join("logs");
     for dialect in ["slurm", "pbs"] {
-        let o = Command::new("/usr/bin/timeout")
-            .arg("50")
-            .arg(&python)
-            .arg(&driver)
-            .arg(dialect)
-            .arg(&logs)
-            .current_dir(&folder)
-            .env_clear()
-            .env("PATH", &path)
-            .env("HOME", site.dir.path())
-            .envs(site.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
+        let o = site.python(
+            &python,
+            "dask",
+            DASK_DRIVER,
+            50,
+            &[OsStr::new(dialect), logs.as_os_str()],
+        );
         let out = text(&o);
-        println!("{out}");
         assert!(o.status.success(), "{dialect}: {out}");
         assert!(
             out.contains(&format!("{dialect} sum of squares 285")),
@@ -1123,14 +1133,7 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        let o = Command::new(site.state().join("bin/squeue"))
-            .args(["-h", "-o", "%i %T"])
-            .env_clear()
-            .env("PATH", &path)
-            .envs(site.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        let left = text(&o);
+        let left = text(&site.command("squeue", &["-h", "-o", "%i %T"]));
         if left.trim().is_empty() {
             break;
         }

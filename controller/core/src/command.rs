@@ -303,47 +303,4 @@ impl Command {
             | Command::CancelSteps { .. } => false,
         }
     }
-
-    /// Whether this command changes the site rather than jobs: nodes, partitions, QOS,
-    /// reservations, accounts, users or the scheduler's configuration. What is derived from
-    /// the configuration is recomputed after one (they are rare).
-    pub fn changes_configuration(&self) -> bool {
-        match self {
-            Command::SetConfig(_)
-            | Command::UpsertNode(_)
-            | Command::RemoveNode(_)
-            | Command::DrainNode { .. }
-            | Command::ResumeNode(_)
-            | Command::DownNode { .. }
-            | Command::UpsertPartition(_)
-            | Command::RemovePartition(_)
-            | Command::UpsertQos(_)
-            | Command::RemoveQos(_)
-            | Command::UpsertReservation(_)
-            | Command::RemoveReservation(_)
-            | Command::UpsertAccount { .. }
-            | Command::RemoveAccount(_)
-            | Command::UpsertUser { .. }
-            | Command::RemoveUser(_)
-            | Command::SetCoordinators { .. } => true,
-            Command::SubmitJobs { .. }
-            | Command::CancelJobs { .. }
-            | Command::SuspendJobs { .. }
-            | Command::ResumeJobs { .. }
-            | Command::HoldJobs { .. }
-            | Command::ReleaseJobs { .. }
-            | Command::RequeueJobs { .. }
-            | Command::UpdateJobs { .. }
-            | Command::StartJobs(_)
-            | Command::Preempt(_)
-            | Command::NoteBypassed(_)
-            | Command::SetSchedulerReasons(_)
-            | Command::EndJobs(_)
-            | Command::CompleteJob { .. }
-            | Command::CreateStep { .. }
-            | Command::EndSteps(_)
-            | Command::CancelSteps { .. }
-            | Command::Tick => false,
-        }
-    }
 }

@@ -243,7 +243,8 @@ impl State {
     /// Elsewhere, caps and limits that count remaining time tie jobs together: the whole
     /// queue is re-placed.
     pub(crate) fn refresh_on_tick(&mut self, now: TimeMs) {
-        self.account_rules = AccountRules::of(self);
+        // The rules cache is current (every configuration change recomputes it, and
+        // `check_invariants` checks that it covers the configuration).
         if !self.placed_job_by_job()
             || self.account_rules.qos_group
             || self.config.bonus_qos.is_some()

@@ -124,17 +124,15 @@ pub async fn overview(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .plots_for(v.private);
-        if partial {
-            return html(OverviewMain { v: &v }.render());
-        }
         let role = raft.role.to_string();
-        html(
-            OverviewPage {
+        page(
+            partial,
+            &OverviewMain { v: &v },
+            &OverviewPage {
                 replica: raft.id.0,
                 role: &role,
                 v: &v,
-            }
-            .render(),
+            },
         )
     })
     .await
@@ -152,31 +150,38 @@ pub async fn job(
     let partial = headers.contains_key(PARTIAL);
     blocking(move || {
         let raft = state.replica.status();
-        let page = state.replica.read_stale(|a| {
+        let found = state.replica.read_stale(|a| {
             let s = &a.machine.state;
             view::job_page(s, id, s.applied.now)
         });
-        let Some(j) = page else {
+        let Some(j) = found else {
             return (
                 StatusCode::NOT_FOUND,
                 format!("no job {id} here (or jobs are private on this cluster)"),
             )
                 .into_response();
         };
-        if partial {
-            return html(JobMain { j: &j }.render());
-        }
         let role = raft.role.to_string();
-        html(
-            JobFull {
+        page(
+            partial,
+            &JobMain { j: &j },
+            &JobFull {
                 replica: raft.id.0,
                 role: &role,
                 j: &j,
-            }
-            .render(),
+            },
         )
     })
     .await
+}
+
+/// The main part alone (the script's refresh) or the whole page.
+fn page(partial: bool, main: &impl Template, full: &impl Template) -> Response {
+    html(if partial {
+        main.render()
+    } else {
+        full.render()
+    })
 }
 
 /// Runs `render` on the blocking pool.

@@ -157,7 +157,10 @@ impl State {
         let actor = &envelope.actor;
         self.authorize(actor, &envelope.command)?;
         let response = self.execute(actor, &envelope.command, now);
-        if envelope.command.changes_configuration() {
+        // Administrators' commands are those that change the site (configuration, nodes,
+        // partitions, QOS, reservations, accounts, users): what the index derives from
+        // besides the jobs.
+        if authority::needed(&envelope.command) == authority::Authority::Admin {
             self.queue_index = self.compute_queue_index();
         } else {
             self.sync_queue_index(now);

@@ -68,6 +68,13 @@ impl Allocation {
     pub fn gpus(&self) -> u64 {
         self.shares.iter().map(|s| u64::from(s.gpus)).sum()
     }
+
+    pub fn memory(&self) -> MiB {
+        MiB(self
+            .shares
+            .iter()
+            .fold(0u64, |m, s| m.saturating_add(s.memory.0)))
+    }
 }
 
 /// How a job ended, and what it used, as its agent reported it.
@@ -190,10 +197,7 @@ impl Job {
         match &self.alloc {
             Some(a) => crate::tres::Tres {
                 cpus: a.cpus(),
-                memory: MiB(a
-                    .shares
-                    .iter()
-                    .fold(0u64, |m, s| m.saturating_add(s.memory.0))),
+                memory: a.memory(),
                 gpus: a.gpus(),
             },
             None => crate::tres::Tres {
