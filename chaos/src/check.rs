@@ -69,6 +69,10 @@ pub struct Report {
     /// Replicas that reported leading an older term after a newer one.
     pub leader_regressions: Vec<u64>,
     pub diverged: bool,
+    /// Replicas whose `sacct` answer (archive included) differs from the leader's.
+    pub accounting_diverged: Vec<String>,
+    /// Jobs the leader answers for from its archive (purged from the queue).
+    pub archived: usize,
     pub faults: BTreeMap<&'static str, usize>,
     pub ops: BTreeMap<String, usize>,
     /// Per leader-removing fault: ms to the first acknowledged write and the first job start.
@@ -93,10 +97,50 @@ impl Report {
             && self.launches.ok()
             && self.leader_regressions.is_empty()
             && !self.diverged
+            && self.accounting_diverged.is_empty()
     }
 }
 
 pub use docket_deploy::stats::percentiles;
+
+/// One line of a replica's `sacct` answer, as the replicas must agree on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountingRow {
+    pub job: u64,
+    pub state: String,
+    pub charged_milli_su: u64,
+    pub archived: bool,
+}
+
+impl AccountingRow {
+    pub fn of(r: &pb::AccountingRecord) -> AccountingRow {
+        AccountingRow {
+            job: r.job.as_ref().map_or(0, |j| j.job_id),
+            state: r.job.as_ref().map_or_else(String::new, |j| j.state.clone()),
+            charged_milli_su: r.charged_milli_su,
+            archived: r.archived,
+        }
+    }
+}
+
+/// The replicas whose `sacct` answer differs from the first's (the leader's), each with the
+/// first job where it differs.
+pub fn accounting_divergence(views: &[(String, Vec<AccountingRow>)]) -> Vec<String> {
+    let Some((_, first)) = views.first() else {
+        return Vec::new();
+    };
+    views[1..]
+        .iter()
+        .filter(|(_, rows)| rows != first)
+        .map(|(addr, rows)| {
+            let at = rows.iter().zip(first).find(|(a, b)| a != b).map_or_else(
+                || format!("{} records against {}", rows.len(), first.len()),
+                |(a, b)| format!("job {}: {a:?} against {b:?}", a.job),
+            );
+            format!("{addr}: {at}")
+        })
+        .collect()
+}
 
 /// Checks a finished run. `all_jobs` is every job the cluster knows, in the queue or
 /// archived (a purged job is not lost); `queues` holds each replica's own view of the queue.
@@ -283,6 +327,14 @@ pub fn render(r: &Report, seed: u64) -> String {
         r.leader_regressions.len(),
         r.diverged
     ));
+    s.push_str(&format!(
+        "replicas whose sacct differs from the leader's: {}   jobs sacct answers from the archive: {}\n",
+        r.accounting_diverged.len(),
+        r.archived
+    ));
+    for d in &r.accounting_diverged {
+        s.push_str(&format!("  sacct differs: {d}\n"));
+    }
     let fmt = |v: &[u64]| match percentiles(v) {
         Some((p50, p99, max)) => {
             format!("p50 {p50} ms, p99 {p99} ms, max {max} ms (n={})", v.len())
@@ -361,6 +413,28 @@ mod tests {
             start_ms: 0,
             end_ms: 1,
         }
+    }
+
+    #[test]
+    fn a_replica_whose_sacct_differs_is_named_with_the_first_difference() {
+        let row = |job: u64, archived: bool| AccountingRow {
+            job,
+            state: "COMPLETED".into(),
+            charged_milli_su: 10,
+            archived,
+        };
+        let leader = vec![row(1, true), row(2, false)];
+        let views = vec![
+            ("l".to_owned(), leader.clone()),
+            ("same".to_owned(), leader.clone()),
+            ("lost".to_owned(), vec![row(2, false)]),
+            ("short".to_owned(), vec![row(1, true)]),
+        ];
+        let d = accounting_divergence(&views);
+        assert_eq!(d.len(), 2, "{d:?}");
+        assert!(d[0].starts_with("lost: job 2"), "{d:?}");
+        assert_eq!(d[1], "short: 1 records against 2");
+        assert!(accounting_divergence(&views[..2]).is_empty());
     }
 
     #[test]

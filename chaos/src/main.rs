@@ -160,9 +160,9 @@ fn bin_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
     Ok(docket_deploy::bin_dir(explicit)?)
 }
 
-/// Every job the leader knows, queued or archived (Accounting).
-async fn queue_and_archive(leader: &str) -> Result<Vec<pb::JobInfo>> {
-    let mut c = rpc::jobs(leader)?;
+/// Every job the replica at `addr` answers `sacct` for, queued or archived, all pages.
+async fn accounting(addr: &str) -> Result<Vec<pb::AccountingRecord>> {
+    let mut c = rpc::jobs(addr)?;
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
@@ -178,11 +178,43 @@ async fn queue_and_archive(leader: &str) -> Result<Vec<pb::JobInfo>> {
             .await
             .map_err(|s| anyhow!("accounting: {}", s.message()))?
             .into_inner();
-        out.extend(page.records.into_iter().filter_map(|r| r.job));
+        out.extend(page.records);
         if page.next_page_token.is_empty() {
             return Ok(out);
         }
         token = page.next_page_token;
+    }
+}
+
+/// Every job the leader knows, queued or archived.
+async fn queue_and_archive(leader: &str) -> Result<Vec<pb::JobInfo>> {
+    Ok(accounting(leader)
+        .await?
+        .into_iter()
+        .filter_map(|r| r.job)
+        .collect())
+}
+
+/// Each replica's `sacct` answer as (job, state, charge, archived), once they agree (or after
+/// `deadline`): the archive is replicated state, so every replica must answer alike.
+async fn converged_accounting(
+    cluster: &LocalCluster,
+    deadline: Duration,
+) -> Vec<(String, Vec<check::AccountingRow>)> {
+    let start = Instant::now();
+    loop {
+        let mut views = Vec::new();
+        for addr in cluster.addrs() {
+            let rows = accounting(&addr)
+                .await
+                .map(|records| records.iter().map(check::AccountingRow::of).collect())
+                .unwrap_or_default();
+            views.push((addr, rows));
+        }
+        if views.windows(2).all(|w| w[0].1 == w[1].1) || start.elapsed() > deadline {
+            return views;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -272,6 +304,12 @@ async fn run(
     layout.agent_fence_ms = 6_000;
     layout.node_down_margin_ms = 3_000;
     layout.kill_grace_s = 1;
+    // Jobs reach the archive within the run, and replicas snapshot (queue and archive)
+    // often, so one that was down catches up by snapshot: the checkers then compare every
+    // replica's archive, whichever path it took.
+    layout.min_job_age_s = 5;
+    layout.snapshot_every_entries = Some(500);
+    layout.snapshot_keep_entries = Some(100);
     let mut cluster = LocalCluster::start(&layout)?;
     let outcome = async {
         cluster.wait_ready(Duration::from_secs(60)).await?;
@@ -383,6 +421,11 @@ async fn run(
         let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
         let all_jobs = queue_and_archive(&leader).await?;
         let mut report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
+        let answers = converged_accounting(&cluster, Duration::from_secs(30)).await;
+        report.accounting_diverged = check::accounting_divergence(&answers);
+        report.archived = answers
+            .first()
+            .map_or(0, |(_, rows)| rows.iter().filter(|r| r.archived).count());
         let requeues = all_jobs
             .iter()
             .map(|j| (j.job_id, j.requeue_count))

@@ -143,8 +143,13 @@ pub async fn run(
             .context("opening the accounting archive")?,
     );
     let wakes = crate::machine::Wakes::default();
-    let fresh = CoreMachine::with_archive(State::new(SchedConfig::default()), archive.clone())
-        .waking(wakes.clone());
+    let sink = crate::machine::ArchiveSink {
+        archive: archive.clone(),
+        export_dir: config.data_dir.join("archive-export"),
+        cluster: config.cluster_name.clone(),
+    };
+    let fresh =
+        CoreMachine::with_archive(State::new(SchedConfig::default()), sink).waking(wakes.clone());
     let channels = {
         let (tls, network) = (tls.clone(), replica_config.network.clone());
         let connect_timeout = network.connect_timeout;

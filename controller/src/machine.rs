@@ -7,11 +7,15 @@
 //! in the batch ([`core_position`]). Batches are far smaller than 2^20 commands (the
 //! proposer's limit is checked at start).
 
-use std::io;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use docket_core::quantity::TimeMs;
 use docket_core::{ApplyCtx, Envelope, Rejection, Response, State};
-use docket_raft::{ApplyContext, StateMachine};
+use docket_raft::{ApplyContext, SnapshotTail, StateMachine};
+
+use crate::archive::Archive;
 
 /// Most commands one log entry may carry.
 pub const MAX_BATCH_COMMANDS: usize = 1 << 20;
@@ -25,9 +29,19 @@ pub fn core_position(index: u64, position: u32) -> u64 {
 #[derive(Debug)]
 pub struct CoreMachine {
     pub state: State,
-    pub archive: Option<std::sync::Arc<crate::archive::Archive>>,
+    pub archive: Option<ArchiveSink>,
     /// Who is woken when commands apply.
     pub wakes: Wakes,
+}
+
+/// Where a replica keeps its accounting archive and exports expiring records.
+#[derive(Debug, Clone)]
+pub struct ArchiveSink {
+    pub archive: Arc<Archive>,
+    /// `<data dir>/archive-export`.
+    pub export_dir: PathBuf,
+    /// Named in exported SWF headers.
+    pub cluster: String,
 }
 
 /// The leader's loops that commits wake, so they act on a change within milliseconds of its
@@ -38,10 +52,16 @@ pub struct CoreMachine {
 pub struct Wakes {
     /// The direct scheduling pass: woken by a command that may let a job start
     /// ([`docket_core::Command::may_let_jobs_start`]).
-    pub schedule: std::sync::Arc<tokio::sync::Notify>,
+    pub schedule: Arc<tokio::sync::Notify>,
     /// The dispatcher (what each agent should be running): woken by every accepted command.
-    pub dispatch: std::sync::Arc<tokio::sync::Notify>,
+    pub dispatch: Arc<tokio::sync::Notify>,
 }
+
+/// The snapshot layout: the magic `DKTM`, a big-endian u16 format, the u64 length of the
+/// queue's snapshot and its bytes (docket-core's own format), then one byte: 1 if the
+/// accounting archive's section ([`crate::archive::stream`]) follows, 0 if not.
+const MAGIC: &[u8; 4] = b"DKTM";
+const FORMAT: u16 = 1;
 
 impl CoreMachine {
     pub fn new(state: State) -> Self {
@@ -52,11 +72,11 @@ impl CoreMachine {
         }
     }
 
-    /// A machine that archives purged jobs in `archive`.
-    pub fn with_archive(state: State, archive: std::sync::Arc<crate::archive::Archive>) -> Self {
+    /// A machine that archives purged jobs in `sink`.
+    pub fn with_archive(state: State, sink: ArchiveSink) -> Self {
         CoreMachine {
             state,
-            archive: Some(archive),
+            archive: Some(sink),
             wakes: Wakes::default(),
         }
     }
@@ -66,6 +86,51 @@ impl CoreMachine {
         self.wakes = wakes;
         self
     }
+
+    /// Hands what the last apply purged, and the retention cut-off a tick named, to the
+    /// archive.
+    fn archive_outbox(&mut self, position: u64) {
+        let finished = self.state.take_finished();
+        let expiry = self.state.take_archive_expiry();
+        let Some(sink) = &self.archive else {
+            return;
+        };
+        if !finished.is_empty()
+            && let Err(e) = sink.archive.put(&finished)
+        {
+            // An I/O failure in apply is fatal: the replica stops rather than lose
+            // accounting records; it re-archives them when it replays the log.
+            panic!("archiving {} finished jobs failed: {e}", finished.len());
+        }
+        if let Some(before) = expiry {
+            let retention = &self.state.config.retention;
+            let expired = sink.archive.expire(before, |records| {
+                if retention.archive_jobs {
+                    crate::archive::export::write(
+                        &sink.export_dir,
+                        position,
+                        retention.archive_format,
+                        &sink.cluster,
+                        records,
+                    )?;
+                }
+                Ok(())
+            });
+            match expired {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    jobs = n,
+                    exported = retention.archive_jobs,
+                    "accounting records past PurgeJobAfter left the archive"
+                ),
+                // Kept, not lost: the next tick expires them again (into its own file).
+                Err(e) => {
+                    metrics::counter!("docket_archive_export_failures_total").increment(1);
+                    tracing::error!(error = %e, "expiring accounting records failed; they stay until the next tick");
+                }
+            }
+        }
+    }
 }
 
 impl StateMachine for CoreMachine {
@@ -73,22 +138,15 @@ impl StateMachine for CoreMachine {
     type Response = Result<Response, Rejection>;
 
     fn apply(&mut self, ctx: ApplyContext, envelope: Envelope) -> Self::Response {
+        let position = core_position(ctx.index, ctx.position);
         let response = self.state.apply(
             &envelope,
             ApplyCtx {
-                index: core_position(ctx.index, ctx.position),
+                index: position,
                 time_ms: TimeMs(ctx.time_ms),
             },
         );
-        let finished = self.state.take_finished();
-        if !finished.is_empty()
-            && let Some(archive) = &self.archive
-            && let Err(e) = archive.put(&finished)
-        {
-            // An I/O failure in apply is fatal (BRIEF §2): the replica stops rather than
-            // lose accounting records; it re-archives them when it replays the log.
-            panic!("archiving {} finished jobs failed: {e}", finished.len());
-        }
+        self.archive_outbox(position);
         if response.is_ok() {
             if envelope.command.may_let_jobs_start() {
                 self.wakes.schedule.notify_one();
@@ -99,19 +157,89 @@ impl StateMachine for CoreMachine {
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        // Purges this snapshot covers must have durable archive records.
-        if let Some(archive) = &self.archive {
-            archive.sync().map_err(io::Error::other)?;
-        }
         let bytes = self.state.to_snapshot().map_err(io::Error::other)?;
-        out.write_all(&bytes)
+        out.write_all(MAGIC)?;
+        out.write_all(&FORMAT.to_be_bytes())?;
+        out.write_all(&(bytes.len() as u64).to_be_bytes())?;
+        out.write_all(&bytes)?;
+        out.write_all(&[u8::from(self.archive.is_some())])
+    }
+
+    fn snapshot_tail(&self) -> io::Result<Option<SnapshotTail>> {
+        let Some(sink) = &self.archive else {
+            return Ok(None);
+        };
+        // Every purge this snapshot covers is durable here, and a restart that restores it
+        // need not import its records again.
+        let position = self.state.applied.index;
+        sink.archive.sync().map_err(io::Error::other)?;
+        sink.archive.set_stamp(position).map_err(io::Error::other)?;
+        let checkpoint = sink.archive.checkpoint().map_err(io::Error::other)?;
+        Ok(Some(Box::new(move |out: &mut dyn io::Write| {
+            let count = crate::archive::stream::write(&checkpoint, position, out)?;
+            tracing::debug!(records = count, "archive written into the snapshot");
+            Ok(())
+        })))
     }
 
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
+        let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let mut magic = [0u8; 4];
+        input.read_exact(&mut magic)?;
+        if &magic != MAGIC {
+            return Err(invalid(format!(
+                "not a Docket controller snapshot (magic {magic:?}, expected {MAGIC:?})"
+            )));
+        }
+        let mut header = [0u8; 10];
+        input.read_exact(&mut header)?;
+        let format = u16::from_be_bytes([header[0], header[1]]);
+        if format != FORMAT {
+            return Err(invalid(format!(
+                "controller snapshot format {format}; this build reads format {FORMAT}"
+            )));
+        }
+        let len = u64::from_be_bytes(header[2..].try_into().unwrap_or_default());
         let mut bytes = Vec::new();
-        input.read_to_end(&mut bytes)?;
-        let state = State::from_snapshot(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        input.take(len).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != len {
+            return Err(invalid("controller snapshot cut short in the queue".into()));
+        }
+        let state = State::from_snapshot(&bytes).map_err(|e| invalid(e.to_string()))?;
+        drop(bytes);
+        let mut flag = [0u8; 1];
+        input.read_exact(&mut flag)?;
+        if flag[0] == 1
+            && let Some(sink) = &self.archive
+        {
+            let records = crate::archive::stream::Reader::new(input)?;
+            if records.position != state.applied.index {
+                return Err(invalid(format!(
+                    "archive section through position {} in a snapshot of position {}",
+                    records.position, state.applied.index
+                )));
+            }
+            let have = sink.archive.stamp().map_err(io::Error::other)?;
+            // Restoring its own snapshot at start: the archive already holds these records
+            // (and perhaps later ones, which the log replays again).
+            if have < Some(records.position) {
+                let position = records.position;
+                let count = sink
+                    .archive
+                    .replace(position, records)
+                    .map_err(io::Error::other)?;
+                tracing::info!(
+                    records = count,
+                    position,
+                    "accounting archive installed from a snapshot"
+                );
+            }
+        } else if flag[0] > 1 {
+            return Err(invalid(format!(
+                "archive flag {} is neither 0 nor 1",
+                flag[0]
+            )));
+        }
         self.state = state;
         Ok(())
     }
@@ -202,5 +330,110 @@ mod tests {
         let before = other.state.to_snapshot().unwrap();
         assert!(other.restore(&mut &b"nonsense"[..]).is_err());
         assert_eq!(other.state.to_snapshot().unwrap(), before);
+    }
+
+    fn sink(dir: &std::path::Path, name: &str) -> ArchiveSink {
+        ArchiveSink {
+            archive: Arc::new(Archive::open(dir.join(name)).unwrap()),
+            export_dir: dir.join(format!("{name}-export")),
+            cluster: "test".into(),
+        }
+    }
+
+    /// The whole snapshot, tail included, as the machine store writes it.
+    fn snapshot_of(m: &CoreMachine) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        m.write_snapshot(&mut bytes).unwrap();
+        if let Some(tail) = m.snapshot_tail().unwrap() {
+            tail(&mut bytes).unwrap();
+        }
+        bytes
+    }
+
+    #[test]
+    fn a_snapshot_carries_the_archive_to_a_replica_that_never_saw_the_purges() {
+        use crate::archive::tests::{finished, ids};
+        let dir = tempfile::tempdir().unwrap();
+        let mut m =
+            CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "a"));
+        m.apply(ctx(1, 0), Envelope::controller(Command::Tick))
+            .unwrap();
+        let a = m.archive.clone().unwrap().archive;
+        a.put(&finished([1, 2, 3])).unwrap();
+        let bytes = snapshot_of(&m);
+        assert_eq!(
+            a.stamp().unwrap(),
+            Some(core_position(1, 0)),
+            "durable through the snapshot"
+        );
+
+        // A new replica: its archive is installed with the queue.
+        let mut other =
+            CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "b"));
+        let b = other.archive.clone().unwrap().archive;
+        b.put(&finished([9])).unwrap();
+        other.restore(&mut bytes.as_slice()).unwrap();
+        assert_eq!(ids(&b), [1, 2, 3], "replaced, not merged");
+        assert_eq!(
+            other.state.to_snapshot().unwrap(),
+            m.state.to_snapshot().unwrap()
+        );
+
+        // Restoring its own snapshot at start does not import what it already holds (a
+        // record archived after the snapshot, which the log would replay, stays).
+        a.put(&finished([4])).unwrap();
+        m.restore(&mut bytes.as_slice()).unwrap();
+        assert_eq!(ids(&a), [1, 2, 3, 4]);
+
+        // A machine without an archive reads the queue and ignores the records.
+        let mut bare = CoreMachine::new(State::new(SchedConfig::default()));
+        bare.restore(&mut bytes.as_slice()).unwrap();
+        // A snapshot cut inside its archive section is refused and changes nothing.
+        let mut fresh =
+            CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "c"));
+        let before = fresh.state.to_snapshot().unwrap();
+        assert!(fresh.restore(&mut &bytes[..bytes.len() - 3]).is_err());
+        assert_eq!(fresh.state.to_snapshot().unwrap(), before);
+        assert!(ids(&fresh.archive.clone().unwrap().archive).is_empty());
+    }
+
+    #[test]
+    fn a_tick_under_retention_exports_then_drops_old_records_on_every_replica_alike() {
+        use crate::archive::tests::{finished, ids};
+        use docket_core::quantity::Seconds;
+        let dir = tempfile::tempdir().unwrap();
+        let mut replicas: Vec<CoreMachine> = ["a", "b"]
+            .iter()
+            .map(|n| {
+                CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), n))
+            })
+            .collect();
+        for m in &mut replicas {
+            m.state.config.retention.purge_job_after = Some(Seconds::hours(1));
+            m.state.config.retention.archive_jobs = true;
+            // Jobs that ended at 1,000 s and 2,000 s after the epoch, and one just now.
+            let now_s = 1_700_000_000;
+            let mut jobs = finished([1000, 2000]);
+            jobs.extend(finished([now_s]));
+            m.archive.as_ref().unwrap().archive.put(&jobs).unwrap();
+            m.apply(ctx(7, 0), Envelope::controller(Command::Tick))
+                .unwrap();
+            assert_eq!(ids(&m.archive.as_ref().unwrap().archive), [now_s]);
+        }
+        let export = |name: &str| {
+            std::fs::read_to_string(
+                dir.path()
+                    .join(format!("{name}-export"))
+                    .join(format!("jobs-{:020}.csv", core_position(7, 0))),
+            )
+            .unwrap()
+        };
+        let a = export("a");
+        assert_eq!(
+            a.lines().count(),
+            3,
+            "a header and the two expired jobs: {a}"
+        );
+        assert_eq!(a, export("b"), "every replica exports the same file");
     }
 }

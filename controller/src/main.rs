@@ -157,6 +157,19 @@ struct RunArgs {
     /// keeps it near one second.
     #[arg(long, env = "DOCKET_ELECTION_TIMEOUT_MS", default_value = "300-600")]
     election_timeout_ms: String,
+    /// Take a snapshot (the queue and the accounting archive) after this many log entries;
+    /// the log behind it is then purged.
+    #[arg(long, env = "DOCKET_SNAPSHOT_EVERY_ENTRIES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every_entries: u64,
+    /// Entries kept behind a snapshot, so a replica that lags by fewer catches up from the
+    /// log instead of by snapshot.
+    #[arg(
+        long,
+        env = "DOCKET_KEEP_ENTRIES_AFTER_SNAPSHOT",
+        default_value_t = 1_000
+    )]
+    keep_entries_after_snapshot: u64,
     /// Serve the status page, Prometheus `/metrics` and a JSON `/status` over HTTP at this
     /// host:port.
     #[arg(long, env = "DOCKET_HTTP_LISTEN")]
@@ -404,6 +417,8 @@ fn run(args: RunArgs) -> Result<()> {
         heartbeat: Duration::from_millis(args.heartbeat_ms.max(1)),
         election_timeout_min: Duration::from_millis(lo),
         election_timeout_max: Duration::from_millis(hi),
+        snapshot_every_entries: args.snapshot_every_entries,
+        keep_entries_after_snapshot: args.keep_entries_after_snapshot,
         ..RaftTuning::default()
     };
     let config = DaemonConfig {

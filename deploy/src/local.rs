@@ -77,6 +77,10 @@ pub struct Record {
     pub raft_heartbeat_ms: Option<u64>,
     #[serde(default)]
     pub election_timeout_ms: Option<String>,
+    #[serde(default)]
+    pub snapshot_every_entries: Option<u64>,
+    #[serde(default)]
+    pub snapshot_keep_entries: Option<u64>,
     pub kill_grace_s: u64,
     /// Distinguishes this cluster's agent cgroups from any other agent's on the host.
     pub cgroup_tag: String,
@@ -306,6 +310,8 @@ impl LocalCluster {
                 node_down_margin_ms: layout.node_down_margin_ms,
                 raft_heartbeat_ms: layout.raft_heartbeat_ms,
                 election_timeout_ms: layout.election_timeout_ms.clone(),
+                snapshot_every_entries: layout.snapshot_every_entries,
+                snapshot_keep_entries: layout.snapshot_keep_entries,
                 kill_grace_s: layout.kill_grace_s,
                 cgroup_tag: tag,
                 net,
@@ -569,6 +575,12 @@ impl LocalCluster {
         }
         if let Some(range) = &self.record.election_timeout_ms {
             cmd.args(["--election-timeout-ms", range]);
+        }
+        if let Some(n) = self.record.snapshot_every_entries {
+            cmd.args(["--snapshot-every-entries", &n.to_string()]);
+        }
+        if let Some(n) = self.record.snapshot_keep_entries {
+            cmd.args(["--keep-entries-after-snapshot", &n.to_string()]);
         }
         if bootstrap {
             cmd.args(["--bootstrap", &members]);

@@ -41,5 +41,5 @@ pub mod types;
 
 pub use db::{DataDir, DbError, FORMAT_VERSION, FaultInjection};
 pub use ids::{MembersError, ReplicaAddr, ReplicaId, parse_members};
-pub use machine::{ApplyContext, StateMachine};
+pub use machine::{ApplyContext, SnapshotTail, StateMachine};
 pub use types::{Batch, TypeConfig};

@@ -15,7 +15,10 @@
 //!   nothing. An I/O failure inside apply is a bug in the machine; it should panic.
 //! - **Snapshots are the whole state.** [`StateMachine::write_snapshot`] streams the state to a
 //!   writer (a file on disk, so a large state is never held twice in memory), and
-//!   [`StateMachine::restore`] replaces the state with what such a stream holds.
+//!   [`StateMachine::restore`] replaces the state with what such a stream holds. A machine
+//!   with a large part kept outside memory (the controller's accounting archive) captures a
+//!   consistent view of it in [`StateMachine::snapshot_tail`] and writes it after the read
+//!   lock is released, so applies do not wait for it.
 
 use std::fmt::Debug;
 use std::io;
@@ -39,6 +42,9 @@ pub struct ApplyContext {
     pub time_ms: u64,
 }
 
+/// The part of a snapshot written after the machine's read lock is released.
+pub type SnapshotTail = Box<dyn FnOnce(&mut dyn io::Write) -> io::Result<()> + Send>;
+
 /// A deterministic state machine replicated by docket-raft.
 pub trait StateMachine: Send + Sync + 'static {
     /// One request to change the state.
@@ -49,8 +55,15 @@ pub trait StateMachine: Send + Sync + 'static {
     /// Applies one committed command. See the module docs for the rules.
     fn apply(&mut self, ctx: ApplyContext, command: Self::Command) -> Self::Response;
 
-    /// Writes the whole state to `out`.
+    /// Writes the whole state to `out` (followed by the tail, if any).
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()>;
+
+    /// Called under the same read lock as [`StateMachine::write_snapshot`]: captures the rest
+    /// of the snapshot as it is now, and returns what writes it after the lock is released.
+    /// `None` (the default): the snapshot is complete.
+    fn snapshot_tail(&self) -> io::Result<Option<SnapshotTail>> {
+        Ok(None)
+    }
 
     /// Replaces the whole state with the one `input` holds (written by `write_snapshot`).
     /// On error the state must be left as it was.

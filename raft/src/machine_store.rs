@@ -176,10 +176,11 @@ impl<M: StateMachine> MachineStore<M> {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes a snapshot of the machine as it is now and makes it current.
+    /// Writes a snapshot of the machine as it is now and makes it current. The machine's
+    /// own part is written under the read lock; its tail, if any, after it is released.
     fn build_blocking(&self) -> Result<Snapshot<TypeConfig<M>>, StorageError> {
         let temp = self.shared.snapshots.temp_path();
-        let meta = {
+        let (meta, written) = {
             let applied = self.read_guard();
             let n = self.shared.next_snapshot.fetch_add(1, Ordering::Relaxed);
             let snapshot_id = match applied.last_applied {
@@ -191,16 +192,27 @@ impl<M: StateMachine> MachineStore<M> {
                 last_membership: applied.membership.clone(),
                 snapshot_id,
             };
-            let write = || -> io::Result<()> {
+            let write = || -> io::Result<_> {
                 let file = std::fs::File::create(&temp)?;
                 let mut out = BufWriter::new(file);
                 applied.machine.write_snapshot(&mut out)?;
-                out.flush()?;
-                out.get_ref().sync_all()
+                let tail = applied.machine.snapshot_tail()?;
+                Ok((out, tail))
             };
-            write().map_err(|e| snapshot_error(&meta, ErrorVerb::Write, &e))?;
-            meta
+            (meta, write())
         };
+        let finish = || -> io::Result<()> {
+            let (mut out, tail) = written?;
+            if let Some(tail) = tail {
+                tail(&mut out)?;
+            }
+            out.flush()?;
+            out.get_ref().sync_all()
+        };
+        if let Err(e) = finish() {
+            let _ = std::fs::remove_file(&temp);
+            return Err(snapshot_error(&meta, ErrorVerb::Write, &e));
+        }
         self.make_current(&temp, &meta)?;
         let path = self.shared.snapshots.path_of(&meta.snapshot_id);
         let file =

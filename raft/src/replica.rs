@@ -361,12 +361,15 @@ impl<M: StateMachine> Replica<M> {
     pub async fn remove(&self, id: ReplicaId) -> Result<(), ClusterError> {
         let status = self.status();
         let is_voter = status.members.iter().any(|m| m.id == id && m.voter);
-        if is_voter {
-            self.change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])))
-                .await?;
-        }
-        self.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
-            .await
+        // Removing a voter without retaining it as a learner removes the node too. A second
+        // change would be asked of a leader that, when it removed itself, is no longer a
+        // member (openraft asserts a leader is in its membership).
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.change_membership(change).await
     }
 
     /// Makes exactly `voters` the voting set (each must already be a member).

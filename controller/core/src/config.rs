@@ -312,6 +312,32 @@ pub struct SchedConfig {
     pub private_data: PrivateData,
     /// Per-user caps on queued work.
     pub user_caps: UserCaps,
+    /// How long the accounting archive keeps finished jobs, and what it does with them
+    /// before it lets them go.
+    pub retention: Retention,
+}
+
+/// How long the accounting archive keeps a finished job (slurmdbd's `PurgeJobAfter`,
+/// `ArchiveJobs`). By default forever: records leave only by an operator's setting. The
+/// expiry is decided here, on the replicated clock at a tick, so every replica drops the same
+/// records at the same log position and exports the same file first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    /// Records of jobs that ended longer ago than this leave the archive. `None`: kept.
+    pub purge_job_after: Option<Seconds>,
+    /// Whether expiring records are written to an export file first (on every replica).
+    pub archive_jobs: bool,
+    pub archive_format: ArchiveFormat,
+}
+
+/// The format of the files expiring records are exported to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ArchiveFormat {
+    /// One line per job with a header, `sacct -P`'s fields and separator.
+    #[default]
+    Csv,
+    /// The Standard Workload Format of the Parallel Workloads Archive, for replays.
+    Swf,
 }
 
 impl Default for SchedConfig {
@@ -337,6 +363,7 @@ impl Default for SchedConfig {
             preempt: crate::preempt::PreemptConfig::default(),
             private_data: PrivateData::default(),
             user_caps: UserCaps::default(),
+            retention: Retention::default(),
         }
     }
 }

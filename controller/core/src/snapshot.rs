@@ -11,10 +11,10 @@ use crate::state::State;
 
 /// The snapshot layout this build writes and the only one it reads. Format 2 added job
 /// steps to every job record, format 3 runtime predictions (each job's, each user's recent
-/// run times, the planners' settings); postcard has no optional fields, so an older body
+/// run times, the planners' settings), format 4 the accounting archive's retention; postcard has no optional fields, so an older body
 /// cannot be read as the current format and is refused with its version named, never
 /// misread.
-pub const SNAPSHOT_FORMAT: u16 = 3;
+pub const SNAPSHOT_FORMAT: u16 = 4;
 const MAGIC: &[u8; 4] = b"DKTS";
 
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +25,7 @@ pub enum SnapshotError {
     NewerFormat { found: u16, supported: u16 },
     #[error(
         "snapshot format {found} is older than format {supported} that this build reads \
-         (format 2 added job steps, format 3 runtime predictions); data written before it cannot be upgraded in place"
+         (format 2 added job steps, format 3 runtime predictions, format 4 the archive's retention); data written before it cannot be upgraded in place"
     )]
     OlderFormat { found: u16, supported: u16 },
     #[error("snapshot body does not decode: {0}")]

@@ -515,6 +515,34 @@ fn finished_jobs_are_purged_after_min_job_age_unless_still_needed() {
     );
 }
 
+/// Archived jobs leave the archive only by the site's retention: without `PurgeJobAfter`
+/// no tick names a cut-off; with it each tick names now minus the setting, on the
+/// replicated clock, so every replica expires the same records.
+#[test]
+fn a_tick_names_the_archive_cut_off_only_under_a_retention_setting() {
+    use docket_core::quantity::{Seconds, TimeMs};
+    let mut c = cluster();
+    c.apply_after(10, Command::Tick).unwrap();
+    assert_eq!(
+        c.state.take_archive_expiry(),
+        None,
+        "kept forever by default"
+    );
+    let mut config = c.state.config.clone();
+    config.retention.purge_job_after = Some(Seconds::hours(24));
+    c.ok(Command::SetConfig(Box::new(config)));
+    c.apply_after(3600, Command::Tick).unwrap();
+    let now = c.now;
+    assert_eq!(
+        c.state.take_archive_expiry(),
+        Some(TimeMs(now.0 - 24 * 3600 * 1000))
+    );
+    assert_eq!(c.state.take_archive_expiry(), None, "taken once");
+    // A command other than a tick names none.
+    c.apply_after(1, Command::EndJobs(Vec::new())).unwrap();
+    assert_eq!(c.state.take_archive_expiry(), None);
+}
+
 /// Every Slurm-style running limit blocks with its own reason, and lifts when a job ends.
 #[test]
 fn running_limits_block_with_their_reason() {

@@ -494,6 +494,44 @@ fn privacy_and_per_user_caps_come_from_the_file() {
     assert!(e.contains("PrivateData") || e.contains("everything"), "{e}");
 }
 
+/// slurmdbd's retention: `PurgeJobAfter` in hours, days or months, export on by default,
+/// bad values named.
+#[test]
+fn archive_retention_comes_from_the_file() {
+    use docket_core::config::ArchiveFormat;
+    let site = site::parse(BASE).unwrap().site;
+    assert_eq!(site.sched.retention.purge_job_after, None, "kept forever");
+    let site = site::parse(&format!("PurgeJobAfter = \"12months\"\n{BASE}"))
+        .unwrap()
+        .site;
+    let r = &site.sched.retention;
+    assert_eq!(r.purge_job_after, Some(Seconds::hours(360 * 24)));
+    assert!(
+        r.archive_jobs,
+        "exported before they go unless told otherwise"
+    );
+    assert_eq!(r.archive_format, ArchiveFormat::Csv);
+    let site = site::parse(&format!(
+        "PurgeJobAfter = \"36hours\"\nArchiveJobs = false\nArchiveFormat = \"swf\"\n{BASE}"
+    ))
+    .unwrap()
+    .site;
+    let r = &site.sched.retention;
+    assert_eq!(r.purge_job_after, Some(Seconds::hours(36)));
+    assert!(!r.archive_jobs);
+    assert_eq!(r.archive_format, ArchiveFormat::Swf);
+    for bad in [
+        "0days",
+        "12",
+        "3 weeks",
+        "-1days",
+        "99999999999999999999days",
+    ] {
+        let e = error_of(&format!("PurgeJobAfter = \"{bad}\"\n{BASE}"));
+        assert!(e.contains("PurgeJobAfter"), "{bad}: {e}");
+    }
+}
+
 /// EASY++ and the runtime orders are site settings: `runtime_predictor`, `bf_order` and
 /// `starvation_wait` in `[SchedulerParameters]`, `PriorityType = "priority/runtime"` with
 /// its order; `priority/runtime` without an order is refused.

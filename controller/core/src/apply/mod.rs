@@ -246,6 +246,7 @@ impl State {
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);
+                self.expire_archive(now);
                 self.refresh_on_tick(now);
                 Ok(Response::Done)
             }

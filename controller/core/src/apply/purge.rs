@@ -83,11 +83,11 @@ pub struct Finished {
     pub charged_milli_su: u64,
 }
 
-/// Jobs purged by applies not yet drained by the daemon. Not replicated state: never
-/// serialized, and equal to any other outbox (so two replicas that drained at different
-/// moments still compare equal).
+/// What applies handed the archive and the daemon has not drained yet: purged jobs, and the
+/// retention cut-off a tick decided. Not replicated state: never serialized, and equal to
+/// any other outbox (so two replicas that drained at different moments still compare equal).
 #[derive(Debug, Clone, Default)]
-pub struct Outbox(pub Vec<Finished>);
+pub struct Outbox(pub Vec<Finished>, pub Option<TimeMs>);
 
 impl PartialEq for Outbox {
     fn eq(&self, _: &Self) -> bool {
@@ -99,5 +99,19 @@ impl State {
     /// Takes the jobs purged since the last call.
     pub fn take_finished(&mut self) -> Vec<Finished> {
         std::mem::take(&mut self.finished.0)
+    }
+
+    /// Takes the retention cut-off the last tick decided: archived jobs that ended before it
+    /// are due to leave the archive ([`crate::config::Retention`]). `None` without a
+    /// retention setting, or when no tick applied since the last call.
+    pub fn take_archive_expiry(&mut self) -> Option<TimeMs> {
+        self.finished.1.take()
+    }
+
+    /// At a tick: when archived jobs that ended before now minus `PurgeJobAfter` are due.
+    pub(crate) fn expire_archive(&mut self, now: TimeMs) {
+        if let Some(keep) = self.config.retention.purge_job_after {
+            self.finished.1 = Some(TimeMs(now.0.saturating_sub(keep.0.saturating_mul(1000))));
+        }
     }
 }

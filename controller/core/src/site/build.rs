@@ -215,6 +215,52 @@ fn billing(key: &str, text: &str, max_tres: bool) -> Result<BillingWeights> {
     Ok(w)
 }
 
+fn retention(raw: &RawFile) -> Result<crate::config::Retention> {
+    let purge_job_after = raw
+        .purge_job_after
+        .as_deref()
+        .map(|t| purge_after("PurgeJobAfter", t))
+        .transpose()?;
+    Ok(crate::config::Retention {
+        purge_job_after,
+        archive_jobs: raw.archive_jobs.unwrap_or(true),
+        archive_format: match raw.archive_format {
+            None | Some(RawArchiveFormat::Csv) => crate::config::ArchiveFormat::Csv,
+            Some(RawArchiveFormat::Swf) => crate::config::ArchiveFormat::Swf,
+        },
+    })
+}
+
+/// slurmdbd's purge times: a number and `hours`, `days` or `months` (a month is 30 days
+/// here). At least one hour, at most 100 years.
+fn purge_after(key: &str, text: &str) -> Result<Seconds> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let bad = || {
+        SiteError::invalid(
+            key,
+            format!("{text:?}: expected a number of hours, days or months, as `12months`"),
+        )
+    };
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let hours = match unit.trim().to_ascii_lowercase().as_str() {
+        "hour" | "hours" => n,
+        "day" | "days" => n.saturating_mul(24),
+        "month" | "months" => n.saturating_mul(30 * 24),
+        _ => return Err(bad()),
+    };
+    if !(1..=100 * 365 * 24).contains(&hours) {
+        return Err(SiteError::invalid(
+            key,
+            format!("{text:?}: must be between 1 hour and 100 years"),
+        ));
+    }
+    Ok(Seconds::hours(hours))
+}
+
 fn preempt_mode(m: Option<RawPreemptMode>) -> PreemptMode {
     match m {
         None | Some(RawPreemptMode::Off) => PreemptMode::Off,
@@ -238,6 +284,7 @@ fn sched_config(raw: &RawFile) -> Result<SchedConfig> {
     if let Some(v) = raw.min_job_age {
         c.min_job_age = Seconds(v);
     }
+    c.retention = retention(raw)?;
     if let Some(v) = &raw.default_jobfs {
         c.default_jobfs = size("DefaultJobfs", v)?;
     }

@@ -30,6 +30,13 @@ pub enum RawMaxPs {
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawArchiveFormat {
+    Csv,
+    Swf,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
 pub enum RawSchedulerType {
     #[serde(rename = "sched/backfill")]
     Backfill,
@@ -168,6 +175,13 @@ pub struct RawFile {
     pub max_submit_batch: Option<u32>,
     /// Seconds, as Slurm.
     pub min_job_age: Option<u64>,
+    /// How long the accounting archive keeps a finished job, as slurmdbd's `PurgeJobAfter`
+    /// (`12months`, `90days`, `720hours`); absent: forever.
+    pub purge_job_after: Option<String>,
+    /// Export expiring records before they leave (slurmdbd's `ArchiveJobs`); default yes.
+    pub archive_jobs: Option<bool>,
+    /// `csv` (default) or `swf`.
+    pub archive_format: Option<RawArchiveFormat>,
     pub default_jobfs: Option<RawSize>,
     pub max_wall_time: Option<RawDuration>,
     #[serde(rename = "DefaultQOS")]
