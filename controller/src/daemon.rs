@@ -146,7 +146,6 @@ pub async fn run(
     let sink = crate::machine::ArchiveSink {
         archive: archive.clone(),
         export_dir: config.data_dir.join("archive-export"),
-        cluster: config.cluster_name.clone(),
     };
     let fresh =
         CoreMachine::with_archive(State::new(SchedConfig::default()), sink).waking(wakes.clone());
@@ -210,6 +209,7 @@ pub async fn run(
         let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
         let router = tonic::transport::Server::builder()
             .layer(InflightLayer::new(inflight.clone(), users_inflight.clone()))
+            .layer(crate::malformed::MalformedLayer)
             .add_service(ReplicaOnly::new(replica.service()))
             .add_service(JobsService::new(
                 replica.clone(),

@@ -40,8 +40,6 @@ pub struct ArchiveSink {
     pub archive: Arc<Archive>,
     /// `<data dir>/archive-export`.
     pub export_dir: PathBuf,
-    /// Named in exported SWF headers.
-    pub cluster: String,
 }
 
 /// The leader's loops that commits wake, so they act on a change within milliseconds of its
@@ -87,30 +85,34 @@ impl CoreMachine {
         self
     }
 
-    /// Hands what the last apply purged, and the retention cut-off a tick named, to the
-    /// archive.
+    /// Hands what the apply at `position` purged, and the retention cut-off a tick named,
+    /// to the archive. A replayed apply the archive already reflects does nothing (see
+    /// [`crate::archive`]: its watermark).
     fn archive_outbox(&mut self, position: u64) {
         let finished = self.state.take_finished();
         let expiry = self.state.take_archive_expiry();
         let Some(sink) = &self.archive else {
             return;
         };
+        if (finished.is_empty() && expiry.is_none()) || sink.archive.has_applied(position) {
+            return;
+        }
+        // An I/O failure in apply is fatal: the replica stops rather than lose accounting
+        // records or keep ones the others dropped; it redoes this apply when it replays the
+        // log (a full export disk keeps it down until there is room).
         if !finished.is_empty()
-            && let Err(e) = sink.archive.put(&finished)
+            && let Err(e) = sink.archive.put(position, &finished)
         {
-            // An I/O failure in apply is fatal: the replica stops rather than lose
-            // accounting records; it re-archives them when it replays the log.
             panic!("archiving {} finished jobs failed: {e}", finished.len());
         }
         if let Some(before) = expiry {
             let retention = &self.state.config.retention;
-            let expired = sink.archive.expire(before, |records| {
+            let expired = sink.archive.expire(position, before, |records| {
                 if retention.archive_jobs {
                     crate::archive::export::write(
                         &sink.export_dir,
                         position,
                         retention.archive_format,
-                        &sink.cluster,
                         records,
                     )?;
                 }
@@ -123,11 +125,7 @@ impl CoreMachine {
                     exported = retention.archive_jobs,
                     "accounting records past PurgeJobAfter left the archive"
                 ),
-                // Kept, not lost: the next tick expires them again (into its own file).
-                Err(e) => {
-                    metrics::counter!("docket_archive_export_failures_total").increment(1);
-                    tracing::error!(error = %e, "expiring accounting records failed; they stay until the next tick");
-                }
+                Err(e) => panic!("expiring accounting records failed: {e}"),
             }
         }
     }
@@ -172,8 +170,9 @@ impl StateMachine for CoreMachine {
         // Every purge this snapshot covers is durable here, and a restart that restores it
         // need not import its records again.
         let position = self.state.applied.index;
-        sink.archive.sync().map_err(io::Error::other)?;
-        sink.archive.set_stamp(position).map_err(io::Error::other)?;
+        sink.archive
+            .sync_through(position)
+            .map_err(io::Error::other)?;
         let checkpoint = sink.archive.checkpoint().map_err(io::Error::other)?;
         Ok(Some(Box::new(move |out: &mut dyn io::Write| {
             let count = crate::archive::stream::write(&checkpoint, position, out)?;
@@ -219,10 +218,9 @@ impl StateMachine for CoreMachine {
                     records.position, state.applied.index
                 )));
             }
-            let have = sink.archive.stamp().map_err(io::Error::other)?;
-            // Restoring its own snapshot at start: the archive already holds these records
-            // (and perhaps later ones, which the log replays again).
-            if have < Some(records.position) {
+            // Restoring its own snapshot at start: the archive already reflects it (and
+            // perhaps later applies, which the replay then leaves alone).
+            if sink.archive.applied() < Some(records.position) {
                 let position = records.position;
                 let count = sink
                     .archive
@@ -336,7 +334,6 @@ mod tests {
         ArchiveSink {
             archive: Arc::new(Archive::open(dir.join(name)).unwrap()),
             export_dir: dir.join(format!("{name}-export")),
-            cluster: "test".into(),
         }
     }
 
@@ -359,10 +356,10 @@ mod tests {
         m.apply(ctx(1, 0), Envelope::controller(Command::Tick))
             .unwrap();
         let a = m.archive.clone().unwrap().archive;
-        a.put(&finished([1, 2, 3])).unwrap();
+        a.put(1, &finished([1, 2, 3])).unwrap();
         let bytes = snapshot_of(&m);
         assert_eq!(
-            a.stamp().unwrap(),
+            a.applied(),
             Some(core_position(1, 0)),
             "durable through the snapshot"
         );
@@ -371,7 +368,7 @@ mod tests {
         let mut other =
             CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "b"));
         let b = other.archive.clone().unwrap().archive;
-        b.put(&finished([9])).unwrap();
+        b.put(1, &finished([9])).unwrap();
         other.restore(&mut bytes.as_slice()).unwrap();
         assert_eq!(ids(&b), [1, 2, 3], "replaced, not merged");
         assert_eq!(
@@ -381,7 +378,7 @@ mod tests {
 
         // Restoring its own snapshot at start does not import what it already holds (a
         // record archived after the snapshot, which the log would replay, stays).
-        a.put(&finished([4])).unwrap();
+        a.put(1, &finished([4])).unwrap();
         m.restore(&mut bytes.as_slice()).unwrap();
         assert_eq!(ids(&a), [1, 2, 3, 4]);
 
@@ -415,7 +412,7 @@ mod tests {
             let now_s = 1_700_000_000;
             let mut jobs = finished([1000, 2000]);
             jobs.extend(finished([now_s]));
-            m.archive.as_ref().unwrap().archive.put(&jobs).unwrap();
+            m.archive.as_ref().unwrap().archive.put(1, &jobs).unwrap();
             m.apply(ctx(7, 0), Envelope::controller(Command::Tick))
                 .unwrap();
             assert_eq!(ids(&m.archive.as_ref().unwrap().archive), [now_s]);
@@ -435,5 +432,73 @@ mod tests {
             "a header and the two expired jobs: {a}"
         );
         assert_eq!(a, export("b"), "every replica exports the same file");
+    }
+
+    /// After a restart the queue is back at the last snapshot while the archive is ahead of
+    /// it; replaying the log must not redo archive work, or a replayed retention tick would
+    /// rewrite its export with only the records archived since the snapshot.
+    #[test]
+    fn a_replayed_tick_leaves_the_archive_and_its_export_alone() {
+        use crate::archive::tests::{cancelled_job, finished, ids};
+        use docket_core::quantity::Seconds;
+        let hour_ms = 3_600_000;
+        let at = |index: u64, hours: u64| ApplyContext {
+            index,
+            position: 0,
+            term: 1,
+            time_ms: 1_700_000_000_000 + hours * hour_ms,
+        };
+        let retain = |m: &mut CoreMachine| {
+            m.state.config.min_job_age = Seconds(0);
+            m.state.config.retention.purge_job_after = Some(Seconds::hours(1));
+            m.state.config.retention.archive_jobs = true;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let export = dir
+            .path()
+            .join("a-export")
+            .join(format!("jobs-{:020}.csv", core_position(5, 0)));
+        // The log: a snapshot with a job archived before it; a tick purges the queue's
+        // cancelled job into the archive; two hours later a tick expires both.
+        let (state, cancelled) = cancelled_job();
+        let snapshot = {
+            let mut m = CoreMachine::with_archive(state.clone(), sink(dir.path(), "a"));
+            let a = m.archive.clone().unwrap().archive;
+            let mut recent = finished([1000]);
+            recent[0].job.end_time = Some(TimeMs(1_700_000_000_000));
+            a.put(1, &recent).unwrap();
+            let snapshot = snapshot_of(&m);
+            retain(&mut m);
+            m.apply(at(4, 0), Envelope::controller(Command::Tick))
+                .unwrap();
+            assert_eq!(ids(&a), [cancelled.0, 1000], "purged into the archive");
+            m.apply(at(5, 2), Envelope::controller(Command::Tick))
+                .unwrap();
+            assert!(ids(&a).is_empty(), "both expired");
+            snapshot
+        };
+        let exported = std::fs::read_to_string(&export).unwrap();
+        assert_eq!(exported.lines().count(), 3, "{exported}");
+
+        // The restart: the same data directory, the queue restored from the snapshot, the
+        // log replayed after it.
+        let mut m = CoreMachine::with_archive(state, sink(dir.path(), "a"));
+        m.restore(&mut snapshot.as_slice()).unwrap();
+        let a = m.archive.clone().unwrap().archive;
+        retain(&mut m);
+        m.apply(at(4, 0), Envelope::controller(Command::Tick))
+            .unwrap();
+        m.apply(at(5, 2), Envelope::controller(Command::Tick))
+            .unwrap();
+        assert!(
+            ids(&a).is_empty(),
+            "the replayed purge archived nothing again"
+        );
+        assert_eq!(std::fs::read_to_string(&export).unwrap(), exported);
+        // A tick the archive has not seen does its work.
+        a.put(core_position(5, 0), &finished([3000])).unwrap();
+        m.apply(at(6, 3), Envelope::controller(Command::Tick))
+            .unwrap();
+        assert!(ids(&a).is_empty());
     }
 }

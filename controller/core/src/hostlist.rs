@@ -11,12 +11,26 @@ use std::collections::BTreeMap;
 /// The most names one expression may expand to.
 pub const MAX_HOSTS: u64 = 1 << 20;
 
+/// The most bytes of names one expression may expand to, bounded before expanding from the
+/// number of names and the expression's length (no name is longer than the expression plus
+/// the digits its ranges add): `rack[1-2]-rack[1-2]-...` is short but multiplies its length.
+pub const MAX_NAME_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostlistError {
     #[error("{0:?} is not a hostlist (expected names like n[001-004,010],login1)")]
     Syntax(String),
     #[error("{expr:?} names {count} hosts; at most {max} are allowed")]
     TooMany { expr: String, count: u64, max: u64 },
+    #[error(
+        "{expr:?} names {count} hosts of up to {longest} characters each; at most {max} bytes of names are allowed"
+    )]
+    TooLong {
+        expr: String,
+        count: u64,
+        longest: u64,
+        max: u64,
+    },
 }
 
 /// Expands a hostlist into names, in the order written.
@@ -27,6 +41,17 @@ pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
             expr: expr.to_string(),
             count,
             max: MAX_HOSTS,
+        });
+    }
+    // A name is no longer than the expression plus 20 digits for each of its ranges.
+    let groups = expr.matches('[').count() as u64;
+    let longest = (expr.len() as u64).saturating_add(groups.saturating_mul(20));
+    if count.saturating_mul(longest) > MAX_NAME_BYTES {
+        return Err(HostlistError::TooLong {
+            expr: expr.to_string(),
+            count,
+            longest,
+            max: MAX_NAME_BYTES,
         });
     }
     let syntax = || HostlistError::Syntax(expr.to_string());
@@ -283,6 +308,15 @@ mod tests {
             ),
             "{e}"
         );
+        // Few names, but each as long as a long expression: bounded in bytes too.
+        let long = format!("{}n[01-16]", "rack[1-2]-".repeat(15));
+        let e = expand(&long).unwrap_err();
+        assert!(
+            matches!(e, HostlistError::TooLong { count: 524_288, .. }),
+            "{e}"
+        );
+        // A million short names is fine.
+        assert_eq!(expand("n[0000001-1000000]").unwrap().len(), 1_000_000);
     }
 
     #[test]

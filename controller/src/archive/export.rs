@@ -36,7 +36,6 @@ pub fn write(
     dir: &Path,
     position: u64,
     format: ArchiveFormat,
-    cluster: &str,
     records: &[ArchivedJob],
 ) -> io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
@@ -46,7 +45,7 @@ pub fn write(
         let mut out = io::BufWriter::new(std::fs::File::create(&temp)?);
         match format {
             ArchiveFormat::Csv => csv(records, &mut out)?,
-            ArchiveFormat::Swf => swf(records, cluster, &mut out)?,
+            ArchiveFormat::Swf => swf(records, &mut out)?,
         }
         out.flush()?;
         out.get_ref().sync_all()?;
@@ -154,7 +153,7 @@ fn swf_status(state: JobState) -> i64 {
 }
 
 /// The Standard Workload Format.
-pub fn swf(records: &[ArchivedJob], cluster: &str, out: &mut dyn Write) -> io::Result<()> {
+pub fn swf(records: &[ArchivedJob], out: &mut dyn Write) -> io::Result<()> {
     let start_ms = records
         .iter()
         .map(|r| r.job.submit_time.0)
@@ -178,7 +177,7 @@ pub fn swf(records: &[ArchivedJob], cluster: &str, out: &mut dyn Write) -> io::R
         rows.push((r, u, g, q));
     }
     writeln!(out, "; Version: 2.2")?;
-    writeln!(out, "; Computer: Docket cluster {cluster}")?;
+    writeln!(out, "; Computer: a Docket cluster")?;
     writeln!(out, "; UnixStartTime: {}", start_ms / 1000)?;
     writeln!(
         out,

@@ -15,11 +15,14 @@
 //! - **Installing replaces it atomically.** Records arrive into a new *generation* (a key
 //!   prefix); a synced write then makes it current and the old one is deleted. A crash in
 //!   between leaves the old generation current and the new one's keys are swept at open.
-//! - **It is durable before a snapshot covers it.** Writes in apply are not synced (a replay
-//!   rewrites the same records); building a snapshot syncs the WAL and records the position
-//!   it is complete through (the *stamp*). Opening a replica restores its own snapshot; when
-//!   the stamp shows the archive already holds that snapshot's records they are not
-//!   re-imported.
+//! - **Every change carries its log position** (the *watermark*), in the same write batch:
+//!   the archive reflects every apply up to it and none after. A crash loses at most a suffix
+//!   of unsynced batches, so the watermark stays exact. After a restart the queue goes back
+//!   to the last snapshot while the archive may be ahead of it; replayed applies at or below
+//!   the watermark leave the archive alone, so a replayed retention tick never exports again
+//!   (it would rewrite its file with fewer records). Building a snapshot syncs the WAL and
+//!   raises the watermark to the snapshot's position; restoring a snapshot imports its
+//!   records only when the watermark is below its position.
 //! - **Records leave only by the site's retention** (`PurgeJobAfter`): a tick names the
 //!   cut-off on the replicated clock, and every replica exports the expiring records to the
 //!   same file ([`export`]) before it deletes them.
@@ -89,7 +92,7 @@ pub enum ArchiveError {
 }
 
 const GENERATION_KEY: &[u8] = b"mgeneration";
-const STAMP_KEY: &[u8] = b"mstamp";
+const APPLIED_KEY: &[u8] = b"mapplied";
 const RECORD: u8 = b'r';
 const BY_END: u8 = b'e';
 /// Records written per batch while importing a snapshot's archive.
@@ -133,6 +136,8 @@ pub struct Archive {
     generation: AtomicU32,
     /// Names checkpoints uniquely within this process.
     next_checkpoint: AtomicU64,
+    /// The watermark (see the module docs), 0 for none; kept in step with [`APPLIED_KEY`].
+    applied: AtomicU64,
 }
 
 impl Archive {
@@ -152,7 +157,12 @@ impl Archive {
             path,
             generation: AtomicU32::new(0),
             next_checkpoint: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
         };
+        let applied = archive.read_u64_meta(APPLIED_KEY, "watermark", 8)?;
+        archive
+            .applied
+            .store(applied.unwrap_or(0), Ordering::SeqCst);
         let generation = archive.read_u64_meta(GENERATION_KEY, "generation", 4)?;
         let generation = generation.map_or(0, |g| g as u32);
         archive.generation.store(generation, Ordering::SeqCst);
@@ -203,7 +213,9 @@ impl Archive {
         for kind in [RECORD, BY_END] {
             let (from, to) = generation_range(kind, keep);
             batch.delete_range(&[kind][..], &from[..]);
-            batch.delete_range(&to[..], &[kind + 1][..]);
+            if keep < u32::MAX {
+                batch.delete_range(&to[..], &[kind + 1][..]);
+            }
         }
         self.db.write(batch).map_err(|e| self.rocks(e))
     }
@@ -230,8 +242,24 @@ impl Archive {
         }
     }
 
-    /// Stores `finished` (not synced: see the module docs).
-    pub fn put(&self, finished: &[Finished]) -> Result<(), ArchiveError> {
+    /// Whether the apply at `position` has already changed the archive (a replay after a
+    /// restart): its archive work is then done.
+    pub fn has_applied(&self, position: u64) -> bool {
+        position <= self.applied.load(Ordering::SeqCst)
+    }
+
+    /// Writes `batch` with the watermark raised to `position`.
+    fn write_at(&self, mut batch: WriteBatch, position: u64) -> Result<(), ArchiveError> {
+        let position = position.max(self.applied.load(Ordering::SeqCst));
+        batch.put(APPLIED_KEY, position.to_be_bytes());
+        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        self.applied.store(position, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Stores `finished`, purged by the apply at `position` (not synced: see the module
+    /// docs).
+    pub fn put(&self, position: u64, finished: &[Finished]) -> Result<(), ArchiveError> {
         let generation = self.current();
         let mut batch = WriteBatch::default();
         for f in finished {
@@ -241,7 +269,7 @@ impl Archive {
             };
             self.add_to(&mut batch, generation, &record)?;
         }
-        self.db.write(batch).map_err(|e| self.rocks(e))
+        self.write_at(batch, position)
     }
 
     fn add_to(
@@ -267,18 +295,17 @@ impl Archive {
         self.db.flush_wal(true).map_err(|e| self.rocks(e))
     }
 
-    /// The log position (docket-core's) the archive is known to hold every record through.
-    pub fn stamp(&self) -> Result<Option<u64>, ArchiveError> {
-        self.read_u64_meta(STAMP_KEY, "stamp", 8)
+    /// The watermark: the log position (docket-core's) through which the archive reflects
+    /// every apply. `None` for an archive nothing has changed.
+    pub fn applied(&self) -> Option<u64> {
+        Some(self.applied.load(Ordering::SeqCst)).filter(|p| *p > 0)
     }
 
-    /// Records, durably, that every record through `position` is here.
-    pub fn set_stamp(&self, position: u64) -> Result<(), ArchiveError> {
-        let mut sync = WriteOptions::default();
-        sync.set_sync(true);
-        self.db
-            .put_opt(STAMP_KEY, position.to_be_bytes(), &sync)
-            .map_err(|e| self.rocks(e))
+    /// Makes every change durable and raises the watermark to `position`, durably: the state
+    /// has applied through `position` and a snapshot of it is being taken.
+    pub fn sync_through(&self, position: u64) -> Result<(), ArchiveError> {
+        self.write_at(WriteBatch::default(), position)?;
+        self.sync()
     }
 
     /// Visits records with ids after `after`, in id order, while `visit` returns true.
@@ -290,11 +317,12 @@ impl Archive {
         scan_db(&self.db, &self.path, self.current(), after, visit)
     }
 
-    /// Expires the records of jobs that ended before `before`: hands them to `export` (which
-    /// must have made them durable elsewhere when it returns `Ok`), then deletes them. On an
-    /// export error nothing is deleted. Returns how many left.
+    /// Expires, at the apply at `position`, the records of jobs that ended before `before`:
+    /// hands them to `export` (which must have made them durable elsewhere when it returns
+    /// `Ok`), then deletes them. On an export error nothing is deleted. Returns how many left.
     pub fn expire(
         &self,
+        position: u64,
         before: TimeMs,
         export: impl FnOnce(&[ArchivedJob]) -> std::io::Result<()>,
     ) -> Result<usize, ArchiveError> {
@@ -327,11 +355,13 @@ impl Archive {
         if index_keys.is_empty() {
             return Ok(0);
         }
-        export(&due).map_err(|source| ArchiveError::Io {
-            path: self.path.clone(),
-            what: "exporting expiring records",
-            source,
-        })?;
+        if !due.is_empty() {
+            export(&due).map_err(|source| ArchiveError::Io {
+                path: self.path.clone(),
+                what: "exporting expiring records",
+                source,
+            })?;
+        }
         let mut batch = WriteBatch::default();
         for a in &due {
             batch.delete(record_key(generation, a.job.id.0));
@@ -339,7 +369,7 @@ impl Archive {
         for key in &index_keys {
             batch.delete(key);
         }
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        self.write_at(batch, position)?;
         Ok(due.len())
     }
 
@@ -371,8 +401,8 @@ impl Archive {
     }
 
     /// Replaces every record with `records`, atomically: they are written into a new
-    /// generation, which a synced write makes current, with the stamp `position`; then the
-    /// old generation is deleted. On error the archive is as it was.
+    /// generation, which a synced write makes current, with the watermark `position`; then
+    /// the old generation is deleted. On error the archive is as it was.
     pub fn replace(
         &self,
         position: u64,
@@ -395,7 +425,7 @@ impl Archive {
                 }
             }
             batch.put(GENERATION_KEY, new.to_be_bytes());
-            batch.put(STAMP_KEY, position.to_be_bytes());
+            batch.put(APPLIED_KEY, position.to_be_bytes());
             let mut sync = WriteOptions::default();
             sync.set_sync(true);
             self.db.write_opt(batch, &sync).map_err(|e| self.rocks(e))?;
@@ -404,7 +434,12 @@ impl Archive {
         match result {
             Ok(count) => {
                 self.generation.store(new, Ordering::SeqCst);
-                self.sweep_generation(old)?;
+                self.applied.store(position, Ordering::SeqCst);
+                // The replacement is done; what is left of the old generation is swept at the
+                // next open if this fails.
+                if let Err(e) = self.sweep_generation(old) {
+                    tracing::warn!(error = %e, "sweeping the replaced archive generation");
+                }
                 Ok(count)
             }
             Err(e) => {

@@ -24,6 +24,12 @@ where
 
 /// A cancelled job of alice's, as the queue purges it.
 fn template() -> Job {
+    let (state, id) = cancelled_job();
+    state.jobs[&id].as_ref().clone()
+}
+
+/// A queue holding one job of alice's, cancelled at 1,700,000,000 s after the epoch.
+pub(crate) fn cancelled_job() -> (State, JobId) {
     let mut state = State::new(SchedConfig::default());
     let mut index = 0;
     let mut ok = |state: &mut State, command: Command| -> Response {
@@ -106,7 +112,7 @@ fn template() -> Job {
             }],
         },
     );
-    state.jobs[&id].as_ref().clone()
+    (state, id)
 }
 
 /// Jobs `ids`, each ended at its id in seconds.
@@ -142,14 +148,14 @@ fn records_survive_a_reopen_and_scan_in_id_order() {
     let path = dir.path().join("archive");
     {
         let a = Archive::open(&path).unwrap();
-        a.put(&finished([3, 1, 2])).unwrap();
-        a.sync().unwrap();
-        assert_eq!(a.stamp().unwrap(), None);
-        a.set_stamp(42).unwrap();
+        a.put(1, &finished([3, 1, 2])).unwrap();
+        assert_eq!(a.applied(), Some(1));
+        a.sync_through(42).unwrap();
     }
     let a = Archive::open(&path).unwrap();
     assert_eq!(ids(&a), [1, 2, 3]);
-    assert_eq!(a.stamp().unwrap(), Some(42));
+    assert_eq!(a.applied(), Some(42));
+    assert!(a.has_applied(42) && !a.has_applied(43));
     let mut after = Vec::new();
     a.scan(Some(JobId(1)), |r| {
         after.push(r.job.id.0);
@@ -168,7 +174,7 @@ fn replacing_is_all_or_nothing_and_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("archive");
     let a = Archive::open(&path).unwrap();
-    a.put(&finished([1, 2, 3])).unwrap();
+    a.put(1, &finished([1, 2, 3])).unwrap();
     // A stream that fails half way changes nothing.
     let mut records: Vec<Result<ArchivedJob, ArchiveError>> = finished([7, 8])
         .into_iter()
@@ -187,8 +193,8 @@ fn replacing_is_all_or_nothing_and_survives_a_reopen() {
     }));
     assert!(a.replace(100, records.into_iter()).is_err());
     assert_eq!(ids(&a), [1, 2, 3]);
-    assert_eq!(a.stamp().unwrap(), None);
-    // A whole one replaces every record, index included, and stamps the position.
+    assert_eq!(a.applied(), Some(1));
+    // A whole one replaces every record, index included, and sets the watermark.
     let records = finished([5, 9]).into_iter().map(|f| {
         Ok(ArchivedJob {
             job: *f.job,
@@ -197,9 +203,9 @@ fn replacing_is_all_or_nothing_and_survives_a_reopen() {
     });
     assert_eq!(a.replace(200, records).unwrap(), 2);
     assert_eq!(ids(&a), [5, 9]);
-    assert_eq!(a.stamp().unwrap(), Some(200));
+    assert_eq!(a.applied(), Some(200));
     assert_eq!(
-        a.expire(TimeMs(6000), |_| Ok(())).unwrap(),
+        a.expire(9, TimeMs(6000), |_| Ok(())).unwrap(),
         1,
         "old index gone"
     );
@@ -212,8 +218,10 @@ fn replacing_is_all_or_nothing_and_survives_a_reopen() {
 fn expiry_exports_first_and_keeps_everything_when_the_export_fails() {
     let dir = tempfile::tempdir().unwrap();
     let a = Archive::open(dir.path().join("archive")).unwrap();
-    a.put(&finished([10, 20, 30, 40])).unwrap();
-    let refused = a.expire(TimeMs(25_000), |_| Err(std::io::Error::other("disk full")));
+    a.put(1, &finished([10, 20, 30, 40])).unwrap();
+    let refused = a.expire(9, TimeMs(25_000), |_| {
+        Err(std::io::Error::other("disk full"))
+    });
     assert!(refused.unwrap_err().to_string().contains("disk full"));
     assert_eq!(
         ids(&a),
@@ -222,24 +230,27 @@ fn expiry_exports_first_and_keeps_everything_when_the_export_fails() {
     );
     let mut exported = Vec::new();
     let n = a
-        .expire(TimeMs(25_000), |records| {
+        .expire(9, TimeMs(25_000), |records| {
             exported.extend(records.iter().map(|r| r.job.id.0));
             Ok(())
         })
         .unwrap();
     assert_eq!((n, exported), (2, vec![10, 20]), "ended before the cut-off");
     assert_eq!(ids(&a), [30, 40]);
-    assert_eq!(a.expire(TimeMs(25_000), |_| panic!("none due")).unwrap(), 0);
+    assert_eq!(
+        a.expire(9, TimeMs(25_000), |_| panic!("none due")).unwrap(),
+        0
+    );
 }
 
 #[test]
 fn a_checkpoint_streams_into_a_snapshot_and_back() {
     let dir = tempfile::tempdir().unwrap();
     let a = Archive::open(dir.path().join("a")).unwrap();
-    a.put(&finished(1..=50)).unwrap();
+    a.put(1, &finished(1..=50)).unwrap();
     let checkpoint = a.checkpoint().unwrap();
     // Changes after the checkpoint are not in it.
-    a.put(&finished([99])).unwrap();
+    a.put(1, &finished([99])).unwrap();
     let mut bytes = Vec::new();
     assert_eq!(stream::write(&checkpoint, 77, &mut bytes).unwrap(), 50);
     let checkpoint_dir = checkpoint.dir.clone();
@@ -250,7 +261,7 @@ fn a_checkpoint_streams_into_a_snapshot_and_back() {
     );
 
     let b = Archive::open(dir.path().join("b")).unwrap();
-    b.put(&finished([1000])).unwrap();
+    b.put(1, &finished([1000])).unwrap();
     let mut input = bytes.as_slice();
     let reader = stream::Reader::new(&mut input).unwrap();
     assert_eq!(reader.position, 77);
@@ -282,7 +293,7 @@ fn a_checkpoint_streams_into_a_snapshot_and_back() {
         .replace(80, stream::Reader::new(&mut input).unwrap())
         .unwrap_err();
     assert!(e.to_string().contains("says 51"), "{e}");
-    assert_eq!(b.stamp().unwrap(), Some(77));
+    assert_eq!(b.applied(), Some(77));
 }
 
 #[test]
@@ -295,7 +306,7 @@ fn exports_name_every_job_in_csv_and_swf() {
         })
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    let csv = export::write(dir.path(), 12, ArchiveFormat::Csv, "c1", &records).unwrap();
+    let csv = export::write(dir.path(), 12, ArchiveFormat::Csv, &records).unwrap();
     assert!(csv.ends_with("jobs-00000000000000000012.csv"));
     let text = std::fs::read_to_string(&csv).unwrap();
     let mut lines = text.lines();
@@ -314,10 +325,10 @@ fn exports_name_every_job_in_csv_and_swf() {
     assert!(first.ends_with(",1.500"), "{first}");
     assert_eq!(lines.count(), 1);
     // The same records again (a replayed tick) give the same bytes.
-    export::write(dir.path(), 12, ArchiveFormat::Csv, "c1", &records).unwrap();
+    export::write(dir.path(), 12, ArchiveFormat::Csv, &records).unwrap();
     assert_eq!(std::fs::read_to_string(&csv).unwrap(), text);
 
-    let swf = export::write(dir.path(), 12, ArchiveFormat::Swf, "c1", &records).unwrap();
+    let swf = export::write(dir.path(), 12, ArchiveFormat::Swf, &records).unwrap();
     let text = std::fs::read_to_string(swf).unwrap();
     assert!(text.contains("; User 1: alice"), "{text}");
     let trace = docket_core::sim::swf::parse(&text).unwrap();
@@ -348,7 +359,7 @@ fn figures() {
     let a = Archive::open(dir.path().join("a")).unwrap();
     let t = Instant::now();
     for chunk in (1..=n).collect::<Vec<_>>().chunks(1000) {
-        a.put(&finished(chunk.iter().copied())).unwrap();
+        a.put(1, &finished(chunk.iter().copied())).unwrap();
     }
     let put = t.elapsed();
     let t = Instant::now();
@@ -366,7 +377,7 @@ fn figures() {
         .unwrap();
     let installed = t.elapsed();
     let t = Instant::now();
-    let expired = b.expire(TimeMs(n / 2 * 1000), |_| Ok(())).unwrap();
+    let expired = b.expire(9, TimeMs(n / 2 * 1000), |_| Ok(())).unwrap();
     let expiry = t.elapsed();
     println!(
         "{n} records: archived in {put:?} (in applies of 1,000); checkpoint taken (under the lock) in {taken:?}; \

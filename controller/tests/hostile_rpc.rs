@@ -1,0 +1,461 @@
+//! Generated hostile requests to every gRPC method, through the real services of a running
+//! replica: valid requests of each method, mutated at the byte level (bytes flipped, cut
+//! short, slices repeated, varints claiming huge lengths), sent raw by callers of every kind
+//! (a user, root, a node agent, a peer replica).
+//!
+//! What must hold: the replica answers every call with a response or a status, never
+//! `UNKNOWN` or `INTERNAL` (a panic or an unhandled error in a handler), it stays up, its
+//! memory stays bounded, and afterwards it still serves an ordinary request.
+//! `DOCKET_FUZZ_CASES` sets the calls per method (64 by default, what CI runs).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut};
+use common::{Cluster, credential, job, secrets};
+use docket_auth::tls::{Role, TlsContext};
+use docket_proto::v1 as pb;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use prost::Message;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codegen::http::uri::PathAndQuery;
+
+/// Sends and receives message bodies as they are.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let out = src.chunk().to_vec();
+        src.advance(out.len());
+        Ok(Some(out))
+    }
+}
+
+impl Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+/// Who calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Caller {
+    User,
+    Root,
+    Node,
+    Peer,
+}
+
+/// Every unary method, with valid requests to mutate and who calls it.
+fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
+    let submit = pb::SubmitJobsRequest {
+        jobs: vec![job("fuzz", ""), {
+            let mut j = job("fuzz-array", "");
+            j.array = "0-3%2".into();
+            j.dependency = "afterok:1".into();
+            j
+        }],
+    }
+    .encode_to_vec();
+    let jobs = pb::JobsRequest {
+        jobs: vec![
+            pb::JobRef {
+                job_id: 1,
+                task: None,
+            },
+            pb::JobRef {
+                job_id: 2,
+                task: Some(1),
+            },
+        ],
+    }
+    .encode_to_vec();
+    let list = pb::ListJobsRequest {
+        users: vec!["alice".into()],
+        states: vec!["PD".into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let e = Vec::new();
+    use Caller::*;
+    vec![
+        ("/docket.v1.Jobs/SubmitJobs", User, vec![submit, e.clone()]),
+        ("/docket.v1.Jobs/CancelJobs", User, vec![jobs.clone()]),
+        ("/docket.v1.Jobs/HoldJobs", User, vec![jobs.clone()]),
+        ("/docket.v1.Jobs/ReleaseJobs", User, vec![jobs.clone()]),
+        ("/docket.v1.Jobs/RequeueJobs", Root, vec![jobs.clone()]),
+        (
+            "/docket.v1.Jobs/UpdateJobs",
+            User,
+            vec![
+                pb::UpdateJobsRequest {
+                    jobs: vec![pb::JobRef {
+                        job_id: 1,
+                        task: None,
+                    }],
+                    nice: Some(5),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Jobs/SuspendJobs", Root, vec![jobs.clone()]),
+        ("/docket.v1.Jobs/ResumeJobs", Root, vec![jobs.clone()]),
+        (
+            "/docket.v1.Jobs/SignalJobs",
+            User,
+            vec![
+                pb::SignalJobsRequest {
+                    jobs: vec![pb::JobRef {
+                        job_id: 1,
+                        task: None,
+                    }],
+                    signal: 10,
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Jobs/GetJob",
+            User,
+            vec![
+                pb::GetJobRequest {
+                    job_id: 1,
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Jobs/ListJobs", User, vec![list]),
+        ("/docket.v1.Jobs/ExplainPriority", User, vec![e.clone()]),
+        (
+            "/docket.v1.Jobs/Accounting",
+            User,
+            vec![
+                pb::AccountingRequest {
+                    users: vec!["alice".into()],
+                    page_size: 10,
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Jobs/ShareTree", User, vec![e.clone()]),
+        ("/docket.v1.Jobs/Associations", User, vec![e.clone()]),
+        (
+            "/docket.v1.Jobs/CreateStep",
+            User,
+            vec![
+                pb::CreateStepRequest {
+                    job_id: 1,
+                    ntasks: Some(2),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Jobs/CancelSteps", User, vec![e.clone()]),
+        (
+            "/docket.v1.Jobs/CompleteJob",
+            User,
+            vec![
+                pb::CompleteJobRequest {
+                    job_id: 1,
+                    exit_code: 3,
+                    signal: 0,
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Admin/ClusterStatus", Root, vec![e.clone()]),
+        ("/docket.v1.Admin/AddReplica", User, vec![e.clone()]),
+        ("/docket.v1.Admin/RemoveReplica", User, vec![e.clone()]),
+        ("/docket.v1.Admin/GetConfig", Root, vec![e.clone()]),
+        (
+            "/docket.v1.Admin/ApplyConfig",
+            Root,
+            vec![
+                pb::ApplyConfigRequest {
+                    toml: "[[accounts]]\nName = \"fz\"\n".into(),
+                    objects_only: true,
+                    dry_run: true,
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Admin/RemoveObject",
+            Root,
+            vec![
+                pb::RemoveObjectRequest {
+                    kind: "account".into(),
+                    name: "nope".into(),
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Admin/DrainNode",
+            Root,
+            vec![
+                pb::DrainNodeRequest {
+                    node: "n01".into(),
+                    reason: "fuzz".into(),
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Admin/ResumeNode",
+            Root,
+            vec![pb::NodeRequest { node: "n01".into() }.encode_to_vec()],
+        ),
+        ("/docket.v1.Admin/ListNodes", User, vec![e.clone()]),
+        ("/docket.v1.Admin/ListPartitions", User, vec![e.clone()]),
+        (
+            "/docket.v1.Admin/UpsertReservation",
+            Root,
+            vec![
+                pb::Reservation {
+                    name: "r".into(),
+                    nodes: "n[01-04]".into(),
+                    start_unix_ms: 1,
+                    end_unix_ms: 2,
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Admin/ListReservations", User, vec![e.clone()]),
+        (
+            "/docket.v1.Admin/SchedulerDiagnostics",
+            User,
+            vec![e.clone()],
+        ),
+        (
+            "/docket.v1.Agents/Register",
+            Node,
+            vec![
+                pb::RegisterRequest {
+                    node: "n01".into(),
+                    cpus: 8,
+                    memory_mib: 16384,
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Agents/Heartbeat",
+            Node,
+            vec![
+                pb::HeartbeatRequest {
+                    node: "n01".into(),
+                    session: "s".into(),
+                    jobs: Vec::new(),
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        (
+            "/docket.v1.Agents/ReportEvents",
+            Node,
+            vec![
+                pb::ReportEventsRequest {
+                    node: "n01".into(),
+                    session: "s".into(),
+                    events: Vec::new(),
+                }
+                .encode_to_vec(),
+            ],
+        ),
+        ("/docket.v1.Health/Check", User, vec![e.clone()]),
+        ("/docket.v1.Raft/AppendEntries", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/Vote", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/InstallSnapshot", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/Forward", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/ReadIndex", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/Status", Peer, vec![e]),
+    ]
+}
+
+/// A valid request, mutated.
+fn mutations(seeds: Vec<Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    let edit = (
+        0u8..5,
+        any::<prop::sample::Index>(),
+        any::<u8>(),
+        1usize..64,
+    );
+    (
+        any::<prop::sample::Index>(),
+        proptest::collection::vec(edit, 0..6),
+    )
+        .prop_map(move |(seed, edits)| {
+            let mut b = seeds[seed.index(seeds.len())].clone();
+            for (kind, at, byte, n) in edits {
+                let at = at.index(b.len() + 1);
+                match kind {
+                    0 if at < b.len() => b[at] = byte,
+                    1 => b.truncate(at),
+                    2 => {
+                        // A field tag and a varint length claiming far more than follows.
+                        b.splice(at..at, [byte | 2, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+                    }
+                    3 => {
+                        let end = (at + n).min(b.len());
+                        let slice = b[at..end].to_vec();
+                        for _ in 0..n {
+                            b.splice(at..at, slice.iter().copied());
+                        }
+                    }
+                    _ => b
+                        .splice(at..at, std::iter::repeat_n(byte, n))
+                        .for_each(drop),
+                }
+            }
+            b
+        })
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe() {
+    let cases: u32 = std::env::var("DOCKET_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let cluster = Cluster::start(1).await;
+    let addr = cluster.addrs[&1].clone();
+    let pid = cluster.procs[&1].id();
+    let tls_of = |role: Role| {
+        let files = secrets()
+            .local
+            .issue(&role, &["127.0.0.1".to_owned()])
+            .unwrap();
+        TlsContext::load(files).unwrap()
+    };
+    let channel_for = |tls: &TlsContext| {
+        docket_auth::tls::connect::channel(&addr, tls, Duration::from_secs(2), None).unwrap()
+    };
+    let user_channel = common::channel(&addr);
+    let node_channel = channel_for(&tls_of(Role::Node("n01".into())));
+    let peer_channel = channel_for(&tls_of(Role::Replica(9)));
+    let rss_before = rss_kib(pid);
+
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_method: Vec<String> = Vec::new();
+    let mut calls = 0u64;
+    let started = Instant::now();
+    for (path, caller, seeds) in methods() {
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let tree_values: Vec<Vec<u8>> = (0..cases)
+            .map(|_| {
+                mutations(seeds.clone())
+                    .new_tree(&mut runner)
+                    .map(|t| proptest::strategy::ValueTree::current(&t))
+                    .unwrap()
+            })
+            .collect();
+        let channel = match caller {
+            Caller::User | Caller::Root => user_channel.clone(),
+            Caller::Node => node_channel.clone(),
+            Caller::Peer => peer_channel.clone(),
+        };
+        let mut grpc = tonic::client::Grpc::new(channel);
+        let mut method_codes: BTreeMap<String, u64> = BTreeMap::new();
+        for body in tree_values {
+            let mut request = tonic::Request::new(body.clone());
+            request.set_timeout(Duration::from_secs(10));
+            match caller {
+                Caller::User => {
+                    request
+                        .metadata_mut()
+                        .insert(docket_auth::CREDENTIAL_HEADER, credential("alice"));
+                }
+                Caller::Root => {
+                    request
+                        .metadata_mut()
+                        .insert(docket_auth::CREDENTIAL_HEADER, credential("root"));
+                }
+                Caller::Node | Caller::Peer => {}
+            }
+            grpc.ready().await.unwrap();
+            let answer = grpc
+                .unary::<Vec<u8>, Vec<u8>, _>(request, PathAndQuery::from_static(path), RawCodec)
+                .await;
+            calls += 1;
+            let code = match &answer {
+                Ok(_) => tonic::Code::Ok,
+                Err(s) => s.code(),
+            };
+            *codes.entry(format!("{code:?}")).or_default() += 1;
+            *method_codes.entry(format!("{code:?}")).or_default() += 1;
+            if let Err(s) = &answer {
+                assert!(
+                    !matches!(s.code(), tonic::Code::Unknown | tonic::Code::Internal),
+                    "{path} answered {s:?} to {body:?}"
+                );
+                assert!(!s.message().trim().is_empty(), "{path}: {s:?} says nothing");
+            }
+        }
+        assert!(
+            std::fs::metadata(format!("/proc/{pid}")).is_ok(),
+            "the replica died during {path}"
+        );
+        per_method.push(format!("  {path} ({caller:?}): {method_codes:?}"));
+    }
+    println!("{}", per_method.join("\n"));
+    let rss_after = rss_kib(pid);
+    println!(
+        "{calls} hostile calls over {} methods in {:?}: {codes:?}; replica RSS {rss_before} -> {rss_after} KiB",
+        methods().len(),
+        started.elapsed()
+    );
+    assert!(
+        rss_after < 1 << 20,
+        "the replica holds {rss_after} KiB after the hostile calls"
+    );
+    // Still serving.
+    let mut jobs = cluster.jobs(1).await;
+    common::list(&mut jobs, "alice", pb::ListJobsRequest::default())
+        .await
+        .unwrap();
+}
