@@ -136,15 +136,42 @@ enum Cmd {
         #[arg(long)]
         broken_store: bool,
     },
-    /// One fault against a running docket-local cluster, with the recovery figures.
+    /// One fault on the leader of a running cluster, with the recovery figures: time to a new
+    /// leader, to the first committed write and to the first job started, and for the old
+    /// leader to rejoin once healed. A docket-local cluster by default; any cluster with
+    /// `--addrs`, `--ca` and the operator's own `--fault-cmd` / `--heal-cmd`.
     Drill {
         #[arg(value_enum)]
         kind: DrillKind,
         #[arg(long, env = "DOCKET_LOCAL_DIR", default_value = "/tmp/docket-local")]
         state_dir: PathBuf,
-        /// How long a pause or partition lasts (ms).
-        #[arg(long, default_value_t = 3000)]
-        pause_ms: u64,
+        /// How long the fault lasts at least (ms); a killed leader is restarted after the
+        /// measurements.
+        #[arg(long, alias = "pause-ms", default_value_t = 3000)]
+        hold_ms: u64,
+        /// Any cluster: its replicas' client addresses (`host:port`, comma-separated). Calls
+        /// go as the commands' do: `--ca`, and the credential this host's docket-authd (or
+        /// munged: `DOCKET_AUTH_TYPE`, `DOCKET_AUTH_SOCKET`) signs for whoever runs the drill
+        /// (an administrator: root).
+        #[arg(long, value_delimiter = ',', requires_all = ["ca", "fault_cmd", "heal_cmd"])]
+        addrs: Vec<String>,
+        /// The cluster CA's certificate (`[controller] CaFile`).
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// The shell command that breaks a replica: `{id}`, `{addr}` and `{host}` are
+        /// replaced, e.g. `ssh {host} systemctl kill -s KILL docket-controller`.
+        #[arg(long)]
+        fault_cmd: Option<String>,
+        /// The shell command that heals it, e.g. `ssh {host} systemctl start docket-controller`.
+        #[arg(long)]
+        heal_cmd: Option<String>,
+        /// The partition the probe job (one cpu, one second) runs in.
+        #[arg(long, default_value = "batch")]
+        partition: String,
+        /// The probe job's working directory on the nodes (a docket-local cluster's state
+        /// directory by default).
+        #[arg(long)]
+        work_dir: Option<String>,
     },
 }
 
@@ -448,83 +475,66 @@ async fn run(
     outcome
 }
 
-async fn drill(kind: DrillKind, state_dir: PathBuf, pause_ms: u64) -> Result<()> {
-    let mut cluster = LocalCluster::open(&state_dir)?;
-    match kind {
-        DrillKind::KillLeader => {
-            let r = docket_deploy::drill::kill_leader(
-                &mut cluster,
-                "batch",
-                true,
-                Duration::from_secs(60),
-            )
-            .await?;
-            println!(
-                "fault: kill -9 leader (replica {})\n  new leader {} after {} ms\n  first committed write after {} ms\n  first scheduling decision after {}\n  jobs lost: {}",
-                r.killed,
-                r.new_leader,
-                r.elected_ms,
-                r.first_write_ms,
-                r.first_start_ms
-                    .map_or("(none within 60 s)".into(), |m| format!("{m} ms")),
-                r.lost_jobs.len()
-            );
+/// The cluster a drill breaks.
+enum DrillTarget {
+    /// One `docket-local` started, by its state directory.
+    Local(PathBuf),
+    /// Any cluster, reached as the commands reach it, broken by the operator's commands.
+    Any {
+        addrs: Vec<String>,
+        ca: PathBuf,
+        commands: docket_deploy::drill::Commands,
+    },
+}
+
+async fn drill(
+    kind: DrillKind,
+    target: DrillTarget,
+    hold_ms: u64,
+    partition: String,
+    work_dir: Option<String>,
+) -> Result<()> {
+    use docket_deploy::drill::{self, DrillOptions, Fault};
+    let fault = match kind {
+        DrillKind::KillLeader => Fault::Kill,
+        DrillKind::Pause => Fault::Pause,
+        DrillKind::Partition => Fault::Partition,
+    };
+    let mut options = DrillOptions {
+        partition,
+        work_dir: work_dir.unwrap_or_else(|| "/tmp".into()),
+        hold: Duration::from_millis(hold_ms),
+        deadline: Duration::from_secs(60),
+        heal: true,
+    };
+    let report = match target {
+        DrillTarget::Local(state_dir) => {
+            let mut cluster = LocalCluster::open(&state_dir)?;
+            if options.work_dir == "/tmp" {
+                options.work_dir = state_dir.display().to_string();
+            }
+            let addrs = cluster.addrs();
+            drill::run(&mut cluster, fault, &addrs, &options).await?
         }
-        DrillKind::Pause | DrillKind::Partition => {
-            let (old, _) = rpc::leader(&cluster.addrs())
-                .await
-                .ok_or_else(|| anyhow!("no leader to pause"))?;
-            let others = cluster.addrs_except(old);
-            let at = Instant::now();
-            if kind == DrillKind::Pause {
-                cluster.pause_replica(old, true)?;
-            } else {
-                cluster.partition_replica(old)?;
-            }
-            let mut elected = None;
-            while elected.is_none() && at.elapsed() < Duration::from_millis(pause_ms.max(10_000)) {
-                if let Some((id, _)) = rpc::leader(&others).await
-                    && id != old
-                {
-                    elected = Some((id, at.elapsed().as_millis()));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            let remaining = Duration::from_millis(pause_ms).saturating_sub(at.elapsed());
-            tokio::time::sleep(remaining).await;
-            if kind == DrillKind::Pause {
-                cluster.pause_replica(old, false)?;
-            } else {
-                cluster.heal(old)?;
-            }
-            let rejoined = {
-                let start = Instant::now();
-                loop {
-                    let s = rpc::cluster_status(&cluster.addrs()).await;
-                    let back = s.is_some_and(|s| {
-                        s.replicas
-                            .iter()
-                            .any(|r| r.id == old && r.reachable && r.role == "follower")
-                    });
-                    if back || start.elapsed() > Duration::from_secs(30) {
-                        break back.then(|| start.elapsed().as_millis());
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            };
-            match elected {
-                Some((id, ms)) => println!(
-                    "fault: {} leader (replica {old}) for {pause_ms} ms\n  new leader {id} after {ms} ms\n  old leader rejoined as follower {} after the fault ended",
-                    if kind == DrillKind::Pause {
-                        "SIGSTOP"
-                    } else {
-                        "partition"
-                    },
-                    rejoined.map_or("NOT".into(), |m| format!("{m} ms"))
-                ),
-                None => bail!("no new leader while replica {old} was stopped"),
-            }
+        DrillTarget::Any {
+            addrs,
+            ca,
+            mut commands,
+        } => {
+            let source = docket_auth::source::CredentialSource::new(
+                std::env::var("DOCKET_AUTH_TYPE")
+                    .unwrap_or_else(|_| "auth/docket".into())
+                    .parse()
+                    .map_err(|e: String| anyhow!("DOCKET_AUTH_TYPE: {e}"))?,
+                std::env::var_os("DOCKET_AUTH_SOCKET").map(PathBuf::from),
+            )?;
+            rpc::use_site(&ca, source)?;
+            drill::run(&mut commands, fault, &addrs, &options).await?
         }
+    };
+    println!("{report}");
+    if report.rejoined_ms.is_none() {
+        bail!("replica {} did not rejoin as a follower", report.killed);
     }
     Ok(())
 }
@@ -644,8 +654,26 @@ fn main() -> ExitCode {
             Cmd::Drill {
                 kind,
                 state_dir,
-                pause_ms,
-            } => drill(kind, state_dir, pause_ms).await.map(|()| true),
+                hold_ms,
+                addrs,
+                ca,
+                fault_cmd,
+                heal_cmd,
+                partition,
+                work_dir,
+            } => {
+                let target = match (ca, fault_cmd, heal_cmd) {
+                    (Some(ca), Some(inject), Some(heal)) if !addrs.is_empty() => DrillTarget::Any {
+                        addrs,
+                        ca,
+                        commands: docket_deploy::drill::Commands { inject, heal },
+                    },
+                    _ => DrillTarget::Local(state_dir),
+                };
+                drill(kind, target, hold_ms, partition, work_dir)
+                    .await
+                    .map(|()| true)
+            }
             Cmd::Sim { .. } => unreachable!("handled before the runtime"),
         }
     });

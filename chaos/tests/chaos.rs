@@ -180,4 +180,58 @@ fn the_operators_drills_report_the_recovery() {
     }
     assert!(out2.contains("first committed write after"), "{out2}");
     assert!(out2.contains("jobs lost: 0"), "{out2}");
+    assert!(out2.contains("rejoined as follower"), "{out2}");
+
+    // Any cluster: reached only by its addresses, its CA and this host's credentials, broken
+    // and healed by the operator's commands (here signals to the replica's process, found by
+    // its id and this test's state directory; `[-]` keeps the pattern from matching the shell
+    // that runs pkill).
+    let ours = format!("[-]-id {{id}} .*{}", state.display());
+    let o4 = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
+        .args(["drill", "pause", "--hold-ms", "1000", "--addrs"])
+        .arg(cluster.addrs().join(","))
+        .arg("--ca")
+        .arg(state.join("ca.pem"))
+        .arg("--fault-cmd")
+        .arg(format!("pkill -STOP -f -- '{ours}'"))
+        .arg("--heal-cmd")
+        .arg(format!("pkill -CONT -f -- '{ours}'"))
+        .arg("--work-dir")
+        .arg(&state)
+        .env("DOCKET_AUTH_SOCKET", cluster.auth_socket().unwrap())
+        .env_remove("DOCKET_LOCAL_DIR")
+        .output()
+        .unwrap();
+    let out4 = String::from_utf8_lossy(&o4.stdout);
+    assert!(
+        o4.status.success(),
+        "{out4}{}",
+        String::from_utf8_lossy(&o4.stderr)
+    );
+    for figure in [
+        "fault: SIGSTOP leader",
+        "new leader",
+        "first committed write after",
+        "first scheduling decision after",
+        "jobs lost: 0",
+        "rejoined as follower",
+    ] {
+        assert!(out4.contains(figure), "{figure}: {out4}");
+    }
+    // A fault command that fails is reported, not taken for a fault.
+    let o5 = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
+        .args(["drill", "kill-leader", "--addrs"])
+        .arg(cluster.addrs().join(","))
+        .arg("--ca")
+        .arg(state.join("ca.pem"))
+        .args(["--fault-cmd", "exit 3", "--heal-cmd", "true"])
+        .env("DOCKET_AUTH_SOCKET", cluster.auth_socket().unwrap())
+        .output()
+        .unwrap();
+    assert!(!o5.status.success());
+    assert!(
+        String::from_utf8_lossy(&o5.stderr).contains("exit 3"),
+        "{}",
+        String::from_utf8_lossy(&o5.stderr)
+    );
 }

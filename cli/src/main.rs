@@ -11,6 +11,8 @@ mod aliases;
 mod allocation;
 mod client;
 mod cluster;
+#[cfg(test)]
+mod hostile;
 mod pbs;
 mod pbs_interactive;
 mod pbsdsh;

@@ -75,10 +75,12 @@ pub fn parse_instant(text: &str, now_ms: u64) -> Result<u64> {
         if rest.is_empty() {
             return Ok(now_ms);
         }
-        let (sign, rest) = match rest.split_at(1) {
-            ("+", r) => (1i64, r),
-            ("-", r) => (-1i64, r),
-            _ => return Err(bad()),
+        let (sign, rest) = if let Some(r) = rest.strip_prefix('+') {
+            (1i64, r)
+        } else if let Some(r) = rest.strip_prefix('-') {
+            (-1i64, r)
+        } else {
+            return Err(bad());
         };
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         let n: i64 = digits.parse().map_err(|_| bad())?;
@@ -92,7 +94,11 @@ pub fn parse_instant(text: &str, now_ms: u64) -> Result<u64> {
             _ => return Err(bad()),
         };
         let delta = n.checked_mul(seconds * 1000).ok_or_else(bad)?;
-        return u64::try_from(now_ms as i64 + sign * delta).map_err(|_| bad());
+        let at = i64::try_from(now_ms)
+            .ok()
+            .and_then(|now| now.checked_add(sign * delta))
+            .ok_or_else(bad)?;
+        return u64::try_from(at).map_err(|_| bad());
     }
     let today = now.date();
     let at = |date: jiff::civil::Date, time: jiff::civil::Time| -> Result<u64> {
@@ -151,6 +157,10 @@ mod tests {
             "now*3",
             "2026-13-01",
             "now-5parsecs",
+            // Found by the generated input (hostile.rs): a multi-byte sign, and a sum past
+            // the end of time.
+            "now\u{202e}5",
+            "now+9223372036854775",
         ] {
             let e = parse_instant(bad, now).unwrap_err().to_string();
             assert!(e.contains("is not a time") || e.contains(bad), "{bad}: {e}");

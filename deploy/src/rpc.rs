@@ -1,6 +1,9 @@
 //! Calls to the controllers, as the launcher makes them: one short-timeout TLS channel per
 //! call (with the launcher's tool certificate), and for each request a fresh credential for
 //! the user it acts as, minted with the cluster key the launcher made ([`use_secrets`]).
+//! Against a cluster the launcher did not start ([`use_site`]) calls go as the commands' do:
+//! the site's CA, and the credential this host's `docket-authd` (or munged) signs for the
+//! user running the tool.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -14,11 +17,21 @@ use tonic::transport::Channel;
 
 use crate::LaunchError;
 
-/// How the launcher reaches a cluster: TLS as the tool `docket-local`, credentials by the key.
+/// How the launcher reaches a cluster: TLS as the tool `docket-local`, credentials by the key
+/// (a cluster it started), or as a command does (any cluster).
 #[derive(Debug, Clone)]
 pub struct Access {
     pub tls: TlsContext,
-    pub minter: Minter,
+    pub credentials: Credentials,
+}
+
+/// Where requests' credentials come from.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// Minted for any user with the cluster key (a cluster this launcher started).
+    Minted(Minter),
+    /// Signed by this host for whoever runs the tool.
+    Host(Arc<docket_auth::source::CredentialSource>),
 }
 
 static ACCESS: RwLock<Option<Arc<Access>>> = RwLock::new(None);
@@ -37,9 +50,31 @@ pub fn use_secrets(secrets: &LocalSecrets) -> Result<(), LaunchError> {
     let access = Access {
         tls: TlsContext::load(files)
             .map_err(|e| LaunchError::Invalid(format!("the launcher's TLS: {e}")))?,
-        minter: secrets
-            .minter()
-            .map_err(|e| LaunchError::Invalid(format!("the credential key: {e}")))?,
+        credentials: Credentials::Minted(
+            secrets
+                .minter()
+                .map_err(|e| LaunchError::Invalid(format!("the credential key: {e}")))?,
+        ),
+    };
+    *ACCESS.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(access));
+    Ok(())
+}
+
+/// Makes the calls of this process reach any cluster as its commands do: TLS verified by the
+/// CA certificate at `ca` (no client certificate), credentials from `source` (as the user
+/// running this process, whatever user a call names).
+pub fn use_site(
+    ca: &std::path::Path,
+    source: docket_auth::source::CredentialSource,
+) -> Result<(), LaunchError> {
+    let tls = TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: ca.to_path_buf(),
+        identity: None,
+    })
+    .map_err(|e| LaunchError::Invalid(format!("--ca {}: {e}", ca.display())))?;
+    let access = Access {
+        tls,
+        credentials: Credentials::Host(Arc::new(source)),
     };
     *ACCESS.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(access));
     Ok(())
@@ -74,14 +109,16 @@ pub fn jobs(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
     Ok(JobsClient::new(channel(addr)?))
 }
 
-/// `message` with a fresh credential for `user` (`root` is the operator). Without the
-/// cluster's secrets it goes without one, and the controller says so.
+/// `message` with a fresh credential for `user` (`root` is the operator), or, against a
+/// cluster reached as a command reaches it, for the user running this process. Without
+/// access it goes without one, and the controller says so.
 pub fn as_user<T>(user: &str, message: T) -> tonic::Request<T> {
     let mut r = tonic::Request::new(message);
-    if let Ok(access) = access()
-        && let Ok(credential) = access.minter.credential_for(user)
-        && let Ok(v) = credential.parse()
-    {
+    let credential = access().ok().and_then(|access| match &access.credentials {
+        Credentials::Minted(minter) => minter.credential_for(user).ok(),
+        Credentials::Host(source) => source.credential().ok(),
+    });
+    if let Some(v) = credential.and_then(|c| c.parse().ok()) {
         r.metadata_mut().insert(docket_auth::CREDENTIAL_HEADER, v);
     }
     r
