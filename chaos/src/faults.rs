@@ -30,9 +30,15 @@ pub struct Planned {
     pub pick: u32,
 }
 
-/// `count` faults of the allowed `kinds` (drawn at random, or in turn with `each`), 1.5–4 s
-/// apart, from `seed`.
-pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Planned> {
+/// `count` faults of the allowed `kinds` (drawn at random, or in turn with `each`), `gap_ms`
+/// apart (a range; 1.5–4 s in a short run), from `seed`.
+pub fn plan(
+    seed: u64,
+    count: usize,
+    kinds: &[FaultKind],
+    each: bool,
+    gap_ms: (u64, u64),
+) -> Vec<Planned> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     (0..count)
         .map(|i| {
@@ -53,7 +59,7 @@ pub fn plan(seed: u64, count: usize, kinds: &[FaultKind], each: bool) -> Vec<Pla
             };
             Planned {
                 kind,
-                after_ms: rng.random_range(1_500..4_000),
+                after_ms: rng.random_range(gap_ms.0..gap_ms.1.max(gap_ms.0 + 1)),
                 lasts_ms,
                 pick: rng.random(),
             }
@@ -105,13 +111,19 @@ async fn crash_at(cluster: &mut LocalCluster, name: &str, point: &str) -> anyhow
     Ok(true)
 }
 
-/// Injects the planned faults one after the other, healing each before the next.
+/// Injects the planned faults one after the other, healing each before the next; stops at
+/// `until` if given.
 pub async fn inject(
     cluster: &mut LocalCluster,
     planned: &[Planned],
     history: &History,
+    until: Option<std::time::Instant>,
 ) -> anyhow::Result<()> {
     for (i, p) in planned.iter().enumerate() {
+        if until.is_some_and(|u| std::time::Instant::now() + Duration::from_millis(p.after_ms) >= u)
+        {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(p.after_ms)).await;
         let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
         let at_ms = history.now_ms();
@@ -270,11 +282,20 @@ mod tests {
             FaultKind::PauseLeader,
             FaultKind::KillAgent,
         ];
-        assert_eq!(plan(7, 20, &kinds, false), plan(7, 20, &kinds, false));
-        assert_ne!(plan(7, 20, &kinds, false), plan(8, 20, &kinds, false));
-        let each: Vec<FaultKind> = plan(3, 6, &kinds, true).iter().map(|p| p.kind).collect();
+        assert_eq!(
+            plan(7, 20, &kinds, false, (1_500, 4_000)),
+            plan(7, 20, &kinds, false, (1_500, 4_000))
+        );
+        assert_ne!(
+            plan(7, 20, &kinds, false, (1_500, 4_000)),
+            plan(8, 20, &kinds, false, (1_500, 4_000))
+        );
+        let each: Vec<FaultKind> = plan(3, 6, &kinds, true, (1_500, 4_000))
+            .iter()
+            .map(|p| p.kind)
+            .collect();
         assert_eq!(each, [kinds, kinds].concat());
-        let p = plan(1, 200, &kinds, false);
+        let p = plan(1, 200, &kinds, false, (1_500, 4_000));
         for k in kinds {
             assert!(p.iter().any(|x| x.kind == k), "{k:?} never planned");
         }

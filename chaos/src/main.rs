@@ -11,6 +11,7 @@ mod check;
 mod faults;
 mod history;
 mod launches;
+mod memory;
 mod observe;
 mod sim;
 mod workload;
@@ -92,6 +93,11 @@ enum Cmd {
         /// How many faults to inject.
         #[arg(long, default_value_t = 10)]
         faults: usize,
+        /// A soak: run this long, with a fault every 10-30 s (instead of `--faults` 1.5-4 s
+        /// apart), and report every daemon's memory over the run (`rss.csv` in the state
+        /// directory).
+        #[arg(long)]
+        minutes: Option<u64>,
         /// Which kinds (default: all).
         #[arg(long, value_enum, value_delimiter = ',')]
         kinds: Vec<Kind>,
@@ -272,6 +278,7 @@ async fn converged(cluster: &LocalCluster, deadline: Duration) -> Vec<Vec<pb::Jo
 async fn run(
     seed: u64,
     faults: usize,
+    minutes: Option<u64>,
     kinds: Vec<Kind>,
     each: bool,
     replicas: u32,
@@ -342,7 +349,16 @@ async fn run(
         cluster.wait_ready(Duration::from_secs(60)).await?;
         let work = state.join("work");
         std::fs::create_dir_all(&work)?;
-        let planned = faults::plan(seed, faults, &kinds, each);
+        let (planned, until) = match minutes {
+            Some(m) => (
+                faults::plan(seed, (m * 3) as usize + 1, &kinds, each, (10_000, 30_000)),
+                Some(Instant::now() + Duration::from_secs(m * 60)),
+            ),
+            None => (
+                faults::plan(seed, faults, &kinds, each, (1_500, 4_000)),
+                None,
+            ),
+        };
         println!(
             "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {} faults",
             replicas,
@@ -353,6 +369,11 @@ async fn run(
         let history = History::new();
         let wall_start = history.wall_at(0);
         let stop = Arc::new(AtomicBool::new(false));
+        let memory = tokio::spawn(memory::sample(
+            state.clone(),
+            Duration::from_secs(if minutes.is_some() { 30 } else { 5 }),
+            stop.clone(),
+        ));
         let mut tasks = Vec::new();
         tasks.push(tokio::spawn(observe::leaders(
             cluster.addrs(),
@@ -379,13 +400,15 @@ async fn run(
                 stop.clone(),
             )));
         }
-        let injected = faults::inject(&mut cluster, &planned, &history).await;
+        let injected = faults::inject(&mut cluster, &planned, &history, until).await;
         // A last quiet stretch, so the recovery after the last fault is measured too.
         tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = t.await;
         }
+        let memory = memory.await.unwrap_or_default();
+        let _ = std::fs::write(state.join("rss.csv"), memory::csv(&memory));
         injected?;
         // Every job must finish by itself now that the faults stopped (once the clients'
         // holds and suspensions are undone).
@@ -459,6 +482,10 @@ async fn run(
             .collect();
         report.launches = launches::check(&launches::read(&state.join("agents")), &log, &requeues);
         print!("{}", check::render(&report, seed));
+        println!(
+            "memory (resident, every daemon; a process a fault restarted starts a new curve):\n{}",
+            memory::summary(&memory, 120)
+        );
         Ok::<bool, anyhow::Error>(report.ok())
     };
     // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.
@@ -625,6 +652,7 @@ fn main() -> ExitCode {
             Cmd::Run {
                 seed,
                 faults,
+                minutes,
                 kinds,
                 each,
                 replicas,
@@ -639,6 +667,7 @@ fn main() -> ExitCode {
                 run(
                     seed,
                     faults,
+                    minutes,
                     kinds,
                     each,
                     replicas,
