@@ -360,10 +360,11 @@ async fn run(
             ),
         };
         println!(
-            "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {} faults",
+            "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {}{} faults",
             replicas,
             agents + simulated,
             simulated,
+            if until.is_some() { "up to " } else { "" },
             planned.len()
         );
         let history = History::new();
@@ -693,9 +694,13 @@ fn main() -> ExitCode {
             } => {
                 let target = match (ca, fault_cmd, heal_cmd) {
                     (Some(ca), Some(inject), Some(heal)) if !addrs.is_empty() => DrillTarget::Any {
+                        commands: docket_deploy::drill::Commands {
+                            inject,
+                            heal,
+                            allowed: addrs.clone(),
+                        },
                         addrs,
                         ca,
-                        commands: docket_deploy::drill::Commands { inject, heal },
                     },
                     _ => DrillTarget::Local(state_dir),
                 };

@@ -36,10 +36,10 @@ fn rss_kib(pid: i32) -> Option<u64> {
 
 /// The daemons of the cluster in `state` now, by name, with their pids.
 fn daemons(state: &std::path::Path) -> Vec<(String, i32)> {
-    let Ok(cluster) = docket_deploy::LocalCluster::open(state) else {
+    let Ok(record) = docket_deploy::LocalCluster::read_record(state) else {
         return Vec::new();
     };
-    let r = &cluster.record;
+    let r = &record;
     let mut out: Vec<(String, i32)> = r
         .replicas
         .iter()

@@ -97,6 +97,7 @@ fn hostile<T>(
     let mut runner = TestRunner::new(Config {
         cases: cases(),
         failure_persistence: None,
+        rng_seed: rng_seed(),
         ..Config::default()
     });
     let accepted = std::cell::Cell::new(0u32);
@@ -166,4 +167,15 @@ fn squeue_formats() {
     hostile("squeue -o", SEEDS, crate::squeue_format::parse_o);
     const BIG: &[&str] = &["JobID:.10,Name:30,State,Reason", "jobid,partition:.9"];
     hostile("squeue -O", BIG, crate::squeue_format::parse_big_o);
+}
+
+/// The generator's seed: fixed unless `DOCKET_FUZZ_SEED` names one (or `random`), so a CI
+/// failure reproduces; long runs pass `random` or a seed of their own.
+fn rng_seed() -> proptest::test_runner::RngSeed {
+    use proptest::test_runner::RngSeed;
+    match std::env::var("DOCKET_FUZZ_SEED").as_deref() {
+        Ok("random") => RngSeed::Random,
+        Ok(n) => n.parse().map_or(RngSeed::Fixed(20_261_126), RngSeed::Fixed),
+        Err(_) => RngSeed::Fixed(20_261_126),
+    }
 }

@@ -4,15 +4,21 @@
 //! message: ..."), the code of a server fault. Operators alert on `INTERNAL`, and clients
 //! treat it as retryable trouble on our side; a malformed request is neither. This layer
 //! turns exactly those answers into `INVALID_ARGUMENT`, keeping tonic's message (which names
-//! what did not decode).
+//! what did not decode), and likewise a message frame cut short. A frame whose compressed
+//! flag is set without an encoding stays `INTERNAL`: the gRPC compression specification
+//! requires that code for it.
 
 use std::task::{Context, Poll};
 
 use tonic::codegen::http::{HeaderValue, Request, Response};
 use tower::{Layer, Service};
 
-/// What tonic's message starts with, percent-encoded as it travels in `grpc-message`.
-const DECODE_FAILURE: &[u8] = b"failed%20to%20decode%20Protobuf%20message";
+/// What tonic's messages for undecodable requests start with, percent-encoded as they travel
+/// in `grpc-message`: a body that is not the method's protobuf message, a frame cut short.
+const DECODE_FAILURES: [&[u8]; 2] = [
+    b"failed%20to%20decode%20Protobuf%20message",
+    b"Unexpected%20EOF%20decoding%20stream",
+];
 
 /// Wraps a service so that decode failures are answered as `INVALID_ARGUMENT`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -39,7 +45,7 @@ pub fn reclassify<B>(response: &mut Response<B>) {
         .is_some_and(|s| s.as_bytes() == b"13")
         && headers
             .get("grpc-message")
-            .is_some_and(|m| m.as_bytes().starts_with(DECODE_FAILURE));
+            .is_some_and(|m| DECODE_FAILURES.iter().any(|f| m.as_bytes().starts_with(f)));
     if is_decode_failure {
         headers.insert("grpc-status", HeaderValue::from_static("3"));
     }
@@ -92,7 +98,14 @@ mod tests {
         );
         reclassify(&mut r);
         assert_eq!(r.headers()["grpc-status"], "3");
+        let mut r = answer("13", "Unexpected%20EOF%20decoding%20stream.");
+        reclassify(&mut r);
+        assert_eq!(r.headers()["grpc-status"], "3");
         for (status, message) in [
+            (
+                "13",
+                "protocol%20error%3A%20received%20message%20with%20compressed-flag%20but%20no%20grpc-encoding%20was%20specified",
+            ),
             ("13", "archive%20unreadable"),
             ("5", "failed%20to%20decode%20Protobuf%20message"),
         ] {

@@ -370,13 +370,18 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    /// The cluster recorded in `state_dir`.
-    pub fn open(state_dir: &Path) -> Result<LocalCluster, LaunchError> {
+    /// What `state_dir` records of its cluster, read only (no access to it is set up).
+    pub fn read_record(state_dir: &Path) -> Result<Record, LaunchError> {
         let path = record_path(state_dir);
         let text = std::fs::read_to_string(&path)
             .map_err(LaunchError::io(format!("reading {}", path.display())))?;
-        let record: Record = serde_json::from_str(&text)
-            .map_err(|e| LaunchError::Invalid(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&text)
+            .map_err(|e| LaunchError::Invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// The cluster recorded in `state_dir`.
+    pub fn open(state_dir: &Path) -> Result<LocalCluster, LaunchError> {
+        let record = Self::read_record(state_dir)?;
         if let Some(dir) = &record.secrets
             && dir.exists()
         {
@@ -392,7 +397,16 @@ impl LocalCluster {
         let path = record_path(&self.record.state_dir);
         let text = serde_json::to_string_pretty(&self.record)
             .map_err(|e| LaunchError::Invalid(format!("encoding the record: {e}")))?;
-        std::fs::write(&path, text).map_err(LaunchError::io(format!("writing {}", path.display())))
+        // Written aside and renamed over: a reader (the soak's memory sampler) never sees
+        // half a record.
+        let temp = path.with_extension("json.partial");
+        std::fs::write(&temp, text)
+            .map_err(LaunchError::io(format!("writing {}", temp.display())))?;
+        std::fs::rename(&temp, &path).map_err(LaunchError::io(format!(
+            "renaming {} to {}",
+            temp.display(),
+            path.display()
+        )))
     }
 
     /// Every replica's address.

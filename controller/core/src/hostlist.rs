@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 /// The most names one expression may expand to.
 pub const MAX_HOSTS: u64 = 1 << 20;
 
-/// The most bytes of names one expression may expand to, bounded before expanding from the
-/// number of names and the expression's length (no name is longer than the expression plus
-/// the digits its ranges add): `rack[1-2]-rack[1-2]-...` is short but multiplies its length.
+/// The most bytes of names one expression may expand to, bounded before expanding from each
+/// item's number of names and length (no name is longer than its item plus the digits its
+/// ranges add): `rack[1-2]-rack[1-2]-...` is short but multiplies its length.
 pub const MAX_NAME_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,12 +23,12 @@ pub enum HostlistError {
     #[error("{expr:?} names {count} hosts; at most {max} are allowed")]
     TooMany { expr: String, count: u64, max: u64 },
     #[error(
-        "{expr:?} names {count} hosts of up to {longest} characters each; at most {max} bytes of names are allowed"
+        "{expr:?} names {count} hosts in up to {bytes} bytes of names; at most {max} bytes are allowed"
     )]
     TooLong {
         expr: String,
         count: u64,
-        longest: u64,
+        bytes: u64,
         max: u64,
     },
 }
@@ -43,14 +43,21 @@ pub fn expand(expr: &str) -> Result<Vec<String>, HostlistError> {
             max: MAX_HOSTS,
         });
     }
-    // A name is no longer than the expression plus 20 digits for each of its ranges.
-    let groups = expr.matches('[').count() as u64;
-    let longest = (expr.len() as u64).saturating_add(groups.saturating_mul(20));
-    if count.saturating_mul(longest) > MAX_NAME_BYTES {
+    // A name is no longer than its item plus 20 digits for each of the item's ranges.
+    let bytes = top_level_items(expr)
+        .unwrap_or_default()
+        .iter()
+        .map(|item| {
+            let names = upper_bound(item).unwrap_or(0);
+            let groups = item.matches('[').count() as u64;
+            names.saturating_mul((item.len() as u64).saturating_add(groups.saturating_mul(20)))
+        })
+        .fold(0u64, u64::saturating_add);
+    if bytes > MAX_NAME_BYTES {
         return Err(HostlistError::TooLong {
             expr: expr.to_string(),
             count,
-            longest,
+            bytes,
             max: MAX_NAME_BYTES,
         });
     }
@@ -315,8 +322,11 @@ mod tests {
             matches!(e, HostlistError::TooLong { count: 524_288, .. }),
             "{e}"
         );
-        // A million short names is fine.
+        // A million short names is fine, and so are many racks of a hundred nodes each
+        // (the bound is per item, not the whole expression's length per name).
         assert_eq!(expand("n[0000001-1000000]").unwrap().len(), 1_000_000);
+        let racks: Vec<String> = (0..150).map(|r| format!("r{r:03}n[001-100]")).collect();
+        assert_eq!(expand(&racks.join(",")).unwrap().len(), 15_000);
     }
 
     #[test]

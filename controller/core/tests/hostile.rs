@@ -11,6 +11,7 @@
 //! thread, so it is exact, not sampled): errors may quote the input (escaped, so a few times
 //! its length), nothing may grow faster. The slowest case is printed, not asserted.
 //!
+//! `DOCKET_FUZZ_SEED` (a number, or `random`) picks the generator's seed, fixed by default.
 //! `DOCKET_FUZZ_CASES` sets the cases per target (256 by default, what CI runs). A long run:
 //! `DOCKET_FUZZ_CASES=200000 cargo test --release -p docket-core --test hostile -- --nocapture`.
 
@@ -133,6 +134,7 @@ fn hostile<S, T, E>(
     let mut runner = TestRunner::new(Config {
         cases: cases(),
         failure_persistence: None,
+        rng_seed: rng_seed(),
         ..Config::default()
     });
     let figures = std::cell::RefCell::new(Figures::default());
@@ -469,4 +471,15 @@ fn snapshots() {
     hostile("snapshots", strategy, 2 << 20, 1024, |b| {
         State::from_snapshot(b)
     });
+}
+
+/// The generator's seed: fixed unless `DOCKET_FUZZ_SEED` names one (or `random`), so a CI
+/// failure reproduces; long runs pass `random` or a seed of their own.
+fn rng_seed() -> proptest::test_runner::RngSeed {
+    use proptest::test_runner::RngSeed;
+    match std::env::var("DOCKET_FUZZ_SEED").as_deref() {
+        Ok("random") => RngSeed::Random,
+        Ok(n) => n.parse().map_or(RngSeed::Fixed(20_261_126), RngSeed::Fixed),
+        Err(_) => RngSeed::Fixed(20_261_126),
+    }
 }

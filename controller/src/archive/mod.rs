@@ -97,6 +97,10 @@ const RECORD: u8 = b'r';
 const BY_END: u8 = b'e';
 /// Records written per batch while importing a snapshot's archive.
 const IMPORT_BATCH: usize = 4096;
+/// The most records one tick expires: the first tick after `PurgeJobAfter` is set on a long
+/// history would otherwise hold applies while it exported and deleted all of it; the ticks
+/// after it go on (the same bound on every replica, so they stay alike).
+pub const EXPIRE_PER_TICK: usize = 10_000;
 
 fn record_key(generation: u32, id: u64) -> [u8; 13] {
     let mut k = [0u8; 13];
@@ -317,9 +321,10 @@ impl Archive {
         scan_db(&self.db, &self.path, self.current(), after, visit)
     }
 
-    /// Expires, at the apply at `position`, the records of jobs that ended before `before`:
-    /// hands them to `export` (which must have made them durable elsewhere when it returns
-    /// `Ok`), then deletes them. On an export error nothing is deleted. Returns how many left.
+    /// Expires, at the apply at `position`, the records of jobs that ended before `before`
+    /// (the [`EXPIRE_PER_TICK`] that ended first): hands them to `export` (which must have
+    /// made them durable elsewhere when it returns `Ok`), then deletes them. On an export
+    /// error nothing is deleted. Returns how many were expired.
     pub fn expire(
         &self,
         position: u64,
@@ -339,7 +344,7 @@ impl Archive {
                 break;
             }
             let end = u64::from_be_bytes(key[5..13].try_into().unwrap_or_default());
-            if end >= before.0 {
+            if end >= before.0 || index_keys.len() >= EXPIRE_PER_TICK {
                 break;
             }
             let id = u64::from_be_bytes(key[13..].try_into().unwrap_or_default());
