@@ -3,7 +3,9 @@
 //! Each RPC decodes openraft's request, hands it to the local Raft, and encodes the `Result`
 //! it returns, so a Raft-level refusal (a stale term, a vote denied) travels as data and the
 //! caller sees it as a remote error. A payload that does not decode is refused with
-//! `INVALID_ARGUMENT` naming the RPC, and changes nothing.
+//! `INVALID_ARGUMENT` naming the RPC, and changes nothing; so is an append whose entries do
+//! not follow on from its `prev_log_id` in order (openraft takes their order on trust: a debug
+//! build asserts and stops the replica, a release build would write them at the wrong place).
 
 use docket_proto::v1::RaftPayload;
 use docket_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
@@ -49,6 +51,43 @@ fn request<T: DeserializeOwned>(rpc: &str, request: Request<RaftPayload>) -> Res
         .map_err(|e| Status::invalid_argument(format!("{rpc}: malformed payload: {e}")))
 }
 
+/// Refuses an append whose entries do not follow `prev_log_id` one index at a time, in terms
+/// that never go back and never pass the sender's own.
+fn check_append<C: openraft::RaftTypeConfig>(
+    rpc: &openraft::raft::AppendEntriesRequest<C>,
+) -> Result<(), Status> {
+    use openraft::{LogIdOptionExt, RaftLogId};
+    let mut next = rpc.prev_log_id.next_index();
+    let mut term = rpc.prev_log_id.as_ref().map_or(0, |l| l.leader_id.term);
+    let sender = rpc.vote.leader_id.term;
+    for entry in &rpc.entries {
+        let id = entry.get_log_id();
+        if id.index != next {
+            return Err(Status::invalid_argument(format!(
+                "AppendEntries: an entry at index {} where {next} follows prev_log_id",
+                id.index
+            )));
+        }
+        if id.leader_id.term < term || id.leader_id.term > sender {
+            return Err(Status::invalid_argument(format!(
+                "AppendEntries: an entry of term {} after term {term}, sent in term {sender}",
+                id.leader_id.term
+            )));
+        }
+        term = id.leader_id.term;
+        next = next.saturating_add(1);
+    }
+    if let (Some(commit), Some(prev)) = (rpc.leader_commit.as_ref(), rpc.prev_log_id.as_ref())
+        && commit.leader_id.term > sender
+    {
+        return Err(Status::invalid_argument(format!(
+            "AppendEntries: leader_commit of term {} sent in term {sender} (after {})",
+            commit.leader_id.term, prev.index
+        )));
+    }
+    Ok(())
+}
+
 fn reply<T: Serialize>(rpc: &str, value: &T) -> Result<Response<RaftPayload>, Status> {
     let data = encode(value)
         .map_err(|e| Status::internal(format!("{rpc}: cannot encode the answer: {e}")))?;
@@ -62,6 +101,7 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc = request("AppendEntries", req)?;
+        check_append(&rpc)?;
         reply("AppendEntries", &self.raft.append_entries(rpc).await)
     }
 
