@@ -88,6 +88,7 @@ const FIELDS: &[(&str, usize)] = &[
     ("WorkDir", 20),
     ("ReqMem", 10),
     ("AllocTRES", 10),
+    ("Comment", 15),
 ];
 
 const DEFAULT: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -282,6 +283,7 @@ pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
         "Restarts" => only_allocation(j.requeue_count.to_string()),
         "WorkDir" => only_allocation(j.work_dir.clone()),
         "ReqMem" => only_allocation(memory(r.req_mem_mib)),
+        "Comment" => only_allocation(j.comment.clone()),
         // The allocation's row names what it holds; a step's, its own cpus.
         "AllocTRES" => match row.part {
             Part::Allocation => alloc_tres(r),
@@ -302,14 +304,14 @@ fn memory(mib: u64) -> String {
     }
 }
 
-/// The allocation's TRES as sacct's AllocTRES lists them, in Slurm's order (billing as
-/// with the default weights: one per cpu); empty until it has nodes.
+/// The allocation's TRES as sacct's AllocTRES lists them, in Slurm's order (billing as its
+/// partition's TRESBillingWeights weighed it); empty until it has nodes.
 fn alloc_tres(r: &pb::AccountingRecord) -> String {
     if r.alloc_nodes == 0 {
         return String::new();
     }
     let mut parts = vec![
-        format!("billing={}", r.alloc_cpus),
+        format!("billing={}", r.alloc_billing),
         format!("cpu={}", r.alloc_cpus),
     ];
     if r.alloc_gpus > 0 {
@@ -473,6 +475,7 @@ mod tests {
             alloc_mem_mib: 4096,
             alloc_gpus: 0,
             alloc_nodes: 1,
+            alloc_billing: 4,
         }
     }
 
@@ -494,9 +497,11 @@ mod tests {
         r.alloc_mem_mib = 2000;
         r.alloc_gpus = 2;
         r.alloc_nodes = 2;
+        // Billing is what the controller weighed (here GRES/gpu=2.0 on top of the cpus).
+        r.alloc_billing = 8;
         assert_eq!(
             line(&r),
-            "9|1000M|billing=4,cpu=4,gres/gpu=2,mem=2000M,node=2\n"
+            "9|1000M|billing=8,cpu=4,gres/gpu=2,mem=2000M,node=2\n"
         );
         // Not started: nothing allocated yet.
         r.alloc_nodes = 0;

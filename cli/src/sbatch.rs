@@ -71,6 +71,9 @@ pub struct SbatchArgs {
     /// Run in this advance reservation (on its nodes, inside its window).
     #[arg(long)]
     pub reservation: Option<String>,
+    /// Free text kept with the job (`squeue -o %k`, `scontrol show job`, `sacct -o Comment`).
+    #[arg(long)]
+    pub comment: Option<String>,
     /// Submit held.
     #[arg(short = 'H', long)]
     pub hold: bool,
@@ -153,6 +156,7 @@ impl SbatchArgs {
             exclude,
             constraint,
             reservation,
+            comment,
             begin,
             signal,
             gres,
@@ -277,6 +281,7 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
         script: script.as_bytes().to_vec(),
         gpus_per_node: o.gpus_per_node.unwrap_or(0),
         reservation: o.reservation.clone().unwrap_or_default(),
+        comment: o.comment.clone().unwrap_or_default(),
         ..Default::default()
     };
     match (&o.mem, &o.mem_per_cpu) {
@@ -530,6 +535,23 @@ mod tests {
         let spec = job_spec(&o, "#!/bin/sh\nsrun hostname\n", "/home/u", 0).unwrap();
         assert_eq!(spec.name, "wrap");
         assert!(SbatchArgs::try_parse_from(["sbatch", "--wrap", "true", "job.sh"]).is_err());
+    }
+
+    #[test]
+    fn a_comment_comes_from_the_option_or_a_directive() {
+        let o = SbatchArgs::try_parse_from(["sbatch", "--comment", "run 3 of 12"]).unwrap();
+        assert_eq!(
+            job_spec(&o, "#!/bin/sh\n", "/", 0).unwrap().comment,
+            "run 3 of 12"
+        );
+        let script = "#!/bin/sh\n#SBATCH --comment=\"from the script\"\ntrue\n";
+        let mut args = vec!["sbatch".to_string()];
+        args.extend(directives(script).unwrap());
+        let o = SbatchArgs::try_parse_from(args).unwrap();
+        assert_eq!(
+            job_spec(&o, script, "/", 0).unwrap().comment,
+            "from the script"
+        );
     }
 
     #[test]

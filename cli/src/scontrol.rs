@@ -42,6 +42,7 @@ pub fn render(records: &[Record], oneliner: bool) -> String {
     for r in records {
         let lines: Vec<String> = r
             .iter()
+            .filter(|l| !l.is_empty())
             .map(|l| {
                 l.iter()
                     .map(|(k, v)| format!("{k}={v}"))
@@ -145,6 +146,12 @@ pub fn job_record(j: &pb::JobInfo, now_ms: u64) -> Record {
             ("NumCPUs", j.cpus.to_string()),
         ],
         vec![("WorkDir", j.work_dir.clone())],
+        // Slurm prints the comment only when there is one.
+        if j.comment.is_empty() {
+            Vec::new()
+        } else {
+            vec![("Comment", j.comment.clone())]
+        },
     ]
 }
 
@@ -581,6 +588,7 @@ fn update_job(client: &Client, rt: &tokio::runtime::Runtime, kv: &[(String, &str
                 );
             }
             "name" | "jobname" => update.name = Some(v.to_string()),
+            "comment" => update.comment = Some(v.to_string()),
             "nice" => {
                 update.nice = Some(
                     v.parse()
@@ -589,7 +597,7 @@ fn update_job(client: &Client, rt: &tokio::runtime::Runtime, kv: &[(String, &str
             }
             other => {
                 return Err(usage(format!(
-                    "update: {other} is not a job field this scontrol changes (TimeLimit, Name, Nice)"
+                    "update: {other} is not a job field this scontrol changes (TimeLimit, Name, Nice, Comment)"
                 )));
             }
         }

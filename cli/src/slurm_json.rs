@@ -46,6 +46,7 @@ pub fn squeue_job(j: &pb::JobInfo) -> Value {
         "array_task_id": array_task_id,
         "array_task_string": if j.array_task.is_none() { j.array.clone() } else { String::new() },
         "batch_flag": true,
+        "comment": j.comment,
         "cpus": j.cpus,
         "current_working_directory": j.work_dir,
         "dependency": j.dependency,
@@ -94,7 +95,7 @@ fn tres_allocated(r: &pb::AccountingRecord) -> Value {
         json!({"type": "cpu", "name": "", "id": 1, "count": r.alloc_cpus}),
         json!({"type": "mem", "name": "", "id": 2, "count": r.alloc_mem_mib}),
         json!({"type": "node", "name": "", "id": 4, "count": r.alloc_nodes}),
-        json!({"type": "billing", "name": "", "id": 5, "count": r.alloc_cpus}),
+        json!({"type": "billing", "name": "", "id": 5, "count": r.alloc_billing}),
     ];
     if r.alloc_gpus > 0 {
         out.push(json!({"type": "gres", "name": "gpu", "id": 1001, "count": r.alloc_gpus}));
@@ -135,6 +136,7 @@ pub fn sacct_job(r: &pb::AccountingRecord, j: &pb::JobInfo) -> Value {
             "task": if j.array_task.is_none() { j.array.clone() } else { String::new() },
         },
         "association": {"account": j.account, "partition": j.partition, "user": j.user},
+        "comment": {"administrator": "", "job": j.comment, "system": ""},
         "exit_code": exit_code(j.exit_code, j.exit_signal),
         "job_id": j.job_id,
         "name": j.name,

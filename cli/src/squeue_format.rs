@@ -40,6 +40,7 @@ pub enum Field {
     User,
     WorkDir,
     Dependency,
+    Comment,
 }
 
 /// `-o` letters and `-O` names, with the header each prints.
@@ -68,6 +69,7 @@ const FIELDS: &[(char, &str, &str, Field)] = &[
     ('u', "UserName", "USER", Field::User),
     ('Z', "WorkDir", "WORK_DIR", Field::WorkDir),
     ('E', "Dependency", "DEPENDENCY", Field::Dependency),
+    ('k', "Comment", "COMMENT", Field::Comment),
 ];
 
 /// A piece of an output line.
@@ -196,6 +198,9 @@ pub fn value(j: &pb::JobInfo, field: Field, now_ms: u64) -> String {
             None => "N/A".into(),
         },
         Field::Account => j.account.clone(),
+        // Slurm prints a job without a comment as "(null)".
+        Field::Comment if j.comment.is_empty() => "(null)".into(),
+        Field::Comment => j.comment.clone(),
         Field::Cpus => j.cpus.to_string(),
         Field::Nodes => j.nodes.to_string(),
         Field::Name => j.name.clone(),

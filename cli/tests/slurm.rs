@@ -58,7 +58,13 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    let o = run(dir.path(), &addr, "sbatch", &["-J", "second"], Some(script));
+    let o = run(
+        dir.path(),
+        &addr,
+        "sbatch",
+        &["-J", "second", "--comment", "sweep 3 of 12"],
+        Some(script),
+    );
     assert!(o.status.success(), "{o:?}");
     let second: u64 = text(&o)
         .trim()
@@ -105,6 +111,53 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     );
     let v: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
     assert_eq!(v["jobs"][0]["name"], "second");
+    assert_eq!(v["jobs"][0]["comment"], "sweep 3 of 12");
+
+    // The comment: squeue's %k (and "(null)" without one), scontrol show and update, sacct.
+    let o = run(dir.path(), &addr, "squeue", &["-h", "-o", "%i|%k"], None);
+    let out = text(&o);
+    assert!(out.contains(&format!("{second}|sweep 3 of 12")), "{out}");
+    assert!(out.contains(&format!("{id}|(null)")), "{out}");
+    let o = run(
+        dir.path(),
+        &addr,
+        "scontrol",
+        &["show", "job", &second.to_string()],
+        None,
+    );
+    assert!(
+        text(&o).contains("   Comment=sweep 3 of 12\n"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        dir.path(),
+        &addr,
+        "scontrol",
+        &[
+            "update",
+            &format!("JobId={second}"),
+            "Comment=sweep 4 of 12",
+        ],
+        None,
+    );
+    assert!(o.status.success(), "{o:?}");
+    let o = run(
+        dir.path(),
+        &addr,
+        "sacct",
+        &[
+            "-n",
+            "-P",
+            "-X",
+            "-j",
+            &second.to_string(),
+            "-o",
+            "JobID,Comment",
+        ],
+        None,
+    );
+    assert_eq!(text(&o).trim(), format!("{second}|sweep 4 of 12"));
 
     // scancel: by id; then it is gone from the queue and shown among the cancelled.
     let o = run(dir.path(), &addr, "scancel", &[&id.to_string()], None);

@@ -10,7 +10,9 @@ use std::str::FromStr;
 
 use docket_core::job::array::ArraySpec;
 use docket_core::job::dependency::Dependency;
-use docket_core::job::spec::{BlobId, JobSpec, MemoryRequest, TimeRequest, WarnSignal};
+use docket_core::job::spec::{
+    BlobId, JobSpec, MAX_COMMENT, MemoryRequest, TimeRequest, WarnSignal,
+};
 use docket_core::job::{ArrayPart, Job, JobRef};
 use docket_core::quantity::{MiB, Seconds, TimeMs};
 use docket_core::{JobId, UserName};
@@ -202,6 +204,11 @@ pub fn job_spec(
         signal,
         reservation: name(&f("reservation"), &spec.reservation)?,
         interactive: spec.interactive,
+        comment: if spec.comment.is_empty() {
+            None
+        } else {
+            Some(text(&f("comment"), &spec.comment, MAX_COMMENT)?)
+        },
     })
 }
 
@@ -284,6 +291,7 @@ pub fn job_info(job: &Job) -> pb::JobInfo {
             .map(|d| d.to_string())
             .unwrap_or_default(),
         steps: job.steps.list.values().map(step_info).collect(),
+        comment: job.spec.comment.as_deref().unwrap_or_default().to_string(),
     }
 }
 

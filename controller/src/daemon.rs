@@ -51,6 +51,10 @@ pub struct DaemonConfig {
     pub tuning: docket_raft::replica::RaftTuning,
     /// Where to serve the status page, `/metrics` and `/status` over HTTP, if anywhere.
     pub http_listen: Option<String>,
+    /// The URL of this replica's status page that others link to (derived when `None`).
+    pub http_advertise: Option<String>,
+    /// How much the HTTP port serves at once.
+    pub http_limits: crate::http_conn::HttpLimits,
     /// How often the status page's plots sample.
     pub history_interval: Duration,
     /// Node agents' timing and liveness.
@@ -130,7 +134,20 @@ pub async fn run(
         Some(a) => a.clone(),
         None => listener.local_addr()?.to_string(),
     };
+    let http_listener = match &config.http_listen {
+        None => None,
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--http-listen {addr}: cannot bind"))?,
+        ),
+    };
     let mut replica_config = ReplicaConfig::new(config.id, advertise.clone(), &config.data_dir);
+    replica_config.status_page = match (&config.http_advertise, &http_listener) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(l)) => Some(status_page_url(l.local_addr()?, &advertise)),
+        (None, None) => None,
+    };
     replica_config.tuning = config.tuning.clone();
     replica_config.proposer.max_batch_commands = replica_config
         .proposer
@@ -167,12 +184,9 @@ pub async fn run(
     let inflight = Arc::new(AtomicUsize::new(0));
     let users_inflight = Arc::new(AtomicUsize::new(0));
     let stats = Arc::new(std::sync::Mutex::new(LoopStats::default()));
-    let http = match &config.http_listen {
+    let http = match http_listener {
         None => None,
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--http-listen {addr}: cannot bind"))?;
+        Some(listener) => {
             let history = Arc::new(std::sync::Mutex::new(
                 crate::web::history::History::default(),
             ));
@@ -182,6 +196,7 @@ pub async fn run(
                 inflight: inflight.clone(),
                 prometheus: crate::http::install_recorder(),
                 history: history.clone(),
+                leader_pages: Default::default(),
             });
             tracing::info!(addr = %listener.local_addr()?, "serving the status page, /metrics and /status");
             let sampler = crate::web::sample_every(
@@ -190,11 +205,12 @@ pub async fn run(
                 stats.clone(),
                 history,
             );
+            let limits = config.http_limits;
             // One task: stopping the server stops the sampling too.
             Some(tokio::spawn(async move {
                 tokio::select! {
-                    served = axum::serve(listener, router) => served,
-                    () = sampler => Ok(()),
+                    () = crate::http_conn::serve(listener, router, limits) => {}
+                    () = sampler => {}
                 }
             }))
         }
@@ -304,4 +320,40 @@ pub async fn run(
         _ => {}
     }
     Ok(())
+}
+
+/// This replica's status page as others should link to it: the HTTP address it listens on,
+/// or, when that is every address (`0.0.0.0`, `::`), the host others reach its Raft port at
+/// (`advertise`) with the HTTP port.
+fn status_page_url(http: std::net::SocketAddr, advertise: &str) -> String {
+    if http.ip().is_unspecified() {
+        let host = advertise
+            .rsplit_once(':')
+            .map_or(advertise, |(host, _port)| host);
+        format!("http://{host}:{}/", http.port())
+    } else {
+        format!("http://{http}/")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_page_url;
+
+    #[test]
+    fn the_status_page_is_advertised_where_others_can_reach_it() {
+        let at = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            status_page_url(at("127.0.0.1:7180"), "127.0.0.1:7100"),
+            "http://127.0.0.1:7180/"
+        );
+        assert_eq!(
+            status_page_url(at("0.0.0.0:7180"), "ctl2.example.org:7100"),
+            "http://ctl2.example.org:7180/"
+        );
+        assert_eq!(
+            status_page_url(at("[::]:7180"), "[fd00::2]:7100"),
+            "http://[fd00::2]:7180/"
+        );
+    }
 }

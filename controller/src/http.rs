@@ -29,6 +29,8 @@ pub struct HttpState {
     pub prometheus: Option<PrometheusHandle>,
     /// What the status page plots.
     pub history: Arc<std::sync::Mutex<crate::web::history::History>>,
+    /// Where the leader's status page is, as a follower last heard.
+    pub leader_pages: crate::web::leader_page::LeaderPages,
 }
 
 impl std::fmt::Debug for HttpState {

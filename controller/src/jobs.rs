@@ -250,15 +250,17 @@ impl Jobs for JobsService {
             }
             Some(s) => Some(TimeRequest::Limit(docket_core::quantity::Seconds(s as u64))),
         };
-        if time_limit.is_none() && req.name.is_none() && req.nice.is_none() {
+        if time_limit.is_none() && req.name.is_none() && req.nice.is_none() && req.comment.is_none()
+        {
             return Err(Status::invalid_argument(
-                "nothing to update: give time_limit_seconds, name or nice",
+                "nothing to update: give time_limit_seconds, name, nice or comment",
             ));
         }
         let update = docket_core::apply::update::JobUpdate {
             time_limit,
             name: req.name.map(smol_str::SmolStr::from),
             nice: req.nice,
+            comment: req.comment.map(smol_str::SmolStr::from),
         };
         let command = Command::UpdateJobs {
             jobs: refs.clone(),
@@ -737,6 +739,8 @@ fn accounting_record(
         alloc_mem_mib,
         alloc_gpus: alloc.map_or(0, |a| a.gpus()),
         alloc_nodes: alloc.map_or(0, |a| a.shares.len() as u32),
+        // Allocations made before billing was recorded: the default weights, one per cpu.
+        alloc_billing: alloc.map_or(0, |a| a.billing_milli.map_or(a.cpus(), |b| b / 1000)),
         elapsed_seconds: job.run_time(job.end_time.unwrap_or(now)).0,
         charged_milli_su,
         archived,

@@ -20,6 +20,7 @@ pub mod dispatch;
 pub mod dry_run;
 pub mod health;
 pub mod http;
+pub mod http_conn;
 pub mod identity;
 pub mod inflight;
 pub mod jobs;

@@ -174,6 +174,25 @@ struct RunArgs {
     /// host:port.
     #[arg(long, env = "DOCKET_HTTP_LISTEN")]
     http_listen: Option<String>,
+    /// The URL other replicas' pages link to for this one's (default: http:// and the
+    /// --http-listen address, its host taken from --advertise when it listens on all
+    /// addresses).
+    #[arg(long, env = "DOCKET_HTTP_ADVERTISE")]
+    http_advertise: Option<String>,
+    /// HTTP connections served at once; more are closed as they are accepted.
+    #[arg(long, env = "DOCKET_HTTP_MAX_CONNECTIONS", default_value_t = 256)]
+    http_max_connections: usize,
+    /// HTTP connections served at once from one address.
+    #[arg(
+        long,
+        env = "DOCKET_HTTP_MAX_CONNECTIONS_PER_PEER",
+        default_value_t = 32
+    )]
+    http_max_connections_per_peer: usize,
+    /// A request's headers must arrive within this (milliseconds); so must the next request
+    /// on a kept-alive connection.
+    #[arg(long, env = "DOCKET_HTTP_HEADER_TIMEOUT_MS", default_value_t = 10_000)]
+    http_header_timeout_ms: u64,
     /// The status page's plots sample this often (milliseconds); six hours at the default.
     #[arg(long, env = "DOCKET_HISTORY_INTERVAL_MS", default_value_t = 60_000)]
     history_interval_ms: u64,
@@ -432,6 +451,13 @@ fn run(args: RunArgs) -> Result<()> {
         read_timeout: Duration::from_millis(args.read_timeout_ms),
         tuning,
         http_listen: args.http_listen,
+        http_advertise: args.http_advertise,
+        http_limits: docket_controller::http_conn::HttpLimits {
+            connections: args.http_max_connections,
+            per_peer: args.http_max_connections_per_peer,
+            header_read: Duration::from_millis(args.http_header_timeout_ms.max(1)),
+            ..Default::default()
+        },
         history_interval: Duration::from_millis(args.history_interval_ms.max(100)),
         agents: docket_controller::agents::AgentConfig {
             heartbeat: Duration::from_millis(args.agent_heartbeat_ms.max(1)),

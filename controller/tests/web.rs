@@ -2,7 +2,9 @@
 //! it, a follower says so and names the leader, the nodes, partitions, queue and passes are
 //! there, the queue filters, a job's page shows its priority factors and output paths, the
 //! script's partial refresh returns the main part alone, the plots fill as the history is
-//! sampled, what users name is escaped, and an unknown job is a 404.
+//! sampled, what users name is escaped, and an unknown job is a 404. The port itself is
+//! bounded: a peer holding many connections, or sending its headers a byte at a time, is
+//! cut off while others are still served.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -123,6 +125,9 @@ async fn every_replica_serves_the_status_page() {
     };
     assert!(page.contains("id=\"follower\""), "{page}");
     assert!(page.contains(&format!("replica {leader}")), "{page}");
+    // ... and links to the leader's page, which the leader itself advertised.
+    let link = format!("id=\"leader-page\" href=\"http://{}/\"", http[&leader]);
+    assert!(page.contains(&link), "{link} not in {page}");
 
     // The queue filters; the partial refresh is the main part alone.
     let (_, mine) = get(&http[&leader], "/?user=alice&state=pending", "");
@@ -272,4 +277,98 @@ async fn chromium_renders_the_status_page() {
         png.len()
     );
     println!("screenshot: {}", shot.display());
+}
+
+/// Connects from `source` (a loopback address) to `addr`, as a blocking stream.
+fn connect_from(source: &str, addr: &str) -> std::net::TcpStream {
+    let from: std::net::SocketAddr = format!("{source}:0").parse().unwrap();
+    let to: std::net::SocketAddr = addr.parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(from).unwrap();
+    let s = tokio::task::block_in_place(|| {
+        tokio::runtime::Handle::current().block_on(socket.connect(to))
+    })
+    .unwrap()
+    .into_std()
+    .unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// Whether the server closed `s` (a read returns end of file or a reset) within `within`.
+fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_bounds_what_one_peer_holds_and_how_slowly_it_may_speak() {
+    let cluster = Cluster::start_with(
+        1,
+        &[
+            "--agent-fence-ms",
+            "0",
+            "--http-max-connections-per-peer",
+            "4",
+            "--http-header-timeout-ms",
+            "1000",
+        ],
+    )
+    .await;
+    cluster.wait_configured().await;
+    let addr = cluster.http.values().next().unwrap().clone();
+    let status = |source: &str| {
+        let mut s = connect_from(source, &addr);
+        write!(s, "GET /status HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(status("127.0.0.1").starts_with("HTTP/1.0 200"));
+
+    // Four idle connections from one address: the fifth is closed at once ...
+    let held: Vec<_> = (0..4).map(|_| connect_from("127.0.0.1", &addr)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut fifth = connect_from("127.0.0.1", &addr);
+    assert!(
+        closed_within(&mut fifth, Duration::from_millis(800)),
+        "a fifth connection from the same peer was kept"
+    );
+    // ... while another address is served.
+    assert!(status("127.0.0.2").starts_with("HTTP/1.0 200"));
+
+    // Headers that do not arrive in time: the connection is closed, trickle or not.
+    let mut slow = connect_from("127.0.0.3", &addr);
+    let started = Instant::now();
+    write!(slow, "GET / HTTP/1.1\r\n").unwrap();
+    let mut cut = false;
+    while started.elapsed() < Duration::from_secs(5) {
+        if slow.write_all(b"X").is_err() || closed_within(&mut slow, Duration::from_millis(200)) {
+            cut = true;
+            break;
+        }
+    }
+    assert!(
+        cut,
+        "a peer trickling its headers kept its connection for 5 s"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+
+    // The idle four are closed by the same deadline, and the peer is served again.
+    for mut s in held {
+        assert!(
+            closed_within(&mut s, Duration::from_secs(3)),
+            "an idle connection was kept"
+        );
+    }
+    assert!(status("127.0.0.1").starts_with("HTTP/1.0 200"));
 }

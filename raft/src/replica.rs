@@ -82,6 +82,9 @@ pub struct ReplicaConfig {
     pub tuning: RaftTuning,
     pub network: NetworkConfig,
     pub proposer: ProposerConfig,
+    /// Where this replica serves its status page (an `http://` or `https://` URL), reported
+    /// in its [`ReplicaStatus`] so other replicas' pages can link to the leader's.
+    pub status_page: Option<String>,
 }
 
 impl ReplicaConfig {
@@ -95,6 +98,7 @@ impl ReplicaConfig {
             tuning: RaftTuning::default(),
             network: NetworkConfig::default(),
             proposer: ProposerConfig::default(),
+            status_page: None,
         }
     }
 
@@ -191,6 +195,7 @@ pub struct Replica<M: StateMachine> {
     channels: Channels,
     faults: FaultInjection,
     max_message_bytes: usize,
+    status_page: Option<String>,
 }
 
 impl<M: StateMachine> Clone for Replica<M> {
@@ -204,6 +209,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             channels: self.channels.clone(),
             faults: self.faults.clone(),
             max_message_bytes: self.max_message_bytes,
+            status_page: self.status_page.clone(),
         }
     }
 }
@@ -251,6 +257,7 @@ impl<M: StateMachine> Replica<M> {
             channels,
             faults,
             max_message_bytes: config.network.max_message_bytes,
+            status_page: config.status_page,
         })
     }
 
@@ -284,6 +291,7 @@ impl<M: StateMachine> Replica<M> {
             self.raft.clone(),
             self.proposer.clone(),
             self.max_message_bytes,
+            self.status_page.clone(),
         )
     }
 
@@ -408,7 +416,9 @@ impl<M: StateMachine> Replica<M> {
 
     /// This replica's view of the cluster.
     pub fn status(&self) -> ReplicaStatus {
-        ReplicaStatus::from_metrics(&self.raft.metrics().borrow())
+        let mut status = ReplicaStatus::from_metrics(&self.raft.metrics().borrow());
+        status.status_page.clone_from(&self.status_page);
+        status
     }
 
     /// Waits until some replica is known to lead, and returns its id.

@@ -67,6 +67,17 @@ pub struct ReplicaStatus {
     pub members: Vec<Member>,
     /// Why the replica stopped, if it did (a storage failure, for one).
     pub stopped: Option<String>,
+    /// Where it serves its status page, if it does. Last, and read as absent from a replica
+    /// of a build before it ([`trailing`]), so a cluster mid-upgrade still reports every
+    /// replica.
+    #[serde(default, deserialize_with = "trailing")]
+    pub status_page: Option<String>,
+}
+
+/// A field added at the end of a message: absent when the sender's build wrote the message
+/// without it (postcard then runs out of bytes right there).
+fn trailing<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(d).unwrap_or(None))
 }
 
 impl ReplicaStatus {
@@ -131,6 +142,44 @@ impl ReplicaStatus {
             millis_since_quorum_ack: m.millis_since_quorum_ack,
             members,
             stopped: m.running_state.as_ref().err().map(|e| e.to_string()),
+            status_page: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(page: Option<&str>) -> ReplicaStatus {
+        ReplicaStatus {
+            id: ReplicaId(2),
+            role: Role::Follower,
+            term: 7,
+            leader: Some(ReplicaId(1)),
+            leader_addr: Some("10.0.0.1:7100".into()),
+            last_log_index: Some(40),
+            applied_index: Some(40),
+            snapshot_index: None,
+            purged_index: None,
+            millis_since_quorum_ack: None,
+            members: Vec::new(),
+            stopped: None,
+            status_page: page.map(String::from),
+        }
+    }
+
+    #[test]
+    fn the_status_page_travels_and_an_older_replica_s_status_still_reads() {
+        let new = status(Some("http://10.0.0.2:7180/"));
+        let bytes = crate::codec::encode(&new).unwrap();
+        assert_eq!(crate::codec::decode::<ReplicaStatus>(&bytes).unwrap(), new);
+        // An older build's status is these bytes without the last field (None: one byte).
+        let mut old = crate::codec::encode(&status(None)).unwrap();
+        old.pop();
+        assert_eq!(
+            crate::codec::decode::<ReplicaStatus>(&old).unwrap(),
+            status(None)
+        );
     }
 }

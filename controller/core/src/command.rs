@@ -13,6 +13,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::layout::{self, Layout};
+
 use crate::account::{AssocLimits, Grant, User, UserAssoc};
 use crate::config::SchedConfig;
 use crate::ids::{AccountName, JobId, NodeName, PartitionName, QosName, UserName};
@@ -23,11 +25,20 @@ use crate::qos::Qos;
 
 /// The command encoding this build writes and the newest it applies. Version 2 carries the
 /// actor in the envelope for every command; version 3 adds job steps ([`Command::CreateStep`],
-/// [`Command::EndSteps`], [`Command::CancelSteps`]).
-pub const COMMAND_VERSION: u16 = 3;
+/// [`Command::EndSteps`], [`Command::CancelSteps`]); version 4 adds jobs' comments
+/// ([`Layout::V2`]). Versions 2 and 3 are read as [`Layout::V1`].
+pub const COMMAND_VERSION: u16 = 4;
+
+/// The layout of the data inside an envelope of `version`.
+pub fn layout_of(version: u16) -> Layout {
+    if version < 4 { Layout::V1 } else { Layout::V2 }
+}
 
 /// A command as it travels through the log: what to do and who asked.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Its version is its first field, and decoding reads the rest in the layout that version
+/// wrote ([`crate::layout`]), so entries a replica logged before an upgrade still apply.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Envelope {
     pub version: u16,
     pub actor: Actor,
@@ -47,6 +58,42 @@ impl Envelope {
     /// the site file at bootstrap).
     pub fn controller(command: Command) -> Envelope {
         Envelope::new(Actor::Controller, command)
+    }
+}
+
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        const FIELDS: &[&str] = &["version", "actor", "command"];
+        deserializer.deserialize_struct("Envelope", FIELDS, EnvelopeVisitor)
+    }
+}
+
+struct EnvelopeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for EnvelopeVisitor {
+    type Value = Envelope;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a command envelope (version, actor, command)")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Envelope, A::Error> {
+        use serde::de::Error;
+        let version: u16 = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+        let _layout = layout::Scope::enter(layout_of(version));
+        let actor = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+        let command = seq
+            .next_element()?
+            .ok_or_else(|| A::Error::invalid_length(2, &self))?;
+        Ok(Envelope {
+            version,
+            actor,
+            command,
+        })
     }
 }
 

@@ -18,7 +18,8 @@
 //! - ordering: [`priority`] (six formulas, `explain`, the order of consideration),
 //!   [`predict`] (runtime predictions the planners may plan on instead of limits),
 //!   `queue_index` (the idle queue kept in order where that order is time-independent);
-//! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back).
+//! - safety: [`invariants`] (written down and checked), [`snapshot`] (bytes and back),
+//!   [`layout`] (reading bytes written before a field was added).
 
 pub mod access;
 pub mod account;
@@ -31,6 +32,7 @@ pub mod hostlist;
 pub mod ids;
 pub mod invariants;
 pub mod job;
+pub mod layout;
 pub mod lookup;
 pub mod node;
 pub mod partition;

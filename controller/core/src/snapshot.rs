@@ -3,18 +3,28 @@
 //! Layout: the magic `DKTS`, a big-endian u16 format version, then the state in postcard
 //! (a compact, deterministic serde encoding: the same state always gives the same bytes,
 //! which is what lets replicas compare snapshots byte for byte). A snapshot from a newer
-//! format is refused, not misread. Derived indexes are not stored; restore rebuilds them
+//! format is refused, not misread; one from an older format this build still reads is read in
+//! its own layout ([`crate::layout`]). Derived indexes are not stored; restore rebuilds them
 //! and checks every invariant before handing the state out.
 
 use crate::invariants::InvariantViolation;
+use crate::layout::{self, Layout};
 use crate::state::State;
 
-/// The snapshot layout this build writes and the only one it reads. Format 2 added job
-/// steps to every job record, format 3 runtime predictions (each job's, each user's recent
-/// run times, the planners' settings), format 4 the accounting archive's retention; postcard has no optional fields, so an older body
-/// cannot be read as the current format and is refused with its version named, never
-/// misread.
-pub const SNAPSHOT_FORMAT: u16 = 4;
+/// The snapshot format this build writes. Format 2 added job steps to every job record,
+/// format 3 runtime predictions (each job's, each user's recent run times, the planners'
+/// settings), format 4 the accounting archive's retention, format 5 jobs' comments.
+pub const SNAPSHOT_FORMAT: u16 = 5;
+/// The oldest format this build reads: fields added since are read as their defaults
+/// ([`crate::layout`]). Formats before it changed the meaning of existing fields and are
+/// refused with their version named, never misread.
+pub const OLDEST_SNAPSHOT_FORMAT: u16 = 4;
+
+/// The layout of the data in a snapshot of `format` (one this build reads).
+pub fn layout_of(format: u16) -> Layout {
+    if format < 5 { Layout::V1 } else { Layout::V2 }
+}
+
 const MAGIC: &[u8; 4] = b"DKTS";
 
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +35,8 @@ pub enum SnapshotError {
     NewerFormat { found: u16, supported: u16 },
     #[error(
         "snapshot format {found} is older than format {supported} that this build reads \
-         (format 2 added job steps, format 3 runtime predictions, format 4 the archive's retention); data written before it cannot be upgraded in place"
+         (format 2 added job steps, format 3 runtime predictions, format 4 the archive's \
+         retention); data written before it cannot be upgraded in place"
     )]
     OlderFormat { found: u16, supported: u16 },
     #[error("snapshot body does not decode: {0}")]
@@ -52,13 +63,13 @@ impl State {
                 supported: SNAPSHOT_FORMAT,
             });
         }
-        if found < SNAPSHOT_FORMAT {
+        if found < OLDEST_SNAPSHOT_FORMAT {
             return Err(SnapshotError::OlderFormat {
                 found,
-                supported: SNAPSHOT_FORMAT,
+                supported: OLDEST_SNAPSHOT_FORMAT,
             });
         }
-        let mut state: State = postcard::from_bytes(body)?;
+        let mut state: State = layout::reading(layout_of(found), || postcard::from_bytes(body))?;
         state.rebuild_indexes();
         state.check_invariants()?;
         Ok(state)

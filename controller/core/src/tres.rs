@@ -58,6 +58,11 @@ impl BillingWeights {
             parts.into_iter().sum()
         }
     }
+
+    /// [`Self::billing`] in thousandths, rounded down, as replicated state keeps it.
+    pub fn billing_milli(&self, tres: &Tres) -> u64 {
+        (self.billing(tres) * 1000.0) as u64
+    }
 }
 
 #[cfg(test)]

@@ -456,6 +456,21 @@ fn usage_bills_memory_by_the_partition_weights() {
     s.time = docket_core::job::TimeRequest::Limit(Seconds::hours(2));
     let id = c.submit(vec![s])[0];
     c.start(jr(id), &["n001"]).unwrap();
+    // The allocation keeps what it was weighed at (sacct's AllocTRES billing=6): later
+    // changes to the weights do not rewrite history.
+    assert_eq!(
+        c.job(id).alloc.as_ref().and_then(|a| a.billing_milli),
+        Some(6000)
+    );
+    let mut p = c.state.partitions[&name::<docket_core::PartitionName>("work")].clone();
+    p.billing.mem_per_gib = Milli(0);
+    c.ok(Command::UpsertPartition(Box::new(p.clone())));
+    assert_eq!(
+        c.job(id).alloc.as_ref().and_then(|a| a.billing_milli),
+        Some(6000)
+    );
+    p.billing.mem_per_gib = Milli(500);
+    c.ok(Command::UpsertPartition(Box::new(p)));
     c.apply_after(1000, Command::Tick).unwrap();
     let entry = c.state.usage.entries[&name::<docket_core::AccountName>("proj")]
         [&name::<docket_core::UserName>("alice")];
@@ -789,12 +804,14 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
                 time_limit: Some(TimeRequest::Limit(Seconds(1800))),
                 name: Some("renamed".into()),
                 nice: Some(10),
+                comment: Some("first try".into()),
             },
         ),
     );
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1800)));
     assert_eq!(c.job(id).spec.name, "renamed");
+    assert_eq!(c.job(id).spec.comment.as_deref(), Some("first try"));
     // Raising, unlimited and negative nice are for administrators.
     for u in [
         JobUpdate {
@@ -871,4 +888,26 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
     );
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1200)));
+    // A running job's comment changes; a terminal escape in it does not; empty clears it.
+    let comment = |text: &str| JobUpdate {
+        comment: Some(text.into()),
+        ..Default::default()
+    };
+    assert!(one(&mut c, update(alice(), comment("checkpointed at step 40"))).is_ok());
+    assert_eq!(
+        c.job(id).spec.comment.as_deref(),
+        Some("checkpointed at step 40")
+    );
+    let r = one(&mut c, update(alice(), comment("\u{1b}]0;owned\u{7}")));
+    assert!(
+        matches!(&r, Err(Rejection::Invalid { field, .. }) if field == "comment"),
+        "{r:?}"
+    );
+    let r = one(&mut c, update(alice(), comment(&"x".repeat(1025))));
+    assert!(
+        matches!(&r, Err(Rejection::TooLarge { field, limit: 1024, .. }) if field == "comment length"),
+        "{r:?}"
+    );
+    assert!(one(&mut c, update(alice(), comment(""))).is_ok());
+    assert_eq!(c.job(id).spec.comment, None);
 }

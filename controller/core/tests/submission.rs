@@ -265,3 +265,31 @@ fn commands_from_a_newer_version_or_replayed_indexes_are_refused() {
     c.index += 1; // the refused entry still took its place in the log
     assert!(matches!(c.apply(Command::Tick), Ok(Response::Done)));
 }
+
+#[test]
+fn a_comment_is_kept_and_bounded_and_free_of_control_characters() {
+    let mut c = cluster();
+    let mut s = c.spec("alice");
+    s.comment = Some("sweep 3 of 12: lr=0.01".into());
+    let id = c.submit(vec![s])[0];
+    assert_eq!(
+        c.job(id).spec.comment.as_deref(),
+        Some("sweep 3 of 12: lr=0.01")
+    );
+    for (comment, says) in [
+        ("x".repeat(1025), "comment length"),
+        ("\u{1b}[2J".to_string(), "comment"),
+        ("two\nlines".to_string(), "comment"),
+    ] {
+        let mut s = c.spec("alice");
+        s.comment = Some(comment.into());
+        let err = rejected(&mut c, s);
+        assert!(err.contains(says), "{err}");
+    }
+    let err = {
+        let mut s = c.spec("alice");
+        s.comment = Some("x".repeat(1025).into());
+        rejected(&mut c, s)
+    };
+    assert!(err.contains("1024"), "names the limit: {err}");
+}

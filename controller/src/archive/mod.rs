@@ -27,6 +27,10 @@
 //!   cut-off on the replicated clock, and every replica exports the expiring records to the
 //!   same file ([`export`]) before it deletes them.
 //!
+//! - **Records of an older layout are rewritten at open** ([`docket_core::layout`]): the
+//!   format key says which layout the current generation holds, and an upgrade replaces it
+//!   with the same records in the current layout, so reads decode one layout only.
+//!
 //! Keys: `m` + name for metadata; `r` + generation (u32) + job id (u64) for records;
 //! `e` + generation + end time (u64 ms) + job id for the end-time index retention walks. All
 //! big-endian, so keys sort as the numbers do.
@@ -40,8 +44,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use docket_core::JobId;
 use docket_core::apply::purge::Finished;
 use docket_core::job::Job;
+use docket_core::layout::{self, Layout};
 use docket_core::quantity::TimeMs;
-use rocksdb::{DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions};
+use rocksdb::{DB, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions};
 use serde::{Deserialize, Serialize};
 
 /// One archived job.
@@ -89,10 +94,24 @@ pub enum ArchiveError {
         len: usize,
         expected: usize,
     },
+    #[error(
+        "accounting archive {path}: records of format {found}, newer than format {supported} \
+         that this build reads"
+    )]
+    NewerFormat {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+    },
 }
 
 const GENERATION_KEY: &[u8] = b"mgeneration";
 const APPLIED_KEY: &[u8] = b"mapplied";
+/// The layout the records are written in ([`RECORD_FORMAT`]); absent before formats were
+/// marked, when records were [`Layout::V1`].
+const FORMAT_KEY: &[u8] = b"mformat";
+/// The record format this build writes: 1 is [`Layout::V1`], 2 [`Layout::V2`].
+const RECORD_FORMAT: u32 = 2;
 const RECORD: u8 = b'r';
 const BY_END: u8 = b'e';
 /// Records written per batch while importing a snapshot's archive.
@@ -172,7 +191,45 @@ impl Archive {
         archive.generation.store(generation, Ordering::SeqCst);
         archive.sweep_other_generations(generation)?;
         archive.remove_stale_checkpoints();
+        archive.upgrade_records()?;
         Ok(archive)
+    }
+
+    /// Rewrites records of an older format in the current one, as one replacement (so a
+    /// crash midway leaves the old records current, to be upgraded at the next open). Every
+    /// other read then decodes the current layout only.
+    fn upgrade_records(&self) -> Result<(), ArchiveError> {
+        let format = self.read_u64_meta(FORMAT_KEY, "format", 4)?.unwrap_or(1);
+        if format == u64::from(RECORD_FORMAT) {
+            return Ok(());
+        }
+        let layout = match format {
+            1 => Layout::V1,
+            _ => {
+                return Err(ArchiveError::NewerFormat {
+                    path: self.path.clone(),
+                    found: format,
+                    supported: RECORD_FORMAT,
+                });
+            }
+        };
+        let generation = self.current();
+        let (from, to) = generation_range(RECORD, generation);
+        let mut read = ReadOptions::default();
+        read.set_iterate_upper_bound(to);
+        let old = self
+            .db
+            .iterator_opt(IteratorMode::From(&from, Direction::Forward), read)
+            .map(|item| {
+                let (key, value) = item.map_err(|e| self.rocks(e))?;
+                let id = u64::from_be_bytes(key[5..].try_into().unwrap_or_default());
+                layout::reading(layout, || decode(&self.path, id, &value))
+            });
+        let position = self.applied.load(Ordering::SeqCst);
+        let count = self.replace(position, old)?;
+        tracing::info!(count, from = format, to = RECORD_FORMAT, path = %self.path.display(),
+            "upgraded the accounting archive's records");
+        Ok(())
     }
 
     fn rocks(&self, source: rocksdb::Error) -> ArchiveError {
@@ -430,6 +487,7 @@ impl Archive {
                 }
             }
             batch.put(GENERATION_KEY, new.to_be_bytes());
+            batch.put(FORMAT_KEY, RECORD_FORMAT.to_be_bytes());
             batch.put(APPLIED_KEY, position.to_be_bytes());
             let mut sync = WriteOptions::default();
             sync.set_sync(true);

@@ -1,7 +1,7 @@
 //! The archive's part of a snapshot: every record, after the queue.
 //!
 //! Layout: the magic `DKTA`, a big-endian u16 format (docket-core's snapshot format, since a
-//! record is a docket-core job), the u64 log position the records are complete through, then
+//! record is a docket-core job, read in that format's [`Layout`]), the u64 log position the records are complete through, then
 //! each record as a big-endian u32 length and its postcard bytes, a zero length, and the u64
 //! count of records (so a stream cut short is refused, never taken as a smaller history).
 //! Lengths are bounded ([`MAX_RECORD_BYTES`]): a hostile or corrupt stream cannot make a
@@ -9,7 +9,8 @@
 
 use std::io::{self, Read, Write};
 
-use docket_core::snapshot::SNAPSHOT_FORMAT;
+use docket_core::layout::{self, Layout};
+use docket_core::snapshot::{OLDEST_SNAPSHOT_FORMAT, SNAPSHOT_FORMAT};
 
 use super::{ArchiveCheckpoint, ArchiveError, ArchivedJob};
 
@@ -69,6 +70,8 @@ pub fn write(
 /// A section being read: its position, then its records one by one.
 pub struct Reader<'a> {
     input: &'a mut dyn Read,
+    /// The layout its records were written in.
+    layout: Layout,
     pub position: u64,
     read: u64,
     done: bool,
@@ -111,14 +114,16 @@ impl<'a> Reader<'a> {
             return Err(invalid("bad magic".into()));
         }
         let format = u16::from_be_bytes(read_array(input, "format")?);
-        if format != SNAPSHOT_FORMAT {
+        if !(OLDEST_SNAPSHOT_FORMAT..=SNAPSHOT_FORMAT).contains(&format) {
             return Err(invalid(format!(
-                "records of format {format}; this build reads format {SNAPSHOT_FORMAT}"
+                "records of format {format}; this build reads formats \
+                 {OLDEST_SNAPSHOT_FORMAT} to {SNAPSHOT_FORMAT}"
             )));
         }
         let position = u64::from_be_bytes(read_array(input, "position")?);
         Ok(Reader {
             input,
+            layout: docket_core::snapshot::layout_of(format),
             position,
             read: 0,
             done: false,
@@ -153,7 +158,7 @@ impl<'a> Reader<'a> {
         if bytes.len() != len as usize {
             return Err(invalid("cut short in a record".into()));
         }
-        let record: ArchivedJob = postcard::from_bytes(&bytes)
+        let record: ArchivedJob = layout::reading(self.layout, || postcard::from_bytes(&bytes))
             .map_err(|e| invalid(format!("record {} does not decode: {e}", self.read + 1)))?;
         self.read += 1;
         Ok(Some(record))

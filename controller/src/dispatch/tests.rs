@@ -228,6 +228,7 @@ fn a_changed_time_limit_is_told_once() {
             time_limit: Some(TimeRequest::Limit(Seconds(300))),
             name: None,
             nice: None,
+            comment: None,
         },
     });
     match &site.tell("n1", &mut link)[..] {

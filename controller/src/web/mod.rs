@@ -6,10 +6,12 @@
 //! Rendered on the server from askama templates (`controller/templates/`, HTML-escaped);
 //! a few lines of plain JavaScript ask for the page's main part again every five seconds
 //! (`X-Docket-Partial`) and swap it in, so it updates without reloading. Any replica
-//! answers from its own applied state; a follower says so and names the leader. What it
+//! answers from its own applied state; a follower says so, names the leader and links to
+//! its page ([`leader_page`]). What it
 //! shows, anyone reaching the port may see: the privacy rules are in [`view`].
 
 pub mod history;
+pub mod leader_page;
 pub mod view;
 
 use askama::Template;
@@ -107,6 +109,7 @@ pub async fn overview(
         return busy();
     };
     let partial = headers.contains_key(PARTIAL);
+    let leader_page = state.leader_pages.find(&state.replica).await;
     // The walk over every job runs on the blocking pool, not on the async workers that
     // serve gRPC and Raft.
     blocking(move || {
@@ -124,6 +127,7 @@ pub async fn overview(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .plots_for(v.private);
+        v.leader_page = leader_page;
         let role = raft.role.to_string();
         page(
             partial,

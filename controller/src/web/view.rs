@@ -102,6 +102,8 @@ pub struct Overview {
     pub leading: bool,
     pub term: u64,
     pub leader: String,
+    /// The leader's status page, when this replica follows and the leader named one.
+    pub leader_page: Option<String>,
     pub applied: u64,
     pub members: Vec<MemberView>,
     pub nodes: Vec<NodeView>,
@@ -319,6 +321,7 @@ pub fn overview(
             .map(|l| (when(Some(TimeMs(l.at_ms))), l.leader, l.term))
             .collect(),
         plots: Vec::new(),
+        leader_page: None,
     }
 }
 

@@ -24,6 +24,8 @@ use crate::types::Raft;
 pub struct RaftGrpc<M: StateMachine> {
     raft: Raft<M>,
     proposer: Proposer<M>,
+    /// Reported in this replica's status.
+    status_page: Option<String>,
 }
 
 impl<M: StateMachine> std::fmt::Debug for RaftGrpc<M> {
@@ -39,10 +41,15 @@ impl<M: StateMachine> RaftGrpc<M> {
         raft: Raft<M>,
         proposer: Proposer<M>,
         max_message_bytes: usize,
+        status_page: Option<String>,
     ) -> RaftServer<Self> {
-        RaftServer::new(RaftGrpc { raft, proposer })
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes)
+        RaftServer::new(RaftGrpc {
+            raft,
+            proposer,
+            status_page,
+        })
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes)
     }
 }
 
@@ -134,7 +141,8 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
 
     async fn status(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let () = request("Status", req)?;
-        let status = ReplicaStatus::from_metrics(&self.raft.metrics().borrow());
+        let mut status = ReplicaStatus::from_metrics(&self.raft.metrics().borrow());
+        status.status_page.clone_from(&self.status_page);
         reply("Status", &status)
     }
 }

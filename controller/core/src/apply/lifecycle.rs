@@ -109,6 +109,11 @@ impl State {
             }
             Some(reason) => return Err(stale(format!("limit {reason}"))),
         }
+        let weights = self
+            .partitions
+            .get(&job.resolved.partition)
+            .map(|p| p.billing)
+            .unwrap_or_default();
         let shares = self.place_on_nodes(job.id, &d.nodes)?;
         // Accepted: nothing below can fail.
         let id = match d.job.task {
@@ -139,11 +144,14 @@ impl State {
             job.reason = Reason::None;
             job.start_time = Some(now);
             job.usage_until = Some(now);
-            job.alloc = Some(Allocation {
+            let mut alloc = Allocation {
                 shares,
                 exclusive,
                 epoch,
-            });
+                billing_milli: None,
+            };
+            alloc.billing_milli = Some(weights.billing_milli(&alloc.tres()));
+            job.alloc = Some(alloc);
         }
         self.holding.insert(id);
         self.queue_index.touch(id);

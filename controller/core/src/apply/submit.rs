@@ -290,15 +290,9 @@ impl State {
 
     /// Checks a spec and fills in its defaults from partition, association and config.
     fn resolve(&self, spec: &JobSpec, admin: bool) -> Result<Resolved, Rejection> {
-        if spec.name.len() > MAX_NAME_BYTES {
-            return Err(Rejection::too_large(
-                "name length",
-                spec.name.len() as u64,
-                MAX_NAME_BYTES as u64,
-            ));
-        }
-        if spec.name.chars().any(char::is_control) {
-            return Err(Rejection::invalid("name", "contains control characters"));
+        check_text("name", &spec.name, MAX_NAME_BYTES)?;
+        if let Some(comment) = &spec.comment {
+            check_text("comment", comment, crate::job::spec::MAX_COMMENT)?;
         }
         for (field, path) in [
             ("work_dir", Some(&spec.work_dir)),
@@ -691,4 +685,20 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// A line of text a person will read in listings: at most `max` bytes, no control characters
+/// (a terminal escape in a job's name or comment would act on whoever lists the queue).
+pub(crate) fn check_text(field: &str, text: &str, max: usize) -> Result<(), Rejection> {
+    if text.len() > max {
+        return Err(Rejection::too_large(
+            format!("{field} length"),
+            text.len() as u64,
+            max as u64,
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(Rejection::invalid(field, "contains control characters"));
+    }
+    Ok(())
 }

@@ -1,19 +1,21 @@
-//! Changing a job after submission (`scontrol update job=ID TimeLimit=... Name=... Nice=...`).
+//! Changing a job after submission (`scontrol update job=ID TimeLimit=... Name=... Nice=...
+//! Comment=...`).
 //!
 //! Slurm's rules: the owner (or a coordinator of its account) may lower a job's time limit,
 //! rename it, and raise its nice value (lowering its own priority); only an administrator may
 //! raise a time limit, make it unlimited, or set a negative nice. A time limit is still capped
 //! by the partition's MaxTime, the QOS's MaxWall and the site's maximum walltime, for anyone.
 //! Pending, running and suspended jobs take a new time limit (the leader tells a running
-//! job's agent); only pending jobs change name and nice. Each job is accepted or refused on
+//! job's agent); only pending jobs change name and nice; any of them its comment. Each job is accepted or refused on
 //! its own and a refusal changes nothing for that job.
 
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
 
+use crate::apply::submit::check_text;
 use crate::apply::{Rejection, Response};
 use crate::command::Actor;
-use crate::job::spec::TimeRequest;
+use crate::job::spec::{MAX_COMMENT, TimeRequest};
 use crate::job::{JobRef, JobState};
 use crate::policy::Affected;
 use crate::quantity::{Seconds, TimeMs};
@@ -25,6 +27,9 @@ pub struct JobUpdate {
     pub time_limit: Option<TimeRequest>,
     pub name: Option<SmolStr>,
     pub nice: Option<i32>,
+    /// A new comment; empty clears it. Any live job, by its owner.
+    #[serde(deserialize_with = "crate::layout::since_v2", default)]
+    pub comment: Option<SmolStr>,
 }
 
 /// Longest job name.
@@ -171,13 +176,14 @@ impl State {
                 }
             }
         }
-        if let Some(name) = &update.name
-            && (name.is_empty() || name.len() > MAX_NAME || name.contains('\0'))
-        {
-            return Err(Rejection::invalid(
-                "name",
-                format!("must be 1 to {MAX_NAME} bytes without NUL"),
-            ));
+        if let Some(name) = &update.name {
+            if name.is_empty() {
+                return Err(Rejection::invalid("name", "must not be empty"));
+            }
+            check_text("name", name, MAX_NAME)?;
+        }
+        if let Some(comment) = &update.comment {
+            check_text("comment", comment, MAX_COMMENT)?;
         }
         if let Some(nice) = update.nice {
             if !NICE_RANGE.contains(&nice) {
@@ -216,6 +222,9 @@ impl State {
         }
         if let Some(nice) = update.nice {
             job.spec.nice = nice;
+        }
+        if let Some(comment) = &update.comment {
+            job.spec.comment = Some(comment.clone()).filter(|c| !c.is_empty());
         }
         Ok(())
     }

@@ -58,6 +58,11 @@ pub struct Allocation {
     pub exclusive: bool,
     /// Agents refuse instructions older than this; bumped on every start and requeue.
     pub epoch: u64,
+    /// What holding it is billed, in thousandths, weighed by its partition's
+    /// `TRESBillingWeights` when it started (sacct's `billing=` in AllocTRES, as Slurm keeps
+    /// the billable TRES of the start). `None` for allocations made before it was recorded.
+    #[serde(deserialize_with = "crate::layout::since_v2", default)]
+    pub billing_milli: Option<u64>,
 }
 
 impl Allocation {
@@ -74,6 +79,15 @@ impl Allocation {
             .shares
             .iter()
             .fold(0u64, |m, s| m.saturating_add(s.memory.0)))
+    }
+
+    /// What it holds, as [`crate::tres::BillingWeights`] weigh it.
+    pub fn tres(&self) -> crate::tres::Tres {
+        crate::tres::Tres {
+            cpus: self.cpus(),
+            memory: self.memory(),
+            gpus: self.gpus(),
+        }
     }
 }
 
@@ -195,11 +209,7 @@ impl Job {
     /// while it holds none.
     pub fn tres_held(&self) -> crate::tres::Tres {
         match &self.alloc {
-            Some(a) => crate::tres::Tres {
-                cpus: a.cpus(),
-                memory: a.memory(),
-                gpus: a.gpus(),
-            },
+            Some(a) => a.tres(),
             None => crate::tres::Tres {
                 cpus: self.cpus(),
                 memory: MiB(0),

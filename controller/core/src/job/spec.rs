@@ -142,7 +142,15 @@ pub struct JobSpec {
     /// only holds the allocation while its owner's commands run as steps, so accounting
     /// shows no `batch` step for it.
     pub interactive: bool,
+    /// `--comment`: free text for the owner and the site's tools, shown by `squeue %k`,
+    /// `scontrol show job` and `sacct --format Comment`. At most [`MAX_COMMENT`] bytes.
+    #[serde(deserialize_with = "crate::layout::since_v2", default)]
+    pub comment: Option<SmolStr>,
 }
+
+/// The longest comment a job may carry, in bytes (Slurm stores comments as unbounded text;
+/// a bound keeps every job's record small).
+pub const MAX_COMMENT: usize = 1024;
 
 impl JobSpec {
     /// A minimal one-task job, as tests and benchmarks need by the thousand.
@@ -182,6 +190,7 @@ impl JobSpec {
             signal: None,
             reservation: None,
             interactive: false,
+            comment: None,
         }
     }
 

@@ -25,6 +25,7 @@ fn alloc(cpus: &[u32]) -> Allocation {
             .collect(),
         exclusive: false,
         epoch: 1,
+        billing_milli: None,
     }
 }
 
