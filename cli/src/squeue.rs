@@ -28,7 +28,7 @@ pub struct SqueueArgs {
     /// Only these partitions.
     #[arg(short = 'p', long = "partition", value_delimiter = ',')]
     pub partitions: Vec<String>,
-    /// Only these states (PD, R, PENDING, ...).
+    /// Only these states (PD, R, PENDING, ...; `all` for every state).
     #[arg(short = 't', long = "states", value_delimiter = ',')]
     pub states: Vec<String>,
     /// No header.
@@ -88,6 +88,13 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     if a.me {
         users.push(client.user().to_owned());
     }
+    // `-t all`: every state, finished ones included (Slurm's word).
+    let all_states = a.states.iter().any(|s| s.eq_ignore_ascii_case("all"));
+    let states: Vec<String> = if all_states {
+        Vec::new()
+    } else {
+        a.states.clone()
+    };
     let runtime = crate::client::runtime()?;
     let mut jobs = Vec::new();
     let mut token = String::new();
@@ -96,7 +103,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
             let req = client.request(pb::ListJobsRequest {
                 users: users.clone(),
                 partitions: a.partitions.clone(),
-                states: a.states.clone(),
+                states: states.clone(),
                 job_ids: a.jobs.clone(),
                 page_size: 10_000,
                 page_token: token.clone(),
@@ -112,6 +119,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     }
     // squeue shows the queue: finished jobs only when asked for by state.
     if a.states.is_empty() {
+        // (Not with `-t all`, which names every state.)
         jobs.retain(|j| matches!(j.state_code.as_str(), "PD" | "R" | "S" | "CG"));
     }
     if let Some(wanted) = &a.steps {

@@ -170,6 +170,13 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     };
     let o = run(dir.path(), &addr, "squeue", &["-h", "-t", "CA"], None);
     assert_eq!(first_columns(&o), vec![id.to_string()], "{}", text(&o));
+    let o = run(dir.path(), &addr, "squeue", &["-h", "-t", "all"], None);
+    let every = first_columns(&o);
+    assert!(
+        every.contains(&id.to_string()) && every.contains(&second.to_string()),
+        "{}",
+        text(&o)
+    );
     let o = run(dir.path(), &addr, "squeue", &["-h"], None);
     assert!(!first_columns(&o).contains(&id.to_string()), "{}", text(&o));
     // ... and by filter.
