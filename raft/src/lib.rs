@@ -26,6 +26,7 @@
 
 pub mod codec;
 pub mod db;
+pub mod election_gate;
 pub mod ids;
 pub mod kv;
 pub mod log_store;

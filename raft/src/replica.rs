@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::db::{DataDir, DbError, FaultInjection};
+use crate::election_gate::CommitSeen;
 use crate::ids::{ReplicaAddr, ReplicaId};
 use crate::log_store::LogStore;
 use crate::machine::StateMachine;
@@ -196,6 +197,7 @@ pub struct Replica<M: StateMachine> {
     faults: FaultInjection,
     max_message_bytes: usize,
     status_page: Option<String>,
+    commit_seen: CommitSeen,
 }
 
 impl<M: StateMachine> Clone for Replica<M> {
@@ -210,6 +212,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             faults: self.faults.clone(),
             max_message_bytes: self.max_message_bytes,
             status_page: self.status_page.clone(),
+            commit_seen: self.commit_seen.clone(),
         }
     }
 }
@@ -248,6 +251,13 @@ impl<M: StateMachine> Replica<M> {
             .await
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
         let proposer = Proposer::start(raft.clone(), channels.clone(), config.proposer.clone());
+        let commit_seen = CommitSeen::default();
+        crate::election_gate::spawn(
+            raft.clone(),
+            commit_seen.clone(),
+            config.tuning.heartbeat,
+            config.tuning.election_timeout_max * 2,
+        );
         Ok(Replica {
             id: config.id,
             addr: config.addr,
@@ -258,6 +268,7 @@ impl<M: StateMachine> Replica<M> {
             faults,
             max_message_bytes: config.network.max_message_bytes,
             status_page: config.status_page,
+            commit_seen,
         })
     }
 
@@ -292,6 +303,7 @@ impl<M: StateMachine> Replica<M> {
             self.proposer.clone(),
             self.max_message_bytes,
             self.status_page.clone(),
+            self.commit_seen.clone(),
         )
     }
 

@@ -9,11 +9,13 @@
 
 use docket_proto::v1::RaftPayload;
 use docket_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
+use openraft::raft::AppendEntriesResponse;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use crate::codec::{decode, encode};
+use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
 use crate::proposer::Proposer;
 use crate::read::ReadError;
@@ -26,6 +28,8 @@ pub struct RaftGrpc<M: StateMachine> {
     proposer: Proposer<M>,
     /// Reported in this replica's status.
     status_page: Option<String>,
+    /// Commit indexes of accepted appends, for [`crate::election_gate`].
+    commit_seen: CommitSeen,
 }
 
 impl<M: StateMachine> std::fmt::Debug for RaftGrpc<M> {
@@ -42,11 +46,13 @@ impl<M: StateMachine> RaftGrpc<M> {
         proposer: Proposer<M>,
         max_message_bytes: usize,
         status_page: Option<String>,
+        commit_seen: CommitSeen,
     ) -> RaftServer<Self> {
         RaftServer::new(RaftGrpc {
             raft,
             proposer,
             status_page,
+            commit_seen,
         })
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes)
@@ -107,9 +113,18 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = request("AppendEntries", req)?;
+        let rpc: openraft::raft::AppendEntriesRequest<crate::TypeConfig<M>> =
+            request("AppendEntries", req)?;
         check_append(&rpc)?;
-        reply("AppendEntries", &self.raft.append_entries(rpc).await)
+        let commit = rpc.leader_commit.map(|l| l.index);
+        let answer = self.raft.append_entries(rpc).await;
+        // Accepted: it came from the leader this replica follows.
+        if let Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) =
+            &answer
+        {
+            self.commit_seen.saw(commit);
+        }
+        reply("AppendEntries", &answer)
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
