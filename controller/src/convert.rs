@@ -45,7 +45,7 @@ where
         .collect()
 }
 
-fn text(field: &str, value: &str, limit: usize) -> Result<SmolStr, Status> {
+pub(crate) fn text(field: &str, value: &str, limit: usize) -> Result<SmolStr, Status> {
     if value.len() > limit {
         return Err(bad(
             field,

@@ -143,7 +143,12 @@ pub async fn run(
         ),
     };
     let mut replica_config = ReplicaConfig::new(config.id, advertise.clone(), &config.data_dir);
+    replica_config.app_version = Some(docket_core::command::COMMAND_VERSION);
     replica_config.status_page = match (&config.http_advertise, &http_listener) {
+        (Some(url), _) if !crate::web::leader_page::linkable(url) => bail!(
+            "--http-advertise {url:?}: give an http:// or https:// URL of printable characters \
+             without quotes or spaces (at most 512)"
+        ),
         (Some(url), _) => Some(url.clone()),
         (None, Some(l)) => Some(status_page_url(l.local_addr()?, &advertise)),
         (None, None) => None,

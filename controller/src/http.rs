@@ -153,7 +153,36 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-fn counts(state: &HttpState) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+/// Jobs and nodes by state.
+type Counts = (BTreeMap<String, u64>, BTreeMap<String, u64>);
+
+/// Counts taken at once by `/metrics` and `/status`: each walks every job, so the anonymous
+/// port may not stack such walks up; one more waits its turn at most [`COUNT_WAIT`].
+static COUNTING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+const COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`counts`] on the blocking pool, one walk at a time; `None` when the turn did not come.
+async fn counted(state: &HttpState) -> Option<Counts> {
+    let _turn = tokio::time::timeout(COUNT_WAIT, COUNTING.acquire())
+        .await
+        .ok()?
+        .ok()?;
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || counts(&state))
+        .await
+        .ok()
+}
+
+fn busy() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "busy counting; try again",
+    )
+        .into_response()
+}
+
+fn counts(state: &HttpState) -> Counts {
     state.replica.read_stale(|a| {
         let s = &a.machine.state;
         let mut jobs: BTreeMap<String, u64> = BTreeMap::new();
@@ -170,8 +199,11 @@ fn counts(state: &HttpState) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
     })
 }
 
-async fn metrics(AxumState(state): AxumState<HttpState>) -> String {
-    let (jobs, nodes) = counts(&state);
+async fn metrics(AxumState(state): AxumState<HttpState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some((jobs, nodes)) = counted(&state).await else {
+        return busy();
+    };
     for st in docket_core::job::JobState::ALL {
         let name = st.name().to_lowercase();
         let n = jobs.get(&name).copied().unwrap_or(0);
@@ -202,10 +234,14 @@ async fn metrics(AxumState(state): AxumState<HttpState>) -> String {
         .as_ref()
         .map(|p| p.render())
         .unwrap_or_default()
+        .into_response()
 }
 
-async fn status(AxumState(state): AxumState<HttpState>) -> axum::Json<serde_json::Value> {
-    let (jobs, nodes) = counts(&state);
+async fn status(AxumState(state): AxumState<HttpState>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some((jobs, nodes)) = counted(&state).await else {
+        return busy();
+    };
     let stats = state
         .stats
         .lock()
@@ -218,4 +254,5 @@ async fn status(AxumState(state): AxumState<HttpState>) -> axum::Json<serde_json
         "nodes": nodes,
         "rpcs_in_flight": state.inflight.load(Ordering::Relaxed),
     }))
+    .into_response()
 }

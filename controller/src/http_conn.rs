@@ -5,11 +5,12 @@
 //! open connections and send nothing, or send headers a byte at a time (slowloris), could
 //! hold file descriptors and tasks without end. Here:
 //! - at most [`HttpLimits::connections`] are served at once, and at most
-//!   [`HttpLimits::per_peer`] from one address; a connection over either is closed as soon
-//!   as it is accepted, so one peer cannot take the whole budget;
+//!   [`HttpLimits::per_peer`] from one peer (an IPv4 address, or an IPv6 /64, which one
+//!   host commonly holds whole); a connection over either is closed as soon as it is
+//!   accepted, so a few peers cannot take the whole budget;
 //! - a request's headers must arrive within [`HttpLimits::header_read`] (hyper's timer, which
 //!   also closes a kept-alive connection that sends no next request in that time), and be at
-//!   most [`MAX_HEADER_BYTES`];
+//!   most [`MAX_HEADER_BYTES`] (hyper answers 431 beyond);
 //! - no connection lives longer than [`HttpLimits::lifetime`]: it is then shut down
 //!   gracefully (a request in flight finishes).
 //!
@@ -42,16 +43,40 @@ impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             connections: 256,
-            per_peer: 32,
+            per_peer: 8,
             header_read: Duration::from_secs(10),
             lifetime: Duration::from_secs(300),
         }
     }
 }
 
-/// Connections open per peer address.
+/// Connections open per peer.
 #[derive(Debug, Default, Clone)]
 struct Peers(Arc<Mutex<HashMap<IpAddr, usize>>>);
+
+/// The peer a connection counts against: its IPv4 address (an IPv4-mapped IPv6 address
+/// counts as the IPv4 one), or its IPv6 /64.
+fn peer_of(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
+
+/// Whether an accept error says the process or system is out of something (descriptors,
+/// memory), so accepting again at once would fail again.
+fn exhausted(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    e.raw_os_error().map(Errno::from_raw).is_some_and(|errno| {
+        matches!(
+            errno,
+            Errno::EMFILE | Errno::ENFILE | Errno::ENOMEM | Errno::ENOBUFS
+        )
+    })
+}
 
 /// One connection counted against its peer until dropped.
 #[derive(Debug)]
@@ -94,11 +119,15 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: HttpLimi
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
+            // Out of descriptors or memory: wait a little instead of spinning. Anything else
+            // (a connection reset before it was accepted) concerns that connection alone.
+            Err(e) if exhausted(&e) => {
+                tracing::warn!(error = %e, "cannot accept HTTP connections for now");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             Err(e) => {
-                // Out of descriptors, or a connection reset before it was accepted: wait a
-                // little instead of spinning, as hyper's own accept loops do.
                 tracing::debug!(error = %e, "accepting an HTTP connection");
-                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
@@ -106,7 +135,7 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: HttpLimi
             tracing::debug!(%peer, "HTTP connection refused: the port serves enough already");
             continue;
         };
-        let Some(slot) = peers.take(peer.ip(), limits.per_peer.max(1)) else {
+        let Some(slot) = peers.take(peer_of(peer.ip()), limits.per_peer.max(1)) else {
             tracing::debug!(%peer, "HTTP connection refused: that address has enough open");
             continue;
         };
@@ -117,7 +146,7 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: HttpLimi
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
-                .max_buf_size(MAX_HEADER_BYTES.max(8192));
+                .max_header_size(MAX_HEADER_BYTES);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
@@ -128,5 +157,26 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: HttpLimi
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peer_of;
+
+    #[test]
+    fn a_peer_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(peer_of(ip("10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(peer_of(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+        assert_eq!(peer_of(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            peer_of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")),
+            peer_of(ip("2001:db8:1:2::7"))
+        );
+        assert_ne!(
+            peer_of(ip("2001:db8:1:3::7")),
+            peer_of(ip("2001:db8:1:2::7"))
+        );
     }
 }

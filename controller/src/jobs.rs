@@ -256,11 +256,20 @@ impl Jobs for JobsService {
                 "nothing to update: give time_limit_seconds, name, nice or comment",
             ));
         }
+        // Bounded before anything is proposed: the log carries only what apply could accept.
+        let name = req
+            .name
+            .map(|n| crate::convert::text("name", &n, docket_core::apply::MAX_NAME_BYTES))
+            .transpose()?;
+        let comment = req
+            .comment
+            .map(|c| crate::convert::text("comment", &c, docket_core::job::spec::MAX_COMMENT))
+            .transpose()?;
         let update = docket_core::apply::update::JobUpdate {
             time_limit,
-            name: req.name.map(smol_str::SmolStr::from),
+            name,
             nice: req.nice,
-            comment: req.comment.map(smol_str::SmolStr::from),
+            comment,
         };
         let command = Command::UpdateJobs {
             jobs: refs.clone(),

@@ -163,6 +163,7 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .leaderships += 1;
+    raise_command_version(ctx).await;
     if !configure_site(ctx).await {
         return;
     }
@@ -177,6 +178,7 @@ async fn lead(ctx: &LoopContext, leading: &Arc<AtomicBool>) {
         let now = Instant::now();
         if now >= next_main {
             propose(ctx, Command::Tick).await;
+            raise_command_version(ctx).await;
             let plan = pass(
                 ctx,
                 leading,
@@ -437,7 +439,17 @@ async fn propose_plan(ctx: &LoopContext, plan: Plan) {
 }
 
 async fn propose(ctx: &LoopContext, command: Command) -> bool {
-    match ctx.replica.write_one(Envelope::controller(command)).await {
+    let envelope = match crate::write::stamp(&ctx.replica, Envelope::controller(command)) {
+        Ok(envelope) => envelope,
+        Err(status) => {
+            tracing::warn!(
+                why = status.message(),
+                "a controller command cannot be written yet"
+            );
+            return false;
+        }
+    };
+    match ctx.replica.write_one(envelope).await {
         Ok(Ok(_)) => true,
         Ok(Err(rejection)) => {
             tracing::warn!(%rejection, "a scheduling command was refused");
@@ -447,6 +459,44 @@ async fn propose(ctx: &LoopContext, command: Command) -> bool {
             tracing::debug!(error = %e, "proposing a scheduling command failed");
             false
         }
+    }
+}
+
+/// Raises the cluster's command version to this build's once every replica reports that its
+/// build applies it (a rolling upgrade is then complete): until then commands are written in
+/// the version all of them read. Asks each member's status, 1 s each, only while the cluster
+/// is behind this build.
+async fn raise_command_version(ctx: &LoopContext) {
+    use docket_core::command::COMMAND_VERSION;
+    let behind = ctx
+        .replica
+        .read_stale(|a| a.machine.state.command_version.0 < COMMAND_VERSION);
+    if !behind {
+        return;
+    }
+    let me = ctx.replica.status();
+    for member in me.members.iter().filter(|m| m.id != me.id) {
+        let version = ctx
+            .replica
+            .channels()
+            .status(&member.addr, Duration::from_secs(1))
+            .await
+            .ok()
+            .and_then(|s| s.app_version);
+        if version.is_none_or(|v| v < COMMAND_VERSION) {
+            tracing::debug!(replica = %member.id, ?version, "a replica does not apply the newest command version yet");
+            return;
+        }
+    }
+    let mut envelope = Envelope::controller(Command::RaiseCommandVersion(COMMAND_VERSION));
+    envelope.version = COMMAND_VERSION;
+    match ctx.replica.write_one(envelope).await {
+        Ok(Ok(_)) => tracing::info!(
+            version = COMMAND_VERSION,
+            "every replica applies the newest command version: the cluster now writes it"
+        ),
+        Ok(Err(rejection)) => tracing::warn!(%rejection, "raising the command version was refused"),
+        Err(e) => tracing::debug!(error = %e, "raising the command version failed"),
     }
 }
 

@@ -29,8 +29,29 @@ pub fn read_error_status(e: &ReadError) -> Status {
     Status::unavailable(e.to_string())
 }
 
-/// Proposes `envelope` and returns docket-core's answer once applied.
+/// `envelope` in the command version the cluster writes (the replicated
+/// [`State::command_version`]): until every replica applies version 4 a command goes out as
+/// version 3, which replicas of the build before read, and one that version 3 cannot carry
+/// (a job's comment) is refused with the reason.
+pub fn stamp(replica: &Replica<CoreMachine>, mut envelope: Envelope) -> Result<Envelope, Status> {
+    let cluster = replica.read_stale(|a| a.machine.state.command_version.0);
+    let version = cluster.min(docket_core::command::COMMAND_VERSION);
+    let needed = envelope.command.needs_version();
+    if needed > version {
+        return Err(Status::failed_precondition(format!(
+            "this needs command version {needed} (jobs' comments); the cluster still writes \
+             version {version} because not every replica runs a build that applies {needed} \
+             yet: upgrade them all, then try again"
+        )));
+    }
+    envelope.version = version;
+    Ok(envelope)
+}
+
+/// Proposes `envelope` (in the cluster's command version, [`stamp`]) and returns
+/// docket-core's answer once applied.
 pub async fn write(replica: &Replica<CoreMachine>, envelope: Envelope) -> Result<Response, Status> {
+    let envelope = stamp(replica, envelope)?;
     match replica.write_one(envelope).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(rejection)) => Err(rejection_status(&rejection)),

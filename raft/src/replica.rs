@@ -86,6 +86,9 @@ pub struct ReplicaConfig {
     /// Where this replica serves its status page (an `http://` or `https://` URL), reported
     /// in its [`ReplicaStatus`] so other replicas' pages can link to the leader's.
     pub status_page: Option<String>,
+    /// The newest command version the machine's build applies, reported in its status so a
+    /// leader knows when every replica can apply a newer one.
+    pub app_version: Option<u16>,
 }
 
 impl ReplicaConfig {
@@ -100,6 +103,7 @@ impl ReplicaConfig {
             network: NetworkConfig::default(),
             proposer: ProposerConfig::default(),
             status_page: None,
+            app_version: None,
         }
     }
 
@@ -197,6 +201,7 @@ pub struct Replica<M: StateMachine> {
     faults: FaultInjection,
     max_message_bytes: usize,
     status_page: Option<String>,
+    app_version: Option<u16>,
     commit_seen: CommitSeen,
 }
 
@@ -212,6 +217,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             faults: self.faults.clone(),
             max_message_bytes: self.max_message_bytes,
             status_page: self.status_page.clone(),
+            app_version: self.app_version,
             commit_seen: self.commit_seen.clone(),
         }
     }
@@ -268,6 +274,7 @@ impl<M: StateMachine> Replica<M> {
             faults,
             max_message_bytes: config.network.max_message_bytes,
             status_page: config.status_page,
+            app_version: config.app_version,
             commit_seen,
         })
     }
@@ -303,6 +310,7 @@ impl<M: StateMachine> Replica<M> {
             self.proposer.clone(),
             self.max_message_bytes,
             self.status_page.clone(),
+            self.app_version,
             self.commit_seen.clone(),
         )
     }
@@ -430,6 +438,7 @@ impl<M: StateMachine> Replica<M> {
     pub fn status(&self) -> ReplicaStatus {
         let mut status = ReplicaStatus::from_metrics(&self.raft.metrics().borrow());
         status.status_page.clone_from(&self.status_page);
+        status.app_version = self.app_version;
         status
     }
 

@@ -72,12 +72,20 @@ pub struct ReplicaStatus {
     /// replica.
     #[serde(default, deserialize_with = "trailing")]
     pub status_page: Option<String>,
+    /// The newest version of the replicated machine's commands its build applies, if it says
+    /// (read as absent from older builds, like [`Self::status_page`]).
+    #[serde(default, deserialize_with = "trailing")]
+    pub app_version: Option<u16>,
 }
 
 /// A field added at the end of a message: absent when the sender's build wrote the message
 /// without it (postcard then runs out of bytes right there).
-fn trailing<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Ok(Option::<String>::deserialize(d).unwrap_or(None))
+fn trailing<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(T::deserialize(d).unwrap_or_default())
 }
 
 impl ReplicaStatus {
@@ -143,6 +151,7 @@ impl ReplicaStatus {
             members,
             stopped: m.running_state.as_ref().err().map(|e| e.to_string()),
             status_page: None,
+            app_version: None,
         }
     }
 }
@@ -166,6 +175,7 @@ mod tests {
             members: Vec::new(),
             stopped: None,
             status_page: page.map(String::from),
+            app_version: page.map(|_| 4),
         }
     }
 
@@ -174,9 +184,9 @@ mod tests {
         let new = status(Some("http://10.0.0.2:7180/"));
         let bytes = crate::codec::encode(&new).unwrap();
         assert_eq!(crate::codec::decode::<ReplicaStatus>(&bytes).unwrap(), new);
-        // An older build's status is these bytes without the last field (None: one byte).
+        // An older build's status is these bytes without the last fields (None: a byte each).
         let mut old = crate::codec::encode(&status(None)).unwrap();
-        old.pop();
+        old.truncate(old.len() - 2);
         assert_eq!(
             crate::codec::decode::<ReplicaStatus>(&old).unwrap(),
             status(None)

@@ -38,7 +38,7 @@ pub fn layout_of(version: u16) -> Layout {
 ///
 /// Its version is its first field, and decoding reads the rest in the layout that version
 /// wrote ([`crate::layout`]), so entries a replica logged before an upgrade still apply.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Envelope {
     pub version: u16,
     pub actor: Actor,
@@ -58,6 +58,20 @@ impl Envelope {
     /// the site file at bootstrap).
     pub fn controller(command: Command) -> Envelope {
         Envelope::new(Actor::Controller, command)
+    }
+}
+
+/// Written in the layout of its version, so an entry read from bytes an older build wrote and
+/// written again (the log store and every append re-encode entries) is the same bytes.
+impl Serialize for Envelope {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let _layout = layout::Scope::enter(layout_of(self.version));
+        let mut s = serializer.serialize_struct("Envelope", 3)?;
+        s.serialize_field("version", &self.version)?;
+        s.serialize_field("actor", &self.actor)?;
+        s.serialize_field("command", &self.command)?;
+        s.end()
     }
 }
 
@@ -299,9 +313,24 @@ pub enum Command {
         job: JobId,
         exit: crate::job::ExitStatus,
     },
+    /// Every replica runs a build that applies commands of this version: the leader raises
+    /// the cluster's command version once all of them report it, and from then on commands
+    /// are written in it (see [`crate::layout`]). Never lowers it.
+    RaiseCommandVersion(u16),
 }
 
 impl Command {
+    /// The oldest command version that can carry this command whole: 4 for a job's comment
+    /// (submitted or updated) and for [`Command::RaiseCommandVersion`], 3 otherwise.
+    pub fn needs_version(&self) -> u16 {
+        match self {
+            Command::SubmitJobs { jobs, .. } if jobs.iter().any(|j| j.comment.is_some()) => 4,
+            Command::UpdateJobs { update, .. } if update.comment.is_some() => 4,
+            Command::RaiseCommandVersion(_) => 4,
+            _ => 3,
+        }
+    }
+
     /// Whether applying this command can let a waiting job start at once: it adds jobs or
     /// makes them eligible, frees resources, or widens what may run where. The leader runs
     /// its direct scheduling pass after such a command commits instead of leaving the job to
@@ -347,7 +376,8 @@ impl Command {
             | Command::SetCoordinators { .. }
             | Command::CreateStep { .. }
             | Command::EndSteps(_)
-            | Command::CancelSteps { .. } => false,
+            | Command::CancelSteps { .. }
+            | Command::RaiseCommandVersion(_) => false,
         }
     }
 }

@@ -13,9 +13,12 @@
 //! layout): while an older layout is being read the field takes its default without consuming
 //! a byte, and the fields around it decode as they were written.
 //!
-//! The layout is a thread-local set for the extent of one decode and restored after it, so
-//! nested decodes (a snapshot holding jobs, a log entry holding envelopes) each see their own.
-//! Encoding always writes [`Layout::CURRENT`].
+//! The layout is a thread-local set for the extent of one decode or encode and restored after
+//! it, so nested ones (a snapshot holding jobs, a log entry holding envelopes) each see their
+//! own. Encoding writes the layout in effect too: an envelope of an older version is written
+//! as that version wrote it (its added fields skipped, `skip_serializing_if =
+//! "crate::layout::before_v2"`), so bytes read and written again are the same bytes; everything
+//! else is written in [`Layout::CURRENT`].
 
 use std::cell::Cell;
 
@@ -59,12 +62,15 @@ pub fn current() -> Layout {
 #[must_use = "the layout is restored when the scope drops"]
 pub struct Scope {
     previous: Layout,
+    /// Not `Send`: it restores this thread's layout, so it must not move to another.
+    _this_thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Scope {
     pub fn enter(layout: Layout) -> Scope {
         Scope {
             previous: READING.with(|r| r.replace(layout)),
+            _this_thread: std::marker::PhantomData,
         }
     }
 }
@@ -73,6 +79,11 @@ impl Drop for Scope {
     fn drop(&mut self) {
         READING.with(|r| r.set(self.previous));
     }
+}
+
+/// Whether a field added in [`Layout::V2`] is left out: an older layout is being written.
+pub fn before_v2<T>(_: &T) -> bool {
+    current() < Layout::V2
 }
 
 /// A field added in [`Layout::V2`]: its default when an older layout is being read.

@@ -107,6 +107,17 @@ pub struct State {
     pub next_job_id: u64,
     /// The next dispatch epoch; every start and requeue takes a fresh one.
     pub next_epoch: u64,
+    /// The command version every replica applies, so the one commands are written in
+    /// ([`Command::RaiseCommandVersion`](crate::Command::RaiseCommandVersion)).
+    #[serde(
+        deserialize_with = "crate::layout::since_v2",
+        skip_serializing_if = "crate::layout::before_v2",
+        default
+    )]
+    pub command_version: ClusterCommandVersion,
+    /// The version of the envelope being applied (not state: set at each apply).
+    #[serde(skip, default = "current_command_version")]
+    pub(crate) applying_version: u16,
     /// Jobs holding node resources (derived).
     #[serde(skip)]
     pub(crate) holding: BTreeSet<JobId>,
@@ -128,6 +139,22 @@ pub struct State {
     /// (derived).
     #[serde(skip)]
     pub(crate) queue_index: crate::queue_index::QueueIndex,
+}
+
+fn current_command_version() -> u16 {
+    crate::command::COMMAND_VERSION
+}
+
+/// The command version a cluster writes. It starts at the last version before the cluster
+/// kept one (3), as a state restored from an older snapshot was written by replicas of that
+/// version; the leader raises it once every replica applies a newer one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterCommandVersion(pub u16);
+
+impl Default for ClusterCommandVersion {
+    fn default() -> Self {
+        ClusterCommandVersion(3)
+    }
 }
 
 impl Default for State {
@@ -153,6 +180,10 @@ impl State {
             usage: crate::usage::UsageLedger::default(),
             next_job_id: 1,
             next_epoch: 1,
+            // Every replica starts here and replays the same raises from the log, so a replica
+            // that replays from the first entry agrees with one restored from a snapshot.
+            command_version: ClusterCommandVersion::default(),
+            applying_version: crate::command::COMMAND_VERSION,
             holding: BTreeSet::new(),
             relations: Relations::default(),
             account_rules: crate::policy::AccountRules::default(),

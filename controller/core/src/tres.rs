@@ -59,9 +59,20 @@ impl BillingWeights {
         }
     }
 
-    /// [`Self::billing`] in thousandths, rounded down, as replicated state keeps it.
+    /// [`Self::billing`] in thousandths, exactly (integer arithmetic: the weights are
+    /// thousandths already; memory rounds down to a thousandth), as replicated state keeps it.
     pub fn billing_milli(&self, tres: &Tres) -> u64 {
-        (self.billing(tres) * 1000.0) as u64
+        let parts = [
+            u128::from(self.cpu.0) * u128::from(tres.cpus),
+            u128::from(self.mem_per_gib.0) * u128::from(tres.memory.0) / 1024,
+            u128::from(self.gpu.0) * u128::from(tres.gpus),
+        ];
+        let total = if self.max_tres {
+            parts.into_iter().max().unwrap_or(0)
+        } else {
+            parts.into_iter().sum()
+        };
+        u64::try_from(total).unwrap_or(u64::MAX)
     }
 }
 
@@ -96,7 +107,30 @@ mod tests {
             gpus: 1,
         };
         assert_eq!(w.billing(&t), 5.0);
+        assert_eq!(w.billing_milli(&t), 5000);
         w.max_tres = true;
         assert_eq!(w.billing(&t), 2.0);
+        assert_eq!(w.billing_milli(&t), 2000);
+    }
+
+    /// Kept in integers: 0.58 x 50 cpus is 29 exactly (in floating point, 28.999...).
+    #[test]
+    fn billing_in_thousandths_is_exact() {
+        let w = BillingWeights {
+            cpu: Milli(580),
+            ..BillingWeights::default()
+        };
+        let t = Tres {
+            cpus: 50,
+            memory: MiB(0),
+            gpus: 0,
+        };
+        assert_eq!(w.billing_milli(&t), 29_000);
+        let huge = Tres {
+            cpus: u64::MAX,
+            memory: MiB(u64::MAX),
+            gpus: u64::MAX,
+        };
+        assert_eq!(BillingWeights::default().billing_milli(&huge), u64::MAX);
     }
 }

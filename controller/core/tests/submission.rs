@@ -280,6 +280,7 @@ fn a_comment_is_kept_and_bounded_and_free_of_control_characters() {
         ("x".repeat(1025), "comment length"),
         ("\u{1b}[2J".to_string(), "comment"),
         ("two\nlines".to_string(), "comment"),
+        ("reads \u{202E}backwards".to_string(), "U+202E"),
     ] {
         let mut s = c.spec("alice");
         s.comment = Some(comment.into());

@@ -85,3 +85,56 @@ fn old_and_new_entries_side_by_side_each_read_in_their_own_layout() {
         ("before-upgrade", &None)
     );
 }
+
+#[test]
+fn an_old_entry_written_again_is_the_same_bytes() {
+    // The log store and every append re-encode entries: a version-3 entry must come out as a
+    // version-3 entry, or the next reader misreads it.
+    let env: Envelope = postcard::from_bytes(ENVELOPE_3).unwrap();
+    assert_eq!(postcard::to_stdvec(&env).unwrap(), ENVELOPE_3);
+    // In a batch, followed by another envelope, it still ends where it ended.
+    let batch = vec![env.clone(), by(docket_core::Actor::Operator, Command::Tick)];
+    let bytes = postcard::to_stdvec(&batch).unwrap();
+    let back: Vec<Envelope> = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(back, batch);
+}
+
+#[test]
+fn what_changed_meaning_follows_the_entry_s_version_and_the_cluster_s() {
+    use docket_core::command::StartDecision;
+    // A cluster restored from a format-4 snapshot writes version 3 until raised.
+    let state = State::from_snapshot(SNAPSHOT_4).unwrap();
+    assert_eq!(state.command_version.0, 3);
+    let mut c = Cluster::new(docket_core::config::SchedConfig::default(), 2);
+    assert_eq!(
+        c.state.command_version.0, 3,
+        "raised by the leader, in the log"
+    );
+    // A start logged as version 3 records no billing, as the build that logged it did not;
+    // one logged as version 4 does.
+    let ids = c.submit(vec![c.spec("alice"), c.spec("alice")]);
+    for (id, version, billed) in [(ids[0], 3, None), (ids[1], 4, Some(1000))] {
+        let mut env = Envelope::controller(Command::StartJobs(vec![StartDecision {
+            job: jr(id),
+            nodes: vec![name("n001")],
+        }]));
+        env.version = version;
+        c.ok(env);
+        assert_eq!(
+            c.job(id).alloc.as_ref().map(|a| a.billing_milli),
+            Some(billed)
+        );
+    }
+    // Only the controller raises the cluster's version, never past this build's, never down.
+    let mut c = Cluster {
+        state,
+        index: 100,
+        now: c.now,
+    };
+    let raise = |v| Command::RaiseCommandVersion(v);
+    assert!(c.apply(by(docket_core::Actor::Operator, raise(4))).is_err());
+    c.ok(raise(99));
+    assert_eq!(c.state.command_version.0, 4);
+    c.ok(raise(2));
+    assert_eq!(c.state.command_version.0, 4);
+}

@@ -105,11 +105,12 @@ pub async fn overview(
     Query(filter): Query<Filter>,
     headers: HeaderMap,
 ) -> Response {
+    // Asked before the turn is taken: a slow leader holds up this page alone.
+    let leader_page = state.leader_pages.find(&state.replica).await;
     let Some(_turn) = turn().await else {
         return busy();
     };
     let partial = headers.contains_key(PARTIAL);
-    let leader_page = state.leader_pages.find(&state.replica).await;
     // The walk over every job runs on the blocking pool, not on the async workers that
     // serve gRPC and Raft.
     blocking(move || {

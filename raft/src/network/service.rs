@@ -28,6 +28,7 @@ pub struct RaftGrpc<M: StateMachine> {
     proposer: Proposer<M>,
     /// Reported in this replica's status.
     status_page: Option<String>,
+    app_version: Option<u16>,
     /// Commit indexes of accepted appends, for [`crate::election_gate`].
     commit_seen: CommitSeen,
 }
@@ -46,12 +47,14 @@ impl<M: StateMachine> RaftGrpc<M> {
         proposer: Proposer<M>,
         max_message_bytes: usize,
         status_page: Option<String>,
+        app_version: Option<u16>,
         commit_seen: CommitSeen,
     ) -> RaftServer<Self> {
         RaftServer::new(RaftGrpc {
             raft,
             proposer,
             status_page,
+            app_version,
             commit_seen,
         })
         .max_decoding_message_size(max_message_bytes)
@@ -158,6 +161,7 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         let () = request("Status", req)?;
         let mut status = ReplicaStatus::from_metrics(&self.raft.metrics().borrow());
         status.status_page.clone_from(&self.status_page);
+        status.app_version = self.app_version;
         reply("Status", &status)
     }
 }

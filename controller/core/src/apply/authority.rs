@@ -41,6 +41,7 @@ pub fn needed(command: &Command) -> Authority {
         | Command::SetSchedulerReasons(_)
         | Command::NoteBypassed(_)
         | Command::Tick
+        | Command::RaiseCommandVersion(_)
         | Command::DownNode { .. } => Authority::Controller,
         Command::EndJobs(_) | Command::EndSteps(_) => Authority::ControllerOrNode,
         Command::SetConfig(_)
@@ -145,5 +146,6 @@ fn describe(command: &Command) -> &'static str {
         Command::EndSteps(_) => "report steps' ends",
         Command::CancelSteps { .. } => "cancel job steps",
         Command::CompleteJob { .. } => "complete a job",
+        Command::RaiseCommandVersion(_) => "raise the cluster's command version",
     }
 }

@@ -150,7 +150,10 @@ impl State {
                 epoch,
                 billing_milli: None,
             };
-            alloc.billing_milli = Some(weights.billing_milli(&alloc.tres()));
+            // Version 4 records billing at start; an older entry applies as it did.
+            if self.applying_version >= 4 {
+                alloc.billing_milli = Some(weights.billing_milli(&alloc.tres()));
+            }
             job.alloc = Some(alloc);
         }
         self.holding.insert(id);

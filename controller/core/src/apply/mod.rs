@@ -14,6 +14,7 @@ mod preemption;
 pub mod purge;
 mod steps;
 pub(crate) mod submit;
+pub use submit::MAX_NAME_BYTES;
 pub mod update;
 
 use serde::{Deserialize, Serialize};
@@ -154,6 +155,9 @@ impl State {
                 supported: COMMAND_VERSION,
             });
         }
+        // What changed meaning between versions follows the entry's own version, so an entry
+        // an older build logged applies the same on every replica whichever build applies it.
+        self.applying_version = envelope.version;
         let actor = &envelope.actor;
         self.authorize(actor, &envelope.command)?;
         let response = self.execute(actor, &envelope.command, now);
@@ -243,6 +247,11 @@ impl State {
             Command::EndSteps(reports) => Ok(self.end_steps(actor, reports, now)),
             Command::CancelSteps { steps } => Ok(self.cancel_steps(actor, steps, now)),
             Command::CompleteJob { job, exit } => self.complete_job(actor, *job, *exit, now),
+            Command::RaiseCommandVersion(v) => {
+                let v = (*v).min(COMMAND_VERSION);
+                self.command_version.0 = self.command_version.0.max(v);
+                Ok(Response::Done)
+            }
             Command::Tick => {
                 self.accrue_all_usage(now);
                 self.purge_finished(now);

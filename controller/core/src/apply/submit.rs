@@ -292,7 +292,7 @@ impl State {
     fn resolve(&self, spec: &JobSpec, admin: bool) -> Result<Resolved, Rejection> {
         check_text("name", &spec.name, MAX_NAME_BYTES)?;
         if let Some(comment) = &spec.comment {
-            check_text("comment", comment, crate::job::spec::MAX_COMMENT)?;
+            check_comment(comment)?;
         }
         for (field, path) in [
             ("work_dir", Some(&spec.work_dir)),
@@ -699,6 +699,29 @@ pub(crate) fn check_text(field: &str, text: &str, max: usize) -> Result<(), Reje
     }
     if text.chars().any(char::is_control) {
         return Err(Rejection::invalid(field, "contains control characters"));
+    }
+    Ok(())
+}
+
+/// A job's comment: [`check_text`], and none of the invisible characters that reorder or hide
+/// what a terminal shows (bidirectional overrides and isolates, zero-width characters, line
+/// and paragraph separators), which would let a comment disguise the lines around it.
+pub(crate) fn check_comment(text: &str) -> Result<(), Rejection> {
+    check_text("comment", text, crate::job::spec::MAX_COMMENT)?;
+    let hidden = |c: char| {
+        matches!(
+            c,
+            '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
+    };
+    if let Some(c) = text.chars().find(|c| hidden(*c)) {
+        return Err(Rejection::invalid(
+            "comment",
+            format!("contains the invisible character U+{:04X}", u32::from(c)),
+        ));
     }
     Ok(())
 }

@@ -12,10 +12,10 @@
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
 
-use crate::apply::submit::check_text;
+use crate::apply::submit::{check_comment, check_text};
 use crate::apply::{Rejection, Response};
 use crate::command::Actor;
-use crate::job::spec::{MAX_COMMENT, TimeRequest};
+use crate::job::spec::TimeRequest;
 use crate::job::{JobRef, JobState};
 use crate::policy::Affected;
 use crate::quantity::{Seconds, TimeMs};
@@ -28,7 +28,11 @@ pub struct JobUpdate {
     pub name: Option<SmolStr>,
     pub nice: Option<i32>,
     /// A new comment; empty clears it. Any live job, by its owner.
-    #[serde(deserialize_with = "crate::layout::since_v2", default)]
+    #[serde(
+        deserialize_with = "crate::layout::since_v2",
+        skip_serializing_if = "crate::layout::before_v2",
+        default
+    )]
     pub comment: Option<SmolStr>,
 }
 
@@ -180,10 +184,18 @@ impl State {
             if name.is_empty() {
                 return Err(Rejection::invalid("name", "must not be empty"));
             }
-            check_text("name", name, MAX_NAME)?;
+            if self.applying_version >= 4 {
+                check_text("name", name, MAX_NAME)?;
+            } else if name.len() > MAX_NAME || name.contains('\0') {
+                // Version 3's rule, for entries logged before it changed.
+                return Err(Rejection::invalid(
+                    "name",
+                    format!("must be 1 to {MAX_NAME} bytes without NUL"),
+                ));
+            }
         }
         if let Some(comment) = &update.comment {
-            check_text("comment", comment, MAX_COMMENT)?;
+            check_comment(comment)?;
         }
         if let Some(nice) = update.nice {
             if !NICE_RANGE.contains(&nice) {

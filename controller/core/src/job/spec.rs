@@ -144,7 +144,11 @@ pub struct JobSpec {
     pub interactive: bool,
     /// `--comment`: free text for the owner and the site's tools, shown by `squeue %k`,
     /// `scontrol show job` and `sacct --format Comment`. At most [`MAX_COMMENT`] bytes.
-    #[serde(deserialize_with = "crate::layout::since_v2", default)]
+    #[serde(
+        deserialize_with = "crate::layout::since_v2",
+        skip_serializing_if = "crate::layout::before_v2",
+        default
+    )]
     pub comment: Option<SmolStr>,
 }
 
