@@ -207,8 +207,9 @@ impl<S: tonic::server::NamedService> tonic::server::NamedService for ReplicaOnly
     const NAME: &'static str = S::NAME;
 }
 
-/// Whether the peer of an HTTP request may call `method` of the Raft service.
-fn raft_allowed<B>(request: &http::Request<B>) -> Result<(), Status> {
+/// Whether the peer of an HTTP request may call `method` of the Raft service; the replica it
+/// is, if it is one.
+fn raft_allowed<B>(request: &http::Request<B>) -> Result<Option<u64>, Status> {
     use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
     let method = request.uri().path().rsplit('/').next().unwrap_or_default();
     let role = request
@@ -217,8 +218,8 @@ fn raft_allowed<B>(request: &http::Request<B>) -> Result<(), Status> {
         .and_then(|info| info.peer_certs())
         .and_then(|certs| certs.first().map(|c| Role::of_certificate(c)));
     match role {
-        Some(Ok(Role::Replica(_))) => Ok(()),
-        Some(Ok(_)) if method == "Status" => Ok(()),
+        Some(Ok(Role::Replica(id))) => Ok(Some(id)),
+        Some(Ok(_)) if method == "Status" => Ok(None),
         Some(Ok(other)) => Err(Status::permission_denied(format!(
             "Raft.{method} is for controller replicas; this certificate is {other}'s"
         ))),
@@ -249,9 +250,19 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         match raft_allowed(&request) {
-            Ok(()) => Box::pin(self.inner.call(request)),
+            Ok(replica) => {
+                // The Raft service refuses calls that speak for another replica.
+                if let Some(id) = replica {
+                    request
+                        .extensions_mut()
+                        .insert(docket_raft::network::PeerReplica(docket_raft::ReplicaId(
+                            id,
+                        )));
+                }
+                Box::pin(self.inner.call(request))
+            }
             Err(status) => {
                 tracing::warn!(path = %request.uri().path(), %status, "refused a Raft call");
                 Box::pin(std::future::ready(Ok(status.into_http())))

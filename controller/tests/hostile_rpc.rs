@@ -328,20 +328,30 @@ mod raft {
     }
 
     pub fn vote() -> Vec<Vec<u8>> {
-        let request = VoteRequest::<ReplicaId>::new(Vote::new(0, ReplicaId(9)), None);
+        vote_as(9)
+    }
+
+    /// A vote request of a candidate claiming to be replica `id`.
+    pub fn vote_as(id: u64) -> Vec<Vec<u8>> {
+        let request = VoteRequest::<ReplicaId>::new(Vote::new(0, ReplicaId(id)), None);
         vec![payload(encode(&request).unwrap())]
     }
 
     pub fn append_entries() -> Vec<Vec<u8>> {
+        append_entries_as(9)
+    }
+
+    /// An append of a leader claiming to be replica `id`.
+    pub fn append_entries_as(id: u64) -> Vec<Vec<u8>> {
         let entry = Entry::<TypeConfig<CoreMachine>> {
-            log_id: LogId::new(CommittedLeaderId::new(0, ReplicaId(9)), 0),
+            log_id: LogId::new(CommittedLeaderId::new(0, ReplicaId(id)), 0),
             payload: EntryPayload::Normal(Batch {
                 time_ms: 1_700_000_000_000,
                 commands: vec![Envelope::controller(Command::Tick)],
             }),
         };
         let request = AppendEntriesRequest::<TypeConfig<CoreMachine>> {
-            vote: Vote::new_committed(0, ReplicaId(9)),
+            vote: Vote::new_committed(0, ReplicaId(id)),
             prev_log_id: None,
             entries: vec![entry],
             leader_commit: None,
@@ -523,6 +533,55 @@ async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe
             "not serving after the calls: {e}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A replica's certificate proves which replica calls: replica 9's cannot send appends as the
+/// leader replica 1, nor ask for votes as replica 1; in its own name the same calls are heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_certificate_cannot_lead_or_campaign_in_another_replica_s_name() {
+    let cluster = Cluster::start(1).await;
+    let addr = cluster.addrs[&1].clone();
+    let files = secrets()
+        .local
+        .issue(&Role::Replica(9), &["127.0.0.1".to_owned()])
+        .unwrap();
+    let tls = TlsContext::load(files).unwrap();
+    let channel =
+        docket_auth::tls::connect::channel(&addr, &tls, Duration::from_secs(2), None).unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    for (path, as_1, as_9) in [
+        (
+            "/docket.v1.Raft/AppendEntries",
+            raft::append_entries_as(1),
+            raft::append_entries_as(9),
+        ),
+        ("/docket.v1.Raft/Vote", raft::vote_as(1), raft::vote_as(9)),
+    ] {
+        let mut call = async |body: Vec<u8>| {
+            grpc.ready().await.unwrap();
+            let mut request = tonic::Request::new(body);
+            request.set_timeout(Duration::from_secs(10));
+            grpc.unary::<Vec<u8>, Vec<u8>, _>(request, PathAndQuery::from_static(path), RawCodec)
+                .await
+        };
+        let refused = call(as_1[0].clone()).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::PermissionDenied,
+            "{path}: {refused:?}"
+        );
+        assert!(
+            refused.message().contains("speaks for replica 1")
+                && refused.message().contains("replica 9's"),
+            "{path}: {refused:?}"
+        );
+        // In its own name (a stale term, not a member): heard and answered by Raft.
+        let heard = call(as_9[0].clone()).await;
+        assert!(
+            heard.as_ref().is_ok_and(|r| !r.get_ref().is_empty()),
+            "{path}: {heard:?}"
+        );
     }
 }
 

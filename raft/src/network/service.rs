@@ -62,6 +62,28 @@ impl<M: StateMachine> RaftGrpc<M> {
     }
 }
 
+/// The replica a Raft call comes from, as its transport proved it (the controller's TLS layer
+/// puts the replica id of the client certificate here). When present, a call that speaks for
+/// another replica (an append or snapshot from a leader, a vote request from a candidate) is
+/// refused: one replica's certificate cannot lead or campaign in another's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerReplica(pub crate::ReplicaId);
+
+/// Refuses `claimed` (the replica a call speaks for) unless it is the proven caller.
+fn speaks_for_itself(
+    rpc: &str,
+    proven: Option<PeerReplica>,
+    claimed: crate::ReplicaId,
+) -> Result<(), Status> {
+    match proven {
+        Some(PeerReplica(peer)) if peer != claimed => Err(Status::permission_denied(format!(
+            "{rpc} speaks for replica {}; the certificate is replica {}'s",
+            claimed.0, peer.0
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn request<T: DeserializeOwned>(rpc: &str, request: Request<RaftPayload>) -> Result<T, Status> {
     decode(&request.into_inner().data)
         .map_err(|e| Status::invalid_argument(format!("{rpc}: malformed payload: {e}")))
@@ -116,8 +138,10 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let proven = req.extensions().get::<PeerReplica>().copied();
         let rpc: openraft::raft::AppendEntriesRequest<crate::TypeConfig<M>> =
             request("AppendEntries", req)?;
+        speaks_for_itself("AppendEntries", proven, rpc.vote.leader_id().node_id)?;
         check_append(&rpc)?;
         let commit = rpc.leader_commit.map(|l| l.index);
         let answer = self.raft.append_entries(rpc).await;
@@ -131,7 +155,9 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = request("Vote", req)?;
+        let proven = req.extensions().get::<PeerReplica>().copied();
+        let rpc: openraft::raft::VoteRequest<crate::ReplicaId> = request("Vote", req)?;
+        speaks_for_itself("Vote", proven, rpc.vote.leader_id().node_id)?;
         reply("Vote", &self.raft.vote(rpc).await)
     }
 
@@ -139,7 +165,10 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = request("InstallSnapshot", req)?;
+        let proven = req.extensions().get::<PeerReplica>().copied();
+        let rpc: openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>> =
+            request("InstallSnapshot", req)?;
+        speaks_for_itself("InstallSnapshot", proven, rpc.vote.leader_id().node_id)?;
         reply("InstallSnapshot", &self.raft.install_snapshot(rpc).await)
     }
 
