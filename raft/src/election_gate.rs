@@ -33,16 +33,35 @@ use crate::types::Raft;
 
 /// What accepted appends told this replica: the highest commit index they carried (plus
 /// one; 0: none yet) and whether any arrived since it started.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct CommitSeen {
     commit: Arc<AtomicU64>,
     heard: Arc<AtomicBool>,
+    /// When the last accepted append arrived: milliseconds after `origin`.
+    heard_at_ms: Arc<AtomicU64>,
+    origin: tokio::time::Instant,
+    /// Whether the gate lets this replica stand now.
+    standing: Arc<AtomicBool>,
+}
+
+impl Default for CommitSeen {
+    fn default() -> Self {
+        CommitSeen {
+            commit: Arc::default(),
+            heard: Arc::default(),
+            heard_at_ms: Arc::default(),
+            origin: tokio::time::Instant::now(),
+            standing: Arc::new(AtomicBool::new(true)),
+        }
+    }
 }
 
 impl CommitSeen {
     /// An accepted append arrived, telling this replica that entries up to `commit` are
     /// committed.
     pub fn saw(&self, commit: Option<u64>) {
+        let at = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.heard_at_ms.store(at, Ordering::Relaxed);
         self.heard.store(true, Ordering::Relaxed);
         if let Some(index) = commit {
             self.commit
@@ -58,6 +77,17 @@ impl CommitSeen {
     /// Whether a leader has reached this replica since it started.
     pub fn heard(&self) -> bool {
         self.heard.load(Ordering::Relaxed)
+    }
+
+    /// Whether the gate lets this replica stand for election now.
+    pub fn standing(&self) -> bool {
+        self.standing.load(Ordering::Relaxed)
+    }
+
+    /// When a leader last reached this replica (its last accepted append), if one has.
+    pub fn heard_at(&self) -> Option<tokio::time::Instant> {
+        self.heard()
+            .then(|| self.origin + Duration::from_millis(self.heard_at_ms.load(Ordering::Relaxed)))
     }
 }
 
@@ -99,6 +129,7 @@ pub fn spawn<M: StateMachine>(
                 || (settled && may_campaign(last, seen.get()));
             if allow != enabled {
                 enabled = allow;
+                seen.standing.store(allow, Ordering::Relaxed);
                 raft.runtime_config().elect(allow);
                 if allow {
                     tracing::info!("standing for election (caught up, or no leader reached it)");

@@ -29,6 +29,7 @@ pub mod db;
 pub mod election_gate;
 pub mod ids;
 pub mod kv;
+pub mod leader_watch;
 pub mod log_store;
 pub mod machine;
 pub mod machine_store;

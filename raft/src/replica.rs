@@ -264,6 +264,13 @@ impl<M: StateMachine> Replica<M> {
             config.tuning.heartbeat,
             config.tuning.election_timeout_max * 2,
         );
+        crate::leader_watch::spawn(
+            raft.clone(),
+            channels.clone(),
+            commit_seen.clone(),
+            config.tuning.heartbeat,
+            config.tuning.election_timeout_max,
+        );
         Ok(Replica {
             id: config.id,
             addr: config.addr,
