@@ -13,7 +13,8 @@
 //! The same holds for a replica that has just started on an existing data directory: until a
 //! leader reaches it, it cannot know how far behind it is, and a leader that had backed off
 //! from it while it was down may take a moment to come back. Such a replica stands only after
-//! a grace period (twice the election timeout's maximum) unless a leader reaches it first.
+//! a grace period (the election timeout's maximum plus its minimum, within openraft's own
+//! first expiry) unless a leader reaches it first.
 //!
 //! Neither rule stands in the way of an election that could succeed: a replica missing a
 //! committed entry could not win one, and the grace only delays a replica that has heard of
@@ -31,13 +32,13 @@ use tokio::task::JoinHandle;
 use crate::machine::StateMachine;
 use crate::types::Raft;
 
-/// What accepted appends told this replica: the highest commit index they carried (plus
-/// one; 0: none yet) and whether any arrived since it started.
+/// What accepted appends told this replica: the highest commit index they carried, and when
+/// its leader last reached it.
 #[derive(Debug, Clone)]
 pub struct CommitSeen {
+    /// The highest commit index, plus one (0: none yet).
     commit: Arc<AtomicU64>,
-    heard: Arc<AtomicBool>,
-    /// When the last accepted append arrived: milliseconds after `origin`.
+    /// When the leader last reached it: milliseconds after `origin`, plus one (0: never).
     heard_at_ms: Arc<AtomicU64>,
     origin: tokio::time::Instant,
     /// Whether the gate lets this replica stand now.
@@ -48,7 +49,6 @@ impl Default for CommitSeen {
     fn default() -> Self {
         CommitSeen {
             commit: Arc::default(),
-            heard: Arc::default(),
             heard_at_ms: Arc::default(),
             origin: tokio::time::Instant::now(),
             standing: Arc::new(AtomicBool::new(true)),
@@ -60,13 +60,21 @@ impl CommitSeen {
     /// An accepted append arrived, telling this replica that entries up to `commit` are
     /// committed.
     pub fn saw(&self, commit: Option<u64>) {
-        let at = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.heard_at_ms.store(at, Ordering::Relaxed);
-        self.heard.store(true, Ordering::Relaxed);
+        self.contact();
         if let Some(index) = commit {
             self.commit
                 .fetch_max(index.saturating_add(1), Ordering::Relaxed);
         }
+    }
+
+    /// The leader of this replica's vote reached it (an append it accepted, or one that
+    /// conflicted with its log: either way that leader is alive and its lease renewed).
+    pub fn contact(&self) {
+        let at = u64::try_from(self.origin.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        // Never goes back, whatever order concurrent appends finish in.
+        self.heard_at_ms.fetch_max(at, Ordering::Relaxed);
     }
 
     /// The highest committed index heard of.
@@ -76,7 +84,7 @@ impl CommitSeen {
 
     /// Whether a leader has reached this replica since it started.
     pub fn heard(&self) -> bool {
-        self.heard.load(Ordering::Relaxed)
+        self.heard_at_ms.load(Ordering::Relaxed) > 0
     }
 
     /// Whether the gate lets this replica stand for election now.
@@ -84,10 +92,10 @@ impl CommitSeen {
         self.standing.load(Ordering::Relaxed)
     }
 
-    /// When a leader last reached this replica (its last accepted append), if one has.
+    /// When a leader last reached this replica, if one has.
     pub fn heard_at(&self) -> Option<tokio::time::Instant> {
-        self.heard()
-            .then(|| self.origin + Duration::from_millis(self.heard_at_ms.load(Ordering::Relaxed)))
+        let ms = self.heard_at_ms.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(self.origin + Duration::from_millis(ms))
     }
 }
 

@@ -6,14 +6,18 @@
 //! anyone stands, although the other voters would grant a vote as soon as the lease ends: the
 //! random part is there for a follower that cannot tell a dead leader from a slow one.
 //!
-//! A follower can tell, often. When no append has come for two heartbeats it asks the leader
-//! for its status, within three heartbeats (at most half the lease). An answer means the leader lives (slow, or cut off
-//! from this follower alone) and nothing changes. No answer (the process is gone, the host or
-//! the network is down, or the process is stopped) makes it stand the moment the lease it and
-//! the other voters last renewed has run out, plus a margin — staggered by its rank among the
-//! voters, one heartbeat apart, so two followers do not split the vote — instead of waiting
-//! out its random timeout as well. It stands once per silence; openraft's own timer goes on
-//! as before if that election fails.
+//! A follower can tell, when the leader's process or host is gone. When no append has come
+//! for two heartbeats it asks the leader for its status. A refused or unreachable connection
+//! (the process died, the host is down) makes it stand the moment the lease it and the other
+//! voters last renewed has run out, plus a margin — staggered by its rank among the voters,
+//! one heartbeat apart, so two followers do not split the vote — instead of waiting out its
+//! random timeout as well; first it asks the other voters for their logs and leaves the
+//! election to one with a longer log (it would refuse this replica, and the term spent would
+//! block its own campaign). An answer, or no answer at all (a slow, stopped or cut-off leader,
+//! which a follower cannot tell from one cut off from it alone), leaves it to openraft's
+//! timer. It stands once per silence; openraft's own timer goes on as before if that election
+//! fails. The lease is counted from the later of the leader's last append and the moment this
+//! replica began following it.
 //!
 //! Only liveness changes: an election is safe whenever it starts. A follower the election gate
 //! keeps out ([`crate::election_gate`]) does not stand. The cost is a status request to the
@@ -49,6 +53,8 @@ pub fn spawn<M: StateMachine>(
         let mut metrics = raft.metrics();
         // The silence already acted on (when the leader was last heard), so one stand each.
         let mut handled: Option<Instant> = None;
+        // The leader and term followed, and since when: a lease is never older than that.
+        let mut following: Option<(u64, openraft::LeaderId<crate::ReplicaId>, Instant)> = None;
         loop {
             tokio::select! {
                 changed = metrics.changed() => {
@@ -58,26 +64,49 @@ pub fn spawn<M: StateMachine>(
                 }
                 () = tokio::time::sleep(heartbeat) => {}
             }
-            let (state, me, leader, addr, rank) = {
+            let (state, me, term, vote, leader, addr, rank, others, last) = {
                 let m = metrics.borrow_and_update();
                 let membership = m.membership_config.membership();
                 let leader = m.current_leader;
                 let addr = leader
                     .and_then(|l| membership.get_node(&l))
                     .map(|n| n.addr.clone());
-                let mut others: Vec<_> = membership
+                let mut voters: Vec<_> = membership
                     .voter_ids()
                     .filter(|v| Some(*v) != leader)
                     .collect();
-                others.sort_unstable();
-                let rank = others.iter().position(|v| *v == m.id);
-                (m.state, m.id, leader, addr, rank)
+                voters.sort_unstable();
+                let rank = voters.iter().position(|v| *v == m.id);
+                let others: Vec<String> = voters
+                    .iter()
+                    .filter(|v| **v != m.id)
+                    .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
+                    .collect();
+                (
+                    m.state,
+                    m.id,
+                    m.current_term,
+                    *m.vote.leader_id(),
+                    leader,
+                    addr,
+                    rank,
+                    others,
+                    m.last_log_index,
+                )
             };
+            if following
+                .as_ref()
+                .is_none_or(|(t, v, _)| (*t, *v) != (term, vote))
+            {
+                following = Some((term, vote, Instant::now()));
+            }
+            let since = following.as_ref().map_or_else(Instant::now, |f| f.2);
             let (Some(heard_at), Some(leader), Some(addr), Some(rank)) =
                 (seen.heard_at(), leader, addr, rank)
             else {
                 continue;
             };
+            let heard_at = heard_at.max(since);
             if state != ServerState::Follower
                 || leader == me
                 || handled == Some(heard_at)
@@ -87,8 +116,9 @@ pub fn spawn<M: StateMachine>(
                 continue;
             }
             let patience = (heartbeat * 3).min(lease / 2);
-            if channels.status(&addr, patience).await.is_ok() {
-                // Alive: slow, or cut off from this follower alone. Its lease holds elsewhere.
+            // Only a leader certainly gone (its port refuses, its host is unreachable) is
+            // stood against early; a slow or silent one is left to openraft's own timer.
+            if !channels.certainly_gone(&addr, patience).await {
                 continue;
             }
             let at = stand_at(
@@ -98,25 +128,51 @@ pub fn spawn<M: StateMachine>(
                 u32::try_from(rank).unwrap_or(u32::MAX),
             );
             tokio::time::sleep_until(at).await;
+            handled = Some(heard_at);
             // Heard from a leader meanwhile, or a new one is known: nothing to do.
             let still = {
                 let m = raft.metrics().borrow().clone();
                 m.state == ServerState::Follower && m.current_leader == Some(leader)
             };
-            handled = Some(heard_at);
-            if !still || seen.heard_at() != Some(heard_at) || !seen.standing() {
+            if !still || seen.heard_at().map(|h| h.max(since)) != Some(heard_at) || !seen.standing()
+            {
+                continue;
+            }
+            // A voter with a longer log would refuse this replica and then be refused in the
+            // same term: leave the election to it.
+            if longer_log_elsewhere(&channels, &others, last, patience).await {
+                tracing::info!(
+                    "the leader is gone, but another voter has a longer log: leaving it to stand"
+                );
                 continue;
             }
             tracing::info!(
                 leader = %leader,
                 silent_ms = heard_at.elapsed().as_millis() as u64,
-                "the leader does not answer; standing for election as its lease ends"
+                "the leader is gone; standing for election as its lease ends"
             );
             if let Err(e) = raft.trigger().elect().await {
                 tracing::debug!(error = %e, "standing for election");
             }
         }
     })
+}
+
+/// Whether a voter at one of `others` reports a log longer than `mine`.
+async fn longer_log_elsewhere(
+    channels: &Channels,
+    others: &[String],
+    mine: Option<u64>,
+    patience: Duration,
+) -> bool {
+    for addr in others {
+        if let Ok(status) = channels.status(addr, patience).await
+            && status.last_log_index > mine
+        {
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]

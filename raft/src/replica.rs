@@ -262,7 +262,9 @@ impl<M: StateMachine> Replica<M> {
             raft.clone(),
             commit_seen.clone(),
             config.tuning.heartbeat,
-            config.tuning.election_timeout_max * 2,
+            // Within openraft's own first expiry (lease + a timeout in MIN..MAX), so a cluster
+            // restarted whole keeps the random timeouts that spread its first candidates.
+            config.tuning.election_timeout_max + config.tuning.election_timeout_min,
         );
         crate::leader_watch::spawn(
             raft.clone(),

@@ -159,6 +159,21 @@ impl Channels {
             .map_err(|e| unreachable(format!("malformed answer: {e}")))?
     }
 
+    /// Whether the replica at `addr` is certainly gone: a connection to it is refused or
+    /// unreachable (its process or host is down), as opposed to slow or silent.
+    pub async fn certainly_gone(&self, addr: &str, ttl: Duration) -> bool {
+        let Ok(mut client) = self.client(addr) else {
+            return false;
+        };
+        let Ok(data) = encode(&()) else {
+            return false;
+        };
+        match tokio::time::timeout(ttl, client.status(RaftPayload { data })).await {
+            Ok(Err(status)) => connect_failed(&status),
+            _ => false,
+        }
+    }
+
     /// Asks the replica at `addr` for its status.
     pub async fn status(&self, addr: &str, ttl: Duration) -> Result<ReplicaStatus, String> {
         let mut client = self.client(addr)?;

@@ -146,10 +146,14 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         let commit = rpc.leader_commit.map(|l| l.index);
         let answer = self.raft.append_entries(rpc).await;
         // Accepted: it came from the leader this replica follows.
-        if let Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) =
-            &answer
-        {
-            self.commit_seen.saw(commit);
+        match &answer {
+            Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) => {
+                self.commit_seen.saw(commit);
+            }
+            // The leader this replica follows, whose log it does not match yet: alive, but its
+            // commit index says nothing of this replica's log.
+            Ok(AppendEntriesResponse::Conflict) => self.commit_seen.contact(),
+            _ => {}
         }
         reply("AppendEntries", &answer)
     }
