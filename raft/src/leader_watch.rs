@@ -131,7 +131,8 @@ pub fn spawn<M: StateMachine>(
             handled = Some(heard_at);
             // Heard from a leader meanwhile, or a new one is known: nothing to do.
             let still = {
-                let m = raft.metrics().borrow().clone();
+                let metrics = raft.metrics();
+                let m = metrics.borrow();
                 m.state == ServerState::Follower && m.current_leader == Some(leader)
             };
             if !still || seen.heard_at().map(|h| h.max(since)) != Some(heard_at) || !seen.standing()
