@@ -143,6 +143,27 @@ async fn submit_one(
     }
 }
 
+/// Lists the first page (1,000 jobs, linearizable) from `follower` every 50 ms until
+/// `deadline`, and returns each listing's latency.
+async fn list_until(access: &Access, follower: &str, deadline: Instant) -> Result<Vec<Duration>> {
+    let mut client = access.client(follower)?;
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let req = access
+            .request(pb::ListJobsRequest {
+                page_size: 1_000,
+                ..Default::default()
+            })
+            .map_err(|e| anyhow::anyhow!("a credential for the listing: {e}"))?;
+        let t0 = Instant::now();
+        if client.list_jobs(req).await.is_ok() {
+            latencies.push(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(latencies)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -386,27 +407,22 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
             }));
         }
         next_id += (n as u64) * 1_000_000;
-        // A listing client: the first page (1,000 jobs), linearizable, from a follower.
+        // A listing client: the first page (1,000 jobs), linearizable, from a follower. It runs
+        // on a thread and runtime of its own, as `squeue` runs in a process of its own: in the
+        // submitters' runtime its answers would wait behind 64 busy tasks.
         let lister = {
-            let mut c = access.client(&follower)?;
             let access = access.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while Instant::now() < deadline {
-                    let Ok(req) = access.request(pb::ListJobsRequest {
-                        page_size: 1_000,
-                        ..Default::default()
-                    }) else {
-                        break;
-                    };
-                    let t0 = Instant::now();
-                    if c.list_jobs(req).await.is_ok() {
-                        latencies.push(t0.elapsed());
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                latencies
-            })
+            let follower = follower.clone();
+            let (done, finished) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let listings = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| rt.block_on(list_until(&access, &follower, deadline)));
+                let _ = done.send(listings);
+            });
+            finished
         };
         let began = Instant::now();
         let mut latencies = Vec::new();
@@ -414,7 +430,7 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
             latencies.extend(t.await?);
         }
         let elapsed = began.elapsed();
-        let mut listings = lister.await?;
+        let mut listings = lister.await.context("the listing client stopped")??;
         let cpu_spent: Vec<f64> = cpu_now()
             .iter()
             .zip(&cpu_before)

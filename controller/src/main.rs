@@ -10,7 +10,12 @@ use docket_controller::daemon::{self, DaemonConfig};
 use docket_raft::ReplicaId;
 use docket_raft::replica::RaftTuning;
 
-/// mimalloc rather than glibc's malloc (measured: see the README's controller benchmark).
+/// mimalloc rather than glibc's malloc (measured: see the README's controller benchmark),
+/// built without transparent huge pages (`no_thp`): its arenas asked for them, and a first
+/// touch of a huge page zeroes 2 MiB in the faulting thread — 2–4 ms each in this build
+/// machine's VM — which stretched 1 ms of converting a listing to 15–25 ms under a
+/// submission storm (the same latency spikes that make Redis and MongoDB advise against
+/// THP).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
