@@ -4,7 +4,7 @@
 //! of a high-throughput site waits on is `sbatch` as a process, the job starting on an agent,
 //! and its end being recorded. So this drives the cluster `docket-local up` started in the
 //! state directory with real `sbatch` processes (the cluster's own commands in `STATE/bin`,
-//! run as `nobody` when root, like any user's): `loops` concurrent loops submit `jobs`
+//! run as `nobody` when root, like any user's): `loops` concurrent `bash` loops submit `jobs`
 //! trivial jobs (`true`) one process each, then one array of `jobs` tasks is submitted. For
 //! each phase it follows the jobs through the leader until every one is final and prints:
 //! the `sbatch` processes' rate and latency, the jobs per second from the first submission
@@ -115,9 +115,8 @@ struct Submitter {
 }
 
 impl Submitter {
-    /// One `sbatch --parsable` of a trivial job named `name` with `extra` options; its
-    /// wall time.
-    fn submit(&self, name: &str, extra: &[&str]) -> Result<Duration> {
+    /// The options of one `sbatch --parsable` of a trivial job named `name` with `extra`.
+    fn sbatch_args<'a>(name: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         let mut args = vec![
             "--parsable",
             "-J",
@@ -131,16 +130,55 @@ impl Submitter {
         ];
         args.extend_from_slice(extra);
         args.extend_from_slice(&["--wrap", "true"]);
-        self.run("sbatch", &args)
+        args
     }
 
-    /// One run of the cluster's command `program` with `args` as the submitting user; its
+    /// One `sbatch --parsable` of a trivial job named `name` with `extra` options; its
     /// wall time.
-    fn run(&self, program: &str, args: &[&str]) -> Result<Duration> {
-        let path = self.bin.join(program);
-        let mut cmd = std::process::Command::new(&path);
-        cmd.args(args)
-            .env_clear()
+    fn submit(&self, name: &str, extra: &[&str]) -> Result<Duration> {
+        self.run("sbatch", &Self::sbatch_args(name, extra))
+    }
+
+    /// A shell loop, as a user writes one, of `n` such `sbatch` processes one after the
+    /// other; each one's wall time, ms. The loop is a `bash` of the submitting user, so each
+    /// `sbatch` costs what it costs from a user's loop (a fork of a small shell and the
+    /// exec), not a fork of this multi-threaded process.
+    fn submit_loop(&self, n: u32, name: &str, extra: &[&str]) -> Result<Vec<u64>> {
+        const LOOP: &str = r#"n=$1; shift
+for ((i = 0; i < n; i++)); do
+    t0=$EPOCHREALTIME
+    "$@" >/dev/null || exit 1
+    t1=$EPOCHREALTIME
+    echo "$t0 $t1"
+done"#;
+        let sbatch = self.bin.join("sbatch");
+        let mut cmd = self.command(Path::new("bash"));
+        cmd.args(["-c", LOOP, "bash", &n.to_string()])
+            .arg(&sbatch)
+            .args(Self::sbatch_args(name, extra));
+        let out = cmd.output().context("running a bash loop of sbatch")?;
+        if !out.status.success() {
+            bail!(
+                "a loop's sbatch failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|line| {
+                let times = line
+                    .split_once(' ')
+                    .and_then(|(a, b)| Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?)));
+                let (t0, t1) = times.ok_or_else(|| anyhow!("the loop printed {line:?}"))?;
+                Ok(((t1 - t0) * 1000.0).round().max(0.0) as u64)
+            })
+            .collect()
+    }
+
+    /// `program` with the cluster's environment, in /tmp, as the submitting user.
+    fn command(&self, program: &Path) -> std::process::Command {
+        let mut cmd = std::process::Command::new(program);
+        cmd.env_clear()
             .env("PATH", "/usr/bin:/bin")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir("/tmp")
@@ -148,6 +186,15 @@ impl Submitter {
         if let Some((uid, gid)) = self.user {
             cmd.uid(uid).gid(gid);
         }
+        cmd
+    }
+
+    /// One run of the cluster's command `program` with `args` as the submitting user; its
+    /// wall time.
+    fn run(&self, program: &str, args: &[&str]) -> Result<Duration> {
+        let path = self.bin.join(program);
+        let mut cmd = self.command(&path);
+        cmd.args(args);
         let began = Instant::now();
         let out = cmd
             .output()
@@ -197,7 +244,7 @@ async fn loops_phase(
     Ok(phase)
 }
 
-/// `jobs` submissions from `loops` concurrent threads, each running one `sbatch` process
+/// `jobs` submissions from `loops` concurrent shell loops, each running one `sbatch` process
 /// at a time; every process's wall time, ms.
 fn submit_loops(
     submitter: &Submitter,
@@ -210,11 +257,7 @@ fn submit_loops(
     for k in 0..loops {
         let n = jobs / loops + u32::from(k < jobs % loops);
         let (s, name) = (submitter.clone(), name.to_owned());
-        handles.push(std::thread::spawn(move || {
-            (0..n)
-                .map(|_| s.submit(&name, extra).map(|d| d.as_millis() as u64))
-                .collect::<Result<Vec<u64>>>()
-        }));
+        handles.push(std::thread::spawn(move || s.submit_loop(n, &name, extra)));
     }
     let mut sbatch_ms = Vec::new();
     for h in handles {
