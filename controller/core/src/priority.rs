@@ -633,8 +633,9 @@ impl State {
             QueueOrdering::Shuffle(by) => Some(self.shuffle_scores(by)),
         };
         let keys: Vec<OrderKey> = self
-            .jobs
-            .values()
+            .queue_index
+            .idle()
+            .filter_map(|id| self.jobs.get(&id))
             .filter(|j| j.state == JobState::Pending && j.part == Part::Idle)
             .map(|j| {
                 let mut key = OrderKey::new(&inputs, j, j.spec.reservation.is_some());

@@ -115,8 +115,9 @@ impl State {
     /// HPC2N's rule for the soft MAXPS limit: lifted only when no job is eligible otherwise.
     pub(crate) fn nothing_else_eligible(&self) -> bool {
         !self
-            .jobs
-            .values()
+            .queue_index
+            .idle()
+            .filter_map(|id| self.jobs.get(&id))
             .any(|j| j.state == JobState::Pending && j.part == Part::Idle && j.reason.is_eligible())
     }
 }
