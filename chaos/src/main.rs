@@ -117,6 +117,11 @@ enum Cmd {
         /// Jobs sleep 1..=this many seconds.
         #[arg(long, default_value_t = 2)]
         job_seconds: u32,
+        /// Each client's mean pause between two operations, ms (drawn from a fifth of it to
+        /// nine fifths). Paces the workload: a soak whose clients submit faster than the
+        /// agents run jobs only grows its queue.
+        #[arg(long, default_value_t = 110, value_parser = clap::value_parser!(u64).range(5..=60_000))]
+        think_ms: u64,
         /// Where the cluster lives (default: a fresh temporary directory, removed after).
         #[arg(long)]
         state_dir: Option<PathBuf>,
@@ -274,8 +279,9 @@ async fn converged(cluster: &LocalCluster, deadline: Duration) -> Vec<Vec<pb::Jo
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run(
+/// What one `docket-chaos run` does (its command-line options).
+#[derive(Debug)]
+struct RunSpec {
     seed: u64,
     faults: usize,
     minutes: Option<u64>,
@@ -286,9 +292,28 @@ async fn run(
     simulated: u32,
     clients: u32,
     job_seconds: u32,
+    /// A client's pause between two operations, ms (drawn uniformly from this range).
+    think_ms: (u64, u64),
     state_dir: Option<PathBuf>,
     bins: PathBuf,
-) -> Result<bool> {
+}
+
+async fn run(spec: RunSpec) -> Result<bool> {
+    let RunSpec {
+        seed,
+        faults,
+        minutes,
+        kinds,
+        each,
+        replicas,
+        agents,
+        simulated,
+        clients,
+        job_seconds,
+        think_ms,
+        state_dir,
+        bins,
+    } = spec;
     // A temporary directory goes when the run ends; a chosen one stays for reading
     // (history.jsonl, logs/, work/runs.log).
     let temporary = state_dir.is_none();
@@ -391,6 +416,7 @@ async fn run(
                 partition: partition.into(),
                 work_dir: work.display().to_string(),
                 max_job_seconds: job_seconds,
+                think_ms,
             };
             tasks.push(tokio::spawn(workload::client(
                 id,
@@ -661,24 +687,25 @@ fn main() -> ExitCode {
                 simulated_agents,
                 clients,
                 job_seconds,
+                think_ms,
                 state_dir,
                 bin_dir: bins,
             } => {
-                let seed = seed.unwrap_or_else(history::wall_ms);
-                run(
-                    seed,
+                run(RunSpec {
+                    seed: seed.unwrap_or_else(history::wall_ms),
                     faults,
                     minutes,
                     kinds,
                     each,
                     replicas,
                     agents,
-                    simulated_agents,
+                    simulated: simulated_agents,
                     clients,
-                    job_seconds.max(1),
+                    job_seconds: job_seconds.max(1),
+                    think_ms: (think_ms / 5, think_ms * 9 / 5),
                     state_dir,
-                    bin_dir(bins)?,
-                )
+                    bins: bin_dir(bins)?,
+                })
                 .await
             }
             Cmd::Drill {

@@ -26,6 +26,8 @@ pub struct Workload {
     pub work_dir: String,
     /// Jobs run 1..=max seconds.
     pub max_job_seconds: u32,
+    /// A client's pause between two operations, ms (uniform in this range).
+    pub think_ms: (u64, u64),
 }
 
 /// The script every job runs: `ID NAME start MS NODE` and `ID NAME end MS NODE` around a
@@ -218,6 +220,10 @@ pub async fn client(
             start_ms,
             end_ms: history.now_ms(),
         });
-        tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
+        let (least, most) = w.think_ms;
+        tokio::time::sleep(Duration::from_millis(
+            rng.random_range(least..=most.max(least)),
+        ))
+        .await;
     }
 }
