@@ -14,6 +14,7 @@ pub mod layout;
 pub mod local;
 pub mod net;
 pub mod rpc;
+pub mod state_dir;
 pub mod stats;
 pub mod testing;
 

@@ -219,8 +219,9 @@ impl LocalCluster {
                 layout.replicas
             )));
         }
-        // A fresh start: old data would bring back an old cluster.
-        let _ = std::fs::remove_dir_all(state);
+        // A fresh start: old data would bring back an old cluster. Only a directory a
+        // launcher created is emptied (see `state_dir`).
+        crate::state_dir::prepare(state)?;
         std::fs::create_dir_all(state.join("logs"))
             .map_err(LaunchError::io(format!("creating {}", state.display())))?;
         let site = state.join("docket.toml");
@@ -909,7 +910,8 @@ impl LocalCluster {
 
     /// Stops everything: cancels every job (so no job process outlives its agent), stops
     /// agents then controllers (SIGTERM, SIGKILL after 10 s), then sweeps what is left: job
-    /// monitors, mounts and cgroups. The state directory stays unless `remove`.
+    /// monitors, mounts and cgroups. The state directory stays unless `remove` (and then
+    /// only if a launcher created it: see `state_dir`).
     pub async fn stop(mut self, remove: bool) -> Result<crate::cleanup::Sweep, LaunchError> {
         if let Some((_, leader)) = rpc::leader(&self.addrs()).await {
             crate::cleanup::cancel_everything(&leader, Duration::from_secs(15)).await;
@@ -959,7 +961,10 @@ impl LocalCluster {
             a.pid = None;
         }
         if remove {
-            let _ = std::fs::remove_dir_all(&self.record.state_dir);
+            if let Err(refused) = crate::state_dir::remove(&self.record.state_dir) {
+                self.save()?;
+                return Err(refused);
+            }
         } else {
             self.save()?;
         }

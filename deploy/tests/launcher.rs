@@ -1,6 +1,6 @@
 //! `docket-local` end to end: up (3 controllers, 4 agents), status, the quick start's demo
 //! to its summary, the lifecycle benchmark, a second `up` refused, logs, down — and then no process, mount or cgroup
-//! of the cluster is left.
+//! of the cluster is left; and an `up` into a directory no launcher created is refused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -53,6 +53,24 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("cluster");
     let _down = Down(&state);
+
+    // A mistyped --state-dir naming someone's directory is refused, never emptied.
+    let theirs = dir.path().join("someones-home");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("notes.txt"), "keep me").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
+        .arg("--state-dir")
+        .arg(&theirs)
+        .args(["up", "--bin-dir"])
+        .arg(&bins)
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("refusing"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("notes.txt")).unwrap(),
+        "keep me"
+    );
 
     let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
         .arg("--state-dir")
