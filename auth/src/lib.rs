@@ -31,6 +31,3 @@ pub use credential::{Claims, CredentialError, TimeRules};
 pub use key::{Key, KeyRing};
 pub use source::{AuthType, CredentialSource};
 pub use verifier::{Verified, Verifier};
-
-/// The metadata entry a request's credential travels in.
-pub const CREDENTIAL_HEADER: &str = "x-docket-credential";

@@ -173,7 +173,7 @@ impl Minter {
 
     /// A fresh credential for `user`, uid `uid`.
     pub fn credential(&self, uid: u32, user: &str) -> Result<String, LocalError> {
-        let now = crate::signer::now_ms();
+        let now = docket_proto::unix_ms();
         let claims = Claims {
             uid,
             gid: uid,

@@ -81,14 +81,6 @@ pub fn reload_on_sighup(
     }))
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// The credential for `peer`: its uid, groups and name, signed.
 pub fn mint(ring: &KeyRing, peer: &Peer, config: &SignerConfig) -> Result<String, String> {
     let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(peer.uid))
@@ -114,7 +106,7 @@ pub fn mint(ring: &KeyRing, peer: &Peer, config: &SignerConfig) -> Result<String
             gids.len()
         ));
     }
-    let issued = now_ms();
+    let issued = docket_proto::unix_ms();
     let claims = Claims {
         uid: peer.uid,
         gid: peer.gid,

@@ -18,7 +18,7 @@ use docket_deploy::{LocalCluster, rpc};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::history::{Fault, FaultKind, History, wall_ms};
+use crate::history::{Fault, FaultKind, History};
 
 /// One planned fault: what, how long until it, how long it lasts before healing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ pub async fn inject(
         tokio::time::sleep(Duration::from_millis(p.after_ms)).await;
         let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
         let at_ms = history.now_ms();
-        let at_wall_ms = wall_ms();
+        let at_wall_ms = docket_proto::unix_ms();
         let target = match p.kind {
             FaultKind::KillLeader | FaultKind::PauseLeader => {
                 let Some(id) = leader else {

@@ -158,18 +158,11 @@ pub struct History {
     records: Arc<Mutex<Records>>,
 }
 
-pub fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 impl History {
     pub fn new() -> History {
         History {
             start: Instant::now(),
-            wall_start_ms: wall_ms(),
+            wall_start_ms: docket_proto::unix_ms(),
             records: Arc::new(Mutex::new(Records::default())),
         }
     }

@@ -692,7 +692,7 @@ fn main() -> ExitCode {
                 bin_dir: bins,
             } => {
                 run(RunSpec {
-                    seed: seed.unwrap_or_else(history::wall_ms),
+                    seed: seed.unwrap_or_else(docket_proto::unix_ms),
                     faults,
                     minutes,
                     kinds,

@@ -56,7 +56,7 @@ pub fn allocate(
         .context("the current directory")?
         .display()
         .to_string();
-    let spec = job_spec(&options, HOLDER_SCRIPT, &cwd, crate::client::now_ms())?;
+    let spec = job_spec(&options, HOLDER_SCRIPT, &cwd, docket_proto::unix_ms())?;
     let ntasks = options.ntasks.unwrap_or_else(|| {
         options
             .nodes

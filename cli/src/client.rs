@@ -260,7 +260,8 @@ impl Client {
         match self.credentials.credential() {
             Ok(c) => match c.parse() {
                 Ok(v) => {
-                    r.metadata_mut().insert(docket_auth::CREDENTIAL_HEADER, v);
+                    r.metadata_mut()
+                        .insert(docket_proto::metadata::CREDENTIAL, v);
                     *error = None;
                 }
                 Err(_) => *error = Some("the credential is not ASCII".into()),
@@ -407,7 +408,7 @@ impl Client {
                     Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                         match s
                             .metadata()
-                            .get("x-docket-leader")
+                            .get(docket_proto::metadata::LEADER)
                             .and_then(|v| v.to_str().ok())
                         {
                             Some(leader) if leader != addr => queue.insert(0, leader.to_owned()),
@@ -512,14 +513,6 @@ pub fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
-}
-
-/// Milliseconds since the Unix epoch on this host's clock.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The documented exit statuses of every command (README, "Exit status").

@@ -11,8 +11,9 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, now_ms, runtime};
+use crate::client::{Client, runtime};
 use crate::slurmtime;
+use docket_proto::unix_ms;
 
 /// Accounting: jobs in the queue and archived.
 #[derive(Debug, Clone, Parser)]
@@ -386,7 +387,7 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
         return Ok(());
     }
     let columns = columns(a.format.as_deref().unwrap_or(DEFAULT))?;
-    let now = now_ms();
+    let now = unix_ms();
     let start = match (&a.start, a.jobs.is_empty()) {
         (Some(s), _) => {
             Some(slurmtime::parse_instant(s, now).map_err(|e| anyhow::anyhow!("-S: {e}"))?)

@@ -436,7 +436,7 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
         .context("the current directory")?
         .display()
         .to_string();
-    let now_ms = crate::client::now_ms();
+    let now_ms = docket_proto::unix_ms();
     let spec = job_spec(&options, &script, &cwd, now_ms)?;
     let client = Client::new(options.addr.as_deref())?;
     let runtime = crate::client::runtime()?;

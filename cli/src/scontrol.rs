@@ -7,9 +7,10 @@ use anyhow::{Result, anyhow};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, Failure, exit, now_ms, runtime};
+use crate::client::{Client, Failure, exit, runtime};
 use crate::scancel::job_ref;
 use crate::slurmtime;
+use docket_proto::unix_ms;
 
 /// Slurm's scontrol.
 #[derive(Debug, Clone, Parser)]
@@ -429,7 +430,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
                     rest.join(",")
                 ));
             }
-            let now = now_ms();
+            let now = unix_ms();
             show("jobs", jobs.iter().map(|j| job_record(j, now)).collect());
             Ok(())
         }
@@ -467,7 +468,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
                     async move { c.list_reservations(req).await }
                 }))?
                 .reservations;
-            let now = now_ms();
+            let now = unix_ms();
             let records: Vec<Record> = res
                 .iter()
                 .filter(|r| rest.is_empty() || rest.contains(&r.name.as_str()))
@@ -491,7 +492,7 @@ pub fn scontrol(a: ScontrolArgs) -> Result<()> {
             if a.json {
                 println!("{}", c.sched_config_json);
             } else {
-                print!("{}", config_lines(&c, now_ms())?);
+                print!("{}", config_lines(&c, unix_ms())?);
             }
             Ok(())
         }
@@ -668,7 +669,7 @@ fn upsert_reservation(
     kv: &[(String, &str)],
     create: bool,
 ) -> Result<()> {
-    let now = now_ms();
+    let now = unix_ms();
     let existing = if create {
         None
     } else {

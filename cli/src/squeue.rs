@@ -130,7 +130,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
         println!("{}", crate::slurm_json::document("squeue", rows));
         return Ok(());
     }
-    let now_ms = crate::client::now_ms();
+    let now_ms = docket_proto::unix_ms();
     print!(
         "{}",
         squeue_format::render(&jobs, &pieces, !a.noheader, now_ms)
@@ -160,7 +160,7 @@ fn print_steps(
         .filter(|(_, s)| s.end_time_ms.is_none())
         .filter(|(j, s)| wanted.is_empty() || wanted.contains(&(j.job_id, s.step_id)))
         .collect();
-    let now_ms = crate::client::now_ms();
+    let now_ms = docket_proto::unix_ms();
     print!(
         "{}",
         squeue_format::render_steps(&steps, pieces, header, now_ms)

@@ -184,11 +184,13 @@ fn cancel_request(job: u64, credential: Option<&str>) -> tonic::Request<pb::Jobs
             task: None,
         }],
     });
-    req.metadata_mut()
-        .insert("x-docket-user", "root".parse().unwrap());
+    req.metadata_mut().insert(
+        docket_proto::metadata::CLAIMED_USER,
+        "root".parse().unwrap(),
+    );
     if let Some(c) = credential {
         req.metadata_mut()
-            .insert(docket_auth::CREDENTIAL_HEADER, c.parse().unwrap());
+            .insert(docket_proto::metadata::CREDENTIAL, c.parse().unwrap());
     }
     req
 }

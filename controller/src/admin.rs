@@ -91,7 +91,9 @@ fn cluster_status(e: ClusterError) -> Status {
             if let Some(addr) = leader_addr
                 && let Ok(v) = addr.parse()
             {
-                status.metadata_mut().insert("x-docket-leader", v);
+                status
+                    .metadata_mut()
+                    .insert(docket_proto::metadata::LEADER, v);
             }
             status
         }
@@ -279,7 +281,7 @@ impl Admin for AdminService {
         }
         let changes: Vec<String> = commands.iter().map(describe).collect();
         if req.dry_run {
-            let now = crate::loops::wall_clock_ms();
+            let now = docket_proto::unix_ms();
             let outcome = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
                 crate::dry_run::dry_run(s, &actor, &commands, now)
             })

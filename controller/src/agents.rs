@@ -213,7 +213,7 @@ impl AgentHub {
                     status.id
                 ));
                 if let Ok(v) = addr.parse() {
-                    s.metadata_mut().insert("x-docket-leader", v);
+                    s.metadata_mut().insert(docket_proto::metadata::LEADER, v);
                 }
                 Err(s)
             }

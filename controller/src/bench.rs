@@ -103,7 +103,7 @@ impl Access {
             .credential(self.uid, BENCH_USER)
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
         req.metadata_mut().insert(
-            docket_auth::CREDENTIAL_HEADER,
+            docket_proto::metadata::CREDENTIAL,
             credential
                 .parse()
                 .map_err(|_| tonic::Status::internal("credential is not ASCII"))?,

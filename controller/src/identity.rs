@@ -21,9 +21,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use docket_auth::Verifier;
 use docket_auth::tls::Role;
-use docket_auth::{CREDENTIAL_HEADER, Verifier};
 use docket_core::{Actor, NodeName, UserName};
+use docket_proto::metadata::CREDENTIAL as CREDENTIAL_HEADER;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tonic::{Request, Status};
 
@@ -50,13 +51,6 @@ impl std::fmt::Debug for Authenticator {
             .field("rate_limited", &self.limiter.is_some())
             .finish()
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Authenticator {
@@ -132,7 +126,7 @@ impl Authenticator {
 /// Verifies `credential` and turns the uid it proves into an actor.
 fn resolve(verifier: &Verifier, credential: &str) -> Result<Actor, Status> {
     let verified = verifier
-        .verify(credential, now_ms())
+        .verify(credential, docket_proto::unix_ms())
         .map_err(|e| Status::unauthenticated(e.to_string()))?;
     if verified.uid == 0 {
         return Ok(Actor::Operator);

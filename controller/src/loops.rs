@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use docket_core::job::JobRef;
 use docket_core::plan::{Budget, Plan};
@@ -100,13 +100,6 @@ pub struct LoopContext {
     pub stats: Arc<std::sync::Mutex<LoopStats>>,
 }
 
-pub fn wall_clock_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Runs forever: waits for leadership, schedules while leading.
 pub async fn run(ctx: LoopContext) {
     let leading = Arc::new(AtomicBool::new(false));
@@ -123,7 +116,7 @@ pub async fn run(ctx: LoopContext) {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .leader_seen(crate::stats::LeaderSeen {
-                            at_ms: wall_clock_ms(),
+                            at_ms: docket_proto::unix_ms(),
                             leader: leader.0,
                             term: m.current_term,
                         });
@@ -393,7 +386,7 @@ fn plan_now(
             pressure_from: None,
             stopped_by: None,
         };
-        let now = TimeMs(wall_clock_ms().max(state.applied.now.0));
+        let now = TimeMs(docket_proto::unix_ms().max(state.applied.now.0));
         let plan = plan(state, now, &mut budget);
         if let Some(why) = budget.stopped_by {
             tracing::debug!(why, considered = plan.considered, "pass stopped early");

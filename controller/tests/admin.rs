@@ -232,7 +232,7 @@ async fn a_replica_is_added_and_removed_at_run_time() {
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert_eq!(
         e.metadata()
-            .get("x-docket-leader")
+            .get(docket_proto::metadata::LEADER)
             .unwrap()
             .to_str()
             .unwrap(),

@@ -71,7 +71,10 @@ impl FakeAgent {
                         };
                     }
                     Err(e) if e.code() == tonic::Code::FailedPrecondition => {
-                        assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+                        assert!(
+                            e.metadata().get(docket_proto::metadata::LEADER).is_some(),
+                            "{e:?}"
+                        );
                     }
                     Err(_) => {}
                 }
@@ -316,8 +319,10 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         time_limit_seconds: Some(300),
         ..Default::default()
     });
-    req.metadata_mut()
-        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
+    req.metadata_mut().insert(
+        docket_proto::metadata::CREDENTIAL,
+        common::credential("alice"),
+    );
     let r = jobs.update_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.is_empty(), "{r:?}");
     let pb::instruction::Kind::TimeLimit(t) = agent.next().await else {
@@ -336,8 +341,10 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         time_limit_seconds: Some(900),
         ..Default::default()
     });
-    req.metadata_mut()
-        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
+    req.metadata_mut().insert(
+        docket_proto::metadata::CREDENTIAL,
+        common::credential("alice"),
+    );
     let r = jobs.update_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.contains("administrator"), "{r:?}");
     // Requeued by its owner: killed, back in the queue, and launched again under a new epoch.
@@ -347,8 +354,10 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
             task: None,
         }],
     });
-    req.metadata_mut()
-        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
+    req.metadata_mut().insert(
+        docket_proto::metadata::CREDENTIAL,
+        common::credential("alice"),
+    );
     let r = jobs.requeue_jobs(req).await.unwrap().into_inner();
     assert!(r.results[0].error.is_empty(), "{r:?}");
     let pb::instruction::Kind::Kill(k) = agent.next().await else {

@@ -205,7 +205,7 @@ while true; do sleep 0.2; done
             signal: 10,
         });
         req.metadata_mut()
-            .insert(docket_auth::CREDENTIAL_HEADER, common::credential(user));
+            .insert(docket_proto::metadata::CREDENTIAL, common::credential(user));
         req
     };
     let follower = *cluster
@@ -216,7 +216,10 @@ while true; do sleep 0.2; done
     let mut on_follower = cluster.jobs(follower).await;
     let e = on_follower.signal_jobs(signal("nobody")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-    assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+    assert!(
+        e.metadata().get(docket_proto::metadata::LEADER).is_some(),
+        "{e:?}"
+    );
     let r = jobs
         .signal_jobs(signal("alice"))
         .await

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::{Cluster, DEADLINE, job, list, submit};
 use docket_proto::v1 as pb;
@@ -133,10 +133,7 @@ async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job(
     }
     cluster.kill(leader);
     let killed_at = Instant::now();
-    let killed_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let killed_ms = docket_proto::unix_ms();
 
     // Probe: every 100 ms, submit a small job to the idle partition through any replica,
     // until one is queued; it starts as soon as a leader schedules again.

@@ -479,12 +479,12 @@ async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe
                 Caller::User => {
                     request
                         .metadata_mut()
-                        .insert(docket_auth::CREDENTIAL_HEADER, credential("alice"));
+                        .insert(docket_proto::metadata::CREDENTIAL, credential("alice"));
                 }
                 Caller::Root => {
                     request
                         .metadata_mut()
-                        .insert(docket_auth::CREDENTIAL_HEADER, credential("root"));
+                        .insert(docket_proto::metadata::CREDENTIAL, credential("root"));
                 }
                 Caller::Node | Caller::Peer => {}
             }

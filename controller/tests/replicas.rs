@@ -89,8 +89,10 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
         job_ids: vec![waiting],
         users: vec![],
     });
-    req.metadata_mut()
-        .insert(docket_auth::CREDENTIAL_HEADER, common::credential("alice"));
+    req.metadata_mut().insert(
+        docket_proto::metadata::CREDENTIAL,
+        common::credential("alice"),
+    );
     let explained = client.explain_priority(req).await.unwrap().into_inner();
     assert_eq!(explained.jobs.len(), 1, "{explained:?}");
     assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");

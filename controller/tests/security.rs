@@ -126,7 +126,7 @@ async fn credentials_out_of_their_time_are_refused() {
         .await
         .unwrap();
     let key = docket_auth::KeyRing::load(&common::secrets().local.key_file()).unwrap();
-    let now = docket_auth::signer::now_ms();
+    let now = docket_proto::unix_ms();
     let with = |issued_ms: u64, expires_ms: u64| {
         let claims = docket_auth::Claims {
             uid: 60_001,
@@ -143,7 +143,7 @@ async fn credentials_out_of_their_time_are_refused() {
             jobs: vec![common::job("late", "")],
         });
         req.metadata_mut()
-            .insert(docket_auth::CREDENTIAL_HEADER, token.parse().unwrap());
+            .insert(docket_proto::metadata::CREDENTIAL, token.parse().unwrap());
         req
     };
     for (issued, expires, says) in [

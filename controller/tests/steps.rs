@@ -61,7 +61,10 @@ async fn srun_creates_steps_in_a_running_job_at_the_leader() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("steps are created"), "{e:?}");
-    assert!(e.metadata().get("x-docket-leader").is_some(), "{e:?}");
+    assert!(
+        e.metadata().get(docket_proto::metadata::LEADER).is_some(),
+        "{e:?}"
+    );
     let follower = client;
     let mut client = cluster.jobs(leader).await;
 

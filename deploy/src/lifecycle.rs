@@ -18,11 +18,12 @@
 use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use docket_deploy::stats::{percentiles, process_cpu_ms, process_tree_cpu_ms, unix_ms};
+use docket_deploy::stats::{percentiles, process_cpu_ms, process_tree_cpu_ms};
 use docket_deploy::{LocalCluster, rpc};
+use docket_proto::unix_ms;
 use docket_proto::v1 as pb;
 
 /// What to run.
@@ -79,9 +80,7 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
         .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-    let nonce = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
+    let nonce = unix_ms();
     let submitter = Submitter {
         bin,
         env,

@@ -119,7 +119,8 @@ pub fn as_user<T>(user: &str, message: T) -> tonic::Request<T> {
         Credentials::Host(source) => source.credential().ok(),
     });
     if let Some(v) = credential.and_then(|c| c.parse().ok()) {
-        r.metadata_mut().insert(docket_auth::CREDENTIAL_HEADER, v);
+        r.metadata_mut()
+            .insert(docket_proto::metadata::CREDENTIAL, v);
     }
     r
 }

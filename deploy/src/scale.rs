@@ -103,7 +103,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
     let term_before = term(cluster).await;
 
     let submitted = Instant::now();
-    let first_ms = docket_deploy::stats::unix_ms();
+    let first_ms = docket_proto::unix_ms();
     let mut ids = std::collections::BTreeSet::new();
     let script = format!("#!/bin/sh\nsleep {}\n", spec.runtime_s).into_bytes();
     let mut left = spec.jobs;

@@ -36,14 +36,6 @@ pub fn process_cpu_ms(pid: i32, children: bool) -> u64 {
     ticks * 1000 / hz
 }
 
-/// The wall clock, ms since the Unix epoch (what the replicated submit, start and end times
-/// are in).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// [`process_cpu_ms`] with reaped children of `pid` and of each of its live children (an
 /// agent's launcher reaps the job monitors it forks, so their cpu, and their jobs', is its
 /// children's until it exits).

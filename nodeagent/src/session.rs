@@ -86,7 +86,7 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
             Err(status) => {
                 if let Some(leader) = status
                     .metadata()
-                    .get("x-docket-leader")
+                    .get(docket_proto::metadata::LEADER)
                     .and_then(|v| v.to_str().ok())
                 {
                     queue.insert(0, leader.to_owned());

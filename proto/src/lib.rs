@@ -1,8 +1,10 @@
 //! Docket's wire protocol.
 //!
 //! Every message and service of package `docket.v1` is generated at build time from the
-//! `.proto` files under `proto/` (see `build.rs`) and re-exported from [`v1`]. Nothing here is
-//! written by hand: changing the protocol means changing a `.proto` file.
+//! `.proto` files under `proto/` (see `build.rs`) and re-exported from [`v1`]. Nothing of the
+//! messages is written by hand: changing the protocol means changing a `.proto` file. Besides
+//! them: the names of the metadata the services exchange ([`metadata`]) and the clock the
+//! messages' times are read from ([`unix_ms`]), each written once here.
 //!
 //! Compatibility rule: fields are only ever added, never renumbered or retyped, so a replica
 //! or agent one release behind keeps working during a rolling upgrade.
@@ -11,3 +13,8 @@
 pub mod v1 {
     tonic::include_proto!("docket.v1");
 }
+
+pub mod metadata;
+
+mod clock;
+pub use clock::unix_ms;

@@ -14,7 +14,6 @@ use std::fmt::Debug;
 use std::io::{self, BufReader, BufWriter, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -127,10 +126,7 @@ impl<M: StateMachine> MachineStore<M> {
                 (meta.last_log_id, meta.last_membership.clone())
             }
         };
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let seed = docket_proto::unix_ms();
         Ok(MachineStore {
             shared: Arc::new(Shared {
                 applied: RwLock::new(Applied {

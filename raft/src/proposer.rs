@@ -22,7 +22,6 @@
 //! the application's own idempotency has to decide).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use openraft::ServerState;
 use openraft::error::{ClientWriteError, RaftError};
@@ -247,7 +246,7 @@ async fn propose<M: StateMachine>(
         forwarded.push(p.forwarded);
     }
     let batch = Batch {
-        time_ms: now_ms(),
+        time_ms: docket_proto::unix_ms(),
         commands,
     };
     let outcome = match write_while_leading(raft, batch.clone(), &mut permit).await {
@@ -365,11 +364,4 @@ fn answer_all<R>(replies: Vec<oneshot::Sender<Result<Vec<R>, WriteError>>>, erro
     for reply in replies {
         let _ = reply.send(Err(error.clone()));
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -84,7 +84,7 @@ fn html(rendered: askama::Result<String>) -> Response {
     // anything but what it says, scripts only the page's own.
     let h = response.headers_mut();
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::VARY, HeaderValue::from_static("x-docket-partial"));
+    h.insert(header::VARY, HeaderValue::from_static(PARTIAL));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -234,9 +234,7 @@ pub async fn sample_every(
     loop {
         tick.tick().await;
         let loops = stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let at_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let at_ms = docket_proto::unix_ms();
         let sample = replica.read_stale(|a| history::Sample::of(&a.machine.state, &loops, at_ms));
         history
             .lock()

@@ -380,7 +380,7 @@ pub fn job(name: &str, partition: &str) -> pb::JobSpec {
 pub fn as_user<T>(user: &str, request: T) -> tonic::Request<T> {
     let mut req = tonic::Request::new(request);
     req.metadata_mut()
-        .insert(docket_auth::CREDENTIAL_HEADER, credential(user));
+        .insert(docket_proto::metadata::CREDENTIAL, credential(user));
     req
 }
 

@@ -171,7 +171,7 @@ impl Runner {
     /// Feeds what happened to the state machine and carries out what follows.
     fn step(&self, input: Input) {
         let tick = matches!(input, Input::Tick);
-        let effects = self.book().step(self.now(), now_unix_ms(), input);
+        let effects = self.book().step(self.now(), docket_proto::unix_ms(), input);
         if !tick {
             self.wake.notify_one();
         }
@@ -535,13 +535,6 @@ struct SavedRun {
 
 /// How long a step waits for its run's preparation to finish on this node.
 const STEP_BASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 impl crate::steps::serve::Jobs for Runner {
     fn step_context(

@@ -68,7 +68,7 @@ impl Runner {
         }
         let mut effects = Vec::new();
         self.book()
-            .restore(self.now(), super::now_unix_ms(), records, &mut effects);
+            .restore(self.now(), docket_proto::unix_ms(), records, &mut effects);
         self.execute(effects);
         if self.config.mode == Mode::Real {
             for (id, run_dir) in watch {
