@@ -43,9 +43,13 @@ pub struct QsubArgs {
     pub project: Option<String>,
     #[arg(short = 'A')]
     pub account: Option<String>,
+    // The text is `--help`'s, where brackets mean optional, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Array: 1-10[:step][%max].
     #[arg(short = 'J')]
     pub array: Option<String>,
+    // The text is `--help`'s, where brackets mean optional, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Attributes: depend=afterok:ID[:ID].
     #[arg(short = 'W')]
     pub attributes: Vec<String>,

@@ -34,6 +34,8 @@ pub struct SacctmgrArgs {
     pub quiet: bool,
     #[arg(long)]
     pub addr: Option<String>,
+    // The text is `--help`'s, where brackets mean optional, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// show|list ENTITY [where] [SPEC...] [format=...]
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub words: Vec<String>,

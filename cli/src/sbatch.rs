@@ -54,6 +54,8 @@ pub struct SbatchArgs {
     /// Array indexes: 0-31, 1,3,5, 1-7:2, with %N throttle.
     #[arg(short = 'a', long)]
     pub array: Option<String>,
+    // The text is `--help`'s, where brackets mean optional, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Dependencies: afterok:ID[:ID], afterany, afternotok, aftercorr, singleton; ? for OR.
     #[arg(short = 'd', long)]
     pub dependency: Option<String>,

@@ -24,6 +24,8 @@ pub struct ScontrolArgs {
     pub json: bool,
     #[arg(long)]
     pub addr: Option<String>,
+    // The text is `--help`'s, where brackets mean optional, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// ping | show job|node|partition|reservation [NAME] | show config | hold|release|
     /// requeue|suspend|resume ID... | update JobId=ID TimeLimit=.. Name=.. Nice=.. |
     /// update NodeName=N State=DRAIN|RESUME Reason=.. | create|update reservation

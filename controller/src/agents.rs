@@ -237,7 +237,7 @@ impl AgentHub {
     ///
     /// A dispatch round runs when something may have changed what an agent should run: a
     /// command committed (the state machine wakes it), an agent registered or opened its
-    /// stream, or a step was created. Between them, a round every [`LIVENESS_PERIOD`] finds
+    /// stream, or a step was created. Between them, a round every `LIVENESS_PERIOD` finds
     /// silent nodes. Raft's metrics only tell when leadership changes.
     pub async fn run(self) {
         let mut metrics = self.replica.raft().metrics();

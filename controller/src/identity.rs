@@ -10,7 +10,7 @@
 //! entry is ignored.
 //!
 //! Daemons prove their role with their TLS certificate ([`docket_auth::tls`]): the Raft
-//! service answers only replicas ([`require_replica`]), the agents service only the agent of
+//! service answers only replicas (`require_replica`), the agents service only the agent of
 //! the node its certificate names ([`node_of`]).
 //!
 //! One user cannot monopolise a replica: each user's requests are rate-limited per replica

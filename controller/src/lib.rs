@@ -6,7 +6,7 @@
 //! disk, the clock, tracing or metrics lives here, never in docket-core.
 //!
 //! Map: [`machine`] (docket-core as the replicated machine), [`identity`] (who calls),
-//! [`convert`] (protobuf to core and back), [`write`] (proposing and reading, status
+//! [`convert`] (protobuf to core and back), [`write`](mod@write) (proposing and reading, status
 //! mapping), [`jobs`] (the jobs service), [`steps`] (its job steps), [`health`] (readiness).
 
 pub mod admin;

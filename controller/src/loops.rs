@@ -94,7 +94,7 @@ pub struct LoopContext {
     pub users_inflight: Arc<AtomicUsize>,
     /// Commands that build the site, proposed once if the state has no configuration.
     pub site: Vec<Command>,
-    /// When the next direct pass may run (see [`direct`]).
+    /// When the next direct pass may run (see `direct`).
     pub direct_pacer: Arc<std::sync::Mutex<Instant>>,
     /// What the passes did (diagnostics).
     pub stats: Arc<std::sync::Mutex<LoopStats>>,

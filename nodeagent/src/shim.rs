@@ -24,7 +24,7 @@
 //! `-o /etc/passwd`, opens nothing the user could not open anyway), and executes the batch
 //! script with the job's environment. A failure before that exec is sent to the monitor on a
 //! close-on-exec pipe and reported as a launch failure with its reason. Safe Rust but for the
-//! monitor's `fork` and its child's exit (see [`start_job`]).
+//! monitor's `fork` and its child's exit (see `start_job`).
 
 use std::ffi::CString;
 use std::io::{Read, Write};

@@ -9,7 +9,7 @@
 //! - `save_vote` returns only after the WAL is synced (a vote forgotten in a crash lets a
 //!   replica vote twice in one term).
 //! - `append` writes the entries without syncing and hands openraft's callback to the
-//!   [`Flusher`], which syncs the WAL and only then fires it. Appends that arrive while a sync
+//!   `Flusher`, which syncs the WAL and only then fires it. Appends that arrive while a sync
 //!   runs share the next sync: this is the log's group commit, many appends per fsync.
 //! - `truncate` syncs before returning; `purge` and `save_committed` need not (losing either
 //!   only makes a restart do a little more work), and they become durable with the next sync.

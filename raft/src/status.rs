@@ -68,7 +68,7 @@ pub struct ReplicaStatus {
     /// Why the replica stopped, if it did (a storage failure, for one).
     pub stopped: Option<String>,
     /// Where it serves its status page, if it does. Last, and read as absent from a replica
-    /// of a build before it ([`trailing`]), so a cluster mid-upgrade still reports every
+    /// of a build before it (`trailing`), so a cluster mid-upgrade still reports every
     /// replica.
     #[serde(default, deserialize_with = "trailing")]
     pub status_page: Option<String>,

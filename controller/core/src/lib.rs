@@ -12,7 +12,7 @@
 //! Map:
 //! - model: [`ids`], [`quantity`], [`job`], [`node`], [`partition`], [`qos`], [`account`],
 //!   [`config`], held together in [`state`];
-//! - change: [`command`] (what), [`apply`] (how), [`policy`] (which part of the queue and
+//! - change: [`command`] (what), [`apply`] (how), `policy` (which part of the queue and
 //!   which reason each pending job gets);
 //! - fair-share: [`usage`] (decayed usage ledger), [`fairshare`] (Fair Tree, classic, IT4I);
 //! - ordering: [`priority`] (six formulas, `explain`, the order of consideration),

@@ -3,7 +3,7 @@
 //! Every instruction, observed start and exit, clock tick and acknowledgement goes through
 //! [`Runs::step`] under one lock; the effects it returns are then carried out here, in order,
 //! with that lock released (a freeze that waits on the kernel holds up no other run):
-//! spawning a run's processes ([`launch`]), signalling or freezing them through their cgroup,
+//! spawning a run's processes (`launch`), signalling or freezing them through their cgroup,
 //! releasing what a finished run held, reporting to the leader, saving the state file.
 //!
 //! Real runs are the batch script run as the submitting user by a monitor ([`crate::shim`]),

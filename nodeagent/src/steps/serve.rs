@@ -32,7 +32,7 @@ const FIRST_MESSAGE: Duration = Duration::from_secs(10);
 /// How long an attach waits for the leader's grant to reach this agent.
 const GRANT_WAIT: Duration = Duration::from_secs(10);
 /// The most connections that may be between connecting and starting their tasks at once:
-/// each waits up to [`FIRST_MESSAGE`] + [`GRANT_WAIT`], so anyone who can reach the port
+/// each waits up to `FIRST_MESSAGE` + `GRANT_WAIT`, so anyone who can reach the port
 /// could otherwise pile them up. Attached steps are not counted (only the leader creates
 /// steps, under each user's limits).
 pub const MAX_PENDING_ATTACHES: usize = 256;

@@ -2,7 +2,7 @@
 //!
 //! A terminal job stays `min_job_age` after its end, for `squeue` and dependency checks,
 //! then leaves state. Accounting history is not kept here: each purged job, with the service
-//! units it was charged, goes to [`State::finished`], which the daemon drains after every
+//! units it was charged, goes to `State::finished`, which the daemon drains after every
 //! apply into its archive (the `sacct` view). A job that a live job's
 //! dependency names stays until that job is done with it, and an array's record stays while
 //! any of its tasks is alive, so dependency outcomes never change by purging.
@@ -57,7 +57,7 @@ impl State {
     }
 
     /// What a job is charged: its run time (so far, if it still runs) x cpus x its
-    /// partition's rate, nothing in the bonus QOS (the rule [`State::charge`] applies at its
+    /// partition's rate, nothing in the bonus QOS (the rule `State::charge` applies at its
     /// end). Zero for a job not in the queue.
     pub fn charged_milli_su(&self, id: &JobId) -> u64 {
         let Some(job) = self.jobs.get(id) else {
