@@ -12,6 +12,7 @@ pub use control::SignalTarget;
 mod lifecycle;
 mod preemption;
 pub mod purge;
+mod resolve;
 mod steps;
 pub(crate) mod submit;
 pub use submit::MAX_NAME_BYTES;
