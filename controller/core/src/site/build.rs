@@ -483,8 +483,24 @@ fn priority(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
         FairshareAlgorithm::FairTree
     };
     let kind = raw.priority_type.unwrap_or(RawPriorityType::Multifactor);
-    // Keys that belong to one formula are refused under another, so they cannot silently
-    // do nothing.
+    only_the_formula_s_keys(raw, kind)?;
+    c.priority.formula = match kind {
+        RawPriorityType::Basic => PriorityFormula::Fcfs,
+        RawPriorityType::Multifactor => PriorityFormula::Multifactor(multifactor(raw)?),
+        RawPriorityType::Flux => PriorityFormula::Flux(flux(raw)?),
+        RawPriorityType::It4i => {
+            c.fairshare.algorithm = FairshareAlgorithm::It4i;
+            PriorityFormula::It4i(it4i(raw)?)
+        }
+        RawPriorityType::Maui => PriorityFormula::Maui(maui(raw)?),
+        RawPriorityType::Runtime => PriorityFormula::Runtime(runtime_order(raw)?),
+    };
+    Ok(())
+}
+
+/// Keys that belong to one formula are refused under another, so they cannot silently do
+/// nothing.
+fn only_the_formula_s_keys(raw: &RawFile, kind: RawPriorityType) -> Result<()> {
     let multifactor_keys = [
         ("PriorityMaxAge", raw.priority_max_age.is_some()),
         ("PriorityFavorSmall", raw.priority_favor_small.is_some()),
@@ -539,114 +555,120 @@ fn priority(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
             format!("set, but PriorityType is {wanted}; it applies to priority/multifactor"),
         ));
     }
-    c.priority.formula = match kind {
-        RawPriorityType::Basic => PriorityFormula::Fcfs,
-        RawPriorityType::Multifactor => {
-            // Slurm's defaults: every weight 0 unless set, PriorityMaxAge 7 days.
-            let mut m = Multifactor {
-                max_age: Seconds::days(7),
-                weight_age: raw.priority_weight_age.unwrap_or(0),
-                weight_assoc: raw.priority_weight_assoc.unwrap_or(0),
-                weight_fairshare: raw.priority_weight_fairshare.unwrap_or(0),
-                weight_job_size: raw.priority_weight_job_size.unwrap_or(0),
-                weight_partition: raw.priority_weight_partition.unwrap_or(0),
-                weight_qos: raw.priority_weight_qos.unwrap_or(0),
-                weight_tres_cpu: 0,
-                weight_tres_mem: 0,
-                favor_small: raw.priority_favor_small.unwrap_or(false),
-            };
-            if let Some(d) = &raw.priority_max_age {
-                m.max_age = finite("PriorityMaxAge", d)?;
-            }
-            if let Some(t) = &raw.priority_weight_tres {
-                let key = "PriorityWeightTRES";
-                for (k, v) in pairs(key, t, "CPU, Mem")? {
-                    match k.as_str() {
-                        "cpu" => m.weight_tres_cpu = number(key, v)?,
-                        "mem" => m.weight_tres_mem = number(key, v)?,
-                        other => {
-                            return Err(SiteError::invalid(
-                                key,
-                                format!("unknown TRES {other:?}; allowed: CPU, Mem"),
-                            ));
-                        }
-                    }
-                }
-            }
-            PriorityFormula::Multifactor(m)
-        }
-        RawPriorityType::Flux => {
-            let f = raw.priority_flux.as_ref();
-            let w = |g: fn(&RawFlux) -> Option<u32>| f.and_then(g).unwrap_or(0);
-            let max_wait = match f.and_then(|f| f.max_wait.as_ref()) {
-                Some(d) => finite("PriorityFlux.MaxWait", d)?,
-                None => Seconds::days(7),
-            };
-            PriorityFormula::Flux(Flux {
-                max_wait,
-                weight_wait: w(|f| f.weight_wait),
-                weight_fairshare: w(|f| f.weight_fairshare),
-                weight_qos: w(|f| f.weight_qos),
-                weight_queue: w(|f| f.weight_queue),
-                weight_job_size: w(|f| f.weight_job_size),
-                weight_user: w(|f| f.weight_user),
-            })
-        }
-        RawPriorityType::It4i => {
-            c.fairshare.algorithm = FairshareAlgorithm::It4i;
-            let mut p = It4i::default();
-            if let Some(r) = &raw.priority_it4i {
-                if let Some(v) = r.max_fairshare {
-                    p.max_fairshare = v;
-                }
-                if let Some(d) = &r.eligible_time_span {
-                    p.eligible_time_span = finite("PriorityIT4I.EligibleTimeSpan", d)?;
-                }
-            }
-            PriorityFormula::It4i(p)
-        }
-        RawPriorityType::Maui => {
-            let mut m = Maui::hpc2n();
-            if let Some(r) = &raw.priority_maui {
-                let set = |v: Option<u32>, into: &mut u32| {
-                    if let Some(v) = v {
-                        *into = v;
-                    }
-                };
-                set(r.weight_queue_time, &mut m.weight_queue_time);
-                set(r.weight_xfactor, &mut m.weight_xfactor);
-                set(r.weight_resources, &mut m.weight_resources);
-                set(r.weight_bypass, &mut m.weight_bypass);
-                set(r.weight_qos, &mut m.weight_qos);
-                set(r.weight_target_queue_time, &mut m.weight_target_queue_time);
-                set(r.weight_fairshare, &mut m.weight_fairshare);
-                set(r.max_xfactor, &mut m.max_xfactor);
-                set(r.max_bypass, &mut m.max_bypass);
-                if let Some(d) = &r.max_queue_time {
-                    m.max_queue_time = finite("PriorityMaui.MaxQueueTime", d)?;
-                }
-            }
-            PriorityFormula::Maui(m)
-        }
-        RawPriorityType::Runtime => {
-            let order = raw
-                .priority_runtime
-                .as_ref()
-                .map(|r| r.order)
-                .ok_or_else(|| {
-                    SiteError::invalid(
-                        "PriorityRuntime.Order",
-                        "required with priority/runtime: shortest, xfactor or f1",
-                    )
-                })?;
-            PriorityFormula::Runtime(match order {
-                RawRuntimeOrder::Shortest => RuntimeOrder::ShortestFirst,
-                RawRuntimeOrder::Xfactor => RuntimeOrder::LargestXfactor,
-                RawRuntimeOrder::F1 => RuntimeOrder::F1,
-            })
-        }
-    };
     Ok(())
+}
+
+/// `priority/multifactor`: Slurm's weights, `PriorityMaxAge` and `PriorityWeightTRES`.
+fn multifactor(raw: &RawFile) -> Result<Multifactor> {
+    // Slurm's defaults: every weight 0 unless set, PriorityMaxAge 7 days.
+    let mut m = Multifactor {
+        max_age: Seconds::days(7),
+        weight_age: raw.priority_weight_age.unwrap_or(0),
+        weight_assoc: raw.priority_weight_assoc.unwrap_or(0),
+        weight_fairshare: raw.priority_weight_fairshare.unwrap_or(0),
+        weight_job_size: raw.priority_weight_job_size.unwrap_or(0),
+        weight_partition: raw.priority_weight_partition.unwrap_or(0),
+        weight_qos: raw.priority_weight_qos.unwrap_or(0),
+        weight_tres_cpu: 0,
+        weight_tres_mem: 0,
+        favor_small: raw.priority_favor_small.unwrap_or(false),
+    };
+    if let Some(d) = &raw.priority_max_age {
+        m.max_age = finite("PriorityMaxAge", d)?;
+    }
+    if let Some(t) = &raw.priority_weight_tres {
+        let key = "PriorityWeightTRES";
+        for (k, v) in pairs(key, t, "CPU, Mem")? {
+            match k.as_str() {
+                "cpu" => m.weight_tres_cpu = number(key, v)?,
+                "mem" => m.weight_tres_mem = number(key, v)?,
+                other => {
+                    return Err(SiteError::invalid(
+                        key,
+                        format!("unknown TRES {other:?}; allowed: CPU, Mem"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// `priority/flux`: the `[PriorityFlux]` table.
+fn flux(raw: &RawFile) -> Result<Flux> {
+    let f = raw.priority_flux.as_ref();
+    let w = |g: fn(&RawFlux) -> Option<u32>| f.and_then(g).unwrap_or(0);
+    let max_wait = match f.and_then(|f| f.max_wait.as_ref()) {
+        Some(d) => finite("PriorityFlux.MaxWait", d)?,
+        None => Seconds::days(7),
+    };
+    Ok(Flux {
+        max_wait,
+        weight_wait: w(|f| f.weight_wait),
+        weight_fairshare: w(|f| f.weight_fairshare),
+        weight_qos: w(|f| f.weight_qos),
+        weight_queue: w(|f| f.weight_queue),
+        weight_job_size: w(|f| f.weight_job_size),
+        weight_user: w(|f| f.weight_user),
+    })
+}
+
+/// `priority/it4i`: the `[PriorityIT4I]` table.
+fn it4i(raw: &RawFile) -> Result<It4i> {
+    let mut p = It4i::default();
+    if let Some(r) = &raw.priority_it4i {
+        if let Some(v) = r.max_fairshare {
+            p.max_fairshare = v;
+        }
+        if let Some(d) = &r.eligible_time_span {
+            p.eligible_time_span = finite("PriorityIT4I.EligibleTimeSpan", d)?;
+        }
+    }
+    Ok(p)
+}
+
+/// `priority/maui`: HPC2N's weights, changed by the `[PriorityMaui]` table.
+fn maui(raw: &RawFile) -> Result<Maui> {
+    let mut m = Maui::hpc2n();
+    if let Some(r) = &raw.priority_maui {
+        let set = |v: Option<u32>, into: &mut u32| {
+            if let Some(v) = v {
+                *into = v;
+            }
+        };
+        set(r.weight_queue_time, &mut m.weight_queue_time);
+        set(r.weight_xfactor, &mut m.weight_xfactor);
+        set(r.weight_resources, &mut m.weight_resources);
+        set(r.weight_bypass, &mut m.weight_bypass);
+        set(r.weight_qos, &mut m.weight_qos);
+        set(r.weight_target_queue_time, &mut m.weight_target_queue_time);
+        set(r.weight_fairshare, &mut m.weight_fairshare);
+        set(r.max_xfactor, &mut m.max_xfactor);
+        set(r.max_bypass, &mut m.max_bypass);
+        if let Some(d) = &r.max_queue_time {
+            m.max_queue_time = finite("PriorityMaui.MaxQueueTime", d)?;
+        }
+    }
+    Ok(m)
+}
+
+/// `priority/runtime`: the order `[PriorityRuntime] Order` names (required).
+fn runtime_order(raw: &RawFile) -> Result<RuntimeOrder> {
+    let order = raw
+        .priority_runtime
+        .as_ref()
+        .map(|r| r.order)
+        .ok_or_else(|| {
+            SiteError::invalid(
+                "PriorityRuntime.Order",
+                "required with priority/runtime: shortest, xfactor or f1",
+            )
+        })?;
+    Ok(match order {
+        RawRuntimeOrder::Shortest => RuntimeOrder::ShortestFirst,
+        RawRuntimeOrder::Xfactor => RuntimeOrder::LargestXfactor,
+        RawRuntimeOrder::F1 => RuntimeOrder::F1,
+    })
 }
 
 fn nodes(raw: &[RawNode]) -> Result<Vec<NodeSpec>> {
