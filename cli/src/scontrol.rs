@@ -380,189 +380,231 @@ fn pairs<'a>(words: &[&'a str]) -> Result<Vec<(String, &'a str)>> {
 pub fn scontrol(a: ScontrolArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let rt = runtime()?;
-    let words: Vec<&str> = a.words.iter().map(String::as_str).collect();
-    let show = |kind: &str, records: Vec<Record>| {
-        if a.json {
-            println!("{}", json(kind, &records));
-        } else {
-            print!("{}", render(&records, a.oneliner));
-        }
+    let s = Session {
+        client: &client,
+        rt: &rt,
+        json: a.json,
+        oneliner: a.oneliner,
     };
+    let words: Vec<&str> = a.words.iter().map(String::as_str).collect();
     let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
     let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
     match lower.as_slice() {
-        ["ping"] => {
-            let status = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::ClusterStatusRequest::default());
-                async move { c.cluster_status(req).await }
-            }))?;
-            for r in &status.replicas {
-                let role = if Some(r.id) == status.leader_id {
-                    "primary"
-                } else {
-                    "backup"
-                };
-                let up = if r.reachable { "UP" } else { "DOWN" };
-                println!("Slurmctld({role}) at {} is {up}", r.addr);
-            }
-            Ok(())
-        }
-        ["show", "job" | "jobs", rest @ ..] => {
-            let ids: Vec<u64> = rest
-                .iter()
-                .flat_map(|s| s.split(','))
-                .map(|s| {
-                    s.parse()
-                        .map_err(|_| usage(format!("{s:?} is not a job id")))
-                })
-                .collect::<Result<_>>()?;
-            let jobs = rt
-                .block_on(client.jobs_read(|mut c| {
-                    let req = client.request(pb::ListJobsRequest {
-                        job_ids: ids.clone(),
-                        page_size: 10_000,
-                        ..Default::default()
-                    });
-                    async move { c.list_jobs(req).await }
-                }))?
-                .jobs;
-            if jobs.is_empty() && !ids.is_empty() {
-                return Err(anyhow!(
-                    "Invalid job id specified: no job {}",
-                    rest.join(",")
-                ));
-            }
-            let now = unix_ms();
-            show("jobs", jobs.iter().map(|j| job_record(j, now)).collect());
-            Ok(())
-        }
-        ["show", "node" | "nodes", rest @ ..] => {
-            let nodes = rt.block_on(client.nodes())?;
-            let wanted = names(rest)?;
-            let records: Vec<Record> = nodes
-                .iter()
-                .filter(|n| wanted.is_empty() || wanted.contains(&n.name))
-                .map(node_record)
-                .collect();
-            if records.is_empty() && !wanted.is_empty() {
-                return Err(anyhow!("Node {} not found", rest.join(",")));
-            }
-            show("nodes", records);
-            Ok(())
-        }
-        ["show", "partition" | "partitions", rest @ ..] => {
-            let parts = rt.block_on(client.partitions())?;
-            let records: Vec<Record> = parts
-                .iter()
-                .filter(|p| rest.is_empty() || rest.contains(&p.name.as_str()))
-                .map(partition_record)
-                .collect();
-            if records.is_empty() && !rest.is_empty() {
-                return Err(anyhow!("Partition {} not found", rest.join(",")));
-            }
-            show("partitions", records);
-            Ok(())
-        }
-        ["show", "reservation" | "reservations" | "res", rest @ ..] => {
-            let res = rt
-                .block_on(client.admin_read(|mut c| {
-                    let req = client.request(pb::ListReservationsRequest {});
-                    async move { c.list_reservations(req).await }
-                }))?
-                .reservations;
-            let now = unix_ms();
-            let records: Vec<Record> = res
-                .iter()
-                .filter(|r| rest.is_empty() || rest.contains(&r.name.as_str()))
-                .map(|r| reservation_record(r, now))
-                .collect();
-            if records.is_empty() {
-                if rest.is_empty() {
-                    println!("No reservations in the system");
-                    return Ok(());
-                }
-                return Err(anyhow!("Reservation {} not found", rest.join(",")));
-            }
-            show("reservations", records);
-            Ok(())
-        }
-        ["show", "config"] => {
-            let c = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::GetConfigRequest {});
-                async move { c.get_config(req).await }
-            }))?;
-            if a.json {
-                println!("{}", c.sched_config_json);
-            } else {
-                print!("{}", config_lines(&c, unix_ms())?);
-            }
-            Ok(())
-        }
+        ["ping"] => ping(&s),
+        ["show", "job" | "jobs", rest @ ..] => show_jobs(&s, rest),
+        ["show", "node" | "nodes", rest @ ..] => show_nodes(&s, rest),
+        ["show", "partition" | "partitions", rest @ ..] => show_partitions(&s, rest),
+        ["show", "reservation" | "reservations" | "res", rest @ ..] => show_reservations(&s, rest),
+        ["show", "config"] => show_config(&s),
         [
             verb @ ("hold" | "release" | "uhold" | "requeue" | "suspend" | "resume"),
             _,
             ..,
-        ] => {
-            let refs: Vec<pb::JobRef> = words[1..]
-                .iter()
-                .flat_map(|s| s.split(','))
-                .map(job_ref)
-                .collect::<Result<_>>()?;
-            let verb = *verb;
-            let r = rt.block_on(client.jobs_call(|mut c| {
-                let req = client.request(pb::JobsRequest { jobs: refs.clone() });
-                async move {
-                    match verb {
-                        "hold" | "uhold" => c.hold_jobs(req).await,
-                        "release" => c.release_jobs(req).await,
-                        "requeue" => c.requeue_jobs(req).await,
-                        "suspend" => c.suspend_jobs(req).await,
-                        _ => c.resume_jobs(req).await,
-                    }
-                }
-            }))?;
-            per_job_errors(&r)
-        }
-        ["update", ..] => {
-            let kv = pairs(&words[1..])?;
-            match kv.first().map(|(k, _)| k.as_str()) {
-                Some("job" | "jobid") => update_job(&client, &rt, &kv),
-                Some("nodename" | "node") => update_node(&client, &rt, &kv),
-                Some("reservationname" | "reservation") => {
-                    upsert_reservation(&client, &rt, &kv, false)
-                }
-                _ => Err(usage(
-                    "update: start with JobId=ID, NodeName=NAME or ReservationName=NAME",
-                )),
-            }
-        }
+        ] => act_on_jobs(&s, verb, &words[1..]),
+        ["update", ..] => update(&s, &words[1..]),
         ["create", "reservation" | "res", ..] => {
             let kv = pairs(&words[2..])?;
             upsert_reservation(&client, &rt, &kv, true)
         }
-        ["delete", ..] => {
-            let kv = pairs(&words[1..])?;
-            let name = match kv.as_slice() {
-                [(k, v)] if k == "reservationname" || k == "reservation" => v.to_string(),
-                _ => return Err(usage("delete: ReservationName=NAME")),
-            };
-            let reply = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::RemoveObjectRequest {
-                    kind: "reservation".into(),
-                    name: name.clone(),
-                });
-                async move { c.remove_object(req).await }
-            }))?;
-            if !reply.message.is_empty() {
-                println!("{}", reply.message);
-            }
-            Ok(())
-        }
+        ["delete", ..] => delete_reservation(&s, &words[1..]),
         _ => Err(usage(format!(
             "{:?} is not a command this scontrol knows (ping, show job|node|partition|reservation|config, hold, release, requeue, suspend, resume, update, create reservation, delete)",
             words.join(" ")
         ))),
     }
+}
+
+/// What every subcommand needs: the controllers, the runtime, and how to print records.
+struct Session<'a> {
+    client: &'a Client,
+    rt: &'a tokio::runtime::Runtime,
+    json: bool,
+    oneliner: bool,
+}
+
+impl Session<'_> {
+    /// Prints `records` of `kind` as JSON or as `scontrol show` does.
+    fn show(&self, kind: &str, records: Vec<Record>) {
+        if self.json {
+            println!("{}", json(kind, &records));
+        } else {
+            print!("{}", render(&records, self.oneliner));
+        }
+    }
+}
+
+/// `scontrol ping`: every replica, the leader as Slurm's primary.
+fn ping(s: &Session) -> Result<()> {
+    let status = s.rt.block_on(s.client.admin_read(|mut c| {
+        let req = s.client.request(pb::ClusterStatusRequest::default());
+        async move { c.cluster_status(req).await }
+    }))?;
+    for r in &status.replicas {
+        let role = if Some(r.id) == status.leader_id {
+            "primary"
+        } else {
+            "backup"
+        };
+        let up = if r.reachable { "UP" } else { "DOWN" };
+        println!("Slurmctld({role}) at {} is {up}", r.addr);
+    }
+    Ok(())
+}
+
+/// `scontrol show job [ID,...]`.
+fn show_jobs(s: &Session, rest: &[&str]) -> Result<()> {
+    let ids: Vec<u64> = rest
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(|s| {
+            s.parse()
+                .map_err(|_| usage(format!("{s:?} is not a job id")))
+        })
+        .collect::<Result<_>>()?;
+    let jobs =
+        s.rt.block_on(s.client.jobs_read(|mut c| {
+            let req = s.client.request(pb::ListJobsRequest {
+                job_ids: ids.clone(),
+                page_size: 10_000,
+                ..Default::default()
+            });
+            async move { c.list_jobs(req).await }
+        }))?
+        .jobs;
+    if jobs.is_empty() && !ids.is_empty() {
+        return Err(anyhow!(
+            "Invalid job id specified: no job {}",
+            rest.join(",")
+        ));
+    }
+    let now = unix_ms();
+    s.show("jobs", jobs.iter().map(|j| job_record(j, now)).collect());
+    Ok(())
+}
+
+/// `scontrol show node [NAMES]`.
+fn show_nodes(s: &Session, rest: &[&str]) -> Result<()> {
+    let nodes = s.rt.block_on(s.client.nodes())?;
+    let wanted = names(rest)?;
+    let records: Vec<Record> = nodes
+        .iter()
+        .filter(|n| wanted.is_empty() || wanted.contains(&n.name))
+        .map(node_record)
+        .collect();
+    if records.is_empty() && !wanted.is_empty() {
+        return Err(anyhow!("Node {} not found", rest.join(",")));
+    }
+    s.show("nodes", records);
+    Ok(())
+}
+
+/// `scontrol show partition [NAME...]`.
+fn show_partitions(s: &Session, rest: &[&str]) -> Result<()> {
+    let parts = s.rt.block_on(s.client.partitions())?;
+    let records: Vec<Record> = parts
+        .iter()
+        .filter(|p| rest.is_empty() || rest.contains(&p.name.as_str()))
+        .map(partition_record)
+        .collect();
+    if records.is_empty() && !rest.is_empty() {
+        return Err(anyhow!("Partition {} not found", rest.join(",")));
+    }
+    s.show("partitions", records);
+    Ok(())
+}
+
+/// `scontrol show reservation [NAME...]`.
+fn show_reservations(s: &Session, rest: &[&str]) -> Result<()> {
+    let res =
+        s.rt.block_on(s.client.admin_read(|mut c| {
+            let req = s.client.request(pb::ListReservationsRequest {});
+            async move { c.list_reservations(req).await }
+        }))?
+        .reservations;
+    let now = unix_ms();
+    let records: Vec<Record> = res
+        .iter()
+        .filter(|r| rest.is_empty() || rest.contains(&r.name.as_str()))
+        .map(|r| reservation_record(r, now))
+        .collect();
+    if records.is_empty() {
+        if rest.is_empty() {
+            println!("No reservations in the system");
+            return Ok(());
+        }
+        return Err(anyhow!("Reservation {} not found", rest.join(",")));
+    }
+    s.show("reservations", records);
+    Ok(())
+}
+
+/// `scontrol show config`.
+fn show_config(s: &Session) -> Result<()> {
+    let c = s.rt.block_on(s.client.admin_read(|mut c| {
+        let req = s.client.request(pb::GetConfigRequest {});
+        async move { c.get_config(req).await }
+    }))?;
+    if s.json {
+        println!("{}", c.sched_config_json);
+    } else {
+        print!("{}", config_lines(&c, unix_ms())?);
+    }
+    Ok(())
+}
+
+/// `scontrol hold|uhold|release|requeue|suspend|resume JOB...`.
+fn act_on_jobs(s: &Session, verb: &str, jobs: &[&str]) -> Result<()> {
+    let refs: Vec<pb::JobRef> = jobs
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(job_ref)
+        .collect::<Result<_>>()?;
+    let r = s.rt.block_on(s.client.jobs_call(|mut c| {
+        let req = s.client.request(pb::JobsRequest { jobs: refs.clone() });
+        async move {
+            match verb {
+                "hold" | "uhold" => c.hold_jobs(req).await,
+                "release" => c.release_jobs(req).await,
+                "requeue" => c.requeue_jobs(req).await,
+                "suspend" => c.suspend_jobs(req).await,
+                _ => c.resume_jobs(req).await,
+            }
+        }
+    }))?;
+    per_job_errors(&r)
+}
+
+/// `scontrol update JobId=|NodeName=|ReservationName= ...`.
+fn update(s: &Session, words: &[&str]) -> Result<()> {
+    let kv = pairs(words)?;
+    match kv.first().map(|(k, _)| k.as_str()) {
+        Some("job" | "jobid") => update_job(s.client, s.rt, &kv),
+        Some("nodename" | "node") => update_node(s.client, s.rt, &kv),
+        Some("reservationname" | "reservation") => upsert_reservation(s.client, s.rt, &kv, false),
+        _ => Err(usage(
+            "update: start with JobId=ID, NodeName=NAME or ReservationName=NAME",
+        )),
+    }
+}
+
+/// `scontrol delete ReservationName=NAME`.
+fn delete_reservation(s: &Session, words: &[&str]) -> Result<()> {
+    let kv = pairs(words)?;
+    let name = match kv.as_slice() {
+        [(k, v)] if k == "reservationname" || k == "reservation" => v.to_string(),
+        _ => return Err(usage("delete: ReservationName=NAME")),
+    };
+    let reply = s.rt.block_on(s.client.admin_call(|mut c| {
+        let req = s.client.request(pb::RemoveObjectRequest {
+            kind: "reservation".into(),
+            name: name.clone(),
+        });
+        async move { c.remove_object(req).await }
+    }))?;
+    if !reply.message.is_empty() {
+        println!("{}", reply.message);
+    }
+    Ok(())
 }
 
 /// Node names from words that may be hostlists (`n[01-04],gpu1`).
