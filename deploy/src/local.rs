@@ -195,105 +195,12 @@ impl LocalCluster {
     /// runs.
     pub fn start(layout: &Layout) -> Result<LocalCluster, LaunchError> {
         let state = &layout.state_dir;
-        if let Ok(old) = LocalCluster::open(state)
-            && old.running() > 0
-        {
-            return Err(LaunchError::Invalid(format!(
-                "a cluster already runs from {} ({} processes); stop it with `docket-local down --state-dir {}`",
-                state.display(),
-                old.running(),
-                state.display()
-            )));
-        }
-        for bin in ["docket-controller", "docket-nodeagent", "docket-authd"] {
-            if !layout.bin_dir.join(bin).exists() {
-                return Err(LaunchError::Invalid(format!(
-                    "{} is missing: build the workspace first (cargo build --workspace --bins)",
-                    layout.bin_dir.join(bin).display()
-                )));
-            }
-        }
-        if layout.replicas == 0 || layout.replicas > 9 {
-            return Err(LaunchError::Invalid(format!(
-                "replicas: {} is not between 1 and 9",
-                layout.replicas
-            )));
-        }
-        // A fresh start: old data would bring back an old cluster. Only a directory a
-        // launcher created is emptied (see `state_dir`).
-        crate::state_dir::prepare(state)?;
-        std::fs::create_dir_all(state.join("logs"))
-            .map_err(LaunchError::io(format!("creating {}", state.display())))?;
-        let site = state.join("docket.toml");
-        std::fs::write(&site, layout.site_toml())
-            .map_err(LaunchError::io(format!("writing {}", site.display())))?;
+        Self::check_startable(layout)?;
+        let site = Self::prepare_state_dir(layout)?;
         let tag = tag_of(state);
-        let net = if layout.netns {
-            if !nix::unistd::geteuid().is_root() {
-                return Err(LaunchError::Invalid(
-                    "network namespaces (for partitions) need root".into(),
-                ));
-            }
-            let net = crate::net::Net::plan(&tag, u64::from(layout.replicas));
-            net.create()?;
-            Some(net)
-        } else {
-            None
-        };
-        let mut replicas = Vec::new();
-        for id in 1..=u64::from(layout.replicas) {
-            let (addr, http) = match &net {
-                // Each namespace has its own ports.
-                Some(n) => (
-                    format!("{}:6817", n.addr(id)),
-                    format!("{}:6819", n.addr(id)),
-                ),
-                None => (free_addr()?, free_addr()?),
-            };
-            replicas.push(ReplicaProc {
-                id,
-                addr,
-                http,
-                data_dir: state.join(format!("controller-{id}")),
-                log: state.join("logs").join(format!("controller-{id}.log")),
-                pid: None,
-            });
-        }
-        let agents = layout
-            .agents
-            .iter()
-            .map(|spec| AgentProc {
-                spec: spec.clone(),
-                state_dir: state.join("agents").join(&spec.name),
-                log: state.join("logs").join(format!("agent-{}.log", spec.name)),
-                pid: None,
-                cgroups: Vec::new(),
-                step_address: None,
-            })
-            .collect();
-        // The cluster's secrets: a CA, a certificate per replica (for the address it is
-        // reached at), per agent and for this launcher, and the credential key.
-        let secrets_dir = state.join("secrets");
-        let secrets = LocalSecrets::create(&secrets_dir, "local")
-            .map_err(|e| LaunchError::Invalid(format!("making the cluster's secrets: {e}")))?;
-        let issue = |role: Role, hosts: Vec<String>| {
-            secrets
-                .issue(&role, &hosts)
-                .map(|_| ())
-                .map_err(|e| LaunchError::Invalid(format!("issuing {role}'s certificate: {e}")))
-        };
-        for r in &replicas {
-            let host = r.addr.rsplit_once(':').map_or(r.addr.as_str(), |(h, _)| h);
-            issue(Role::Replica(r.id), vec![host.to_owned()])?;
-        }
-        for a in &layout.agents {
-            // Agents serve srun on loopback.
-            issue(Role::Node(a.name.clone()), vec!["127.0.0.1".to_owned()])?;
-        }
-        // The CA certificate every user's commands need, where every user can read it.
-        std::fs::copy(secrets.ca(), state.join("ca.pem"))
-            .map_err(LaunchError::io("copying the CA certificate"))?;
-        rpc::use_secrets(&secrets)?;
+        let net = Self::plan_network(layout, &tag)?;
+        let (replicas, agents) = Self::plan_processes(layout, net.as_ref())?;
+        let secrets_dir = Self::make_secrets(layout, &replicas)?;
         let mut cluster = LocalCluster {
             record: Record {
                 state_dir: state.clone(),
@@ -327,32 +234,7 @@ impl LocalCluster {
             },
             children: BTreeMap::new(),
         };
-        if let Some(mib) = layout.data_disk_mib {
-            if !nix::unistd::geteuid().is_root() {
-                return Err(LaunchError::Invalid(
-                    "data disks of their own (for filling) need root".into(),
-                ));
-            }
-            for r in &cluster.record.replicas {
-                std::fs::create_dir_all(&r.data_dir).map_err(LaunchError::io(format!(
-                    "creating {}",
-                    r.data_dir.display()
-                )))?;
-                nix::mount::mount(
-                    Some("tmpfs"),
-                    &r.data_dir,
-                    Some("tmpfs"),
-                    nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-                    Some(format!("size={mib}m,mode=0700").as_str()),
-                )
-                .map_err(|e| {
-                    LaunchError::Invalid(format!(
-                        "mounting a {mib} MiB tmpfs on {}: {e}",
-                        r.data_dir.display()
-                    ))
-                })?;
-            }
-        }
+        cluster.mount_data_disks(layout.data_disk_mib)?;
         cluster.start_authd()?;
         let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
         for id in ids {
@@ -369,6 +251,170 @@ impl LocalCluster {
         }
         cluster.save()?;
         Ok(cluster)
+    }
+
+    /// A state directory whose cluster is not running, the binaries built, a replica count
+    /// within 1..=9.
+    fn check_startable(layout: &Layout) -> Result<(), LaunchError> {
+        let state = &layout.state_dir;
+        if let Ok(old) = LocalCluster::open(state)
+            && old.running() > 0
+        {
+            return Err(LaunchError::Invalid(format!(
+                "a cluster already runs from {} ({} processes); stop it with `docket-local down --state-dir {}`",
+                state.display(),
+                old.running(),
+                state.display()
+            )));
+        }
+        for bin in ["docket-controller", "docket-nodeagent", "docket-authd"] {
+            if !layout.bin_dir.join(bin).exists() {
+                return Err(LaunchError::Invalid(format!(
+                    "{} is missing: build the workspace first (cargo build --workspace --bins)",
+                    layout.bin_dir.join(bin).display()
+                )));
+            }
+        }
+        if layout.replicas == 0 || layout.replicas > 9 {
+            return Err(LaunchError::Invalid(format!(
+                "replicas: {} is not between 1 and 9",
+                layout.replicas
+            )));
+        }
+        Ok(())
+    }
+
+    /// A fresh, marked state directory with its `logs/` and the site's `docket.toml` (whose
+    /// path it returns).
+    fn prepare_state_dir(layout: &Layout) -> Result<PathBuf, LaunchError> {
+        let state = &layout.state_dir;
+        // A fresh start: old data would bring back an old cluster. Only a directory a
+        // launcher created is emptied (see `state_dir`).
+        crate::state_dir::prepare(state)?;
+        std::fs::create_dir_all(state.join("logs"))
+            .map_err(LaunchError::io(format!("creating {}", state.display())))?;
+        let site = state.join("docket.toml");
+        std::fs::write(&site, layout.site_toml())
+            .map_err(LaunchError::io(format!("writing {}", site.display())))?;
+        Ok(site)
+    }
+
+    /// With `netns`, a network namespace per replica behind a bridge (root only).
+    fn plan_network(layout: &Layout, tag: &str) -> Result<Option<crate::net::Net>, LaunchError> {
+        Ok(if layout.netns {
+            if !nix::unistd::geteuid().is_root() {
+                return Err(LaunchError::Invalid(
+                    "network namespaces (for partitions) need root".into(),
+                ));
+            }
+            let net = crate::net::Net::plan(tag, u64::from(layout.replicas));
+            net.create()?;
+            Some(net)
+        } else {
+            None
+        })
+    }
+
+    /// Every replica's and agent's addresses, data and log paths (nothing started yet).
+    fn plan_processes(
+        layout: &Layout,
+        net: Option<&crate::net::Net>,
+    ) -> Result<(Vec<ReplicaProc>, Vec<AgentProc>), LaunchError> {
+        let state = &layout.state_dir;
+        let mut replicas = Vec::new();
+        for id in 1..=u64::from(layout.replicas) {
+            let (addr, http) = match net {
+                // Each namespace has its own ports.
+                Some(n) => (
+                    format!("{}:6817", n.addr(id)),
+                    format!("{}:6819", n.addr(id)),
+                ),
+                None => (free_addr()?, free_addr()?),
+            };
+            replicas.push(ReplicaProc {
+                id,
+                addr,
+                http,
+                data_dir: state.join(format!("controller-{id}")),
+                log: state.join("logs").join(format!("controller-{id}.log")),
+                pid: None,
+            });
+        }
+        let agents = layout
+            .agents
+            .iter()
+            .map(|spec| AgentProc {
+                spec: spec.clone(),
+                state_dir: state.join("agents").join(&spec.name),
+                log: state.join("logs").join(format!("agent-{}.log", spec.name)),
+                pid: None,
+                cgroups: Vec::new(),
+                step_address: None,
+            })
+            .collect();
+        Ok((replicas, agents))
+    }
+
+    /// The cluster's secrets in `secrets/`: a CA, a certificate per replica (for the address
+    /// it is reached at), per agent and for this launcher, and the credential key; the CA
+    /// certificate copied where every user can read it.
+    fn make_secrets(layout: &Layout, replicas: &[ReplicaProc]) -> Result<PathBuf, LaunchError> {
+        let state = &layout.state_dir;
+        let secrets_dir = state.join("secrets");
+        let secrets = LocalSecrets::create(&secrets_dir, "local")
+            .map_err(|e| LaunchError::Invalid(format!("making the cluster's secrets: {e}")))?;
+        let issue = |role: Role, hosts: Vec<String>| {
+            secrets
+                .issue(&role, &hosts)
+                .map(|_| ())
+                .map_err(|e| LaunchError::Invalid(format!("issuing {role}'s certificate: {e}")))
+        };
+        for r in replicas {
+            let host = r.addr.rsplit_once(':').map_or(r.addr.as_str(), |(h, _)| h);
+            issue(Role::Replica(r.id), vec![host.to_owned()])?;
+        }
+        for a in &layout.agents {
+            // Agents serve srun on loopback.
+            issue(Role::Node(a.name.clone()), vec!["127.0.0.1".to_owned()])?;
+        }
+        // The CA certificate every user's commands need, where every user can read it.
+        std::fs::copy(secrets.ca(), state.join("ca.pem"))
+            .map_err(LaunchError::io("copying the CA certificate"))?;
+        rpc::use_secrets(&secrets)?;
+        Ok(secrets_dir)
+    }
+
+    /// With a data disk size, a tmpfs of that size on each replica's data directory (root
+    /// only), so that a fault can fill it.
+    fn mount_data_disks(&self, mib: Option<u64>) -> Result<(), LaunchError> {
+        let Some(mib) = mib else {
+            return Ok(());
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return Err(LaunchError::Invalid(
+                "data disks of their own (for filling) need root".into(),
+            ));
+        }
+        for r in &self.record.replicas {
+            std::fs::create_dir_all(&r.data_dir).map_err(LaunchError::io(format!(
+                "creating {}",
+                r.data_dir.display()
+            )))?;
+            nix::mount::mount(
+                Some("tmpfs"),
+                &r.data_dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(format!("size={mib}m,mode=0700").as_str()),
+            )
+            .map_err(|e| {
+                LaunchError::Invalid(format!(
+                    "mounting a {mib} MiB tmpfs on {}: {e}",
+                    r.data_dir.display()
+                ))
+            })?;
+        }
+        Ok(())
     }
 
     /// What `state_dir` records of its cluster, read only (no access to it is set up).
