@@ -299,29 +299,45 @@ struct RunSpec {
 }
 
 async fn run(spec: RunSpec) -> Result<bool> {
-    let RunSpec {
-        seed,
-        faults,
-        minutes,
-        kinds,
-        each,
-        replicas,
-        agents,
-        simulated,
-        clients,
-        job_seconds,
-        think_ms,
-        state_dir,
-        bins,
-    } = spec;
     // A temporary directory goes when the run ends; a chosen one stays for reading
     // (history.jsonl, logs/, work/runs.log).
-    let temporary = state_dir.is_none();
-    let state = state_dir.unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("docket-chaos-{seed}-{}", std::process::id()))
+    let temporary = spec.state_dir.is_none();
+    let state = spec.state_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("docket-chaos-{}-{}", spec.seed, std::process::id()))
     });
+    let kinds = fault_kinds(&spec.kinds);
+    let layout = chaos_layout(&spec, &kinds, &state)?;
+    let mut cluster = LocalCluster::start(&layout)?;
+    let outcome = async {
+        cluster.wait_ready(Duration::from_secs(60)).await?;
+        let work = state.join("work");
+        std::fs::create_dir_all(&work)?;
+        let (history, memory) = drive(&spec, &kinds, &mut cluster, &state, &work).await?;
+        // Every job must finish by itself now that the faults stopped (once the clients'
+        // holds and suspensions are undone).
+        let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
+        drain(&leader).await;
+        verdict(&cluster, &state, &work, &history, &memory, spec.seed).await
+    };
+    // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.
+    let outcome = tokio::select! {
+        o = outcome => o,
+        signal = docket_deploy::interrupted() => {
+            Err(anyhow::anyhow!("interrupted by {signal}; stopping the cluster"))
+        }
+    };
+    let sweep = cluster.stop(temporary).await;
+    if let Err(e) = sweep {
+        eprintln!("docket-chaos: warning: stopping the cluster: {e}");
+    }
+    outcome
+}
+
+/// The kinds asked for, or every kind this host can inject (partitions and full disks need
+/// root, clock jumps libfaketime).
+fn fault_kinds(kinds: &[Kind]) -> Vec<FaultKind> {
     let root = nix::unistd::geteuid().is_root();
-    let kinds: Vec<FaultKind> = if kinds.is_empty() {
+    if kinds.is_empty() {
         let mut all = vec![
             FaultKind::KillLeader,
             FaultKind::KillFollower,
@@ -346,7 +362,14 @@ async fn run(spec: RunSpec) -> Result<bool> {
         all
     } else {
         kinds.iter().map(|k| k.fault()).collect()
-    };
+    }
+}
+
+/// The cluster a run starts: what its fault kinds need (namespaces, disks of their own, fake
+/// clocks), liveness short enough that a killed agent's node recovers within the run, and
+/// frequent archiving and snapshots.
+fn chaos_layout(spec: &RunSpec, kinds: &[FaultKind], state: &std::path::Path) -> Result<Layout> {
+    let root = nix::unistd::geteuid().is_root();
     let netns = kinds.iter().any(|k| k.needs_netns());
     if netns && !root {
         bail!("partitions need root (network namespaces)");
@@ -355,7 +378,13 @@ async fn run(spec: RunSpec) -> Result<bool> {
     if own_disks && !root {
         bail!("filling a disk needs root (a tmpfs per replica)");
     }
-    let mut layout = Layout::new(replicas, agents, simulated, state.clone(), bins);
+    let mut layout = Layout::new(
+        spec.replicas,
+        spec.agents,
+        spec.simulated,
+        state.to_path_buf(),
+        spec.bins.clone(),
+    );
     layout.netns = netns;
     layout.data_disk_mib = own_disks.then_some(256);
     layout.fake_clocks = kinds.iter().any(|k| k.needs_fake_clock());
@@ -369,164 +398,178 @@ async fn run(spec: RunSpec) -> Result<bool> {
     layout.min_job_age_s = 5;
     layout.snapshot_every_entries = Some(500);
     layout.snapshot_keep_entries = Some(100);
-    let mut cluster = LocalCluster::start(&layout)?;
-    let outcome = async {
-        cluster.wait_ready(Duration::from_secs(60)).await?;
-        let work = state.join("work");
-        std::fs::create_dir_all(&work)?;
-        let (planned, until) = match minutes {
-            Some(m) => (
-                faults::plan(seed, (m * 3) as usize + 1, &kinds, each, (10_000, 30_000)),
-                Some(Instant::now() + Duration::from_secs(m * 60)),
-            ),
-            None => (
-                faults::plan(seed, faults, &kinds, each, (1_500, 4_000)),
-                None,
-            ),
+    Ok(layout)
+}
+
+/// The faulty stretch: the clients and the leader observer run while the faults are
+/// injected, then stop; every daemon's memory is sampled throughout (`rss.csv`).
+async fn drive(
+    spec: &RunSpec,
+    kinds: &[FaultKind],
+    cluster: &mut LocalCluster,
+    state: &std::path::Path,
+    work: &std::path::Path,
+) -> Result<(History, memory::Samples)> {
+    let RunSpec {
+        seed,
+        faults,
+        minutes,
+        each,
+        replicas,
+        agents,
+        simulated,
+        clients,
+        job_seconds,
+        think_ms,
+        ..
+    } = *spec;
+    let (planned, until) = match minutes {
+        Some(m) => (
+            faults::plan(seed, (m * 3) as usize + 1, kinds, each, (10_000, 30_000)),
+            Some(Instant::now() + Duration::from_secs(m * 60)),
+        ),
+        None => (
+            faults::plan(seed, faults, kinds, each, (1_500, 4_000)),
+            None,
+        ),
+    };
+    println!(
+        "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {}{} faults",
+        replicas,
+        agents + simulated,
+        simulated,
+        if until.is_some() { "up to " } else { "" },
+        planned.len()
+    );
+    let history = History::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let memory = tokio::spawn(memory::sample(
+        state.to_path_buf(),
+        Duration::from_secs(if minutes.is_some() { 30 } else { 5 }),
+        stop.clone(),
+    ));
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(observe::leaders(
+        cluster.addrs(),
+        history.clone(),
+        stop.clone(),
+    )));
+    for id in 0..clients {
+        let partition = if simulated > 0 && id % 3 == 2 {
+            "sim"
+        } else {
+            "batch"
         };
-        println!(
-            "docket-chaos: seed {seed}, {} replicas, {} agents ({} simulated), {clients} clients, {}{} faults",
-            replicas,
-            agents + simulated,
-            simulated,
-            if until.is_some() { "up to " } else { "" },
-            planned.len()
-        );
-        let history = History::new();
-        let wall_start = history.wall_at(0);
-        let stop = Arc::new(AtomicBool::new(false));
-        let memory = tokio::spawn(memory::sample(
-            state.clone(),
-            Duration::from_secs(if minutes.is_some() { 30 } else { 5 }),
-            stop.clone(),
-        ));
-        let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(observe::leaders(
+        let w = workload::Workload {
+            partition: partition.into(),
+            work_dir: work.display().to_string(),
+            max_job_seconds: job_seconds,
+            think_ms,
+        };
+        tasks.push(tokio::spawn(workload::client(
+            id,
+            seed,
+            w,
             cluster.addrs(),
             history.clone(),
             stop.clone(),
         )));
-        for id in 0..clients {
-            let partition = if simulated > 0 && id % 3 == 2 {
-                "sim"
-            } else {
-                "batch"
-            };
-            let w = workload::Workload {
-                partition: partition.into(),
-                work_dir: work.display().to_string(),
-                max_job_seconds: job_seconds,
-                think_ms,
-            };
-            tasks.push(tokio::spawn(workload::client(
-                id,
-                seed,
-                w,
-                cluster.addrs(),
-                history.clone(),
-                stop.clone(),
-            )));
-        }
-        let injected = faults::inject(&mut cluster, &planned, &history, until).await;
-        // A last quiet stretch, so the recovery after the last fault is measured too.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            let _ = t.await;
-        }
-        let memory = memory.await.unwrap_or_default();
-        let _ = std::fs::write(state.join("rss.csv"), memory::csv(&memory));
-        injected?;
-        // Every job must finish by itself now that the faults stopped (once the clients'
-        // holds and suspensions are undone).
-        let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
-        workload::settle(&leader).await;
-        // A backlog left by the faults takes as long as it takes: the wait ends when every
-        // job is final, or when none has ended for STALLED (the cluster stopped making
-        // progress: the checker then names what never finished), or after DRAIN_CAP.
-        const STALLED: Duration = Duration::from_secs(60);
-        const DRAIN_CAP: Duration = Duration::from_secs(900);
-        let start = Instant::now();
-        println!("faults over; waiting for every job to finish");
-        let (mut backlog, mut fewest, mut progress) = (None, usize::MAX, Instant::now());
-        loop {
-            // A hold or suspension whose answer the client never got (it timed out during a
-            // fault) may still commit after the first settling: undo those too.
-            workload::settle(&leader).await;
-            let Ok(jobs) = rpc::all_jobs(&leader).await else {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            };
-            let unfinished = jobs.iter().filter(|j| !rpc::is_final(j)).count();
-            backlog.get_or_insert(unfinished);
-            if unfinished < fewest {
-                (fewest, progress) = (unfinished, Instant::now());
-            }
-            if unfinished == 0 || progress.elapsed() > STALLED || start.elapsed() > DRAIN_CAP {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        println!(
-            "drained in {} s ({} jobs unfinished when the faults stopped, {} now)",
-            start.elapsed().as_secs(),
-            backlog.unwrap_or(0),
-            fewest.min(backlog.unwrap_or(0))
-        );
-        // What is still unfinished, for whoever reads a failed run.
-        if let Ok(jobs) = rpc::all_jobs(&leader).await {
-            for j in jobs.iter().filter(|j| !rpc::is_final(j)) {
-                println!(
-                    "  unfinished: job {} {} reason {} held {} nodes {:?} started {:?} requeues {}",
-                    j.job_id,
-                    j.state,
-                    j.reason,
-                    j.held,
-                    j.node_list,
-                    j.start_time_ms,
-                    j.requeue_count
-                );
-            }
-        }
-        let (_, leader) = cluster.wait_ready(Duration::from_secs(30)).await?;
-        let mut views = converged(&cluster, Duration::from_secs(30)).await;
-        // The leader's view first.
-        if let Some(pos) = cluster.addrs().iter().position(|a| *a == leader) {
-            views.swap(0, pos);
-        }
-        let log = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
-        let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
-        let all_jobs = queue_and_archive(&leader).await?;
-        let mut report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
-        let answers = converged_accounting(&cluster, Duration::from_secs(30)).await;
-        report.accounting_diverged = check::accounting_divergence(&answers);
-        report.archived = answers
-            .first()
-            .map_or(0, |(_, rows)| rows.iter().filter(|r| r.archived).count());
-        let requeues = all_jobs
-            .iter()
-            .map(|j| (j.job_id, j.requeue_count))
-            .collect();
-        report.launches = launches::check(&launches::read(&state.join("agents")), &log, &requeues);
-        print!("{}", check::render(&report, seed));
-        println!(
-            "memory (resident, every daemon; a process a fault restarted starts a new curve):\n{}",
-            memory::summary(&memory, 120)
-        );
-        Ok::<bool, anyhow::Error>(report.ok())
-    };
-    // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.
-    let outcome = tokio::select! {
-        o = outcome => o,
-        signal = docket_deploy::interrupted() => {
-            Err(anyhow::anyhow!("interrupted by {signal}; stopping the cluster"))
-        }
-    };
-    let sweep = cluster.stop(temporary).await;
-    if let Err(e) = sweep {
-        eprintln!("docket-chaos: warning: stopping the cluster: {e}");
     }
-    outcome
+    let injected = faults::inject(cluster, &planned, &history, until).await;
+    // A last quiet stretch, so the recovery after the last fault is measured too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let memory = memory.await.unwrap_or_default();
+    let _ = std::fs::write(state.join("rss.csv"), memory::csv(&memory));
+    injected?;
+    Ok((history, memory))
+}
+
+/// Waits for the backlog the faults left: until every job is final, or none has ended for
+/// `STALLED` (the cluster stopped making progress: the checker then names what never
+/// finished), or `DRAIN_CAP`; prints what is still unfinished.
+async fn drain(leader: &str) {
+    workload::settle(leader).await;
+    const STALLED: Duration = Duration::from_secs(60);
+    const DRAIN_CAP: Duration = Duration::from_secs(900);
+    let start = Instant::now();
+    println!("faults over; waiting for every job to finish");
+    let (mut backlog, mut fewest, mut progress) = (None, usize::MAX, Instant::now());
+    loop {
+        // A hold or suspension whose answer the client never got (it timed out during a
+        // fault) may still commit after the first settling: undo those too.
+        workload::settle(leader).await;
+        let Ok(jobs) = rpc::all_jobs(leader).await else {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let unfinished = jobs.iter().filter(|j| !rpc::is_final(j)).count();
+        backlog.get_or_insert(unfinished);
+        if unfinished < fewest {
+            (fewest, progress) = (unfinished, Instant::now());
+        }
+        if unfinished == 0 || progress.elapsed() > STALLED || start.elapsed() > DRAIN_CAP {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "drained in {} s ({} jobs unfinished when the faults stopped, {} now)",
+        start.elapsed().as_secs(),
+        backlog.unwrap_or(0),
+        fewest.min(backlog.unwrap_or(0))
+    );
+    // What is still unfinished, for whoever reads a failed run.
+    if let Ok(jobs) = rpc::all_jobs(leader).await {
+        for j in jobs.iter().filter(|j| !rpc::is_final(j)) {
+            println!(
+                "  unfinished: job {} {} reason {} held {} nodes {:?} started {:?} requeues {}",
+                j.job_id, j.state, j.reason, j.held, j.node_list, j.start_time_ms, j.requeue_count
+            );
+        }
+    }
+}
+
+/// Every checker over the history, the jobs (queue and archive), every replica's view and
+/// accounting, and the agents' launch records; prints the report and the memory summary.
+async fn verdict(
+    cluster: &LocalCluster,
+    state: &std::path::Path,
+    work: &std::path::Path,
+    history: &History,
+    memory: &memory::Samples,
+    seed: u64,
+) -> Result<bool> {
+    let wall_start = history.wall_at(0);
+    let (_, leader) = cluster.wait_ready(Duration::from_secs(30)).await?;
+    let mut views = converged(cluster, Duration::from_secs(30)).await;
+    // The leader's view first.
+    if let Some(pos) = cluster.addrs().iter().position(|a| *a == leader) {
+        views.swap(0, pos);
+    }
+    let log = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
+    let _ = std::fs::write(state.join("history.jsonl"), history.to_jsonl());
+    let all_jobs = queue_and_archive(&leader).await?;
+    let mut report = check::check(&history.lock(), &all_jobs, &views, &log, wall_start);
+    let answers = converged_accounting(cluster, Duration::from_secs(30)).await;
+    report.accounting_diverged = check::accounting_divergence(&answers);
+    report.archived = answers
+        .first()
+        .map_or(0, |(_, rows)| rows.iter().filter(|r| r.archived).count());
+    let requeues = all_jobs
+        .iter()
+        .map(|j| (j.job_id, j.requeue_count))
+        .collect();
+    report.launches = launches::check(&launches::read(&state.join("agents")), &log, &requeues);
+    print!("{}", check::render(&report, seed));
+    println!(
+        "memory (resident, every daemon; a process a fault restarted starts a new curve):\n{}",
+        memory::summary(memory, 120)
+    );
+    Ok(report.ok())
 }
 
 /// The cluster a drill breaks.
