@@ -342,19 +342,16 @@ impl Client {
         let start = Instant::now();
         let retry_for = retry_for();
         let mut last = None;
-        let mut order: Vec<String> = self.endpoints.clone();
-        let mut queue: Vec<String> = order.clone();
+        let mut endpoints = docket_proto::endpoints::Endpoints::new(self.endpoints.clone());
         loop {
-            while let Some(addr) = queue.first().cloned() {
-                queue.remove(0);
+            while let Some(addr) = endpoints.next_to_ask() {
                 let answer = match attempt {
                     Attempt::Write => {
                         if let Err(why) = self.connect_for_write(&addr, deadline).await {
                             // Nothing was sent: the next endpoint, and this one last from
                             // then on.
                             last = Some(tonic::Status::unavailable(why));
-                            order.retain(|a| *a != addr);
-                            order.push(addr);
+                            endpoints.ask_last(&addr);
                             continue;
                         }
                         f(make(&addr)?).await
@@ -367,8 +364,7 @@ impl Client {
                                     "{addr} did not answer within {} s",
                                     READ_ATTEMPT.as_secs()
                                 )));
-                                order.retain(|a| *a != addr);
-                                order.push(addr);
+                                endpoints.ask_last(&addr);
                                 continue;
                             }
                         }
@@ -381,14 +377,13 @@ impl Client {
                     // does not answer, a handshake refused): a read asks the next one, and
                     // asks this one last from then on.
                     Err(s) if attempt == Attempt::Read && transport_failed(&s) => {
-                        order.retain(|a| *a != addr);
-                        order.push(addr);
+                        endpoints.ask_last(&addr);
                         last = Some(s);
                     }
                     // Over the user's rate: not applied; back off a second and send again.
                     Err(s) if s.code() == tonic::Code::ResourceExhausted => {
                         last = Some(s);
-                        queue.insert(0, addr);
+                        endpoints.ask_again(addr);
                         if start.elapsed() > retry_for {
                             break;
                         }
@@ -406,13 +401,8 @@ impl Client {
                         });
                     }
                     Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                        match s
-                            .metadata()
-                            .get(docket_proto::metadata::LEADER)
-                            .and_then(|v| v.to_str().ok())
-                        {
-                            Some(leader) if leader != addr => queue.insert(0, leader.to_owned()),
-                            _ => return Err(status_error(&s)),
+                        if !endpoints.follow(&s, &addr) {
+                            return Err(status_error(&s));
                         }
                     }
                     Err(s) => return Err(status_error(&s)),
@@ -430,7 +420,7 @@ impl Client {
                 ));
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
-            queue = order.clone();
+            endpoints.next_round();
         }
     }
 }

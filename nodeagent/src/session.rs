@@ -52,10 +52,9 @@ struct Live {
 
 /// Registers with whichever controller leads; None when none could be reached.
 async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
-    let mut queue: Vec<String> = config.controllers.clone();
+    let mut endpoints = docket_proto::endpoints::Endpoints::new(config.controllers.clone());
     let mut tried = 0;
-    while let Some(addr) = queue.first().cloned() {
-        queue.remove(0);
+    while let Some(addr) = endpoints.next_to_ask() {
         tried += 1;
         if tried > 16 {
             break;
@@ -84,18 +83,14 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
                 });
             }
             Err(status) => {
-                if let Some(leader) = status
-                    .metadata()
-                    .get(docket_proto::metadata::LEADER)
-                    .and_then(|v| v.to_str().ok())
+                if !endpoints.follow(&status, &addr)
+                    && matches!(
+                        status.code(),
+                        tonic::Code::NotFound
+                            | tonic::Code::PermissionDenied
+                            | tonic::Code::Unauthenticated
+                    )
                 {
-                    queue.insert(0, leader.to_owned());
-                } else if matches!(
-                    status.code(),
-                    tonic::Code::NotFound
-                        | tonic::Code::PermissionDenied
-                        | tonic::Code::Unauthenticated
-                ) {
                     tracing::error!(node = %config.node, "{}", status.message());
                 }
             }

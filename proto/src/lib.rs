@@ -3,8 +3,9 @@
 //! Every message and service of package `docket.v1` is generated at build time from the
 //! `.proto` files under `proto/` (see `build.rs`) and re-exported from [`v1`]. Nothing of the
 //! messages is written by hand: changing the protocol means changing a `.proto` file. Besides
-//! them: the names of the metadata the services exchange ([`metadata`]) and the clock the
-//! messages' times are read from ([`unix_ms`]), each written once here.
+//! them: the names of the metadata the services exchange ([`metadata`]), the order in which
+//! clients ask the replicas ([`endpoints`]) and the clock the messages' times are read from
+//! ([`unix_ms`]), each written once here.
 //!
 //! Compatibility rule: fields are only ever added, never renumbered or retyped, so a replica
 //! or agent one release behind keeps working during a rolling upgrade.
@@ -14,6 +15,7 @@ pub mod v1 {
     tonic::include_proto!("docket.v1");
 }
 
+pub mod endpoints;
 pub mod metadata;
 
 mod clock;
