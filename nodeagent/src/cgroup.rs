@@ -25,6 +25,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Confinement could not be set up or applied.
+
+/// What every job cgroup's name starts with (the sweep after a restart removes those it was
+/// not told to keep).
+const JOB_CGROUP_PREFIX: &str = "job_";
+
+/// The cgroup of run `epoch` of job `job`, under the agent's own cgroup (the same name under
+/// every controller on cgroup v1, once on v2).
+pub fn job_cgroup_name(job: u64, epoch: u64) -> String {
+    format!("{JOB_CGROUP_PREFIX}{job}_{epoch}")
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error(
@@ -268,7 +279,7 @@ impl Cgroups {
             };
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("job_") && !keep.contains(&name) {
+                if name.starts_with(JOB_CGROUP_PREFIX) && !keep.contains(&name) {
                     tracing::warn!(path = %e.path().display(), "reaping a stale job cgroup");
                     kill_all(&e.path());
                     let _ = remove_dir_retrying(&e.path());
@@ -280,7 +291,7 @@ impl Cgroups {
     /// Job `(job, epoch)`'s cgroups as far as they exist (a creation that failed half-way),
     /// so that they can be removed.
     pub fn existing(&self, job: u64, epoch: u64) -> JobCgroup {
-        let name = format!("job_{job}_{epoch}");
+        let name = job_cgroup_name(job, epoch);
         JobCgroup {
             version: self.version,
             dirs: self
@@ -294,7 +305,7 @@ impl Cgroups {
 
     /// Creates job `(job, epoch)`'s cgroups with `limits`.
     pub fn create(&self, job: u64, epoch: u64, limits: &Limits) -> Result<JobCgroup, CgroupError> {
-        let name = format!("job_{job}_{epoch}");
+        let name = job_cgroup_name(job, epoch);
         let mut dirs = BTreeMap::new();
         for (ctrl, base) in &self.bases {
             let dir = base.join(&name);

@@ -39,7 +39,7 @@ impl Runner {
                 let id = (s.job, s.epoch);
                 if s.record.running {
                     if s.cgroup.is_some() {
-                        keep_cgroups.insert(format!("job_{}_{}", s.job, s.epoch));
+                        keep_cgroups.insert(crate::cgroup::job_cgroup_name(s.job, s.epoch));
                     }
                     if let Some(sc) = &s.scratch {
                         keep_scratch.insert(sc.path.clone());
