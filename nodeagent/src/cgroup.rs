@@ -24,8 +24,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Confinement could not be set up or applied.
-
 /// What every job cgroup's name starts with (the sweep after a restart removes those it was
 /// not told to keep).
 const JOB_CGROUP_PREFIX: &str = "job_";
@@ -36,6 +34,7 @@ pub fn job_cgroup_name(job: u64, epoch: u64) -> String {
     format!("{JOB_CGROUP_PREFIX}{job}_{epoch}")
 }
 
+/// Confinement could not be set up or applied.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error(
