@@ -11,7 +11,7 @@ use anyhow::{Context, Result, anyhow};
 use clap::{Parser, Subcommand};
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 
 /// The replicated configuration.
 #[derive(Debug, Clone, Parser)]
@@ -100,10 +100,12 @@ pub fn config(a: ConfigArgs) -> Result<()> {
     let rt = runtime()?;
     match a.command {
         ConfigCommand::Show => {
-            let c = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::GetConfigRequest {});
-                async move { c.get_config(req).await }
-            }))?;
+            let c = rt.block_on(rpc!(
+                client,
+                admin_read,
+                get_config,
+                pb::GetConfigRequest {}
+            ))?;
             println!("{}", c.sched_config_json);
             println!("partitions: {}", c.partitions.join(", "));
             println!("qos:        {}", c.qos.join(", "));
@@ -119,14 +121,16 @@ pub fn config(a: ConfigArgs) -> Result<()> {
         } => {
             let toml = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let r = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::ApplyConfigRequest {
+            let r = rt.block_on(rpc!(
+                client,
+                admin_call,
+                apply_config,
+                pb::ApplyConfigRequest {
                     toml: toml.clone(),
                     dry_run,
                     objects_only,
-                });
-                async move { c.apply_config(req).await }
-            }))?;
+                }
+            ))?;
             print!("{}", report(&r, dry_run));
             if !dry_run && !r.applied {
                 return Err(anyhow!(
@@ -139,13 +143,15 @@ pub fn config(a: ConfigArgs) -> Result<()> {
             Ok(())
         }
         ConfigCommand::Remove { kind, name } => {
-            let r = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::RemoveObjectRequest {
+            let r = rt.block_on(rpc!(
+                client,
+                admin_call,
+                remove_object,
+                pb::RemoveObjectRequest {
                     kind: kind.clone(),
                     name: name.clone(),
-                });
-                async move { c.remove_object(req).await }
-            }))?;
+                }
+            ))?;
             println!("removed {kind} {name}{}", suffix(&r.message));
             Ok(())
         }
@@ -180,23 +186,27 @@ pub fn node(a: NodeArgs) -> Result<()> {
         }),
         NodeCommand::Drain { nodes, reason } => {
             for node in hosts(&nodes)? {
-                rt.block_on(client.admin_call(|mut c| {
-                    let req = client.request(pb::DrainNodeRequest {
+                rt.block_on(rpc!(
+                    client,
+                    admin_call,
+                    drain_node,
+                    pb::DrainNodeRequest {
                         node: node.clone(),
                         reason: reason.clone(),
-                    });
-                    async move { c.drain_node(req).await }
-                }))?;
+                    }
+                ))?;
                 println!("{node}: draining ({reason})");
             }
             Ok(())
         }
         NodeCommand::Resume { nodes } => {
             for node in hosts(&nodes)? {
-                rt.block_on(client.admin_call(|mut c| {
-                    let req = client.request(pb::NodeRequest { node: node.clone() });
-                    async move { c.resume_node(req).await }
-                }))?;
+                rt.block_on(rpc!(
+                    client,
+                    admin_call,
+                    resume_node,
+                    pb::NodeRequest { node: node.clone() }
+                ))?;
                 println!("{node}: resumed");
             }
             Ok(())

@@ -16,6 +16,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
+use crate::client::rpc;
 use crate::sbatch::{SbatchArgs, is_final, job_spec};
 
 /// The script an allocation's first node runs: nothing but waiting to be stopped.
@@ -88,12 +89,14 @@ pub fn allocate_spec(
     // Nothing of the holder's is worth keeping.
     spec.stdout = "/dev/null".into();
     spec.stderr = "/dev/null".into();
-    let results = runtime.block_on(client.jobs_call(|mut c| {
-        let req = client.request(pb::SubmitJobsRequest {
+    let results = runtime.block_on(rpc!(
+        client,
+        jobs_call,
+        submit_jobs,
+        pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],
-        });
-        async move { c.submit_jobs(req).await }
-    }))?;
+        }
+    ))?;
     let job = match results.results.first().and_then(|r| r.result.clone()) {
         Some(pb::submit_result::Result::JobId(id)) => id,
         Some(pb::submit_result::Result::Error(e)) => {
@@ -183,30 +186,32 @@ async fn wait_running(
 }
 
 async fn get(client: &Client, job: u64) -> Result<pb::JobInfo> {
-    client
-        .jobs_read(|mut c| {
-            let req = client.request(pb::GetJobRequest {
-                job_id: job,
-                consistency: 0,
-            });
-            async move { c.get_job(req).await }
-        })
-        .await
+    rpc!(
+        client,
+        jobs_read,
+        get_job,
+        pb::GetJobRequest {
+            job_id: job,
+            consistency: 0,
+        }
+    )
+    .await
 }
 
 async fn cancel(client: &Client, job: u64) -> Result<()> {
-    client
-        .jobs_call(|mut c| {
-            let req = client.request(pb::JobsRequest {
-                jobs: vec![pb::JobRef {
-                    job_id: job,
-                    task: None,
-                }],
-            });
-            async move { c.cancel_jobs(req).await }
-        })
-        .await
-        .map(|_| ())
+    rpc!(
+        client,
+        jobs_call,
+        cancel_jobs,
+        pb::JobsRequest {
+            jobs: vec![pb::JobRef {
+                job_id: job,
+                task: None,
+            }],
+        }
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Whether the allocation still runs (it may have hit its time limit or been cancelled).
@@ -223,16 +228,17 @@ pub async fn complete(client: &Client, job: u64, status: u8) -> Result<()> {
     } else {
         (i32::from(status), 0)
     };
-    let r = client
-        .jobs_call(|mut c| {
-            let req = client.request(pb::CompleteJobRequest {
-                job_id: job,
-                exit_code,
-                signal,
-            });
-            async move { c.complete_job(req).await }
-        })
-        .await;
+    let r = rpc!(
+        client,
+        jobs_call,
+        complete_job,
+        pb::CompleteJobRequest {
+            job_id: job,
+            exit_code,
+            signal,
+        }
+    )
+    .await;
     match r {
         Ok(_) => Ok(()),
         // It ended on its own (time limit, scancel): nothing to complete.

@@ -228,24 +228,26 @@ impl Client {
 
     /// Every node, as the answering replica lists it.
     pub async fn nodes(&self) -> Result<Vec<docket_proto::v1::NodeInfo>> {
-        Ok(self
-            .admin_read(|mut c| {
-                let req = self.request(docket_proto::v1::ListNodesRequest {});
-                async move { c.list_nodes(req).await }
-            })
-            .await?
-            .nodes)
+        Ok(rpc!(
+            self,
+            admin_read,
+            list_nodes,
+            docket_proto::v1::ListNodesRequest {}
+        )
+        .await?
+        .nodes)
     }
 
     /// Every partition.
     pub async fn partitions(&self) -> Result<Vec<docket_proto::v1::PartitionInfo>> {
-        Ok(self
-            .admin_read(|mut c| {
-                let req = self.request(docket_proto::v1::ListPartitionsRequest {});
-                async move { c.list_partitions(req).await }
-            })
-            .await?
-            .partitions)
+        Ok(rpc!(
+            self,
+            admin_read,
+            list_partitions,
+            docket_proto::v1::ListPartitionsRequest {}
+        )
+        .await?
+        .partitions)
     }
 
     /// `request` with a fresh credential proving the caller's identity. Should none be had
@@ -424,6 +426,21 @@ impl Client {
         }
     }
 }
+
+/// One call of the controllers: `$via` (`jobs_read`, `jobs_call`, `admin_read` or
+/// `admin_call`, which choose the service and whether an endpoint may be passed over) runs
+/// `$method` with `$message` and a fresh credential on each attempt, through [`Client`]'s
+/// retry loop; `$message` is evaluated once per attempt.
+macro_rules! rpc {
+    ($client:expr, $via:ident, $method:ident, $message:expr) => {{
+        let client = &$client;
+        client.$via(|mut c| {
+            let req = client.request($message);
+            async move { c.$method(req).await }
+        })
+    }};
+}
+pub(crate) use rpc;
 
 /// Where this host's credentials come from: `DOCKET_AUTH_TYPE` / `[controller] AuthType`
 /// (`auth/docket` by default), from `DOCKET_AUTH_SOCKET` / `[controller] AuthSocket` (the

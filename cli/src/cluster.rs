@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 
 /// The controller replicas.
 #[derive(Debug, Clone, Parser)]
@@ -67,10 +67,12 @@ pub fn run(a: ClusterArgs) -> Result<()> {
     let rt = runtime()?;
     match a.command {
         ClusterCommand::Status { json } => {
-            let s = rt.block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::ClusterStatusRequest::default());
-                async move { c.cluster_status(req).await }
-            }))?;
+            let s = rt.block_on(rpc!(
+                client,
+                admin_read,
+                cluster_status,
+                pb::ClusterStatusRequest::default()
+            ))?;
             if json {
                 let rows: Vec<_> = s
                     .replicas
@@ -92,22 +94,26 @@ pub fn run(a: ClusterArgs) -> Result<()> {
             Ok(())
         }
         ClusterCommand::AddReplica { id, addr, learner } => {
-            let r = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::AddReplicaRequest {
+            let r = rt.block_on(rpc!(
+                client,
+                admin_call,
+                add_replica,
+                pb::AddReplicaRequest {
                     id,
                     addr: addr.clone(),
                     learner,
-                });
-                async move { c.add_replica(req).await }
-            }))?;
+                }
+            ))?;
             println!("{}", r.message);
             Ok(())
         }
         ClusterCommand::RemoveReplica { id } => {
-            let r = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::RemoveReplicaRequest { id });
-                async move { c.remove_replica(req).await }
-            }))?;
+            let r = rt.block_on(rpc!(
+                client,
+                admin_call,
+                remove_replica,
+                pb::RemoveReplicaRequest { id }
+            ))?;
             println!("{}", r.message);
             Ok(())
         }

@@ -11,7 +11,7 @@ use clap::Parser;
 use docket_core::quantity::{SlurmDuration, parse_duration, parse_size};
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 use crate::slurmtime;
 
 /// Submit a PBS job script.
@@ -324,12 +324,14 @@ pub fn qsub(cli: QsubArgs) -> Result<()> {
     let cwd = std::env::current_dir()?.display().to_string();
     let spec = job_spec(&cli, &script, &cwd)?;
     let client = Client::new(cli.addr.as_deref())?;
-    let r = runtime()?.block_on(client.jobs_call(|mut c| {
-        let req = client.request(pb::SubmitJobsRequest {
+    let r = runtime()?.block_on(rpc!(
+        client,
+        jobs_call,
+        submit_jobs,
+        pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],
-        });
-        async move { c.submit_jobs(req).await }
-    }))?;
+        }
+    ))?;
     match r.results.first().and_then(|r| r.result.clone()) {
         Some(pb::submit_result::Result::JobId(id)) => {
             println!("{id}.{}", server());
@@ -384,15 +386,17 @@ pub fn qstat(a: QstatArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let ids: Vec<u64> = a.jobs.iter().map(|j| pbs_id(j)).collect::<Result<_>>()?;
     let jobs = runtime()?
-        .block_on(client.jobs_read(|mut c| {
-            let req = client.request(pb::ListJobsRequest {
+        .block_on(rpc!(
+            client,
+            jobs_read,
+            list_jobs,
+            pb::ListJobsRequest {
                 users: a.user.iter().cloned().collect(),
                 job_ids: ids.clone(),
                 page_size: 10_000,
                 ..Default::default()
-            });
-            async move { c.list_jobs(req).await }
-        }))?
+            }
+        ))?
         .jobs;
     let jobs: Vec<_> = jobs
         .into_iter()

@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 use crate::slurmtime;
 use docket_proto::unix_ms;
 
@@ -411,8 +411,11 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
     let mut records = Vec::new();
     let mut token = String::new();
     loop {
-        let page = rt.block_on(client.jobs_read(|mut c| {
-            let req = client.request(pb::AccountingRequest {
+        let page = rt.block_on(rpc!(
+            client,
+            jobs_read,
+            accounting,
+            pb::AccountingRequest {
                 users: users.clone(),
                 states: a.states.clone(),
                 job_ids: a.jobs.clone(),
@@ -420,9 +423,8 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
                 end_unix_ms: end.map(|e| e as i64),
                 page_size: 10_000,
                 page_token: token.clone(),
-            });
-            async move { c.accounting(req).await }
-        }))?;
+            }
+        ))?;
         records.extend(page.records);
         if page.next_page_token.is_empty() {
             break;

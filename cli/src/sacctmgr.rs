@@ -11,7 +11,7 @@ use anyhow::{Result, anyhow, bail};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 
 /// Slurm's sacctmgr, read-only.
 #[derive(Debug, Clone, Parser)]
@@ -659,13 +659,15 @@ pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
         let client = Client::new(a.addr.as_deref())?;
         let rt = runtime()?;
         for name in names {
-            let r = rt.block_on(client.admin_call(|mut c| {
-                let req = client.request(pb::RemoveObjectRequest {
+            let r = rt.block_on(rpc!(
+                client,
+                admin_call,
+                remove_object,
+                pb::RemoveObjectRequest {
                     kind: kind.to_owned(),
                     name: name.clone(),
-                });
-                async move { c.remove_object(req).await }
-            }))?;
+                }
+            ))?;
             if !a.quiet {
                 let why = if r.message.is_empty() {
                     String::new()
@@ -678,10 +680,12 @@ pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
         return Ok(());
     }
     let client = Client::new(a.addr.as_deref())?;
-    let r = runtime()?.block_on(client.jobs_read(|mut c| {
-        let req = client.request(pb::AssociationsRequest {});
-        async move { c.associations(req).await }
-    }))?;
+    let r = runtime()?.block_on(rpc!(
+        client,
+        jobs_read,
+        associations,
+        pb::AssociationsRequest {}
+    ))?;
     print!("{}", render(&r, &a)?);
     Ok(())
 }

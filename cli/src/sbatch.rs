@@ -13,6 +13,7 @@ use docket_core::quantity::{SlurmDuration, parse_duration, parse_size};
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
+use crate::client::rpc;
 
 /// Submit a batch script.
 #[derive(Debug, Clone, Default, Parser)]
@@ -442,12 +443,14 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
     let spec = job_spec(&options, &script, &cwd, now_ms)?;
     let client = Client::new(options.addr.as_deref())?;
     let runtime = crate::client::runtime()?;
-    let results = runtime.block_on(client.jobs_call(|mut c| {
-        let req = client.request(pb::SubmitJobsRequest {
+    let results = runtime.block_on(rpc!(
+        client,
+        jobs_call,
+        submit_jobs,
+        pb::SubmitJobsRequest {
             jobs: vec![spec.clone()],
-        });
-        async move { c.submit_jobs(req).await }
-    }))?;
+        }
+    ))?;
     match results.results.first().and_then(|r| r.result.clone()) {
         Some(pb::submit_result::Result::JobId(id)) => {
             if options.parsable {
@@ -479,13 +482,15 @@ pub fn is_final(code: &str) -> bool {
 fn wait_for(client: &Client, runtime: &tokio::runtime::Runtime, id: u64) -> Result<()> {
     let mut pause = std::time::Duration::from_millis(200);
     loop {
-        let j = runtime.block_on(client.jobs_read(|mut c| {
-            let req = client.request(pb::GetJobRequest {
+        let j = runtime.block_on(rpc!(
+            client,
+            jobs_read,
+            get_job,
+            pb::GetJobRequest {
                 job_id: id,
                 consistency: 0,
-            });
-            async move { c.get_job(req).await }
-        }))?;
+            }
+        ))?;
         if is_final(&j.state_code) {
             let code = j.exit_code.unwrap_or(0);
             return match (j.state_code.as_str(), code) {

@@ -6,6 +6,7 @@ use clap::Parser;
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
+use crate::client::rpc;
 
 /// Cancel jobs.
 #[derive(Debug, Clone, Parser)]
@@ -82,12 +83,14 @@ fn cancel_steps(
     runtime: &tokio::runtime::Runtime,
     steps: Vec<pb::StepRef>,
 ) -> Result<()> {
-    let r = runtime.block_on(client.jobs_call(|mut c| {
-        let req = client.request(pb::CancelStepsRequest {
+    let r = runtime.block_on(rpc!(
+        client,
+        jobs_call,
+        cancel_steps,
+        pb::CancelStepsRequest {
             steps: steps.clone(),
-        });
-        async move { c.cancel_steps(req).await }
-    }))?;
+        }
+    ))?;
     let failed: Vec<String> = r
         .results
         .iter()
@@ -135,17 +138,19 @@ pub fn run(a: ScancelArgs) -> Result<()> {
     let filtered =
         a.user.is_some() || a.partition.is_some() || a.state.is_some() || a.name.is_some();
     if filtered {
-        let listed = runtime.block_on(client.jobs_read(|mut c| {
-            let req = client.request(pb::ListJobsRequest {
+        let listed = runtime.block_on(rpc!(
+            client,
+            jobs_read,
+            list_jobs,
+            pb::ListJobsRequest {
                 users: a.user.iter().cloned().collect(),
                 partitions: a.partition.iter().cloned().collect(),
                 states: a.state.iter().cloned().collect(),
                 job_ids: refs.iter().map(|r| r.job_id).collect(),
                 page_size: 10_000,
                 ..Default::default()
-            });
-            async move { c.list_jobs(req).await }
-        }))?;
+            }
+        ))?;
         refs = listed
             .jobs
             .iter()

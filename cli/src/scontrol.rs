@@ -7,7 +7,7 @@ use anyhow::{Result, anyhow};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, Failure, exit, runtime};
+use crate::client::{Client, Failure, exit, rpc, runtime};
 use crate::scancel::job_ref;
 use crate::slurmtime;
 use docket_proto::unix_ms;
@@ -435,10 +435,12 @@ impl Session<'_> {
 
 /// `scontrol ping`: every replica, the leader as Slurm's primary.
 fn ping(s: &Session) -> Result<()> {
-    let status = s.rt.block_on(s.client.admin_read(|mut c| {
-        let req = s.client.request(pb::ClusterStatusRequest::default());
-        async move { c.cluster_status(req).await }
-    }))?;
+    let status = s.rt.block_on(rpc!(
+        s.client,
+        admin_read,
+        cluster_status,
+        pb::ClusterStatusRequest::default()
+    ))?;
     for r in &status.replicas {
         let role = if Some(r.id) == status.leader_id {
             "primary"
@@ -462,14 +464,16 @@ fn show_jobs(s: &Session, rest: &[&str]) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let jobs =
-        s.rt.block_on(s.client.jobs_read(|mut c| {
-            let req = s.client.request(pb::ListJobsRequest {
+        s.rt.block_on(rpc!(
+            s.client,
+            jobs_read,
+            list_jobs,
+            pb::ListJobsRequest {
                 job_ids: ids.clone(),
                 page_size: 10_000,
                 ..Default::default()
-            });
-            async move { c.list_jobs(req).await }
-        }))?
+            }
+        ))?
         .jobs;
     if jobs.is_empty() && !ids.is_empty() {
         return Err(anyhow!(
@@ -516,10 +520,12 @@ fn show_partitions(s: &Session, rest: &[&str]) -> Result<()> {
 /// `scontrol show reservation [NAME...]`.
 fn show_reservations(s: &Session, rest: &[&str]) -> Result<()> {
     let res =
-        s.rt.block_on(s.client.admin_read(|mut c| {
-            let req = s.client.request(pb::ListReservationsRequest {});
-            async move { c.list_reservations(req).await }
-        }))?
+        s.rt.block_on(rpc!(
+            s.client,
+            admin_read,
+            list_reservations,
+            pb::ListReservationsRequest {}
+        ))?
         .reservations;
     let now = unix_ms();
     let records: Vec<Record> = res
@@ -540,10 +546,12 @@ fn show_reservations(s: &Session, rest: &[&str]) -> Result<()> {
 
 /// `scontrol show config`.
 fn show_config(s: &Session) -> Result<()> {
-    let c = s.rt.block_on(s.client.admin_read(|mut c| {
-        let req = s.client.request(pb::GetConfigRequest {});
-        async move { c.get_config(req).await }
-    }))?;
+    let c = s.rt.block_on(rpc!(
+        s.client,
+        admin_read,
+        get_config,
+        pb::GetConfigRequest {}
+    ))?;
     if s.json {
         println!("{}", c.sched_config_json);
     } else {
@@ -594,13 +602,15 @@ fn delete_reservation(s: &Session, words: &[&str]) -> Result<()> {
         [(k, v)] if k == "reservationname" || k == "reservation" => v.to_string(),
         _ => return Err(usage("delete: ReservationName=NAME")),
     };
-    let reply = s.rt.block_on(s.client.admin_call(|mut c| {
-        let req = s.client.request(pb::RemoveObjectRequest {
+    let reply = s.rt.block_on(rpc!(
+        s.client,
+        admin_call,
+        remove_object,
+        pb::RemoveObjectRequest {
             kind: "reservation".into(),
             name: name.clone(),
-        });
-        async move { c.remove_object(req).await }
-    }))?;
+        }
+    ))?;
     if !reply.message.is_empty() {
         println!("{}", reply.message);
     }
@@ -648,10 +658,7 @@ fn update_job(client: &Client, rt: &tokio::runtime::Runtime, kv: &[(String, &str
         }
     }
     update.jobs = vec![job.ok_or_else(|| usage("update: name the job, JobId=ID"))?];
-    let r = rt.block_on(client.jobs_call(|mut c| {
-        let req = client.request(update.clone());
-        async move { c.update_jobs(req).await }
-    }))?;
+    let r = rt.block_on(rpc!(client, jobs_call, update_jobs, update.clone()))?;
     per_job_errors(&r)
 }
 
@@ -723,10 +730,12 @@ fn upsert_reservation(
             .map(|(_, v)| v.to_string())
             .unwrap_or_default();
         let all = rt
-            .block_on(client.admin_read(|mut c| {
-                let req = client.request(pb::ListReservationsRequest {});
-                async move { c.list_reservations(req).await }
-            }))?
+            .block_on(rpc!(
+                client,
+                admin_read,
+                list_reservations,
+                pb::ListReservationsRequest {}
+            ))?
             .reservations;
         Some(
             all.into_iter()
@@ -792,10 +801,7 @@ fn upsert_reservation(
     if r.end_unix_ms == 0 {
         return Err(usage("give EndTime= or Duration="));
     }
-    rt.block_on(client.admin_call(|mut c| {
-        let req = client.request(r.clone());
-        async move { c.upsert_reservation(req).await }
-    }))?;
+    rt.block_on(rpc!(client, admin_call, upsert_reservation, r.clone()))?;
     if create {
         println!("Reservation created: {}", r.name);
     }

@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 
 /// Why pending jobs have their priority.
 #[derive(Debug, Clone, Parser)]
@@ -60,13 +60,15 @@ pub fn sprio_table(r: &pb::ExplainPriorityResponse, header: bool) -> String {
 
 pub fn sprio(a: SprioArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
-    let r = runtime()?.block_on(client.jobs_read(|mut c| {
-        let req = client.request(pb::ExplainPriorityRequest {
+    let r = runtime()?.block_on(rpc!(
+        client,
+        jobs_read,
+        explain_priority,
+        pb::ExplainPriorityRequest {
             job_ids: a.jobs.clone(),
             users: a.users.clone(),
-        });
-        async move { c.explain_priority(req).await }
-    }))?;
+        }
+    ))?;
     if a.json {
         let rows: Vec<_> = r
             .jobs

@@ -7,6 +7,7 @@ use clap::Parser;
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
+use crate::client::rpc;
 use crate::squeue_format;
 
 /// Show the queue.
@@ -99,8 +100,11 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     let mut jobs = Vec::new();
     let mut token = String::new();
     loop {
-        let page = runtime.block_on(client.jobs_read(|mut c| {
-            let req = client.request(pb::ListJobsRequest {
+        let page = runtime.block_on(rpc!(
+            client,
+            jobs_read,
+            list_jobs,
+            pb::ListJobsRequest {
                 users: users.clone(),
                 partitions: a.partitions.clone(),
                 states: states.clone(),
@@ -108,9 +112,8 @@ pub fn run(a: SqueueArgs) -> Result<()> {
                 page_size: 10_000,
                 page_token: token.clone(),
                 ..Default::default()
-            });
-            async move { c.list_jobs(req).await }
-        }))?;
+            }
+        ))?;
         jobs.extend(page.jobs);
         if page.next_page_token.is_empty() {
             break;

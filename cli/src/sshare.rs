@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, runtime};
+use crate::client::{Client, rpc, runtime};
 
 /// The fair-share tree.
 #[derive(Debug, Clone, Parser)]
@@ -146,13 +146,15 @@ pub fn sshare(a: SshareArgs) -> Result<()> {
     } else {
         vec![client.user().to_owned()]
     };
-    let mut r = runtime()?.block_on(client.jobs_read(|mut c| {
-        let req = client.request(pb::ShareTreeRequest {
+    let mut r = runtime()?.block_on(rpc!(
+        client,
+        jobs_read,
+        share_tree,
+        pb::ShareTreeRequest {
             users: users.clone(),
             accounts: a.accounts.clone(),
-        });
-        async move { c.share_tree(req).await }
-    }))?;
+        }
+    ))?;
     if a.users_only {
         r.rows.retain(|row| !row.user.is_empty());
     }

@@ -25,7 +25,7 @@ use docket_core::quantity::{SlurmDuration, parse_duration};
 use docket_proto::v1 as pb;
 use sha2::{Digest, Sha256};
 
-use crate::client::Client;
+use crate::client::{Client, rpc};
 
 /// srun's options, as Slurm spells them.
 #[derive(Debug, Clone, Parser)]
@@ -472,12 +472,7 @@ pub(crate) fn run_step(
                     step_id: created.step_id,
                 }],
             };
-            let _ = client
-                .jobs_call(|mut c| {
-                    let r = client.request(cancel.clone());
-                    async move { c.cancel_steps(r).await }
-                })
-                .await;
+            let _ = rpc!(client, jobs_call, cancel_steps, cancel.clone()).await;
         }
         outcome
     })
