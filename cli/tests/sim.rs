@@ -1,4 +1,4 @@
-//! `docket sim` end to end: the binary reads a trace, prints the JSON summary BRIEF §5
+//! `docket sim` end to end: the binary reads a trace, prints the JSON summary the simulator's interface
 //! promises, and writes the per-job CSV and the SVG plot.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

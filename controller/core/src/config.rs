@@ -9,7 +9,7 @@ use crate::fairshare::FairshareAlgorithm;
 use crate::ids::QosName;
 use crate::quantity::{MiB, Seconds};
 
-/// Maui's per-user queue policy (HPC2N, seed 000).
+/// Maui's per-user queue policy (HPC2N's Maui scheduling policy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueuePolicy {
     /// Most jobs a user may have in the idle (eligible) part; the rest are blocked.
@@ -210,7 +210,7 @@ impl Default for SchedParams {
 }
 
 impl SchedParams {
-    /// GWDG's settings (seed 003).
+    /// GWDG's settings (GWDG's Slurm documentation).
     pub fn gwdg() -> SchedParams {
         SchedParams {
             default_queue_depth: 500,

@@ -3,16 +3,16 @@
 //! Three algorithms, chosen by configuration, each giving every association (account, user)
 //! a factor in [0, 1], higher meaning more under-served:
 //!
-//! - **Fair Tree** (Slurm, seed 003): at each level of the tree every child (sub-account or
+//! - **Fair Tree** (Slurm; GWDG's Slurm documentation): at each level of the tree every child (sub-account or
 //!   user) gets a level fair-share LF = S / U, its share of its siblings' shares over its
 //!   share of their usage. Walking the tree depth-first, children in descending LF, ranks the
 //!   users; the first gets 1.0 and each one after gets rank / number of users. A whole
 //!   under-served branch thus outranks every user of an over-served one. Users with equal LF
 //!   under one account share a rank; sibling accounts with equal LF are visited in name order.
-//! - **Classic** (Slurm's original and Flux, seed 002): F = 2^(-U/S) with U the association's
+//! - **Classic** (Slurm's original, and Flux's multi-factor priority plugin): F = 2^(-U/S) with U the association's
 //!   fraction of all usage and S its normalized share (the product of share fractions down
 //!   the path), so 0.5 means exactly served, 1.0 unused, towards 0 over-served.
-//! - **IT4I** (seed 004): per project, 1 - usage_project / usage_total; every member of a
+//! - **IT4I** (IT4I's job priority documentation): per project, 1 - usage_project / usage_total; every member of a
 //!   project has its project's factor.
 
 use std::collections::BTreeMap;

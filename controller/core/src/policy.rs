@@ -1,6 +1,6 @@
 //! Queue policy: which part of the queue each pending job is in, and the reason it shows.
 //!
-//! Maui (seed 000) divides the queue into active, idle and blocked parts. A pending job is
+//! Maui (HPC2N's Maui scheduling policy) divides the queue into active, idle and blocked parts. A pending job is
 //! *blocked* by its own circumstances (hold, begin time, dependency, a partition that is down,
 //! an array throttle, a request no limit will ever allow) or by the per-user caps on idle and
 //! total jobs; otherwise it is *idle*: considered by the scheduler. An idle job may still be

@@ -1,4 +1,4 @@
-//! Preemption (seed 001, NCI): who may take whose cpus, and which victims suit best.
+//! Preemption (NCI's PBS job scheduling documentation): who may take whose cpus, and which victims suit best.
 //!
 //! - *Priority-run*: a job whose partition has a higher priority tier (NCI's express over
 //!   normal), or whose QOS lists the victim's QOS as preemptable, may preempt it, in the

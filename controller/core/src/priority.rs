@@ -4,11 +4,11 @@
 //! - **Multifactor** (Slurm; GWDG's weights in [`Multifactor::gwdg`]): age (capped at
 //!   PriorityMaxAge), association, fair-share, job size, partition, QOS, TRES (cpu, memory),
 //!   each normalized and weighted, plus the raw site factor, minus nice.
-//! - **Flux** (seed 002): wait time, fair-share, QOS, queue, job size and the user factor,
+//! - **Flux** (Flux's multi-factor priority plugin): wait time, fair-share, QOS, queue, job size and the user factor,
 //!   which defaults to its maximum so a user can only lower their job's priority.
-//! - **IT4I** (seed 004): 1000 x queue_priority + fairshare / 1000 + eligible_time / 864000,
+//! - **IT4I** (IT4I's job priority documentation): 1000 x queue_priority + fairshare / 1000 + eligible_time / 864000,
 //!   with fairshare = MAX_FAIRSHARE x (1 - usage_project / usage_total).
-//! - **Maui** (seed 000): queued time, expansion factor, resources, bypass count, QOS, target
+//! - **Maui** (HPC2N's Maui scheduling policy): queued time, expansion factor, resources, bypass count, QOS, target
 //!   queue time (growing exponentially as a job nears its QOS's target) and fair-share.
 //! - **FCFS** (Slurm's priority/basic): every job 0; the order of consideration's tie-breaks
 //!   (submit time, then id) make it first come, first served.
@@ -53,7 +53,7 @@ pub struct Multifactor {
 }
 
 impl Multifactor {
-    /// GWDG's weights (seed 003): age 10,000 (max age 5 days), fair-share 100,000, job size
+    /// GWDG's weights (GWDG's Slurm documentation): age 10,000 (max age 5 days), fair-share 100,000, job size
     /// 1,000, partition 1,000,000, QOS 10,000; association, site and TRES disabled.
     pub fn gwdg() -> Multifactor {
         Multifactor {
@@ -518,7 +518,7 @@ pub fn explain(inputs: &PriorityInputs<'_>, job: &Job) -> Explanation {
     }
 }
 
-/// Where a job stands in the order of consideration (seed 003): jobs that can preempt, jobs
+/// Where a job stands in the order of consideration (GWDG's Slurm documentation): jobs that can preempt, jobs
 /// in a reservation, higher partition priority tier, starving jobs (eligible for
 /// `starvation_wait`, longest eligible first), higher priority, earlier submission, lower id. Sort with [`OrderKey::consider_before`]: `Less` goes first.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -649,7 +649,7 @@ impl State {
         keys
     }
 
-    /// NCI's queue shuffle (seed 001): each queued job scores the cpus of every job, in any
+    /// NCI's queue shuffle (NCI's PBS job scheduling documentation): each queued job scores the cpus of every job, in any
     /// state, ahead of it in the same queue and belonging to the same user (or project);
     /// running jobs are ahead of every queued one, queued ones in submission order. Sorting
     /// on the score promotes those with nothing running and demotes those with much.

@@ -1,5 +1,5 @@
 //! Advance reservations: nodes set aside for a time window for some users and accounts
-//! (Slurm's `scontrol create reservation`, seed 003's "jobs with a reservation").
+//! (Slurm's `scontrol create reservation`, GWDG's Slurm documentation's "jobs with a reservation").
 //!
 //! Inside its window a reservation's nodes run only jobs submitted to it (`--reservation`);
 //! such jobs run only on its nodes and only within its window, and they are considered

@@ -1,4 +1,4 @@
-//! HPC2N's Maui policy (seed 000), its worked examples as tests.
+//! HPC2N's Maui policy (HPC2N's Maui scheduling policy), its worked examples as tests.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,4 +1,4 @@
-//! The workspace's layering rules (BRIEF §1), checked against the resolved dependency graph
+//! The workspace's layering rules (see docs/architecture.md), checked against the resolved dependency graph
 //! that `cargo metadata` reports, so a careless `cargo add` fails the build instead of
 //! quietly making the scheduler impure.
 //!

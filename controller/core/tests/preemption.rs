@@ -1,4 +1,4 @@
-//! Preemption as NCI runs it (seed 001): express suspends normal (priority-run), a large
+//! Preemption as NCI runs it (NCI's PBS job scheduling documentation): express suspends normal (priority-run), a large
 //! job suspends smaller ones at the same priority when the suspension score allows
 //! (parallel-run), suspended jobs keep memory and jobfs and stop their walltime, and resume
 //! when their cpus come back; requeue mode kills and requeues instead.

@@ -4,7 +4,7 @@
 //! - fair-share usage (billing-seconds of the resources held, weighed by the partition's
 //!   `TRESBillingWeights`, x the partition's and the QOS's usage factors), accrued while a
 //!   job runs (on every tick and at its end), decayed with the half-life;
-//! - service units (NCI, seed 001): walltime in the running state x cpus requested x the
+//! - service units (NCI's PBS job scheduling documentation): walltime in the running state x cpus requested x the
 //!   queue's charge rate, charged to the project's grant when the job ends. A project whose
 //!   grant is spent runs only as bonus: its jobs move to the bonus QOS and are not charged.
 

@@ -2,7 +2,7 @@
 //! the decisions as commands for apply to re-validate (a plan made on a state that has since
 //! changed is refused, never half-applied).
 //!
-//! Passes (seed 003, Slurm's `sched_config`):
+//! Passes (GWDG's Slurm documentation; Slurm's `sched_config`):
 //! - the *direct* pass, on submission: the main pass bounded by `default_queue_depth`;
 //! - the *main* pass, every `sched_interval`: jobs in order of consideration, at most
 //!   `partition_job_depth` per partition, and a partition stops at its first job that cannot

@@ -1,7 +1,7 @@
 //! The Standard Workload Format (Feitelson's Parallel Workloads Archive): one job per line,
 //! 18 whitespace-separated fields, `;` header comments (`; MaxProcs: 128`).
 //!
-//! Conventions (BRIEF §5): procs = requested processors (field 8) if positive, else the
+//! Conventions (the Standard Workload Format's, as Feitelson's Parallel Workloads Archive defines them, and Docket's for the rest): procs = requested processors (field 8) if positive, else the
 //! allocated ones (field 5); runtime = field 4; the estimate = requested time (field 9) if
 //! positive, else the runtime; the runtime is capped at the estimate. Jobs with a negative
 //! runtime, no processors, or more than the machine has are dropped and counted.
