@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
 use docket_auth::tls::{Role, TlsContext, TlsFiles};
 use docket_auth::{AuthType, KeyRing, TimeRules, Verifier};
 use docket_core::config::SchedConfig;
@@ -29,6 +28,37 @@ use crate::jobs::JobsService;
 use crate::loops::{self, LoopContext};
 use crate::machine::{CoreMachine, MAX_BATCH_COMMANDS};
 use crate::stats::LoopStats;
+
+/// Why a replica could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A setting that cannot work; the message names it and says what would.
+    #[error("{0}")]
+    Config(String),
+    /// A step of starting or running failed: what it was doing, and why.
+    #[error("{doing}: {source}")]
+    Failed {
+        doing: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+type Result<T, E = DaemonError> = std::result::Result<T, E>;
+
+/// Names the step an error happened in ([`DaemonError::Failed`]).
+trait Doing<T> {
+    fn doing(self, what: impl Into<String>) -> Result<T>;
+}
+
+impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Doing<T> for std::result::Result<T, E> {
+    fn doing(self, what: impl Into<String>) -> Result<T> {
+        self.map_err(|e| DaemonError::Failed {
+            doing: what.into(),
+            source: e.into(),
+        })
+    }
+}
 
 /// What a replica process needs to run.
 #[derive(Debug, Clone)]
@@ -88,19 +118,20 @@ fn authenticator(
 ) -> Result<(Authenticator, Option<tokio::task::JoinHandle<()>>)> {
     match config.kind {
         AuthType::Docket => {
-            let ring = KeyRing::load(&config.key_file).context("the credential key")?;
+            let ring = KeyRing::load(&config.key_file).doing("the credential key")?;
             tracing::info!(key = %ring.signing().id(), "accepting auth/docket credentials");
             let shared: docket_auth::signer::SharedRing =
                 Arc::new(std::sync::RwLock::new(Arc::new(ring)));
             let reload =
                 docket_auth::signer::reload_on_sighup(shared.clone(), config.key_file.clone())
-                    .context("installing the SIGHUP handler")?;
+                    .doing("installing the SIGHUP handler")?;
             let verifier =
                 Verifier::docket(shared, config.rules, docket_auth::replay::DEFAULT_CAPACITY);
             Ok((Authenticator::new(verifier, config.rate), Some(reload)))
         }
         AuthType::Munge => {
-            let munge = docket_auth::munge::Munge::load(config.munge_socket.as_deref())?;
+            let munge = docket_auth::munge::Munge::load(config.munge_socket.as_deref())
+                .doing("auth/munge")?;
             tracing::info!(socket = ?config.munge_socket, "accepting auth/munge credentials");
             let verifier = Verifier::munge(Arc::new(munge), config.rules);
             Ok((Authenticator::new(verifier, config.rate), None))
@@ -113,44 +144,57 @@ pub async fn run(
     config: DaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let tls = TlsContext::load(config.tls.clone()).context("TLS")?;
+    let tls = TlsContext::load(config.tls.clone()).doing("TLS")?;
     match tls.role() {
         Some(Role::Replica(id)) if id == config.id => {}
-        Some(other) => bail!(
-            "--tls-cert is the certificate of {other}, not of replica {}; issue one with \
+        Some(other) => {
+            return Err(DaemonError::Config(format!(
+                "--tls-cert is the certificate of {other}, not of replica {}; issue one with \
              `docket-controller certs issue replica {}`",
-            config.id,
-            config.id
-        ),
-        None => bail!("--tls-cert: a replica needs a certificate of its own"),
+                config.id, config.id
+            )));
+        }
+        None => {
+            return Err(DaemonError::Config(
+                "--tls-cert: a replica needs a certificate of its own".into(),
+            ));
+        }
     }
     let tls_watch = tls.watch(Duration::from_secs(5));
     let (auth, key_reload) = authenticator(&config.auth)?;
     let auth_sweep = auth.sweep(Duration::from_secs(60));
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
-        .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+        .doing(format!("--listen {}: cannot bind", config.listen))?;
     let advertise = match &config.advertise {
         Some(a) => a.clone(),
-        None => listener.local_addr()?.to_string(),
+        None => listener
+            .local_addr()
+            .doing("the listening address")?
+            .to_string(),
     };
     let http_listener = match &config.http_listen {
         None => None,
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("--http-listen {addr}: cannot bind"))?,
+                .doing(format!("--http-listen {addr}: cannot bind"))?,
         ),
     };
     let mut replica_config = ReplicaConfig::new(config.id, advertise.clone(), &config.data_dir);
     replica_config.app_version = Some(docket_core::command::COMMAND_VERSION);
     replica_config.status_page = match (&config.http_advertise, &http_listener) {
-        (Some(url), _) if !crate::web::leader_page::linkable(url) => bail!(
-            "--http-advertise {url:?}: give an http:// or https:// URL of printable characters \
+        (Some(url), _) if !crate::web::leader_page::linkable(url) => {
+            return Err(DaemonError::Config(format!(
+                "--http-advertise {url:?}: give an http:// or https:// URL of printable characters \
              without quotes or spaces (at most 512)"
-        ),
+            )));
+        }
         (Some(url), _) => Some(url.clone()),
-        (None, Some(l)) => Some(status_page_url(l.local_addr()?, &advertise)),
+        (None, Some(l)) => Some(status_page_url(
+            l.local_addr().doing("the status page's address")?,
+            &advertise,
+        )),
         (None, None) => None,
     };
     replica_config.tuning = config.tuning.clone();
@@ -158,11 +202,13 @@ pub async fn run(
         .proposer
         .max_batch_commands
         .min(MAX_BATCH_COMMANDS);
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+    std::fs::create_dir_all(&config.data_dir).doing(format!(
+        "creating the data directory {}",
+        config.data_dir.display()
+    ))?;
     let archive = Arc::new(
         crate::archive::Archive::open(config.data_dir.join("archive"))
-            .context("opening the accounting archive")?,
+            .doing("opening the accounting archive")?,
     );
     let wakes = crate::machine::Wakes::default();
     let sink = crate::machine::ArchiveSink {
@@ -183,7 +229,10 @@ pub async fn run(
     };
     let replica = Replica::open_with_channels(replica_config, fresh, channels)
         .await
-        .with_context(|| format!("opening the data directory {}", config.data_dir.display()))?;
+        .doing(format!(
+            "opening the data directory {}",
+            config.data_dir.display()
+        ))?;
 
     let readiness = Readiness::new();
     let inflight = Arc::new(AtomicUsize::new(0));
@@ -203,7 +252,7 @@ pub async fn run(
                 history: history.clone(),
                 leader_pages: Default::default(),
             });
-            tracing::info!(addr = %listener.local_addr()?, "serving the status page, /metrics and /status");
+            tracing::info!(addr = %listener.local_addr().doing("the status page's address")?, "serving the status page, /metrics and /status");
             let sampler = crate::web::sample_every(
                 config.history_interval,
                 replica.clone(),
@@ -266,7 +315,7 @@ pub async fn run(
             Err(ClusterError::AlreadyInitialized) => {
                 tracing::info!("cluster already initialized; --bootstrap ignored")
             }
-            Err(e) => return Err(e).context("bootstrapping the cluster"),
+            Err(e) => return Err(e).doing("bootstrapping the cluster"),
         }
     }
 

@@ -500,6 +500,7 @@ fn run(args: RunArgs) -> Result<()> {
                 _ = term.recv() => {}
             }
         })
-        .await
+        .await?;
+        Ok(())
     })
 }
