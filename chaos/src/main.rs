@@ -13,6 +13,7 @@ mod history;
 mod launches;
 mod memory;
 mod observe;
+mod operator;
 mod sim;
 mod workload;
 
@@ -312,11 +313,21 @@ async fn run(spec: RunSpec) -> Result<bool> {
         cluster.wait_ready(Duration::from_secs(60)).await?;
         let work = state.join("work");
         std::fs::create_dir_all(&work)?;
+        // The operator on call, through the faults and the drain after them.
+        let on_call = Arc::new(AtomicBool::new(false));
+        let operator = tokio::spawn(operator::return_to_service(
+            cluster.addrs(),
+            Duration::from_secs(5),
+            on_call.clone(),
+        ));
         let (history, memory) = drive(&spec, &kinds, &mut cluster, &state, &work).await?;
         // Every job must finish by itself now that the faults stopped (once the clients'
         // holds and suspensions are undone).
         let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
         drain(&leader).await;
+        on_call.store(true, Ordering::Relaxed);
+        let resumed = operator.await.unwrap_or(0);
+        println!("the operator returned {resumed} nodes to service after their agents came back");
         verdict(&cluster, &state, &work, &history, &memory, spec.seed).await
     };
     // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.
