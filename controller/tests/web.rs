@@ -320,7 +320,7 @@ async fn the_http_port_bounds_what_one_peer_holds_and_how_slowly_it_may_speak() 
             "--http-max-connections-per-peer",
             "4",
             "--http-header-timeout-ms",
-            "1000",
+            "3000",
         ],
     )
     .await;
@@ -335,14 +335,22 @@ async fn the_http_port_bounds_what_one_peer_holds_and_how_slowly_it_may_speak() 
     };
     assert!(status("127.0.0.1").starts_with("HTTP/1.0 200"));
 
-    // Four idle connections from one address: the fifth is closed at once ...
+    // Four idle connections from one address: the fifth is closed at once (once the server
+    // has accepted the four: under a loaded test run that may take a moment, so a fifth it
+    // kept is dropped and another tried, for at most 2 s) ...
     let held: Vec<_> = (0..4).map(|_| connect_from("127.0.0.1", &addr)).collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let mut fifth = connect_from("127.0.0.1", &addr);
-    assert!(
-        closed_within(&mut fifth, Duration::from_millis(800)),
-        "a fifth connection from the same peer was kept"
-    );
+    let trying = Instant::now();
+    let refused = loop {
+        let mut fifth = connect_from("127.0.0.1", &addr);
+        if closed_within(&mut fifth, Duration::from_millis(300)) {
+            break true;
+        }
+        drop(fifth);
+        if trying.elapsed() > Duration::from_secs(2) {
+            break false;
+        }
+    };
+    assert!(refused, "a fifth connection from the same peer was kept");
     // ... while another address is served.
     assert!(status("127.0.0.2").starts_with("HTTP/1.0 200"));
 
@@ -361,7 +369,7 @@ async fn the_http_port_bounds_what_one_peer_holds_and_how_slowly_it_may_speak() 
         cut,
         "a peer trickling its headers kept its connection for 5 s"
     );
-    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(started.elapsed() >= Duration::from_millis(2_900));
 
     // The idle four are closed by the same deadline, and the peer is served again.
     for mut s in held {
