@@ -13,7 +13,6 @@ mod history;
 mod launches;
 mod memory;
 mod observe;
-mod operator;
 mod sim;
 mod workload;
 
@@ -299,6 +298,21 @@ struct RunSpec {
     bins: PathBuf,
 }
 
+/// How many times the controllers returned a node to service on their own (their logs'
+/// "returned to service" lines): nodes declared down for not responding whose agent came
+/// back, with nobody resuming them (`--return-to-service 1`, the default).
+fn returned_to_service(logs: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(logs) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("controller-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|log| log.matches("node returned to service").count())
+        .sum()
+}
+
 async fn run(spec: RunSpec) -> Result<bool> {
     // A temporary directory goes when the run ends; a chosen one stays for reading
     // (history.jsonl, logs/, work/runs.log).
@@ -313,21 +327,15 @@ async fn run(spec: RunSpec) -> Result<bool> {
         cluster.wait_ready(Duration::from_secs(60)).await?;
         let work = state.join("work");
         std::fs::create_dir_all(&work)?;
-        // The operator on call, through the faults and the drain after them.
-        let on_call = Arc::new(AtomicBool::new(false));
-        let operator = tokio::spawn(operator::return_to_service(
-            cluster.addrs(),
-            Duration::from_secs(5),
-            on_call.clone(),
-        ));
         let (history, memory) = drive(&spec, &kinds, &mut cluster, &state, &work).await?;
         // Every job must finish by itself now that the faults stopped (once the clients'
         // holds and suspensions are undone).
         let (_, leader) = cluster.wait_ready(Duration::from_secs(60)).await?;
         drain(&leader).await;
-        on_call.store(true, Ordering::Relaxed);
-        let resumed = operator.await.unwrap_or(0);
-        println!("the operator returned {resumed} nodes to service after their agents came back");
+        let returned = returned_to_service(&state.join("logs"));
+        println!(
+            "the controllers returned {returned} nodes to service after their agents came back"
+        );
         verdict(&cluster, &state, &work, &history, &memory, spec.seed).await
     };
     // Asked to stop (a test runner's timeout, Ctrl-C): the cluster goes all the same.

@@ -13,6 +13,11 @@
 //! declared down (committed), which requeues or fails its jobs. The agent stops its own jobs
 //! after `fence_timeout` without a leader, so by then they are stopped. A new leader first
 //! waits out a grace period of the same length, so agents have time to find it.
+//!
+//! Return to service: when the agent of a node declared down streams from the leader again,
+//! the leader clears the down (committed, [`Command::ReturnToService`]) as Slurm's
+//! `ReturnToService=1` does on a node's registration, unless the site keeps such nodes for an
+//! administrator ([`ReturnToService::Never`], Slurm's `0`). A drain is never cleared.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -43,6 +48,8 @@ pub struct AgentConfig {
     pub fence_timeout: Duration,
     /// Added to the fence timeout before the leader declares a silent node down.
     pub down_margin: Duration,
+    /// Which down nodes come back by themselves when their agent does.
+    pub return_to_service: ReturnToService,
 }
 
 impl Default for AgentConfig {
@@ -51,6 +58,46 @@ impl Default for AgentConfig {
             heartbeat: Duration::from_secs(2),
             fence_timeout: Duration::from_secs(20),
             down_margin: Duration::from_secs(10),
+            return_to_service: ReturnToService::NotResponding,
+        }
+    }
+}
+
+/// Slurm's `ReturnToService`: which down nodes return to service when their agent streams
+/// from the leader again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnToService {
+    /// `0`: a down node stays down until an administrator resumes it.
+    Never,
+    /// `1`: a node down for not responding returns ([`docket_core::node::NOT_RESPONDING`]).
+    NotResponding,
+    /// `2`: a node down for any reason returns.
+    AnyReason,
+}
+
+impl std::str::FromStr for ReturnToService {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "0" => Ok(ReturnToService::Never),
+            "1" => Ok(ReturnToService::NotResponding),
+            "2" => Ok(ReturnToService::AnyReason),
+            other => Err(format!(
+                "return_to_service: {other:?} is not 0 (never), 1 (nodes down for not \
+                 responding) or 2 (nodes down for any reason)"
+            )),
+        }
+    }
+}
+
+impl ReturnToService {
+    /// Whether a node down for `reason` returns when its agent does.
+    pub fn returns(self, reason: &str) -> bool {
+        match self {
+            ReturnToService::Never => false,
+            ReturnToService::NotResponding => reason.starts_with(docket_core::node::NOT_RESPONDING),
+            ReturnToService::AnyReason => true,
         }
     }
 }
@@ -294,9 +341,14 @@ impl AgentHub {
         }
     }
 
-    /// One round: drive every registered agent toward the state; declare silent nodes down.
+    /// One round: drive every registered agent toward the state; declare silent nodes down;
+    /// return to service the down nodes whose agents are back.
     async fn tick(&self) {
-        let (instructions, down) = self.replica.read_stale(|a| self.plan(&a.machine.state));
+        let (instructions, down, back) = self.replica.read_stale(|a| {
+            let state = &a.machine.state;
+            let (instructions, down) = self.plan(state);
+            (instructions, down, self.returned_nodes(state))
+        });
         for (node, instruction) in instructions {
             let mut hub = self.lock();
             let Some(session) = hub.sessions.get_mut(&node) else {
@@ -311,7 +363,8 @@ impl AgentHub {
         }
         for node in down {
             let reason = format!(
-                "agent not responding for {} s",
+                "{} for {} s",
+                docket_core::node::NOT_RESPONDING,
                 (self.config.fence_timeout + self.config.down_margin).as_secs()
             );
             tracing::warn!(%node, %reason, "declaring node down");
@@ -326,6 +379,44 @@ impl AgentHub {
                 self.lock().declared_down.insert(node);
             }
         }
+        for node in back {
+            let command = Command::ReturnToService {
+                node: node.clone(),
+                any_reason: self.config.return_to_service == ReturnToService::AnyReason,
+            };
+            match write(&self.replica, Envelope::controller(command)).await {
+                Ok(_) => {
+                    tracing::info!(%node, "agent back: node returned to service");
+                    // It may be declared down again, should it fall silent again.
+                    self.lock().declared_down.remove(&node);
+                }
+                // Resumed or downed otherwise meanwhile; the next round sees the new state.
+                Err(e) => tracing::debug!(%node, error = %e, "not returned to service"),
+            }
+        }
+    }
+
+    /// Down nodes that return to service ([`AgentConfig::return_to_service`]): their agent
+    /// streams from this leader and was heard from within a heartbeat's margin.
+    fn returned_nodes(&self, state: &State) -> Vec<NodeName> {
+        if self.config.return_to_service == ReturnToService::Never {
+            return Vec::new();
+        }
+        let hub = self.lock();
+        let now = Instant::now();
+        let fresh = self.config.heartbeat * 3;
+        hub.sessions
+            .iter()
+            .filter(|(_, s)| s.tx.is_some() && now.duration_since(s.last_seen) <= fresh)
+            .filter(|(name, _)| {
+                state.nodes.get(*name).is_some_and(|n| {
+                    n.down
+                        .as_deref()
+                        .is_some_and(|r| self.config.return_to_service.returns(r))
+                })
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// What to send to whom ([`dispatch::instruct`] for every connected agent), and which

@@ -213,6 +213,11 @@ struct RunArgs {
     /// Margin added to the agents' fence timeout before a node is declared down (ms).
     #[arg(long, env = "DOCKET_NODE_DOWN_MARGIN_MS", default_value_t = 10_000)]
     node_down_margin_ms: u64,
+    /// Slurm's ReturnToService: which down nodes return to service when their agent streams
+    /// from the leader again. 0: none, an administrator resumes them; 1: nodes down for not
+    /// responding; 2: nodes down for any reason. A drain is never cleared.
+    #[arg(long, env = "DOCKET_RETURN_TO_SERVICE", default_value = "1")]
+    return_to_service: docket_controller::agents::ReturnToService,
     /// The cluster CA's certificate: peers' and agents' certificates must chain to it.
     #[arg(long, env = "DOCKET_TLS_CA", default_value = "/etc/docket/tls/ca.pem")]
     tls_ca: PathBuf,
@@ -468,6 +473,7 @@ fn run(args: RunArgs) -> Result<()> {
             heartbeat: Duration::from_millis(args.agent_heartbeat_ms.max(1)),
             fence_timeout: Duration::from_millis(args.agent_fence_ms),
             down_margin: Duration::from_millis(args.node_down_margin_ms),
+            return_to_service: args.return_to_service,
         },
         tls: docket_auth::tls::TlsFiles {
             ca: args.tls_ca,

@@ -30,18 +30,20 @@ pub fn read_error_status(e: &ReadError) -> Status {
 }
 
 /// `envelope` in the command version the cluster writes (the replicated
-/// [`State::command_version`]): until every replica applies version 4 a command goes out as
-/// version 3, which replicas of the build before read, and one that version 3 cannot carry
-/// (a job's comment) is refused with the reason.
+/// [`State::command_version`]): until every replica applies this build's version a command
+/// goes out in the cluster's, which replicas of the builds before read, and one that version
+/// cannot carry (a job's comment before 4, a return to service before 5) is refused with the
+/// reason.
 pub fn stamp(replica: &Replica<CoreMachine>, mut envelope: Envelope) -> Result<Envelope, Status> {
     let cluster = replica.read_stale(|a| a.machine.state.command_version.0);
     let version = cluster.min(docket_core::command::COMMAND_VERSION);
     let needed = envelope.command.needs_version();
     if needed > version {
         return Err(Status::failed_precondition(format!(
-            "this needs command version {needed} (jobs' comments); the cluster still writes \
+            "this needs command version {needed} ({}); the cluster still writes \
              version {version} because not every replica runs a build that applies {needed} \
-             yet: upgrade them all, then try again"
+             yet: upgrade them all, then try again",
+            docket_core::command::added_in(needed)
         )));
     }
     envelope.version = version;

@@ -1,11 +1,13 @@
 //! The agents API against three `docket-controller` processes, with a scripted agent in the
 //! test: registration with the leader, launch with the dispatch epoch, reports, kill of stale
-//! runs, liveness, and reconciliation after a failover without launching anything twice.
+//! runs, liveness and return to service, and reconciliation after a failover without launching
+//! anything twice.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::{Act, Cluster, DEADLINE, act, as_user, job, list, submit};
@@ -718,4 +720,135 @@ async fn shortest_first_backfill_starts_the_short_job_ahead_of_where_easy_puts_i
         );
         assert_eq!(state_of(&cluster, head).await, "PENDING", "{order}");
     }
+}
+
+/// The nodes' states and reasons, by name.
+async fn node_states(cluster: &Cluster) -> BTreeMap<String, (String, String)> {
+    let leader = cluster.leader().await;
+    let mut admin = cluster.admin(leader).await;
+    admin
+        .list_nodes(as_user("alice", pb::ListNodesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes
+        .into_iter()
+        .map(|n| (n.name, (n.state, n.reason)))
+        .collect()
+}
+
+/// Waits until `node` is in `state`, heartbeating `agent` meanwhile (if any).
+async fn wait_node(cluster: &Cluster, node: &str, state: &str, mut agent: Option<&mut FakeAgent>) {
+    let start = Instant::now();
+    loop {
+        if let Some(agent) = agent.as_deref_mut() {
+            agent.heartbeat(vec![]).await;
+        }
+        let nodes = node_states(cluster).await;
+        if nodes.get(node).is_some_and(|(s, _)| s == state) {
+            return;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "{node} never became {state}: {nodes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+const FAST_LIVENESS: [&str; 6] = [
+    "--agent-fence-ms",
+    "1000",
+    "--node-down-margin-ms",
+    "500",
+    "--agent-heartbeat-ms",
+    "200",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_for_not_responding_returns_when_its_agent_does_keeping_its_drain() {
+    let cluster = Cluster::start_with(1, &FAST_LIVENESS).await;
+    // g02 drained by an administrator, then silent long enough to be declared down.
+    let leader = cluster.leader().await;
+    let mut admin = cluster.admin(leader).await;
+    admin
+        .drain_node(as_user(
+            "root",
+            pb::DrainNodeRequest {
+                node: "g02".into(),
+                reason: "firmware".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    wait_node(&cluster, "g01", "down", None).await;
+    wait_node(&cluster, "g02", "down", None).await;
+    let (_, reason) = node_states(&cluster).await["g01"].clone();
+    assert!(reason.starts_with("agent not responding"), "{reason}");
+
+    // g01's agent comes back: g01 returns to service, with no reason left.
+    let mut g01 = FakeAgent::register(&cluster, "g01", vec![]).await;
+    wait_node(&cluster, "g01", "idle", Some(&mut g01)).await;
+    assert_eq!(node_states(&cluster).await["g01"].1, "");
+    // And takes jobs again.
+    let mut jobs = cluster.jobs(cluster.leader().await).await;
+    let r = submit(&mut jobs, "alice", vec![pinned("after", "g01")])
+        .await
+        .unwrap();
+    let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let pb::instruction::Kind::Launch(l) = g01.next().await else {
+        panic!("expected a launch on the returned node")
+    };
+    assert_eq!(l.job_id, id);
+
+    // g02's agent comes back: the down is cleared, the administrator's drain stays.
+    let mut g02 = FakeAgent::register(&cluster, "g02", vec![]).await;
+    wait_node(&cluster, "g02", "drain", Some(&mut g02)).await;
+    assert_eq!(node_states(&cluster).await["g02"].1, "firmware");
+
+    // Silent again, down again: a returned node is watched as before.
+    drop(g02);
+    wait_node(&cluster, "g02", "down", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_return_to_service_0_a_down_node_waits_for_an_administrator() {
+    let mut args = FAST_LIVENESS.to_vec();
+    args.extend(["--return-to-service", "0"]);
+    let cluster = Cluster::start_with(1, &args).await;
+    wait_node(&cluster, "g01", "down", None).await;
+    let mut g01 = FakeAgent::register(&cluster, "g01", vec![]).await;
+    // Heard from for several liveness rounds (500 ms each), still down.
+    for _ in 0..10 {
+        g01.heartbeat(vec![]).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (state, reason) = node_states(&cluster).await["g01"].clone();
+    assert_eq!(state, "down", "{reason}");
+    // The administrator resumes it.
+    let mut admin = cluster.admin(cluster.leader().await).await;
+    admin
+        .resume_node(as_user("root", pb::NodeRequest { node: "g01".into() }))
+        .await
+        .unwrap();
+    wait_node(&cluster, "g01", "idle", Some(&mut g01)).await;
+}
+
+#[test]
+fn return_to_service_takes_slurm_s_values_and_names_the_field_otherwise() {
+    use docket_controller::agents::ReturnToService;
+    assert_eq!("0".parse(), Ok(ReturnToService::Never));
+    assert_eq!("1".parse(), Ok(ReturnToService::NotResponding));
+    assert_eq!("2".parse(), Ok(ReturnToService::AnyReason));
+    let e = "yes".parse::<ReturnToService>().unwrap_err();
+    assert!(
+        e.contains("return_to_service") && e.contains("\"yes\""),
+        "{e}"
+    );
+    assert!(ReturnToService::NotResponding.returns("agent not responding for 30 s"));
+    assert!(!ReturnToService::NotResponding.returns("power"));
+    assert!(ReturnToService::AnyReason.returns("power"));
+    assert!(!ReturnToService::Never.returns("agent not responding for 30 s"));
 }

@@ -26,8 +26,20 @@ use crate::qos::Qos;
 /// The command encoding this build writes and the newest it applies. Version 2 carries the
 /// actor in the envelope for every command; version 3 adds job steps ([`Command::CreateStep`],
 /// [`Command::EndSteps`], [`Command::CancelSteps`]); version 4 adds jobs' comments
-/// ([`Layout::V2`]). Versions 2 and 3 are read as [`Layout::V1`].
-pub const COMMAND_VERSION: u16 = 4;
+/// ([`Layout::V2`]); version 5 adds [`Command::ReturnToService`] (same layout). Versions 2
+/// and 3 are read as [`Layout::V1`].
+pub const COMMAND_VERSION: u16 = 5;
+
+/// What command `version` added, in a few words, for refusals while a cluster still writes an
+/// older one.
+pub fn added_in(version: u16) -> &'static str {
+    match version {
+        5 => "returning nodes to service",
+        4 => "jobs' comments",
+        3 => "job steps",
+        _ => "the actor in every envelope",
+    }
+}
 
 /// The layout of the data inside an envelope of `version`.
 pub fn layout_of(version: u16) -> Layout {
@@ -203,6 +215,10 @@ pub struct StepEndReport {
 }
 
 /// Every change to replicated state.
+///
+/// Encoded by variant position (postcard), and old entries live on in every log: a new
+/// variant goes last, and none is ever removed or reordered (`tests/upgrade.rs` reads
+/// entries an older build wrote).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Command {
     /// Replace the scheduler configuration.
@@ -317,13 +333,22 @@ pub enum Command {
     /// the cluster's command version once all of them report it, and from then on commands
     /// are written in it (see [`crate::layout`]). Never lowers it.
     RaiseCommandVersion(u16),
+    /// Its agent is back: clear a node's down, leaving any drain (Slurm's
+    /// `ReturnToService`). Only a down for not responding
+    /// ([`crate::node::NOT_RESPONDING`]) unless `any_reason`; anything else is refused.
+    ReturnToService {
+        node: NodeName,
+        any_reason: bool,
+    },
 }
 
 impl Command {
-    /// The oldest command version that can carry this command whole: 4 for a job's comment
-    /// (submitted or updated) and for [`Command::RaiseCommandVersion`], 3 otherwise.
+    /// The oldest command version that can carry this command whole: 5 for
+    /// [`Command::ReturnToService`], 4 for a job's comment (submitted or updated) and for
+    /// [`Command::RaiseCommandVersion`], 3 otherwise.
     pub fn needs_version(&self) -> u16 {
         match self {
+            Command::ReturnToService { .. } => 5,
             Command::SubmitJobs { jobs, .. } if jobs.iter().any(|j| j.comment.is_some()) => 4,
             Command::UpdateJobs { update, .. } if update.comment.is_some() => 4,
             Command::RaiseCommandVersion(_) => 4,
@@ -354,6 +379,7 @@ impl Command {
             | Command::Preempt(_)
             | Command::DownNode { .. }
             | Command::ResumeNode(_)
+            | Command::ReturnToService { .. }
             | Command::UpsertNode(_)
             | Command::UpsertPartition(_)
             | Command::UpsertQos(_)

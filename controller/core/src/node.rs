@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{JobId, NodeName};
 use crate::quantity::MiB;
 
+/// How the controller's down declaration for a silent agent begins
+/// ("agent not responding for 30 s"): the downs a return to service may clear without an
+/// administrator ([`crate::Command::ReturnToService`]), as Slurm's `ReturnToService=1`
+/// recognizes its own "Not responding".
+pub const NOT_RESPONDING: &str = "agent not responding";
+
 /// What a node offers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeSpec {
@@ -44,7 +50,8 @@ pub struct Node {
     pub spec: NodeSpec,
     /// An admin drained it: running jobs finish, nothing new starts. Holds the reason.
     pub drain: Option<String>,
-    /// Declared down (by an admin or after its agent's fence timeout). Holds the reason.
+    /// Declared down (by the controller after its agent's fence timeout, the reason then
+    /// beginning with [`NOT_RESPONDING`]). Holds the reason.
     pub down: Option<String>,
     /// Jobs holding resources here (running, suspended or completing).
     pub jobs: BTreeMap<JobId, NodeUse>,

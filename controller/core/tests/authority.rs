@@ -89,6 +89,29 @@ fn admin_commands_need_an_admin_and_a_refusal_changes_nothing() {
 }
 
 #[test]
+fn only_the_controller_returns_a_node_to_service() {
+    let mut c = cluster();
+    c.ok(Command::DownNode {
+        node: name("n001"),
+        reason: format!("{} for 30 s", docket_core::node::NOT_RESPONDING),
+    });
+    let before = content(&c.state);
+    let back = Command::ReturnToService {
+        node: name("n001"),
+        any_reason: true,
+    };
+    // Not a user, not an agent (its own node or another), not even an administrator: an
+    // administrator resumes nodes with ResumeNode.
+    for actor in [alice(), Actor::Operator, Actor::Node(name("n001"))] {
+        let refusal = not_permitted(c.apply(by(actor, back.clone())));
+        assert!(refusal.contains("return a node to service"), "{refusal}");
+    }
+    assert_eq!(content(&c.state), before);
+    c.ok(back);
+    assert_eq!(c.state.nodes[&name("n001")].down, None);
+}
+
+#[test]
 fn scheduling_decisions_come_from_the_controller_only() {
     let mut c = cluster();
     let id = c.submit(vec![c.spec("alice")])[0];

@@ -911,3 +911,70 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
     assert!(one(&mut c, update(alice(), comment(""))).is_ok());
     assert_eq!(c.job(id).spec.comment, None);
 }
+
+#[test]
+fn a_node_down_for_not_responding_returns_to_service_keeping_its_drain() {
+    let mut c = cluster();
+    let n = || name::<docket_core::NodeName>("n001");
+    let back = |any_reason| Command::ReturnToService {
+        node: n(),
+        any_reason,
+    };
+    // Not down: nothing to return, nothing changed.
+    let err = c.apply(back(false)).unwrap_err();
+    assert!(err.to_string().contains("node n001"), "{err}");
+    assert!(err.to_string().contains("not down"), "{err}");
+
+    c.ok(Command::DrainNode {
+        node: n(),
+        reason: "firmware".into(),
+    });
+    c.ok(Command::DownNode {
+        node: n(),
+        reason: format!("{} for 30 s", docket_core::node::NOT_RESPONDING),
+    });
+    c.ok(back(false));
+    let node = &c.state.nodes[&n()];
+    assert_eq!(node.down, None);
+    assert_eq!(node.drain.as_deref(), Some("firmware"), "the drain stays");
+
+    // A down for another reason waits for an administrator, unless any reason returns.
+    c.ok(Command::DownNode {
+        node: n(),
+        reason: "power".into(),
+    });
+    let err = c.apply(back(false)).unwrap_err();
+    assert!(err.to_string().contains("\"power\""), "{err}");
+    assert_eq!(c.state.nodes[&n()].down.as_deref(), Some("power"));
+    c.ok(back(true));
+    assert_eq!(c.state.nodes[&n()].down, None);
+
+    // An unknown node is named.
+    let err = c
+        .apply(Command::ReturnToService {
+            node: name("n999"),
+            any_reason: true,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("n999"), "{err}");
+}
+
+#[test]
+fn a_returned_node_takes_jobs_again() {
+    let mut c = Cluster::new(SchedConfig::default(), 1);
+    let id = c.submit(vec![c.spec("alice")])[0];
+    c.ok(Command::DownNode {
+        node: name("n001"),
+        reason: format!("{} for 30 s", docket_core::node::NOT_RESPONDING),
+    });
+    assert!(
+        c.start(jr(id), &["n001"]).is_err(),
+        "a down node takes nothing"
+    );
+    c.ok(Command::ReturnToService {
+        node: name("n001"),
+        any_reason: false,
+    });
+    c.start(jr(id), &["n001"]).unwrap();
+    assert_eq!(c.job(id).state, JobState::Running);
+}

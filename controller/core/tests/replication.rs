@@ -70,6 +70,13 @@ enum Op {
     },
     Down {
         node: usize,
+        /// For not responding (what a return to service may clear), not for another reason.
+        silent: bool,
+    },
+    /// The node's agent is back.
+    Return {
+        node: usize,
+        any_reason: bool,
     },
     Drain {
         node: usize,
@@ -170,7 +177,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pick, cause, code, stale, reporter)| Op::End { pick, cause, code, stale, reporter }),
         1 => (0..64usize, any::<bool>()).prop_map(|(pick, admin)| Op::SuspendJob { pick, admin }),
         1 => (0..64usize).prop_map(|pick| Op::ResumeJob { pick }),
-        1 => (0..4usize).prop_map(|node| Op::Down { node }),
+        1 => (0..4usize, any::<bool>()).prop_map(|(node, silent)| Op::Down { node, silent }),
+        1 => (0..4usize, any::<bool>())
+            .prop_map(|(node, any_reason)| Op::Return { node, any_reason }),
         1 => (0..4usize, proptest::option::weighted(0.3, 0..3usize))
             .prop_map(|(node, user)| Op::Drain { node, user }),
         3 => (0..4usize).prop_map(|node| Op::Resume { node }),
@@ -446,10 +455,21 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
             }];
             (by(Actor::Operator, Command::ResumeJobs { jobs }), 0)
         }
-        Op::Down { node } => (
+        Op::Down { node, silent } => (
             ctl(Command::DownNode {
                 node: name(NODES[*node]),
-                reason: "test".into(),
+                reason: if *silent {
+                    format!("{} for 30 s", docket_core::node::NOT_RESPONDING)
+                } else {
+                    "test".into()
+                },
+            }),
+            0,
+        ),
+        Op::Return { node, any_reason } => (
+            ctl(Command::ReturnToService {
+                node: name(NODES[*node]),
+                any_reason: *any_reason,
             }),
             0,
         ),

@@ -149,6 +149,38 @@ impl State {
         Ok(Response::Done)
     }
 
+    /// Clears a node's down and nothing else (a drain stays): only a down for not
+    /// responding unless `any_reason`, as Slurm's `ReturnToService=1` and `=2`.
+    pub(crate) fn return_to_service(
+        &mut self,
+        name: &NodeName,
+        any_reason: bool,
+        now: TimeMs,
+    ) -> Result<Response, Rejection> {
+        let node = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Rejection::unknown("node", name))?;
+        let Some(reason) = &node.down else {
+            return Err(Rejection::invalid(
+                format!("node {name}"),
+                "is not down; nothing to return to service",
+            ));
+        };
+        if !any_reason && !reason.starts_with(crate::node::NOT_RESPONDING) {
+            return Err(Rejection::invalid(
+                format!("node {name}"),
+                format!(
+                    "is down for {reason:?}, not for not responding: only an administrator \
+                     resumes it"
+                ),
+            ));
+        }
+        node.down = None;
+        self.refresh_all_pending(now);
+        Ok(Response::Done)
+    }
+
     pub(crate) fn upsert_partition(
         &mut self,
         p: &Partition,

@@ -42,7 +42,8 @@ pub fn needed(command: &Command) -> Authority {
         | Command::NoteBypassed(_)
         | Command::Tick
         | Command::RaiseCommandVersion(_)
-        | Command::DownNode { .. } => Authority::Controller,
+        | Command::DownNode { .. }
+        | Command::ReturnToService { .. } => Authority::Controller,
         Command::EndJobs(_) | Command::EndSteps(_) => Authority::ControllerOrNode,
         Command::SetConfig(_)
         | Command::UpsertNode(_)
@@ -117,6 +118,7 @@ fn describe(command: &Command) -> &'static str {
         Command::DrainNode { .. } => "drain a node",
         Command::ResumeNode(_) => "resume a node",
         Command::DownNode { .. } => "declare a node down",
+        Command::ReturnToService { .. } => "return a node to service",
         Command::UpsertPartition(_) => "add or change a partition",
         Command::RemovePartition(_) => "remove a partition",
         Command::UpsertQos(_) => "add or change a QOS",

@@ -186,6 +186,9 @@ impl State {
             Command::DrainNode { node, reason } => self.drain_node(node, reason),
             Command::ResumeNode(node) => self.resume_node(node, now),
             Command::DownNode { node, reason } => self.down_node(node, reason, now),
+            Command::ReturnToService { node, any_reason } => {
+                self.return_to_service(node, *any_reason, now)
+            }
             Command::UpsertPartition(p) => self.upsert_partition(p, now),
             Command::RemovePartition(name) => self.remove_partition(name),
             Command::UpsertQos(q) => self.upsert_qos(q),
