@@ -53,6 +53,20 @@ impl State {
         self.accounts
             .check()
             .map_err(|e| InvariantViolation(e.to_string()))?;
+        self.check_users_and_accounts()?;
+        self.check_partitions_and_reservations()?;
+        self.check_jobs()?;
+        self.check_placement_current()?;
+        self.check_nodes()?;
+        self.check_queue_caps()?;
+        self.check_blobs()?;
+        self.check_user_indexes()?;
+        self.check_derived_indexes()
+    }
+
+    /// Users are keyed by name and members of their default account; accounts list known
+    /// users only.
+    fn check_users_and_accounts(&self) -> Result<(), InvariantViolation> {
         for (name, entry) in &self.users {
             let user = &entry.user;
             ensure!(
@@ -79,6 +93,12 @@ impl State {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Partitions and reservations name known nodes, users and accounts; reservations end
+    /// after they start; one default partition at most.
+    fn check_partitions_and_reservations(&self) -> Result<(), InvariantViolation> {
         for p in self.partitions.values() {
             for n in &p.nodes {
                 ensure!(
@@ -118,11 +138,11 @@ impl State {
         }
         let defaults = self.partitions.values().filter(|p| p.is_default).count();
         ensure!(defaults <= 1, "{defaults} default partitions");
-        self.check_jobs()?;
-        self.check_placement_current()?;
-        self.check_nodes()?;
-        self.check_queue_caps()?;
-        self.check_blobs()?;
+        Ok(())
+    }
+
+    /// Each user's stored-blobs, live-jobs and association indexes match a fresh count.
+    fn check_user_indexes(&self) -> Result<(), InvariantViolation> {
         let (live, assocs) = self.compute_user_index();
         let stored = self.compute_stored();
         for (name, entry) in &self.users {
@@ -140,6 +160,11 @@ impl State {
                 "user {name}'s association index differs from the association table"
             );
         }
+        Ok(())
+    }
+
+    /// Every index derived from the jobs and the configuration equals a fresh computation.
+    fn check_derived_indexes(&self) -> Result<(), InvariantViolation> {
         ensure!(
             self.holding == self.compute_holding(),
             "holding index differs from the jobs"
@@ -194,72 +219,38 @@ impl State {
             if job.state.is_terminal() {
                 ensure!(job.end_time.is_some(), "terminal job {id} has no end time");
             } else {
-                let r = &job.resolved;
-                ensure!(
-                    self.users.contains_key(&job.spec.user),
-                    "job {id}: unknown user"
-                );
-                ensure!(
-                    self.accounts.get(&r.account).is_some(),
-                    "job {id}: unknown account"
-                );
-                ensure!(
-                    self.partitions.contains_key(&r.partition),
-                    "job {id}: unknown partition"
-                );
-                ensure!(self.qos.contains_key(&r.qos), "job {id}: unknown qos");
-                ensure!(
-                    self.assocs.key(r.assoc) == Some(&(r.account.clone(), job.spec.user.clone())),
-                    "job {id}: association id {:?} does not name {}/{}",
-                    r.assoc,
-                    r.account,
-                    job.spec.user
-                );
+                self.check_live_job_names(job)?;
             }
-            if job.state == JobState::Pending {
-                ensure!(
-                    job.start_time.is_none(),
-                    "pending job {id} has a start time"
-                );
-                let accruing = job.part == Part::Idle && job.reason.is_eligible();
-                ensure!(
-                    job.eligible_since.is_some() == accruing,
-                    "pending job {id} ({:?}, {}) eligible clock running = {}",
-                    job.part,
-                    job.reason,
-                    job.eligible_since.is_some()
-                );
-                ensure!(job.part != Part::New, "pending job {id} was never placed");
-            } else {
-                ensure!(
-                    job.eligible_since.is_none(),
-                    "job {id} is {} but accrues age",
-                    job.state
-                );
-            }
-            if let Some(ArrayPart::Master { pending, .. }) = &job.array {
-                ensure!(
-                    job.state == JobState::Pending || job.state.is_terminal(),
-                    "array master {id} is {}",
-                    job.state
-                );
-                ensure!(
-                    pending.is_canonical(),
-                    "array {id} pending set is not canonical"
-                );
-                ensure!(
-                    !pending.is_empty() || job.state.is_terminal(),
-                    "live array master {id} has no pending tasks"
-                );
-            }
-            if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
-                ensure!(
-                    array_job <= id,
-                    "task {id} names a later array job {array_job}"
-                );
-            }
+            check_pending_clock(job)?;
+            check_array_part(job)?;
             check_steps(job)?;
         }
+        Ok(())
+    }
+
+    /// A live job's user, account, partition, QOS and association exist and agree.
+    fn check_live_job_names(&self, job: &crate::job::Job) -> Result<(), InvariantViolation> {
+        let (id, r) = (job.id, &job.resolved);
+        ensure!(
+            self.users.contains_key(&job.spec.user),
+            "job {id}: unknown user"
+        );
+        ensure!(
+            self.accounts.get(&r.account).is_some(),
+            "job {id}: unknown account"
+        );
+        ensure!(
+            self.partitions.contains_key(&r.partition),
+            "job {id}: unknown partition"
+        );
+        ensure!(self.qos.contains_key(&r.qos), "job {id}: unknown qos");
+        ensure!(
+            self.assocs.key(r.assoc) == Some(&(r.account.clone(), job.spec.user.clone())),
+            "job {id}: association id {:?} does not name {}/{}",
+            r.assoc,
+            r.account,
+            job.spec.user
+        );
         Ok(())
     }
 
@@ -433,6 +424,62 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// A pending job has no start, was placed, and accrues age exactly while it is idle and
+/// eligible; no other job accrues age.
+fn check_pending_clock(job: &crate::job::Job) -> Result<(), InvariantViolation> {
+    let id = job.id;
+    if job.state == JobState::Pending {
+        ensure!(
+            job.start_time.is_none(),
+            "pending job {id} has a start time"
+        );
+        let accruing = job.part == Part::Idle && job.reason.is_eligible();
+        ensure!(
+            job.eligible_since.is_some() == accruing,
+            "pending job {id} ({:?}, {}) eligible clock running = {}",
+            job.part,
+            job.reason,
+            job.eligible_since.is_some()
+        );
+        ensure!(job.part != Part::New, "pending job {id} was never placed");
+    } else {
+        ensure!(
+            job.eligible_since.is_none(),
+            "job {id} is {} but accrues age",
+            job.state
+        );
+    }
+    Ok(())
+}
+
+/// An array master is pending or over, with a canonical pending set that is empty only
+/// once it is over; a task names an array job no later than itself.
+fn check_array_part(job: &crate::job::Job) -> Result<(), InvariantViolation> {
+    let id = &job.id;
+    if let Some(ArrayPart::Master { pending, .. }) = &job.array {
+        ensure!(
+            job.state == JobState::Pending || job.state.is_terminal(),
+            "array master {id} is {}",
+            job.state
+        );
+        ensure!(
+            pending.is_canonical(),
+            "array {id} pending set is not canonical"
+        );
+        ensure!(
+            !pending.is_empty() || job.state.is_terminal(),
+            "live array master {id} has no pending tasks"
+        );
+    }
+    if let Some(ArrayPart::Task { array_job, .. }) = &job.array {
+        ensure!(
+            array_job <= id,
+            "task {id} names a later array job {array_job}"
+        );
+    }
+    Ok(())
 }
 
 /// A job's steps: numbered below its counter; live only while the job holds its allocation,

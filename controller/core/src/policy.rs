@@ -656,93 +656,122 @@ impl State {
 
     /// Why an idle job cannot start now, given what is running.
     pub(crate) fn start_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
-        let user = &job.spec.user;
-        let r = &job.resolved;
-        let cpus = job.cpus();
         // Looked up once, and only if some account-level rule exists anywhere.
         let rules = running.rules;
         let account = if rules.own || rules.tree || rules.assoc {
-            Some(self.accounts.get(&r.account)?)
+            Some(self.accounts.get(&job.resolved.account)?)
         } else {
             None
         };
-        // MAXPS: the PS of the running jobs (of the account if it has its own limit, else of
-        // the user) plus this job's WCLIMIT x procs.
-        if let Some((soft, hard)) = self.maxps_limits(account) {
-            let account_limited = account
-                .is_some_and(|a| a.limits.maxps_soft.is_some() || a.limits.maxps_hard.is_some());
-            let running_ps = if account_limited {
-                running.per_account.get(&r.account)
-            } else {
-                running.per_user.get(user)
-            }
-            .map_or(0, |u| u.remaining_ps);
-            let total = running_ps.saturating_add(job.requested_ps().unwrap_or(u64::MAX));
-            if total > hard {
-                return Some(Reason::MaxPsHardLimit);
-            }
-            if total > soft {
-                return Some(Reason::MaxPsSoftLimit);
-            }
+        self.maxps_blocker(job, account, running)
+            .or_else(|| self.qos_blocker(job, running))
+            .or_else(|| self.partition_blocker(job, running))
+            .or_else(|| self.association_blocker(job, account?, running))
+    }
+
+    /// MAXPS: the PS of the running jobs (of the account if it has its own limit, else of
+    /// the user) plus this job's WCLIMIT x procs, against the soft and hard limits.
+    fn maxps_blocker(
+        &self,
+        job: &Job,
+        account: Option<&Account>,
+        running: &RunningSummary,
+    ) -> Option<Reason> {
+        let (soft, hard) = self.maxps_limits(account)?;
+        let account_limited =
+            account.is_some_and(|a| a.limits.maxps_soft.is_some() || a.limits.maxps_hard.is_some());
+        let running_ps = if account_limited {
+            running.per_account.get(&job.resolved.account)
+        } else {
+            running.per_user.get(&job.spec.user)
         }
-        // The QOS and partition are looked up only where some QOS or partition has a
-        // limit at all (a search by name per job tried, in every pass, showed in `perf`).
-        if let Some(q) = (rules.qos_user || rules.qos_group)
+        .map_or(0, |u| u.remaining_ps);
+        let total = running_ps.saturating_add(job.requested_ps().unwrap_or(u64::MAX));
+        if total > hard {
+            return Some(Reason::MaxPsHardLimit);
+        }
+        (total > soft).then_some(Reason::MaxPsSoftLimit)
+    }
+
+    /// The job's QOS limits: per user (jobs, cpus) and for the whole QOS (jobs, cpus,
+    /// cpu-minutes of running jobs). The QOS is looked up only where some QOS has a limit
+    /// at all (a search by name per job tried, in every pass, showed in `perf`).
+    fn qos_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
+        let rules = running.rules;
+        let r = &job.resolved;
+        let q = (rules.qos_user || rules.qos_group)
             .then(|| self.qos.get(&r.qos))
-            .flatten()
-        {
-            let l = &q.limits;
-            if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
-                let mine = nested(&running.per_user_qos, user, &r.qos);
-                if l.max_jobs_per_user
-                    .is_some_and(|m| mine.jobs >= u64::from(m))
-                {
-                    return Some(Reason::QosMaxJobsPerUserLimit);
-                }
-                if l.max_cpus_per_user.is_some_and(|m| mine.cpus + cpus > m) {
-                    return Some(Reason::QosMaxCpuPerUserLimit);
-                }
+            .flatten()?;
+        let l = &q.limits;
+        let cpus = job.cpus();
+        if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
+            let mine = nested(&running.per_user_qos, &job.spec.user, &r.qos);
+            if l.max_jobs_per_user
+                .is_some_and(|m| mine.jobs >= u64::from(m))
+            {
+                return Some(Reason::QosMaxJobsPerUserLimit);
             }
-            if l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some() {
-                let group = running.per_qos.get(&r.qos).copied().unwrap_or_default();
-                if l.grp_jobs.is_some_and(|m| group.jobs >= u64::from(m)) {
-                    return Some(Reason::QosGrpJobsLimit);
-                }
-                if l.grp_cpus.is_some_and(|m| group.cpus + cpus > m) {
-                    return Some(Reason::QosGrpCpuLimit);
-                }
-                if let Some(m) = l.grp_cpu_run_mins {
-                    let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
-                    if group.cpu_run_mins().saturating_add(this) > m {
-                        return Some(Reason::QosGrpCpuRunMinutesLimit);
-                    }
+            if l.max_cpus_per_user.is_some_and(|m| mine.cpus + cpus > m) {
+                return Some(Reason::QosMaxCpuPerUserLimit);
+            }
+        }
+        if l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some() {
+            let group = running.per_qos.get(&r.qos).copied().unwrap_or_default();
+            if l.grp_jobs.is_some_and(|m| group.jobs >= u64::from(m)) {
+                return Some(Reason::QosGrpJobsLimit);
+            }
+            if l.grp_cpus.is_some_and(|m| group.cpus + cpus > m) {
+                return Some(Reason::QosGrpCpuLimit);
+            }
+            if let Some(m) = l.grp_cpu_run_mins {
+                let this = job.requested_ps().unwrap_or(u64::MAX) / 60;
+                if group.cpu_run_mins().saturating_add(this) > m {
+                    return Some(Reason::QosGrpCpuRunMinutesLimit);
                 }
             }
         }
-        if let Some(p) = rules
+        None
+    }
+
+    /// The partition's per-user limits (jobs, cpus), looked up only where some partition
+    /// has one.
+    fn partition_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
+        let r = &job.resolved;
+        let p = running
+            .rules
             .partition_user
             .then(|| self.partitions.get(&r.partition))
-            .flatten()
-        {
-            let l = &p.limits;
-            if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
-                let mine = nested(&running.per_user_partition, user, &r.partition);
-                if l.max_jobs_per_user
-                    .is_some_and(|m| mine.jobs >= u64::from(m))
-                {
-                    return Some(Reason::PartitionMaxJobsPerUserLimit);
-                }
-                if l.max_cpus_per_user.is_some_and(|m| mine.cpus + cpus > m) {
-                    return Some(Reason::PartitionMaxCpuPerUserLimit);
-                }
+            .flatten()?;
+        let l = &p.limits;
+        if l.max_jobs_per_user.is_some() || l.max_cpus_per_user.is_some() {
+            let mine = nested(&running.per_user_partition, &job.spec.user, &r.partition);
+            if l.max_jobs_per_user
+                .is_some_and(|m| mine.jobs >= u64::from(m))
+            {
+                return Some(Reason::PartitionMaxJobsPerUserLimit);
+            }
+            if l.max_cpus_per_user
+                .is_some_and(|m| mine.cpus + job.cpus() > m)
+            {
+                return Some(Reason::PartitionMaxCpuPerUserLimit);
             }
         }
-        // Association limits: the user's own association, then each account up the tree
-        // (walked without allocating; the tree has no cycles, and the walk is bounded anyway).
-        let account = account?;
+        None
+    }
+
+    /// Association limits: the user's own association, then each account up the tree
+    /// (walked without allocating; the tree has no cycles, and the walk is bounded anyway).
+    fn association_blocker(
+        &self,
+        job: &Job,
+        account: &Account,
+        running: &RunningSummary,
+    ) -> Option<Reason> {
+        let rules = running.rules;
+        let user = &job.spec.user;
         if rules.assoc
             && let Some(max) = account.users.get(user).and_then(|ua| ua.limits.max_jobs)
-            && nested(&running.per_assoc, &r.account, user).jobs >= u64::from(max)
+            && nested(&running.per_assoc, &job.resolved.account, user).jobs >= u64::from(max)
         {
             return Some(Reason::AssocMaxJobsLimit);
         }

@@ -319,173 +319,251 @@ fn evaluate(
             out(name, value(), weight);
         }
     };
-    let state = inputs.state;
-    let r = &job.resolved;
-    let partition = state.partitions.get(&r.partition);
-    let qos = state.qos.get(&r.qos);
-    let fs = || inputs.fairshare.factor_of(r.assoc);
-    let partition_factor = || {
-        ratio(
-            f64::from(partition.map_or(0, |p| p.priority_job_factor)),
-            f64::from(inputs.max_partition_factor),
-        )
-    };
-    let qos_factor = || {
-        ratio(
-            f64::from(qos.map_or(0, |q| q.priority)),
-            f64::from(inputs.max_qos_priority),
-        )
-    };
-    let eligible = job.eligible_time(inputs.now);
-    match &state.config.priority.formula {
+    let f = JobFactors::of(inputs, job);
+    match &inputs.state.config.priority.formula {
         PriorityFormula::Fcfs => {}
-        PriorityFormula::Multifactor(m) => {
-            sink(
-                "age",
-                &|| ratio(eligible.0 as f64, m.max_age.0 as f64),
-                f64::from(m.weight_age),
-            );
-            let assoc = state
-                .accounts
-                .get(&r.account)
-                .and_then(|a| a.users.get(&job.spec.user))
-                .map_or(0, |u| u.priority);
-            sink(
-                "assoc",
-                &|| ratio(f64::from(assoc), f64::from(inputs.max_assoc_priority)),
-                f64::from(m.weight_assoc),
-            );
-            sink("fairshare", &|| fs(), f64::from(m.weight_fairshare));
-            let size = ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64);
-            let size = if m.favor_small { 1.0 - size } else { size };
-            sink("jobsize", &|| size, f64::from(m.weight_job_size));
-            sink(
-                "partition",
-                &|| partition_factor(),
-                f64::from(m.weight_partition),
-            );
-            sink("qos", &|| qos_factor(), f64::from(m.weight_qos));
-            sink(
-                "tres_cpu",
-                &|| ratio(job.cpus() as f64, inputs.total_cpus as f64),
-                f64::from(m.weight_tres_cpu),
-            );
-            let mem = job
-                .alloc
-                .as_ref()
-                .map(|a| a.shares.iter().map(|s| s.memory.0).sum::<u64>())
-                .unwrap_or(0);
-            sink(
-                "tres_mem",
-                &|| ratio(mem as f64, inputs.total_memory as f64),
-                f64::from(m.weight_tres_mem),
-            );
-            sink("site", &|| job.site_priority as f64, 1.0);
-            sink("nice", &|| f64::from(job.spec.nice), -1.0);
-        }
-        PriorityFormula::Flux(f) => {
-            sink(
-                "wait",
-                &|| ratio(eligible.0 as f64, f.max_wait.0 as f64),
-                f64::from(f.weight_wait),
-            );
-            sink("fairshare", &|| fs(), f64::from(f.weight_fairshare));
-            sink("qos", &|| qos_factor(), f64::from(f.weight_qos));
-            sink("queue", &|| partition_factor(), f64::from(f.weight_queue));
-            sink(
-                "jobsize",
-                &|| ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64),
-                f64::from(f.weight_job_size),
-            );
-            sink(
-                "user",
-                &|| f64::from(job.spec.user_factor_pct.min(100)) / 100.0,
-                f64::from(f.weight_user),
-            );
-        }
-        PriorityFormula::It4i(p) => {
-            let max_queue = f64::from(inputs.max_partition_factor);
-            sink("queue", &|| partition_factor(), 1000.0 * max_queue);
-            sink("fairshare", &|| fs(), p.max_fairshare as f64 / 1000.0);
-            let span = p.eligible_time_span.0 as f64;
-            sink(
-                "eligible_time",
-                &|| ratio(eligible.0 as f64, span),
-                span / 864_000.0,
-            );
-        }
-        PriorityFormula::Runtime(order) => {
-            // An unlimited job counts as a year.
-            let runtime = job
-                .expected_runtime(inputs.now)
-                .map_or(365.0 * 86_400.0, |s| s.0.max(1) as f64);
-            match order {
-                RuntimeOrder::ShortestFirst => sink("expected_runtime", &|| runtime, -1.0),
-                RuntimeOrder::LargestXfactor => {
-                    sink("xfactor", &|| (eligible.0 as f64 + runtime) / runtime, 1.0)
-                }
-                RuntimeOrder::F1 => {
-                    sink(
-                        "log_area",
-                        &|| libm::log10(runtime) * job.cpus() as f64,
-                        -1.0,
-                    );
-                    let submitted = (job.submit_time.0 as f64 / 1000.0).max(0.1);
-                    sink("log_submit", &|| libm::log10(submitted), -870.0);
-                }
-            }
-        }
-        PriorityFormula::Maui(m) => {
-            sink(
-                "queuetime",
-                &|| ratio(eligible.0 as f64, m.max_queue_time.0 as f64),
-                f64::from(m.weight_queue_time),
-            );
-            let xfactor = match r.time_limit {
-                Some(limit) if limit.0 > 0 => (eligible.0 + limit.0) as f64 / limit.0 as f64,
-                _ => 1.0,
-            };
-            sink(
-                "xfactor",
-                &|| ratio(xfactor - 1.0, f64::from(m.max_xfactor.saturating_sub(1))),
-                f64::from(m.weight_xfactor),
-            );
-            let mem_per_node = match r.memory {
-                crate::job::MemoryRequest::PerNode(m) => m.0,
-                crate::job::MemoryRequest::PerCpu(m) => {
-                    m.0.saturating_mul(job.cpus() / u64::from(job.spec.nodes.max(1)))
-                }
-                crate::job::MemoryRequest::WholeNode => {
-                    inputs.total_memory / inputs.total_nodes.max(1)
-                }
-            };
-            let nodes = u64::from(job.spec.nodes);
-            let resources = (ratio(job.cpus() as f64, inputs.total_cpus as f64)
-                + ratio(
-                    (mem_per_node.saturating_mul(nodes)) as f64,
-                    inputs.total_memory as f64,
-                )
-                + ratio(
-                    (r.jobfs.0.saturating_mul(nodes)) as f64,
-                    inputs.total_jobfs as f64,
-                ))
-                / 3.0;
-            sink("resources", &|| resources, f64::from(m.weight_resources));
-            sink(
-                "bypass",
-                &|| ratio(f64::from(job.bypass_count), f64::from(m.max_bypass)),
-                f64::from(m.weight_bypass),
-            );
-            sink("qos", &|| qos_factor(), f64::from(m.weight_qos));
-            let target = qos.and_then(|q| q.target_queue_time).unwrap_or_default();
-            sink(
-                "target_queuetime",
-                &|| target_queue_factor(eligible, target),
-                f64::from(m.weight_target_queue_time),
-            );
-            sink("fairshare", &|| fs(), f64::from(m.weight_fairshare));
+        PriorityFormula::Multifactor(m) => multifactor(&f, m, &mut sink),
+        PriorityFormula::Flux(x) => flux(&f, x, &mut sink),
+        PriorityFormula::It4i(p) => it4i(&f, p, &mut sink),
+        PriorityFormula::Runtime(order) => runtime_order(&f, *order, &mut sink),
+        PriorityFormula::Maui(m) => maui(&f, m, &mut sink),
+    }
+}
+
+/// What several formulas read of one job: its partition and QOS, how long it has been
+/// eligible, and the factors computed the same way in each.
+struct JobFactors<'a> {
+    inputs: &'a PriorityInputs<'a>,
+    job: &'a Job,
+    qos: Option<&'a crate::qos::Qos>,
+    partition_priority: u32,
+    eligible: Seconds,
+}
+
+impl<'a> JobFactors<'a> {
+    fn of(inputs: &'a PriorityInputs<'a>, job: &'a Job) -> Self {
+        let r = &job.resolved;
+        JobFactors {
+            inputs,
+            job,
+            qos: inputs.state.qos.get(&r.qos),
+            partition_priority: inputs
+                .state
+                .partitions
+                .get(&r.partition)
+                .map_or(0, |p| p.priority_job_factor),
+            eligible: job.eligible_time(inputs.now),
         }
     }
+
+    fn fairshare(&self) -> f64 {
+        self.inputs.fairshare.factor_of(self.job.resolved.assoc)
+    }
+
+    fn partition(&self) -> f64 {
+        ratio(
+            f64::from(self.partition_priority),
+            f64::from(self.inputs.max_partition_factor),
+        )
+    }
+
+    fn qos(&self) -> f64 {
+        ratio(
+            f64::from(self.qos.map_or(0, |q| q.priority)),
+            f64::from(self.inputs.max_qos_priority),
+        )
+    }
+
+    /// Eligible time over `max`, capped at 1.
+    fn waited(&self, max: Seconds) -> f64 {
+        ratio(self.eligible.0 as f64, max.0 as f64)
+    }
+}
+
+/// Slurm's priority/multifactor.
+fn multifactor(
+    f: &JobFactors<'_>,
+    m: &Multifactor,
+    sink: &mut impl FnMut(&'static str, &dyn Fn() -> f64, f64),
+) {
+    let (inputs, job, state) = (f.inputs, f.job, f.inputs.state);
+    sink("age", &|| f.waited(m.max_age), f64::from(m.weight_age));
+    let assoc = state
+        .accounts
+        .get(&job.resolved.account)
+        .and_then(|a| a.users.get(&job.spec.user))
+        .map_or(0, |u| u.priority);
+    sink(
+        "assoc",
+        &|| ratio(f64::from(assoc), f64::from(inputs.max_assoc_priority)),
+        f64::from(m.weight_assoc),
+    );
+    sink(
+        "fairshare",
+        &|| f.fairshare(),
+        f64::from(m.weight_fairshare),
+    );
+    let size = ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64);
+    let size = if m.favor_small { 1.0 - size } else { size };
+    sink("jobsize", &|| size, f64::from(m.weight_job_size));
+    sink(
+        "partition",
+        &|| f.partition(),
+        f64::from(m.weight_partition),
+    );
+    sink("qos", &|| f.qos(), f64::from(m.weight_qos));
+    sink(
+        "tres_cpu",
+        &|| ratio(job.cpus() as f64, inputs.total_cpus as f64),
+        f64::from(m.weight_tres_cpu),
+    );
+    let mem = job
+        .alloc
+        .as_ref()
+        .map(|a| a.shares.iter().map(|s| s.memory.0).sum::<u64>())
+        .unwrap_or(0);
+    sink(
+        "tres_mem",
+        &|| ratio(mem as f64, inputs.total_memory as f64),
+        f64::from(m.weight_tres_mem),
+    );
+    sink("site", &|| job.site_priority as f64, 1.0);
+    sink("nice", &|| f64::from(job.spec.nice), -1.0);
+}
+
+/// Flux's multi-factor priority plugin.
+fn flux(f: &JobFactors<'_>, x: &Flux, sink: &mut impl FnMut(&'static str, &dyn Fn() -> f64, f64)) {
+    let (inputs, job) = (f.inputs, f.job);
+    sink("wait", &|| f.waited(x.max_wait), f64::from(x.weight_wait));
+    sink(
+        "fairshare",
+        &|| f.fairshare(),
+        f64::from(x.weight_fairshare),
+    );
+    sink("qos", &|| f.qos(), f64::from(x.weight_qos));
+    sink("queue", &|| f.partition(), f64::from(x.weight_queue));
+    sink(
+        "jobsize",
+        &|| ratio(f64::from(job.spec.nodes), inputs.total_nodes as f64),
+        f64::from(x.weight_job_size),
+    );
+    sink(
+        "user",
+        &|| f64::from(job.spec.user_factor_pct.min(100)) / 100.0,
+        f64::from(x.weight_user),
+    );
+}
+
+/// IT4Innovations' formula: queue priority first, then fair share, then eligible time.
+fn it4i(f: &JobFactors<'_>, p: &It4i, sink: &mut impl FnMut(&'static str, &dyn Fn() -> f64, f64)) {
+    let max_queue = f64::from(f.inputs.max_partition_factor);
+    sink("queue", &|| f.partition(), 1000.0 * max_queue);
+    sink(
+        "fairshare",
+        &|| f.fairshare(),
+        p.max_fairshare as f64 / 1000.0,
+    );
+    let span = p.eligible_time_span;
+    sink(
+        "eligible_time",
+        &|| f.waited(span),
+        span.0 as f64 / 864_000.0,
+    );
+}
+
+/// Orders by expected runtime: shortest first, largest expected slowdown first, or the
+/// learned F1 function of runtime, size and submission time.
+fn runtime_order(
+    f: &JobFactors<'_>,
+    order: RuntimeOrder,
+    sink: &mut impl FnMut(&'static str, &dyn Fn() -> f64, f64),
+) {
+    let job = f.job;
+    // An unlimited job counts as a year.
+    let runtime = job
+        .expected_runtime(f.inputs.now)
+        .map_or(365.0 * 86_400.0, |s| s.0.max(1) as f64);
+    match order {
+        RuntimeOrder::ShortestFirst => sink("expected_runtime", &|| runtime, -1.0),
+        RuntimeOrder::LargestXfactor => sink(
+            "xfactor",
+            &|| (f.eligible.0 as f64 + runtime) / runtime,
+            1.0,
+        ),
+        RuntimeOrder::F1 => {
+            sink(
+                "log_area",
+                &|| libm::log10(runtime) * job.cpus() as f64,
+                -1.0,
+            );
+            let submitted = (job.submit_time.0 as f64 / 1000.0).max(0.1);
+            sink("log_submit", &|| libm::log10(submitted), -870.0);
+        }
+    }
+}
+
+/// Maui's priority: queue time, expansion factor, resources, bypass, QOS, target queue time
+/// and fair share.
+fn maui(f: &JobFactors<'_>, m: &Maui, sink: &mut impl FnMut(&'static str, &dyn Fn() -> f64, f64)) {
+    let (inputs, job, eligible) = (f.inputs, f.job, f.eligible);
+    let r = &job.resolved;
+    sink(
+        "queuetime",
+        &|| f.waited(m.max_queue_time),
+        f64::from(m.weight_queue_time),
+    );
+    let xfactor = match r.time_limit {
+        Some(limit) if limit.0 > 0 => (eligible.0 + limit.0) as f64 / limit.0 as f64,
+        _ => 1.0,
+    };
+    sink(
+        "xfactor",
+        &|| ratio(xfactor - 1.0, f64::from(m.max_xfactor.saturating_sub(1))),
+        f64::from(m.weight_xfactor),
+    );
+    let resources = maui_resources(inputs, job);
+    sink("resources", &|| resources, f64::from(m.weight_resources));
+    sink(
+        "bypass",
+        &|| ratio(f64::from(job.bypass_count), f64::from(m.max_bypass)),
+        f64::from(m.weight_bypass),
+    );
+    sink("qos", &|| f.qos(), f64::from(m.weight_qos));
+    let target = f.qos.and_then(|q| q.target_queue_time).unwrap_or_default();
+    sink(
+        "target_queuetime",
+        &|| target_queue_factor(eligible, target),
+        f64::from(m.weight_target_queue_time),
+    );
+    sink(
+        "fairshare",
+        &|| f.fairshare(),
+        f64::from(m.weight_fairshare),
+    );
+}
+
+/// Maui's resource factor: the mean of the job's shares of the machine's cpus, memory and
+/// jobfs.
+fn maui_resources(inputs: &PriorityInputs<'_>, job: &Job) -> f64 {
+    let r = &job.resolved;
+    let mem_per_node = match r.memory {
+        crate::job::MemoryRequest::PerNode(m) => m.0,
+        crate::job::MemoryRequest::PerCpu(m) => {
+            m.0.saturating_mul(job.cpus() / u64::from(job.spec.nodes.max(1)))
+        }
+        crate::job::MemoryRequest::WholeNode => inputs.total_memory / inputs.total_nodes.max(1),
+    };
+    let nodes = u64::from(job.spec.nodes);
+    (ratio(job.cpus() as f64, inputs.total_cpus as f64)
+        + ratio(
+            (mem_per_node.saturating_mul(nodes)) as f64,
+            inputs.total_memory as f64,
+        )
+        + ratio(
+            (r.jobfs.0.saturating_mul(nodes)) as f64,
+            inputs.total_jobfs as f64,
+        ))
+        / 3.0
 }
 
 /// A job's priority under the configured formula.

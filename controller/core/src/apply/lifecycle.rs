@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use crate::apply::{Rejection, Response};
 use crate::command::{Actor, EndCause, EndReport, StartDecision};
 use crate::ids::{JobId, NodeName};
-use crate::job::{Allocation, ArrayPart, JobState, NodeShare, Part, Reason};
+use crate::job::{Allocation, ArrayPart, JobRef, JobState, NodeShare, Part, Reason};
 use crate::node::NodeUse;
 use crate::policy::Affected;
 use crate::policy::{DepStatus, stop_eligible_clock};
@@ -46,69 +46,11 @@ impl State {
         running: &crate::policy::RunningSummary,
         now: TimeMs,
     ) -> Result<JobId, Rejection> {
-        let stale = |why: String| Rejection::Stale {
-            job: d.job.to_string(),
-            why,
-        };
         let job = self
             .jobs
             .get(&d.job.job)
             .ok_or_else(|| Rejection::unknown("job", d.job))?;
-        if job.state != JobState::Pending {
-            return Err(stale(format!("it is {}", job.state.name())));
-        }
-        if job.part != Part::Idle {
-            return Err(stale(format!("it is blocked ({})", job.reason)));
-        }
-        match (&job.array, d.job.task) {
-            (Some(ArrayPart::Master { pending, throttle }), Some(i)) => {
-                if !pending.contains(i) {
-                    return Err(stale(format!("task {i} is not pending")));
-                }
-                if let Some(t) = throttle
-                    && running.array_running(job.id) >= *t
-                {
-                    return Err(stale(format!("{} (%{t})", Reason::JobArrayTaskLimit)));
-                }
-                if self.dependency_status(job, Some(i), now) != DepStatus::Satisfied {
-                    return Err(stale(format!("task {i}'s dependency is not satisfied")));
-                }
-            }
-            (Some(ArrayPart::Master { .. }), None) => {
-                return Err(Rejection::invalid(
-                    "job",
-                    format!("{} is an array; a start decision names one task", job.id),
-                ));
-            }
-            (_, Some(i)) if !matches!(job.array, Some(ArrayPart::Task { index, .. }) if index == i) =>
-            {
-                return Err(Rejection::unknown("array task", d.job));
-            }
-            _ => {}
-        }
-        // Limits, with every start accepted so far in this batch counted. The planner may
-        // lift the soft MAXPS limit (when nothing else is eligible); nothing else.
-        match self.start_blocker(job, running) {
-            None => {}
-            // HPC2N: "If there are NO other jobs eligible for scheduling then and only then are
-            // jobs with resource requests between SOFT and HARD limit considered".
-            Some(Reason::MaxPsSoftLimit) => {
-                if let Some(other) = self.jobs.values().find(|j| {
-                    j.id != job.id
-                        && j.state == JobState::Pending
-                        && j.part == Part::Idle
-                        && j.reason.is_eligible()
-                }) {
-                    return Err(stale(format!(
-                        "{}: the soft limit is lifted only when nothing else is eligible, \
-                         and job {} is",
-                        Reason::MaxPsSoftLimit,
-                        other.id
-                    )));
-                }
-            }
-            Some(reason) => return Err(stale(format!("limit {reason}"))),
-        }
+        self.check_startable(job, d.job.task, running, now)?;
         let weights = self
             .partitions
             .get(&job.resolved.partition)
@@ -159,6 +101,78 @@ impl State {
         self.holding.insert(id);
         self.queue_index.touch(id);
         Ok(id)
+    }
+
+    /// A start decision for `job` (its `task`, for an array) still holds: the job is idle
+    /// and pending, the task exists and may run, and no limit stops it.
+    fn check_startable(
+        &self,
+        job: &crate::job::Job,
+        task: Option<u32>,
+        running: &crate::policy::RunningSummary,
+        now: TimeMs,
+    ) -> Result<(), Rejection> {
+        let target = JobRef { job: job.id, task };
+        let stale = |why: String| Rejection::Stale {
+            job: target.to_string(),
+            why,
+        };
+        if job.state != JobState::Pending {
+            return Err(stale(format!("it is {}", job.state.name())));
+        }
+        if job.part != Part::Idle {
+            return Err(stale(format!("it is blocked ({})", job.reason)));
+        }
+        match (&job.array, task) {
+            (Some(ArrayPart::Master { pending, throttle }), Some(i)) => {
+                if !pending.contains(i) {
+                    return Err(stale(format!("task {i} is not pending")));
+                }
+                if let Some(t) = throttle
+                    && running.array_running(job.id) >= *t
+                {
+                    return Err(stale(format!("{} (%{t})", Reason::JobArrayTaskLimit)));
+                }
+                if self.dependency_status(job, Some(i), now) != DepStatus::Satisfied {
+                    return Err(stale(format!("task {i}'s dependency is not satisfied")));
+                }
+            }
+            (Some(ArrayPart::Master { .. }), None) => {
+                return Err(Rejection::invalid(
+                    "job",
+                    format!("{} is an array; a start decision names one task", job.id),
+                ));
+            }
+            (_, Some(i)) if !matches!(job.array, Some(ArrayPart::Task { index, .. }) if index == i) =>
+            {
+                return Err(Rejection::unknown("array task", target));
+            }
+            _ => {}
+        }
+        // Limits, with every start accepted so far in this batch counted. The planner may
+        // lift the soft MAXPS limit (when nothing else is eligible); nothing else.
+        match self.start_blocker(job, running) {
+            None => Ok(()),
+            // HPC2N: "If there are NO other jobs eligible for scheduling then and only then are
+            // jobs with resource requests between SOFT and HARD limit considered".
+            Some(Reason::MaxPsSoftLimit) => {
+                match self.jobs.values().find(|j| {
+                    j.id != job.id
+                        && j.state == JobState::Pending
+                        && j.part == Part::Idle
+                        && j.reason.is_eligible()
+                }) {
+                    Some(other) => Err(stale(format!(
+                        "{}: the soft limit is lifted only when nothing else is eligible, \
+                         and job {} is",
+                        Reason::MaxPsSoftLimit,
+                        other.id
+                    ))),
+                    None => Ok(()),
+                }
+            }
+            Some(reason) => Err(stale(format!("limit {reason}"))),
+        }
     }
 
     /// Checks that `nodes` can take the job now and computes what each gives it.
@@ -334,52 +348,15 @@ impl State {
         }
         let cancelled = job.end_cause == Some(EndCause::Cancelled);
         let preempted = job.end_cause == Some(EndCause::Preempted);
-        let requeue_asked = job.end_cause == Some(EndCause::Requeued);
-        let preempt_requeue = preempted
-            && job
-                .preempted
-                .is_some_and(|p| p.mode == crate::partition::PreemptMode::Requeue);
-        let requeue = preempt_requeue
-            || requeue_asked
-            || job.spec.requeue
-                && !cancelled
-                && !preempted
-                && matches!(cause, EndCause::NodeFail | EndCause::LaunchFailed);
+        let requeue = goes_back_to_queue(job, cause);
         job.preempted = None;
         if let Some(since) = job.suspended_since.take() {
             job.suspended_total += now.since(since);
         }
         if requeue {
-            job.state = JobState::Pending;
-            job.part = Part::New;
-            job.reason = Reason::None;
-            job.requeue_count += 1;
-            job.ran_on = None;
-            job.start_time = None;
-            job.usage_until = None;
-            job.suspended_total = Seconds::ZERO;
-            job.end_cause = None;
-            job.exit = None;
+            back_to_queue(job);
         } else {
-            let exited_ok = exit.is_some_and(|e| e.code == 0 && e.signal == 0);
-            job.state = match cause {
-                _ if cancelled => JobState::Cancelled,
-                _ if preempted => JobState::Preempted,
-                EndCause::Exited if exited_ok => JobState::Completed,
-                EndCause::Exited | EndCause::JobfsExceeded | EndCause::LaunchFailed => {
-                    JobState::Failed
-                }
-                EndCause::Timeout => JobState::Timeout,
-                EndCause::OutOfMemory => JobState::OutOfMemory,
-                EndCause::NodeFail => JobState::NodeFail,
-                EndCause::Cancelled | EndCause::Requeued => JobState::Cancelled,
-                EndCause::Preempted => JobState::Preempted,
-            };
-            job.end_time = Some(now);
-            job.exit = exit;
-            if !cancelled && !preempted {
-                job.end_cause = Some(cause);
-            }
+            set_final_state(job, cause, exit, now);
         }
         // A run that ended on its own says how long this user's jobs take (what runtime
         // predictions read); one cut short by someone else does not.
@@ -412,6 +389,68 @@ impl State {
         if terminal {
             self.unindex_live(&user, id);
         }
+    }
+}
+
+/// Whether a run that ends with `cause` puts the job back in the queue: a requeue asked
+/// for, a preemption that requeues, or a node failure or failed launch of a job submitted
+/// with `--requeue` that nobody cancelled or preempted.
+fn goes_back_to_queue(job: &crate::job::Job, cause: EndCause) -> bool {
+    let cancelled = job.end_cause == Some(EndCause::Cancelled);
+    let preempted = job.end_cause == Some(EndCause::Preempted);
+    let requeue_asked = job.end_cause == Some(EndCause::Requeued);
+    let preempt_requeue = preempted
+        && job
+            .preempted
+            .is_some_and(|p| p.mode == crate::partition::PreemptMode::Requeue);
+    preempt_requeue
+        || requeue_asked
+        || job.spec.requeue
+            && !cancelled
+            && !preempted
+            && matches!(cause, EndCause::NodeFail | EndCause::LaunchFailed)
+}
+
+/// The job waits again as if just submitted (a new placement, no run recorded).
+fn back_to_queue(job: &mut crate::job::Job) {
+    job.state = JobState::Pending;
+    job.part = Part::New;
+    job.reason = Reason::None;
+    job.requeue_count += 1;
+    job.ran_on = None;
+    job.start_time = None;
+    job.usage_until = None;
+    job.suspended_total = Seconds::ZERO;
+    job.end_cause = None;
+    job.exit = None;
+}
+
+/// The job's final state from how its run ended; a cancellation or preemption recorded
+/// before the end wins over the cause.
+fn set_final_state(
+    job: &mut crate::job::Job,
+    cause: EndCause,
+    exit: Option<crate::job::ExitStatus>,
+    now: TimeMs,
+) {
+    let cancelled = job.end_cause == Some(EndCause::Cancelled);
+    let preempted = job.end_cause == Some(EndCause::Preempted);
+    let exited_ok = exit.is_some_and(|e| e.code == 0 && e.signal == 0);
+    job.state = match cause {
+        _ if cancelled => JobState::Cancelled,
+        _ if preempted => JobState::Preempted,
+        EndCause::Exited if exited_ok => JobState::Completed,
+        EndCause::Exited | EndCause::JobfsExceeded | EndCause::LaunchFailed => JobState::Failed,
+        EndCause::Timeout => JobState::Timeout,
+        EndCause::OutOfMemory => JobState::OutOfMemory,
+        EndCause::NodeFail => JobState::NodeFail,
+        EndCause::Cancelled | EndCause::Requeued => JobState::Cancelled,
+        EndCause::Preempted => JobState::Preempted,
+    };
+    job.end_time = Some(now);
+    job.exit = exit;
+    if !cancelled && !preempted {
+        job.end_cause = Some(cause);
     }
 }
 

@@ -216,34 +216,9 @@ impl State {
             Command::UpdateJobs { jobs, update } => Ok(self.update_jobs(actor, jobs, update, now)),
             Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
             Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
-            Command::SetSchedulerReasons(reasons) => {
-                if let Some((id, r)) = reasons.iter().find(|(_, r)| !r.is_eligible()) {
-                    return Err(Rejection::invalid(
-                        "reason",
-                        format!("{r} for job {id} is not a scheduler reason"),
-                    ));
-                }
-                // Only jobs still idle with no policy reason take them (others: stale).
-                for (id, r) in reasons {
-                    if let Some(job) = self.jobs.get_mut(id)
-                        && job.state == crate::job::JobState::Pending
-                        && job.part == crate::job::Part::Idle
-                        && job.reason.is_eligible()
-                    {
-                        job.reason = *r;
-                    }
-                }
-                Ok(Response::Done)
-            }
+            Command::SetSchedulerReasons(reasons) => self.set_scheduler_reasons(reasons),
             Command::NoteBypassed(jobs) => {
-                // Only jobs still waiting count; others are ignored (the plan is stale).
-                for id in jobs {
-                    if let Some(job) = self.jobs.get_mut(id)
-                        && job.state == crate::job::JobState::Pending
-                    {
-                        job.bypass_count = job.bypass_count.saturating_add(1);
-                    }
-                }
+                self.note_bypassed(jobs);
                 Ok(Response::Done)
             }
             Command::EndJobs(reports) => Ok(self.end_jobs(actor, reports, now)),
@@ -262,6 +237,42 @@ impl State {
                 self.expire_archive(now);
                 self.refresh_on_tick(now);
                 Ok(Response::Done)
+            }
+        }
+    }
+
+    /// Why waiting jobs did not start in the last pass: scheduler reasons only, taken only
+    /// by jobs still idle with no policy reason (others: stale).
+    fn set_scheduler_reasons(
+        &mut self,
+        reasons: &[(JobId, crate::job::Reason)],
+    ) -> Result<Response, Rejection> {
+        if let Some((id, r)) = reasons.iter().find(|(_, r)| !r.is_eligible()) {
+            return Err(Rejection::invalid(
+                "reason",
+                format!("{r} for job {id} is not a scheduler reason"),
+            ));
+        }
+        for (id, r) in reasons {
+            if let Some(job) = self.jobs.get_mut(id)
+                && job.state == crate::job::JobState::Pending
+                && job.part == crate::job::Part::Idle
+                && job.reason.is_eligible()
+            {
+                job.reason = *r;
+            }
+        }
+        Ok(Response::Done)
+    }
+
+    /// Counts one more bypass for each job still waiting; others are ignored (the plan is
+    /// stale).
+    fn note_bypassed(&mut self, jobs: &[JobId]) {
+        for id in jobs {
+            if let Some(job) = self.jobs.get_mut(id)
+                && job.state == crate::job::JobState::Pending
+            {
+                job.bypass_count = job.bypass_count.saturating_add(1);
             }
         }
     }

@@ -41,20 +41,10 @@ impl State {
         if params.backfill == BackfillMode::Off {
             return Plan::default();
         }
-        let mut cont = match resume {
-            Some(cont) => cont,
-            None => {
-                let rest = self.consideration_order(now);
-                if rest.is_empty() {
-                    // Nothing waits: no profile to build (a replay meets an empty queue at
-                    // most of its events).
-                    return Plan::default();
-                }
-                Continuation {
-                    rest,
-                    ..Continuation::default()
-                }
-            }
+        let Some(mut cont) = resume.or_else(|| self.fresh_continuation(now)) else {
+            // Nothing waits: no profile to build (a replay meets an empty queue at most of
+            // its events).
+            return Plan::default();
         };
         let mut pass = Pass::new(self, now);
         // Reservations from before a yield still bind, where their jobs still wait.
@@ -95,10 +85,7 @@ impl State {
                     } else {
                         cont.walked += k;
                     }
-                    bypass.note(&mut pass);
-                    pass.plan.reservations = cont.reservations.clone();
-                    pass.plan.continuation = Some(cont);
-                    return pass.plan;
+                    return yielded(pass, cont, &bypass);
                 }
                 let Some(job) = self.waiting(id) else {
                     continue;
@@ -124,26 +111,39 @@ impl State {
             if cont.sorted || cont.deferred.is_empty() {
                 break;
             }
-            // The deferred jobs, shortest expected run first (unlimited last); ties keep
-            // the queue's order.
-            cont.sorted = true;
-            let mut deferred = std::mem::take(&mut cont.deferred);
-            deferred.sort_by_cached_key(|&(position, id)| {
-                let runtime = self
-                    .jobs
-                    .get(&id)
-                    .and_then(|j| j.expected_runtime(now))
-                    .map_or(u64::MAX, |s| s.0);
-                (runtime, position)
-            });
-            cont.positions = deferred.iter().map(|d| d.0).collect();
-            cont.rest = deferred.into_iter().map(|d| d.1).collect();
+            self.sort_deferred(&mut cont, now);
         }
         bypass.note(&mut pass);
         pass.plan.reservations = cont.reservations;
         pass.plan.bypassed.sort_unstable();
         pass.plan.bypassed.dedup();
         pass.plan
+    }
+
+    /// A pass from the head of the queue; none when nothing waits.
+    fn fresh_continuation(&self, now: TimeMs) -> Option<Continuation> {
+        let rest = self.consideration_order(now);
+        (!rest.is_empty()).then(|| Continuation {
+            rest,
+            ..Continuation::default()
+        })
+    }
+
+    /// The deferred jobs become the rest of the pass, shortest expected run first
+    /// (unlimited last); ties keep the queue's order.
+    fn sort_deferred(&self, cont: &mut Continuation, now: TimeMs) {
+        cont.sorted = true;
+        let mut deferred = std::mem::take(&mut cont.deferred);
+        deferred.sort_by_cached_key(|&(position, id)| {
+            let runtime = self
+                .jobs
+                .get(&id)
+                .and_then(|j| j.expected_runtime(now))
+                .map_or(u64::MAX, |s| s.0);
+            (runtime, position)
+        });
+        cont.positions = deferred.iter().map(|d| d.0).collect();
+        cont.rest = deferred.into_iter().map(|d| d.1).collect();
     }
 
     /// Counts `job` against backfill's caps (`bf_max_job_part`, `bf_max_job_user`) and the
@@ -225,6 +225,15 @@ impl State {
         }
         outcome
     }
+}
+
+/// The plan of a pass the budget stopped: what it decided so far, its reservations, and
+/// where to resume (`cont`, already advanced past what was walked).
+fn yielded(mut pass: Pass<'_>, cont: Continuation, bypass: &Bypass) -> Plan {
+    bypass.note(&mut pass);
+    pass.plan.reservations = cont.reservations.clone();
+    pass.plan.continuation = Some(cont);
+    pass.plan
 }
 
 /// The jobs that could not start and the latest queue position that did, in one pass.

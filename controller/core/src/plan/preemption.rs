@@ -58,66 +58,15 @@ impl Pass<'_> {
             return false;
         };
         // Most jobs may preempt nobody: say so without looking at any node.
-        let by_qos = state
-            .qos
-            .get(&job.resolved.qos)
-            .is_some_and(|q| !q.preempt.is_empty());
-        let by_tier = state.partitions.values().any(|p| {
-            p.priority_tier < partition.priority_tier && p.preempt_mode != PreemptMode::Off
-        });
-        let parallel = state.config.preempt.parallel_run.is_some()
-            && partition.preempt_mode == PreemptMode::Suspend;
-        if !(by_qos || by_tier || parallel) {
+        if !may_preempt_anyone(state, job, partition) {
             return false;
         }
         // Per node: what could be freed, best victims first.
         let mut options: Vec<(usize, i64, Vec<JobId>, &NodeName)> = Vec::new();
         for name in &partition.nodes {
-            let Some(node) = state.nodes.get(name) else {
-                continue;
-            };
-            if !self.pool.admits(job, name, now) {
-                continue;
-            }
-            let Some(mut free) = self.pool.free_now(name) else {
-                continue;
-            };
             let position = options.len().min(job.spec.nodes as usize - 1);
-            let Some(want) = crate::request::node_use(job, position, &node.spec) else {
-                continue;
-            };
-            let mut victims: Vec<(f64, &Job, PreemptMode)> = node
-                .jobs
-                .iter()
-                .filter(|(_, u)| !u.suspended && !u.exclusive)
-                .filter(|(id, _)| !taken.contains(*id))
-                .filter_map(|(id, _)| state.jobs.get(id))
-                .filter_map(|v| {
-                    state
-                        .preempt_mode(job, v, now)
-                        .map(|m| (state.suspension_score(job, v, now), &**v, m))
-                })
-                .collect();
-            if victims.is_empty() {
-                continue;
-            }
-            victims.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
-            let mut chosen = Vec::new();
-            for (_, v, mode) in victims {
-                if free.covers(&want) {
-                    break;
-                }
-                let share = node.jobs.get(&v.id).copied();
-                let Some(u) = share else {
-                    continue;
-                };
-                // A suspended victim keeps its memory, jobfs and GPUs; a killed one gives
-                // them back.
-                free.give_back(&u, mode != PreemptMode::Suspend);
-                chosen.push(v.id);
-            }
-            if free.covers(&want) {
-                options.push((chosen.len(), free.cpus - i64::from(want.cpus), chosen, name));
+            if let Some((count, spare, chosen)) = self.victims_on(name, job, position, taken) {
+                options.push((count, spare, chosen, name));
             }
         }
         let wanted = job.spec.nodes as usize;
@@ -149,4 +98,76 @@ impl Pass<'_> {
         });
         true
     }
+}
+
+impl Pass<'_> {
+    /// What preempting on node `name` could free for `job` (as its `position`th node): how
+    /// many victims, the cpus to spare once it fits, and the victims, best first; none when
+    /// the node cannot take it even so.
+    fn victims_on(
+        &self,
+        name: &NodeName,
+        job: &Job,
+        position: usize,
+        taken: &BTreeSet<JobId>,
+    ) -> Option<(usize, i64, Vec<JobId>)> {
+        let (state, now) = (self.state, self.now);
+        let node = state.nodes.get(name)?;
+        if !self.pool.admits(job, name, now) {
+            return None;
+        }
+        let mut free = self.pool.free_now(name)?;
+        let want = crate::request::node_use(job, position, &node.spec)?;
+        let mut victims: Vec<(f64, &Job, PreemptMode)> = node
+            .jobs
+            .iter()
+            .filter(|(_, u)| !u.suspended && !u.exclusive)
+            .filter(|(id, _)| !taken.contains(*id))
+            .filter_map(|(id, _)| state.jobs.get(id))
+            .filter_map(|v| {
+                state
+                    .preempt_mode(job, v, now)
+                    .map(|m| (state.suspension_score(job, v, now), &**v, m))
+            })
+            .collect();
+        if victims.is_empty() {
+            return None;
+        }
+        victims.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.id.cmp(&b.1.id)));
+        let mut chosen = Vec::new();
+        for (_, v, mode) in victims {
+            if free.covers(&want) {
+                break;
+            }
+            let Some(u) = node.jobs.get(&v.id).copied() else {
+                continue;
+            };
+            // A suspended victim keeps its memory, jobfs and GPUs; a killed one gives them
+            // back.
+            free.give_back(&u, mode != PreemptMode::Suspend);
+            chosen.push(v.id);
+        }
+        free.covers(&want)
+            .then(|| (chosen.len(), free.cpus - i64::from(want.cpus), chosen))
+    }
+}
+
+/// Whether `job` may preempt anyone at all: its QOS preempts others, a lower partition
+/// tier preempts, or parallel runs suspend in its partition.
+fn may_preempt_anyone(
+    state: &crate::state::State,
+    job: &Job,
+    partition: &crate::partition::Partition,
+) -> bool {
+    let by_qos = state
+        .qos
+        .get(&job.resolved.qos)
+        .is_some_and(|q| !q.preempt.is_empty());
+    let by_tier = state
+        .partitions
+        .values()
+        .any(|p| p.priority_tier < partition.priority_tier && p.preempt_mode != PreemptMode::Off);
+    let parallel = state.config.preempt.parallel_run.is_some()
+        && partition.preempt_mode == PreemptMode::Suspend;
+    by_qos || by_tier || parallel
 }

@@ -179,6 +179,24 @@ pub(super) fn build(
     explicit_procs: bool,
     jobs: &[&SwfJob],
 ) -> Result<Machine, SimError> {
+    let config = replay_config(site, policy, jobs.len());
+    let mut commands = Vec::new();
+    let (procs, partitions) = hardware(site, trace_procs, explicit_procs, &mut commands)?;
+    set_config_after_qos(&mut commands, site, &config);
+    trace_accounts(site, jobs, &mut commands)?;
+    let site_users = trace_users(site, jobs, &mut commands)?;
+    let jobs = job_mapper(site, &partitions, procs, site_users)?;
+    Ok(Machine {
+        commands,
+        procs,
+        config,
+        jobs,
+    })
+}
+
+/// The site's scheduler configuration (or the textbook one: FCFS priority, no limits) with
+/// the replayed policy, and room for every job in one submission.
+fn replay_config(site: Option<&SimSite>, policy: Policy, jobs: usize) -> SchedConfig {
     let mut config = match site {
         Some(s) => s.site.sched.clone(),
         None => {
@@ -192,55 +210,62 @@ pub(super) fn build(
     // A replay submits whole instants at once and keeps every job.
     config.max_batch = config
         .max_batch
-        .max(u32::try_from(jobs.len()).unwrap_or(u32::MAX));
-    config.max_job_count = config.max_job_count.max(jobs.len() as u64 + 1);
+        .max(u32::try_from(jobs).unwrap_or(u32::MAX));
+    config.max_job_count = config.max_job_count.max(jobs as u64 + 1);
+    config
+}
 
-    let mut commands = Vec::new();
-    let mut partitions: Vec<Partition> = Vec::new();
-    let mut defined_users: BTreeMap<UserName, &User> = BTreeMap::new();
-    let mut defined_accounts: BTreeSet<AccountName> = BTreeSet::new();
-    let procs;
-    match site {
-        Some(s) if !s.site.nodes.is_empty() => {
-            if explicit_procs {
-                return Err(SimError::Setup(
-                    "--procs cannot be combined with a configuration that defines nodes: the \
-                     nodes are the machine"
-                        .into(),
-                ));
-            }
-            procs = s.site.nodes.iter().map(|n| u64::from(n.cpus)).sum();
-            commands.extend(s.site.commands());
-            partitions = s.site.partitions.clone();
+/// The nodes and partitions: the site's when it defines nodes, else one node as wide as
+/// the trace's machine in the site's partitions (or one default partition). Pushes their
+/// commands; the machine's processors and its partitions.
+fn hardware(
+    site: Option<&SimSite>,
+    trace_procs: Option<u64>,
+    explicit_procs: bool,
+    commands: &mut Vec<Command>,
+) -> Result<(u64, Vec<Partition>), SimError> {
+    if let Some(s) = site.filter(|s| !s.site.nodes.is_empty()) {
+        if explicit_procs {
+            return Err(SimError::Setup(
+                "--procs cannot be combined with a configuration that defines nodes: the \
+                 nodes are the machine"
+                    .into(),
+            ));
         }
-        _ => {
-            procs = trace_procs.ok_or(SimError::NoMachineSize)?;
-            let cpus = u32::try_from(procs).map_err(|_| SimError::MachineTooLarge(procs))?;
-            if let Some(s) = site {
-                commands.extend(s.site.commands());
-                partitions = s.site.partitions.clone();
-            }
-            let node: NodeName = name(NODE)?;
-            commands.push(Command::UpsertNode(NodeSpec {
-                name: node.clone(),
-                cpus,
-                memory: MiB(u64::MAX / 4),
-                jobfs: MiB(u64::MAX / 4),
-                gpus: 0,
-                features: BTreeSet::new(),
-            }));
-            if partitions.is_empty() {
-                let mut p = Partition::new(name(PARTITION)?, BTreeSet::new());
-                p.is_default = true;
-                partitions.push(p);
-            }
-            for p in &mut partitions {
-                p.nodes.insert(node.clone());
-                commands.push(Command::UpsertPartition(Box::new(p.clone())));
-            }
-        }
+        commands.extend(s.site.commands());
+        let procs = s.site.nodes.iter().map(|n| u64::from(n.cpus)).sum();
+        return Ok((procs, s.site.partitions.clone()));
     }
-    // Replace the site's SetConfig (or add one) with the replay's.
+    let procs = trace_procs.ok_or(SimError::NoMachineSize)?;
+    let cpus = u32::try_from(procs).map_err(|_| SimError::MachineTooLarge(procs))?;
+    let mut partitions = Vec::new();
+    if let Some(s) = site {
+        commands.extend(s.site.commands());
+        partitions = s.site.partitions.clone();
+    }
+    let node: NodeName = name(NODE)?;
+    commands.push(Command::UpsertNode(NodeSpec {
+        name: node.clone(),
+        cpus,
+        memory: MiB(u64::MAX / 4),
+        jobfs: MiB(u64::MAX / 4),
+        gpus: 0,
+        features: BTreeSet::new(),
+    }));
+    if partitions.is_empty() {
+        let mut p = Partition::new(name(PARTITION)?, BTreeSet::new());
+        p.is_default = true;
+        partitions.push(p);
+    }
+    for p in &mut partitions {
+        p.nodes.insert(node.clone());
+        commands.push(Command::UpsertPartition(Box::new(p.clone())));
+    }
+    Ok((procs, partitions))
+}
+
+/// Replaces the site's SetConfig (or adds one) with the replay's, after the QOS it names.
+fn set_config_after_qos(commands: &mut Vec<Command>, site: Option<&SimSite>, config: &SchedConfig) {
     commands.retain(|c| !matches!(c, Command::SetConfig(_)));
     let defines_qos = |q: &QosName| site.is_some_and(|s| s.site.qos(q).is_some());
     if !defines_qos(&config.default_qos) {
@@ -254,21 +279,21 @@ pub(super) fn build(
         .rposition(|c| matches!(c, Command::UpsertQos(_)))
         .map_or(0, |i| i + 1);
     commands.insert(qos_end, Command::SetConfig(Box::new(config.clone())));
-    if let Some(s) = site {
-        defined_users = s
-            .site
-            .users
-            .iter()
-            .map(|u| (u.user.name.clone(), &u.user))
-            .collect();
-        defined_accounts = s.site.accounts.iter().map(|a| a.name.clone()).collect();
-    }
+}
 
-    // SWF groups become accounts, SWF users users, unless the site defines them.
+/// SWF groups become accounts, unless the site defines them.
+fn trace_accounts(
+    site: Option<&SimSite>,
+    jobs: &[&SwfJob],
+    commands: &mut Vec<Command>,
+) -> Result<(), SimError> {
+    let defined: BTreeSet<AccountName> = site
+        .map(|s| s.site.accounts.iter().map(|a| a.name.clone()).collect())
+        .unwrap_or_default();
     let groups: BTreeSet<i64> = jobs.iter().map(|j| j.group).collect();
     for g in &groups {
         let account: AccountName = name(&account_name(*g))?;
-        if defined_accounts.contains(&account) {
+        if defined.contains(&account) {
             continue;
         }
         commands.push(Command::UpsertAccount {
@@ -279,7 +304,25 @@ pub(super) fn build(
             grant: None,
         });
     }
-    // Each user belongs to every group they submitted under; the first is their default.
+    Ok(())
+}
+
+/// SWF users become users of every group they submitted under (the first their default),
+/// unless the site defines them; the site's users among them, with their accounts.
+fn trace_users(
+    site: Option<&SimSite>,
+    jobs: &[&SwfJob],
+    commands: &mut Vec<Command>,
+) -> Result<BTreeMap<i64, BTreeSet<AccountName>>, SimError> {
+    let defined: BTreeMap<UserName, &User> = site
+        .map(|s| {
+            s.site
+                .users
+                .iter()
+                .map(|u| (u.user.name.clone(), &u.user))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut users: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for j in jobs {
         let gs = users.entry(j.user).or_default();
@@ -290,7 +333,7 @@ pub(super) fn build(
     let mut site_users: BTreeMap<i64, BTreeSet<AccountName>> = BTreeMap::new();
     for (u, gs) in &users {
         let user: UserName = name(&user_name(*u))?;
-        if defined_users.contains_key(&user) {
+        if defined.contains_key(&user) {
             let assocs = site
                 .and_then(|s| s.site.users.iter().find(|d| d.user.name == user))
                 .map(|d| d.assocs.iter().map(|(a, _)| a.clone()).collect())
@@ -320,8 +363,17 @@ pub(super) fn build(
             assocs,
         });
     }
+    Ok(site_users)
+}
 
-    // The widest node of each partition, to turn processors into nodes.
+/// How trace jobs map onto the machine: the site's queue map, each partition's widest node
+/// (to turn processors into nodes) and the default partition.
+fn job_mapper(
+    site: Option<&SimSite>,
+    partitions: &[Partition],
+    procs: u64,
+    site_users: BTreeMap<i64, BTreeSet<AccountName>>,
+) -> Result<JobMapper, SimError> {
     let node_cpus: BTreeMap<NodeName, u32> = match site {
         Some(s) if !s.site.nodes.is_empty() => s
             .site
@@ -352,17 +404,12 @@ pub(super) fn build(
                 .find(|p| p.is_default)
                 .map(|p| p.name.clone())
         });
-    Ok(Machine {
-        commands,
-        procs,
-        config,
-        jobs: JobMapper {
-            map: site.map(|s| s.map.clone()).unwrap_or_default(),
-            site_users,
-            widest,
-            default_partition,
-            script: BlobId::of(SCRIPT),
-        },
+    Ok(JobMapper {
+        map: site.map(|s| s.map.clone()).unwrap_or_default(),
+        site_users,
+        widest,
+        default_partition,
+        script: BlobId::of(SCRIPT),
     })
 }
 

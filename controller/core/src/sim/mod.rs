@@ -10,24 +10,17 @@
 //! purges finished jobs, as the controller's does.
 
 mod machine;
+mod replayer;
 pub mod swf;
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
-use rustc_hash::FxHashMap;
-
-use crate::command::{Command, EndCause, EndReport, Envelope};
+use crate::command::{Command, Envelope};
 use crate::config::{BackfillMode, BackfillOrder};
-use crate::ids::JobId;
-use crate::job::{ExitStatus, JobRef};
-use crate::partition::PreemptMode;
-use crate::plan::Unlimited;
 use crate::predict::RuntimePredictor;
 use crate::priority::RuntimeOrder;
 use crate::quantity::Seconds;
 use crate::quantity::TimeMs;
-use crate::{ApplyCtx, PreemptOutcome, Response, State};
+use crate::{ApplyCtx, Response, State};
+use replayer::Replayer;
 
 pub use machine::{QueueMap, SimMap, SimSite};
 
@@ -278,6 +271,7 @@ pub enum SimError {
     Stuck { time: u64, queued: usize },
 }
 
+/// The state machine a replay drives, and the log position it is at.
 struct Driver {
     state: State,
     index: u64,
@@ -300,82 +294,13 @@ impl Driver {
     }
 }
 
-/// The jobs holding processors, and when each will end: the agents' side of a replay.
-#[derive(Default)]
-struct Running {
-    /// Ends in time order; an entry whose job no longer ends then (it was suspended or
-    /// killed) is skipped.
-    ends: BinaryHeap<Reverse<(u64, JobId)>>,
-    end_of: FxHashMap<JobId, u64>,
-    /// Suspended jobs and the run time they have left.
-    suspended: FxHashMap<JobId, u64>,
-    busy: u64,
-}
-
-impl Running {
-    fn start(&mut self, id: JobId, end: u64, procs: u64) {
-        self.ends.push(Reverse((end, id)));
-        self.end_of.insert(id, end);
-        self.busy += procs;
-    }
-
-    /// Stops `id`'s clock; `keep` remembers what it has left (suspension).
-    fn stop(&mut self, id: JobId, now: u64, procs: u64, keep: bool) {
-        if let Some(end) = self.end_of.remove(&id) {
-            self.busy -= procs;
-            if keep {
-                self.suspended.insert(id, end.saturating_sub(now));
-            }
-        }
-    }
-
-    fn resume(&mut self, id: JobId, now: u64, procs: u64) {
-        if let Some(left) = self.suspended.remove(&id) {
-            self.start(id, now + left, procs);
-        }
-    }
-
-    fn next_end(&mut self) -> Option<u64> {
-        while let Some(Reverse((t, id))) = self.ends.peek().copied() {
-            if self.end_of.get(&id) == Some(&t) {
-                return Some(t);
-            }
-            self.ends.pop();
-        }
-        None
-    }
-
-    /// The jobs that end at `t`.
-    fn ending(&mut self, t: u64) -> Vec<JobId> {
-        let mut out = Vec::new();
-        while self.next_end() == Some(t) {
-            if let Some(Reverse((_, id))) = self.ends.pop() {
-                self.end_of.remove(&id);
-                out.push(id);
-            }
-        }
-        out
-    }
-}
-
 /// Replays `trace`; `progress(done, total)` is called as jobs finish.
 pub fn replay(
     trace: &Trace,
     options: &SimOptions,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Replay, SimError> {
-    let policy = options.policy.unwrap_or_else(|| match &options.site {
-        Some(s) => {
-            let sched = &s.site.sched.sched;
-            Policy {
-                bf_order: sched.bf_order,
-                predictor: sched.runtime_predictor,
-                starvation_wait: sched.starvation_wait,
-                ..Policy::of(sched.backfill)
-            }
-        }
-        None => Policy::EASY,
-    });
+    let policy = policy_of(options);
     // The machine's size bounds the jobs kept; a site's nodes define it.
     let site_procs = options
         .site
@@ -398,259 +323,14 @@ pub fn replay(
         options.procs.is_some(),
         &jobs,
     )?;
-    let procs = machine.procs;
-    // Preemption and resumes are planned by the main pass: run it before backfill when the
-    // configuration can preempt.
-    let preempting = machine.config.preempt.parallel_run.is_some()
-        || options.site.as_ref().is_some_and(|s| {
-            s.site
-                .partitions
-                .iter()
-                .any(|p| p.preempt_mode != PreemptMode::Off)
-                || s.site.qos.iter().any(|q| !q.preempt.is_empty())
-        });
-    let mut d = Driver {
-        state: State::new(machine.config.clone()),
-        index: 0,
-    };
-    let t0 = jobs.first().map_or(0, |j| j.submit);
-    for cmd in machine.commands {
-        d.apply(cmd, t0)
-            .map_err(|e| SimError::Setup(e.to_string()))?;
-    }
-
-    let total = jobs.len();
-    let mut outcomes: Vec<Option<JobOutcome>> = vec![None; total];
-    let mut which: FxHashMap<JobId, usize> = FxHashMap::default();
-    let mut running = Running::default();
-    let mut samples = Vec::new();
-    let mut completed = vec![false; total];
-    let mut refused = 0usize;
-    let mut first_refusal: Option<String> = None;
-    let mut next = 0usize;
-    let mut done = 0usize;
-    let mut last_tick = t0;
-    // Instants at which a running job outlives its runtime prediction: the plans are made
-    // again then, on the corrected prediction (EASY++); stale entries are skipped.
-    let mut expiries: BinaryHeap<Reverse<(u64, JobId)>> = BinaryHeap::new();
-    loop {
-        let arrival = jobs.get(next).map(|j| j.submit);
-        let end = running.next_end();
-        let t = match [arrival, end].into_iter().flatten().min() {
-            Some(t) => t,
-            // Nothing arrives or runs (expiries belong to running jobs).
-            None => break,
-        };
-        let t = expiries.peek().map_or(t, |Reverse((x, _))| t.min(*x));
-        // Predictions that run out now: the passes below plan on the corrected ones.
-        while let Some(&Reverse((x, id))) = expiries.peek()
-            && x <= t
-        {
-            expiries.pop();
-            let later = d
-                .state
-                .jobs
-                .get(&id)
-                .and_then(|j| j.prediction_expires(TimeMs(t * 1000)));
-            schedule_expiry(&mut expiries, later, id);
-        }
-        if t >= last_tick + 3600 {
-            d.apply(Command::Tick, t)?;
-            last_tick = t;
-        }
-        // Completions.
-        let mut reports = Vec::new();
-        for id in running.ending(t) {
-            let epoch = d.state.jobs[&id].alloc.as_ref().map_or(0, |a| a.epoch);
-            reports.push(EndReport {
-                job: id,
-                epoch,
-                cause: EndCause::Exited,
-                exit: ExitStatus {
-                    code: 0,
-                    signal: 0,
-                    ..Default::default()
-                },
-            });
-            if let Some(&k) = which.get(&id) {
-                running.busy -= jobs[k].procs;
-                completed[k] = true;
-                // Later than planned when it was suspended on the way.
-                if let Some(o) = outcomes[k].as_mut() {
-                    o.end = t;
-                }
-            }
-            done += 1;
-        }
-        if !reports.is_empty() {
-            d.apply(Command::EndJobs(reports), t)?;
-            progress(done, total);
-        }
-        // Arrivals.
-        let first = next;
-        while next < total && jobs[next].submit == t {
-            next += 1;
-        }
-        if next > first {
-            let specs = jobs[first..next]
-                .iter()
-                .map(|j| machine.jobs.spec(j))
-                .collect::<Result<Vec<_>, _>>()?;
-            // Sent with every batch: stored once, dropped when no job uses it any more.
-            let blobs = vec![machine::SCRIPT.to_vec()];
-            let r = d.apply(Command::SubmitJobs { blobs, jobs: specs }, t)?;
-            let Response::Submitted(results) = r else {
-                return Err(SimError::Refused(format!("submission answered {r:?}")));
-            };
-            for (k, r) in results.into_iter().enumerate() {
-                match r {
-                    Ok(id) => {
-                        which.insert(id, first + k);
-                    }
-                    // The site's policies refuse it (a walltime cap, a QOS the partition
-                    // does not allow, ...): counted, as a controller would have told the
-                    // user. The textbook machine refuses nothing.
-                    Err(e) if options.site.is_some() => {
-                        refused += 1;
-                        first_refusal.get_or_insert_with(|| format!("{}: {e}", jobs[first + k]));
-                    }
-                    Err(e) => {
-                        return Err(SimError::Refused(format!("{}: {e}", jobs[first + k])));
-                    }
-                }
-            }
-        }
-        // The passes, as the leader runs them. On a site, they run again while they start
-        // something: a start can unblock others (Maui promotes a blocked job when an idle
-        // one starts), which the leader's next loop would see seconds later. The textbook
-        // algorithms start everything they can in one pass.
-        let now = TimeMs(t * 1000);
-        let rounds = if options.site.is_some() { 16 } else { 1 };
-        for _ in 0..rounds {
-            let mut starts = Vec::new();
-            if policy.backfill == BackfillMode::Off || preempting {
-                let plan = d.state.main_pass(now, &mut Unlimited, None);
-                starts.extend(apply_starts(&mut d, plan.starts, t)?);
-                if !plan.preemptions.is_empty() {
-                    let victims: Vec<Vec<JobId>> =
-                        plan.preemptions.iter().map(|p| p.victims.clone()).collect();
-                    let Response::Preempted(results) =
-                        d.apply(Command::Preempt(plan.preemptions), t)?
-                    else {
-                        return Err(SimError::Refused("preempt answered otherwise".into()));
-                    };
-                    let mut killed = Vec::new();
-                    for (r, victims) in results.into_iter().zip(victims) {
-                        let suspend = match r {
-                            Ok(PreemptOutcome::Started(id)) => {
-                                starts.push(id);
-                                true
-                            }
-                            Ok(PreemptOutcome::Freeing) => false,
-                            Err(e) => return Err(SimError::Refused(format!("a preemption: {e}"))),
-                        };
-                        for v in victims {
-                            let p = which.get(&v).map_or(0, |&k| jobs[k].procs);
-                            running.stop(v, t, p, suspend);
-                            if !suspend {
-                                let epoch = d.state.jobs[&v].alloc.as_ref().map_or(0, |a| a.epoch);
-                                killed.push(EndReport {
-                                    job: v,
-                                    epoch,
-                                    cause: EndCause::Preempted,
-                                    exit: ExitStatus {
-                                        code: 0,
-                                        signal: 15,
-                                        ..Default::default()
-                                    },
-                                });
-                            }
-                        }
-                    }
-                    if !killed.is_empty() {
-                        d.apply(Command::EndJobs(killed), t)?;
-                    }
-                }
-                if !plan.resumes.is_empty() {
-                    let refs: Vec<JobRef> = plan
-                        .resumes
-                        .iter()
-                        .map(|id| JobRef {
-                            job: *id,
-                            task: None,
-                        })
-                        .collect();
-                    let Response::PerJob(results) =
-                        d.apply(Command::ResumeJobs { jobs: refs }, t)?
-                    else {
-                        return Err(SimError::Refused("resume answered otherwise".into()));
-                    };
-                    for (id, r) in plan.resumes.iter().zip(results) {
-                        if r.is_ok() {
-                            let p = which.get(id).map_or(0, |&k| jobs[k].procs);
-                            running.resume(*id, t, p);
-                        }
-                    }
-                }
-            }
-            if policy.backfill != BackfillMode::Off {
-                let plan = d.state.backfill_pass(now, &mut Unlimited, None);
-                starts.extend(apply_starts(&mut d, plan.starts, t)?);
-            }
-            let progressed = !starts.is_empty();
-            for id in starts {
-                let k = which[&id];
-                let j = jobs[k];
-                running.start(id, t + j.runtime, j.procs);
-                let expires = d
-                    .state
-                    .jobs
-                    .get(&id)
-                    .and_then(|j| j.prediction_expires(now));
-                schedule_expiry(&mut expiries, expires, id);
-                // A requeued job's outcome is its last run.
-                outcomes[k] = Some(JobOutcome {
-                    swf_id: j.id,
-                    user: j.user,
-                    procs: j.procs,
-                    submit: j.submit,
-                    start: t,
-                    end: t + j.runtime,
-                    estimate: j.estimate,
-                });
-            }
-            if !progressed {
-                break;
-            }
-        }
-        let in_system = which.len() - done;
-        samples.push(Sample {
-            time: t,
-            busy_procs: running.busy,
-            queued_jobs: (in_system - running.end_of.len() - running.suspended.len()) as u64,
-        });
-        if running.next_end().is_none() && next >= total && done < which.len() {
-            if options.site.is_some() {
-                // The site's limits keep these from ever starting (a MAXPS hard limit,
-                // a down partition, ...): reported, not an error.
-                break;
-            }
-            return Err(SimError::Stuck {
-                time: t,
-                queued: which.len() - done,
-            });
-        }
-    }
-    let unstarted = which.len() - done;
-    let outcomes: Vec<JobOutcome> = outcomes
-        .into_iter()
-        .zip(completed)
-        .filter_map(|(o, done)| o.filter(|_| done))
-        .collect();
+    let mut replayer = Replayer::set_up(jobs, machine, policy, options)?;
+    replayer.run(progress)?;
+    let procs = replayer.machine.procs;
+    let (outcomes, samples, tally) = replayer.finish();
     let mut summary = summarize(&outcomes, procs, policy, dropped_big + trace_dropped(trace));
-    summary.refused = refused;
-    summary.first_refusal = first_refusal;
-    summary.unstarted = unstarted;
+    summary.refused = tally.refused;
+    summary.first_refusal = tally.first_refusal;
+    summary.unstarted = tally.unstarted;
     Ok(Replay {
         outcomes,
         summary,
@@ -658,34 +338,20 @@ pub fn replay(
     })
 }
 
-/// Re-plans at the (whole) second job `id`'s runtime prediction runs out, if it will.
-fn schedule_expiry(
-    expiries: &mut BinaryHeap<Reverse<(u64, JobId)>>,
-    at: Option<TimeMs>,
-    id: JobId,
-) {
-    if let Some(at) = at {
-        expiries.push(Reverse((at.0.div_ceil(1000), id)));
-    }
-}
-
-/// Applies planned starts; the ids of those apply accepted (a replay's plans are never
-/// stale, so a refusal is a bug and stops the replay).
-fn apply_starts(
-    d: &mut Driver,
-    starts: Vec<crate::command::StartDecision>,
-    t: u64,
-) -> Result<Vec<JobId>, SimError> {
-    if starts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let Response::Started(results) = d.apply(Command::StartJobs(starts), t)? else {
-        return Err(SimError::Refused("start answered otherwise".into()));
-    };
-    results
-        .into_iter()
-        .map(|r| r.map_err(|e| SimError::Refused(format!("a planned start: {e}"))))
-        .collect()
+/// The policy a replay runs: the one asked for, else the site's, else EASY.
+fn policy_of(options: &SimOptions) -> Policy {
+    options.policy.unwrap_or_else(|| match &options.site {
+        Some(s) => {
+            let sched = &s.site.sched.sched;
+            Policy {
+                bf_order: sched.bf_order,
+                predictor: sched.runtime_predictor,
+                starvation_wait: sched.starvation_wait,
+                ..Policy::of(sched.backfill)
+            }
+        }
+        None => Policy::EASY,
+    })
 }
 
 fn trace_dropped(trace: &Trace) -> usize {

@@ -8,7 +8,7 @@ use super::file::*;
 use super::{AccountDef, SiteConfig, SiteError, UserDef};
 use crate::account::{AssocLimits, Grant, User, UserAssoc};
 use crate::config::{
-    BackfillMode, BackfillOrder, Promotion, QueueOrdering, SchedConfig, ShuffleBy,
+    BackfillMode, BackfillOrder, Promotion, QueueOrdering, SchedConfig, SchedParams, ShuffleBy,
 };
 use crate::fairshare::FairshareAlgorithm;
 use crate::ids::{AccountName, NodeName};
@@ -322,60 +322,70 @@ fn sched_config(raw: &RawFile) -> Result<SchedConfig> {
     sched_params(raw, &mut c)?;
     priority(raw, &mut c)?;
     if let Some(q) = &raw.queue_policy {
-        if let Some(v) = q.max_idle_jobs {
-            c.queue_policy.max_idle_jobs_per_user = Some(v);
-        }
-        if let Some(v) = q.max_jobs {
-            c.queue_policy.max_jobs_per_user = Some(v);
-        }
-        if let Some(m) = &q.max_ps {
-            (c.queue_policy.maxps_soft, c.queue_policy.maxps_hard) =
-                max_ps("QueuePolicy.MAXPS", m)?;
-        }
-        c.queue_policy.promotion = match q.promotion {
-            None | Some(RawPromotion::Newest) => Promotion::Newest,
-            Some(RawPromotion::Oldest) => Promotion::Oldest,
-        };
+        queue_policy(q, &mut c)?;
     }
     if let Some(p) = &raw.preempt_parallel_run {
-        let d = ParallelRun::default();
-        let run = ParallelRun {
-            min_size_ratio: p.min_size_ratio.unwrap_or(d.min_size_ratio),
-            max_expansion: p.max_expansion.unwrap_or(d.max_expansion),
-            weight_expansion: p.weight_expansion.unwrap_or(d.weight_expansion),
-            weight_done: p.weight_done.unwrap_or(d.weight_done),
-            weight_running: p.weight_running.unwrap_or(d.weight_running),
-            weight_wait: p.weight_wait.unwrap_or(d.weight_wait),
-            weight_bypass: p.weight_bypass.unwrap_or(d.weight_bypass),
-        };
-        if run.min_size_ratio < 1 {
-            return Err(SiteError::invalid(
-                "PreemptParallelRun.MinSizeRatio",
-                "must be at least 1",
-            ));
-        }
-        if !(run.max_expansion.is_finite() && run.max_expansion >= 1.0) {
-            return Err(SiteError::invalid(
-                "PreemptParallelRun.MaxExpansion",
-                "must be a number of at least 1.0",
-            ));
-        }
-        let weights = [
-            run.weight_expansion,
-            run.weight_done,
-            run.weight_running,
-            run.weight_wait,
-            run.weight_bypass,
-        ];
-        if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
-            return Err(SiteError::invalid(
-                "PreemptParallelRun",
-                "weights must be finite and not negative",
-            ));
-        }
-        c.preempt.parallel_run = Some(run);
+        c.preempt.parallel_run = Some(parallel_run(p)?);
     }
     Ok(c)
+}
+
+/// `QueuePolicy`: the per-user idle and running job caps, MAXPS and promotion order.
+fn queue_policy(q: &RawQueuePolicy, c: &mut SchedConfig) -> Result<()> {
+    if let Some(v) = q.max_idle_jobs {
+        c.queue_policy.max_idle_jobs_per_user = Some(v);
+    }
+    if let Some(v) = q.max_jobs {
+        c.queue_policy.max_jobs_per_user = Some(v);
+    }
+    if let Some(m) = &q.max_ps {
+        (c.queue_policy.maxps_soft, c.queue_policy.maxps_hard) = max_ps("QueuePolicy.MAXPS", m)?;
+    }
+    c.queue_policy.promotion = match q.promotion {
+        None | Some(RawPromotion::Newest) => Promotion::Newest,
+        Some(RawPromotion::Oldest) => Promotion::Oldest,
+    };
+    Ok(())
+}
+
+/// `PreemptParallelRun`: each setting or its default, checked.
+fn parallel_run(p: &RawParallelRun) -> Result<ParallelRun> {
+    let d = ParallelRun::default();
+    let run = ParallelRun {
+        min_size_ratio: p.min_size_ratio.unwrap_or(d.min_size_ratio),
+        max_expansion: p.max_expansion.unwrap_or(d.max_expansion),
+        weight_expansion: p.weight_expansion.unwrap_or(d.weight_expansion),
+        weight_done: p.weight_done.unwrap_or(d.weight_done),
+        weight_running: p.weight_running.unwrap_or(d.weight_running),
+        weight_wait: p.weight_wait.unwrap_or(d.weight_wait),
+        weight_bypass: p.weight_bypass.unwrap_or(d.weight_bypass),
+    };
+    if run.min_size_ratio < 1 {
+        return Err(SiteError::invalid(
+            "PreemptParallelRun.MinSizeRatio",
+            "must be at least 1",
+        ));
+    }
+    if !(run.max_expansion.is_finite() && run.max_expansion >= 1.0) {
+        return Err(SiteError::invalid(
+            "PreemptParallelRun.MaxExpansion",
+            "must be a number of at least 1.0",
+        ));
+    }
+    let weights = [
+        run.weight_expansion,
+        run.weight_done,
+        run.weight_running,
+        run.weight_wait,
+        run.weight_bypass,
+    ];
+    if weights.iter().any(|w| !w.is_finite() || *w < 0.0) {
+        return Err(SiteError::invalid(
+            "PreemptParallelRun",
+            "weights must be finite and not negative",
+        ));
+    }
+    Ok(run)
 }
 
 fn sched_params(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
@@ -425,6 +435,11 @@ fn sched_params(raw: &RawFile, c: &mut SchedConfig) -> Result<()> {
             RawBackfillMode::Conservative => BackfillMode::Conservative,
         };
     }
+    bounded_sched_params(p, s)
+}
+
+/// The `SchedulerParameters` that are times and intervals, each within its range.
+fn bounded_sched_params(p: &RawSchedParams, s: &mut SchedParams) -> Result<()> {
     let positive = |key: &str, v: u64, max: u64| -> Result<u64> {
         if v == 0 || v > max {
             return Err(SiteError::invalid(

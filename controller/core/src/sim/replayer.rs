@@ -1,0 +1,493 @@
+//! The event loop of a replay: arrivals, ends and expiring predictions in time order, each
+//! instant's commands applied to the real state machine, and the passes run as the leader
+//! runs them.
+//!
+//! The trace's jobs are the agents' side: a started job "runs" for its trace runtime
+//! ([`Running`]), and its end is reported with `EndJobs` as an agent would. Everything else
+//! (submission, placement, starts, preemption, charging) is the controller's own code.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+use super::machine::{self, Machine};
+use super::{Driver, JobOutcome, Policy, Sample, SimError, SimOptions, swf};
+use crate::command::{Command, EndCause, EndReport, StartDecision};
+use crate::config::BackfillMode;
+use crate::ids::JobId;
+use crate::job::{ExitStatus, JobRef};
+use crate::partition::PreemptMode;
+use crate::plan::Unlimited;
+use crate::quantity::TimeMs;
+use crate::{PreemptOutcome, Response, State};
+
+/// The jobs holding processors, and when each will end: the agents' side of a replay.
+#[derive(Default)]
+struct Running {
+    /// Ends in time order; an entry whose job no longer ends then (it was suspended or
+    /// killed) is skipped.
+    ends: BinaryHeap<Reverse<(u64, JobId)>>,
+    end_of: FxHashMap<JobId, u64>,
+    /// Suspended jobs and the run time they have left.
+    suspended: FxHashMap<JobId, u64>,
+    busy: u64,
+}
+
+impl Running {
+    fn start(&mut self, id: JobId, end: u64, procs: u64) {
+        self.ends.push(Reverse((end, id)));
+        self.end_of.insert(id, end);
+        self.busy += procs;
+    }
+
+    /// Stops `id`'s clock; `keep` remembers what it has left (suspension).
+    fn stop(&mut self, id: JobId, now: u64, procs: u64, keep: bool) {
+        if let Some(end) = self.end_of.remove(&id) {
+            self.busy -= procs;
+            if keep {
+                self.suspended.insert(id, end.saturating_sub(now));
+            }
+        }
+    }
+
+    fn resume(&mut self, id: JobId, now: u64, procs: u64) {
+        if let Some(left) = self.suspended.remove(&id) {
+            self.start(id, now + left, procs);
+        }
+    }
+
+    fn next_end(&mut self) -> Option<u64> {
+        while let Some(Reverse((t, id))) = self.ends.peek().copied() {
+            if self.end_of.get(&id) == Some(&t) {
+                return Some(t);
+            }
+            self.ends.pop();
+        }
+        None
+    }
+
+    /// The jobs that end at `t`.
+    fn ending(&mut self, t: u64) -> Vec<JobId> {
+        let mut out = Vec::new();
+        while self.next_end() == Some(t) {
+            if let Some(Reverse((_, id))) = self.ends.pop() {
+                self.end_of.remove(&id);
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
+/// What a replay could not run: refusals by the site's policies and jobs never started.
+pub(super) struct Tally {
+    pub refused: usize,
+    pub first_refusal: Option<String>,
+    pub unstarted: usize,
+}
+
+/// A replay in progress.
+pub(super) struct Replayer<'t> {
+    /// The trace's jobs in submission order; a job is known by its place here.
+    jobs: Vec<&'t swf::SwfJob>,
+    pub machine: Machine,
+    policy: Policy,
+    /// The configuration can preempt: the main pass (which plans preemptions and resumes)
+    /// runs before backfill.
+    preempting: bool,
+    /// Replaying on a site's configuration rather than the textbook machine.
+    on_site: bool,
+    d: Driver,
+    /// What each trace job became (its last run), and whether that run ended.
+    outcomes: Vec<Option<JobOutcome>>,
+    completed: Vec<bool>,
+    /// The trace job behind each submitted job.
+    which: FxHashMap<JobId, usize>,
+    running: Running,
+    samples: Vec<Sample>,
+    refused: usize,
+    first_refusal: Option<String>,
+    /// The next trace job to arrive.
+    next: usize,
+    /// Jobs ended so far.
+    done: usize,
+    last_tick: u64,
+    /// Instants at which a running job outlives its runtime prediction: the plans are made
+    /// again then, on the corrected prediction (EASY++); stale entries are skipped.
+    expiries: BinaryHeap<Reverse<(u64, JobId)>>,
+}
+
+impl<'t> Replayer<'t> {
+    /// A state machine configured as `machine` says, before the first arrival.
+    pub fn set_up(
+        jobs: Vec<&'t swf::SwfJob>,
+        mut machine: Machine,
+        policy: Policy,
+        options: &SimOptions,
+    ) -> Result<Self, SimError> {
+        // Preemption and resumes are planned by the main pass: run it before backfill when
+        // the configuration can preempt.
+        let preempting = machine.config.preempt.parallel_run.is_some()
+            || options.site.as_ref().is_some_and(|s| {
+                s.site
+                    .partitions
+                    .iter()
+                    .any(|p| p.preempt_mode != PreemptMode::Off)
+                    || s.site.qos.iter().any(|q| !q.preempt.is_empty())
+            });
+        let mut d = Driver {
+            state: State::new(machine.config.clone()),
+            index: 0,
+        };
+        let t0 = jobs.first().map_or(0, |j| j.submit);
+        for cmd in std::mem::take(&mut machine.commands) {
+            d.apply(cmd, t0)
+                .map_err(|e| SimError::Setup(e.to_string()))?;
+        }
+        let total = jobs.len();
+        Ok(Replayer {
+            jobs,
+            machine,
+            policy,
+            preempting,
+            on_site: options.site.is_some(),
+            d,
+            outcomes: vec![None; total],
+            completed: vec![false; total],
+            which: FxHashMap::default(),
+            running: Running::default(),
+            samples: Vec::new(),
+            refused: 0,
+            first_refusal: None,
+            next: 0,
+            done: 0,
+            last_tick: t0,
+            expiries: BinaryHeap::new(),
+        })
+    }
+
+    /// Runs every event to the end of the trace.
+    pub fn run(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<(), SimError> {
+        while let Some(t) = self.next_instant() {
+            self.renew_expired_predictions(t);
+            if t >= self.last_tick + 3600 {
+                self.d.apply(Command::Tick, t)?;
+                self.last_tick = t;
+            }
+            if self.end_jobs_due(t)? {
+                progress(self.done, self.jobs.len());
+            }
+            self.submit_arrivals(t)?;
+            self.schedule(t)?;
+            self.sample(t);
+            if self.running.next_end().is_none()
+                && self.next >= self.jobs.len()
+                && self.done < self.which.len()
+            {
+                if self.on_site {
+                    // The site's limits keep these from ever starting (a MAXPS hard limit,
+                    // a down partition, ...): reported, not an error.
+                    break;
+                }
+                return Err(SimError::Stuck {
+                    time: t,
+                    queued: self.which.len() - self.done,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The outcomes of the jobs that ran to their end, the samples, and what did not run.
+    pub fn finish(self) -> (Vec<JobOutcome>, Vec<Sample>, Tally) {
+        let unstarted = self.which.len() - self.done;
+        let outcomes = self
+            .outcomes
+            .into_iter()
+            .zip(self.completed)
+            .filter_map(|(o, done)| o.filter(|_| done))
+            .collect();
+        let tally = Tally {
+            refused: self.refused,
+            first_refusal: self.first_refusal,
+            unstarted,
+        };
+        (outcomes, self.samples, tally)
+    }
+
+    /// The next instant something happens: an arrival, an end or an expiring prediction;
+    /// none once nothing arrives or runs (expiries belong to running jobs).
+    fn next_instant(&mut self) -> Option<u64> {
+        let arrival = self.jobs.get(self.next).map(|j| j.submit);
+        let end = self.running.next_end();
+        let t = [arrival, end].into_iter().flatten().min()?;
+        Some(self.expiries.peek().map_or(t, |Reverse((x, _))| t.min(*x)))
+    }
+
+    /// Predictions that run out at `t`: the passes plan on the corrected ones.
+    fn renew_expired_predictions(&mut self, t: u64) {
+        while let Some(&Reverse((x, id))) = self.expiries.peek()
+            && x <= t
+        {
+            self.expiries.pop();
+            let later = self
+                .d
+                .state
+                .jobs
+                .get(&id)
+                .and_then(|j| j.prediction_expires(TimeMs(t * 1000)));
+            schedule_expiry(&mut self.expiries, later, id);
+        }
+    }
+
+    /// Reports the jobs whose runtime ends at `t`; whether any did.
+    fn end_jobs_due(&mut self, t: u64) -> Result<bool, SimError> {
+        let mut reports = Vec::new();
+        for id in self.running.ending(t) {
+            reports.push(ended(&self.d.state, id, EndCause::Exited, 0));
+            if let Some(&k) = self.which.get(&id) {
+                self.running.busy -= self.jobs[k].procs;
+                self.completed[k] = true;
+                // Later than planned when it was suspended on the way.
+                if let Some(o) = self.outcomes[k].as_mut() {
+                    o.end = t;
+                }
+            }
+            self.done += 1;
+        }
+        if reports.is_empty() {
+            return Ok(false);
+        }
+        self.d.apply(Command::EndJobs(reports), t)?;
+        Ok(true)
+    }
+
+    /// Submits the jobs that arrive at `t`, in one command.
+    fn submit_arrivals(&mut self, t: u64) -> Result<(), SimError> {
+        let first = self.next;
+        while self.next < self.jobs.len() && self.jobs[self.next].submit == t {
+            self.next += 1;
+        }
+        if self.next == first {
+            return Ok(());
+        }
+        let specs = self.jobs[first..self.next]
+            .iter()
+            .map(|j| self.machine.jobs.spec(j))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Sent with every batch: stored once, dropped when no job uses it any more.
+        let blobs = vec![machine::SCRIPT.to_vec()];
+        let r = self
+            .d
+            .apply(Command::SubmitJobs { blobs, jobs: specs }, t)?;
+        let Response::Submitted(results) = r else {
+            return Err(SimError::Refused(format!("submission answered {r:?}")));
+        };
+        for (k, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(id) => {
+                    self.which.insert(id, first + k);
+                }
+                // The site's policies refuse it (a walltime cap, a QOS the partition does
+                // not allow, ...): counted, as a controller would have told the user. The
+                // textbook machine refuses nothing.
+                Err(e) if self.on_site => {
+                    self.refused += 1;
+                    self.first_refusal
+                        .get_or_insert_with(|| format!("{}: {e}", self.jobs[first + k]));
+                }
+                Err(e) => {
+                    return Err(SimError::Refused(format!("{}: {e}", self.jobs[first + k])));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The passes, as the leader runs them. On a site, they run again while they start
+    /// something: a start can unblock others (Maui promotes a blocked job when an idle one
+    /// starts), which the leader's next loop would see seconds later. The textbook
+    /// algorithms start everything they can in one pass.
+    fn schedule(&mut self, t: u64) -> Result<(), SimError> {
+        let now = TimeMs(t * 1000);
+        let rounds = if self.on_site { 16 } else { 1 };
+        for _ in 0..rounds {
+            let mut starts = Vec::new();
+            if self.policy.backfill == BackfillMode::Off || self.preempting {
+                starts.extend(self.main_pass(t)?);
+            }
+            if self.policy.backfill != BackfillMode::Off {
+                let plan = self.d.state.backfill_pass(now, &mut Unlimited, None);
+                starts.extend(apply_starts(&mut self.d, plan.starts, t)?);
+            }
+            if starts.is_empty() {
+                break;
+            }
+            self.record_starts(starts, t);
+        }
+        Ok(())
+    }
+
+    /// The main pass: its starts applied, its preemptions and resumes carried out; the jobs
+    /// it started.
+    fn main_pass(&mut self, t: u64) -> Result<Vec<JobId>, SimError> {
+        let plan = self
+            .d
+            .state
+            .main_pass(TimeMs(t * 1000), &mut Unlimited, None);
+        let mut starts = apply_starts(&mut self.d, plan.starts, t)?;
+        if !plan.preemptions.is_empty() {
+            starts.extend(self.preempt(plan.preemptions, t)?);
+        }
+        if !plan.resumes.is_empty() {
+            self.resume(&plan.resumes, t)?;
+        }
+        Ok(starts)
+    }
+
+    /// Applies the planned preemptions: suspended victims keep their time left, killed
+    /// ones are reported ended; the preemptors that started.
+    fn preempt(
+        &mut self,
+        preemptions: Vec<crate::command::PreemptDecision>,
+        t: u64,
+    ) -> Result<Vec<JobId>, SimError> {
+        let victims: Vec<Vec<JobId>> = preemptions.iter().map(|p| p.victims.clone()).collect();
+        let Response::Preempted(results) = self.d.apply(Command::Preempt(preemptions), t)? else {
+            return Err(SimError::Refused("preempt answered otherwise".into()));
+        };
+        let mut starts = Vec::new();
+        let mut killed = Vec::new();
+        for (r, victims) in results.into_iter().zip(victims) {
+            let suspend = match r {
+                Ok(PreemptOutcome::Started(id)) => {
+                    starts.push(id);
+                    true
+                }
+                Ok(PreemptOutcome::Freeing) => false,
+                Err(e) => return Err(SimError::Refused(format!("a preemption: {e}"))),
+            };
+            for v in victims {
+                let p = self.procs_of(v);
+                self.running.stop(v, t, p, suspend);
+                if !suspend {
+                    killed.push(ended(&self.d.state, v, EndCause::Preempted, 15));
+                }
+            }
+        }
+        if !killed.is_empty() {
+            self.d.apply(Command::EndJobs(killed), t)?;
+        }
+        Ok(starts)
+    }
+
+    /// Resumes the suspended jobs the main pass chose; their clocks run again.
+    fn resume(&mut self, resumes: &[JobId], t: u64) -> Result<(), SimError> {
+        let refs: Vec<JobRef> = resumes
+            .iter()
+            .map(|id| JobRef {
+                job: *id,
+                task: None,
+            })
+            .collect();
+        let Response::PerJob(results) = self.d.apply(Command::ResumeJobs { jobs: refs }, t)? else {
+            return Err(SimError::Refused("resume answered otherwise".into()));
+        };
+        for (id, r) in resumes.iter().zip(results) {
+            if r.is_ok() {
+                let p = self.procs_of(*id);
+                self.running.resume(*id, t, p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the started jobs' clocks and records their outcome (a requeued job's is its
+    /// last run).
+    fn record_starts(&mut self, starts: Vec<JobId>, t: u64) {
+        let now = TimeMs(t * 1000);
+        for id in starts {
+            let k = self.which[&id];
+            let j = self.jobs[k];
+            self.running.start(id, t + j.runtime, j.procs);
+            let expires = self
+                .d
+                .state
+                .jobs
+                .get(&id)
+                .and_then(|j| j.prediction_expires(now));
+            schedule_expiry(&mut self.expiries, expires, id);
+            self.outcomes[k] = Some(JobOutcome {
+                swf_id: j.id,
+                user: j.user,
+                procs: j.procs,
+                submit: j.submit,
+                start: t,
+                end: t + j.runtime,
+                estimate: j.estimate,
+            });
+        }
+    }
+
+    /// The machine's use at `t`.
+    fn sample(&mut self, t: u64) {
+        let in_system = self.which.len() - self.done;
+        self.samples.push(Sample {
+            time: t,
+            busy_procs: self.running.busy,
+            queued_jobs: (in_system - self.running.end_of.len() - self.running.suspended.len())
+                as u64,
+        });
+    }
+
+    /// The processors a submitted job holds (0 for one not from the trace).
+    fn procs_of(&self, id: JobId) -> u64 {
+        self.which.get(&id).map_or(0, |&k| self.jobs[k].procs)
+    }
+}
+
+/// The end report an agent would send for `id`'s current run.
+fn ended(state: &State, id: JobId, cause: EndCause, signal: i32) -> EndReport {
+    let epoch = state.jobs[&id].alloc.as_ref().map_or(0, |a| a.epoch);
+    EndReport {
+        job: id,
+        epoch,
+        cause,
+        exit: ExitStatus {
+            code: 0,
+            signal,
+            ..Default::default()
+        },
+    }
+}
+
+/// Re-plans at the (whole) second job `id`'s runtime prediction runs out, if it will.
+fn schedule_expiry(
+    expiries: &mut BinaryHeap<Reverse<(u64, JobId)>>,
+    at: Option<TimeMs>,
+    id: JobId,
+) {
+    if let Some(at) = at {
+        expiries.push(Reverse((at.0.div_ceil(1000), id)));
+    }
+}
+
+/// Applies planned starts; the ids of those apply accepted (a replay's plans are never
+/// stale, so a refusal is a bug and stops the replay).
+fn apply_starts(
+    d: &mut Driver,
+    starts: Vec<StartDecision>,
+    t: u64,
+) -> Result<Vec<JobId>, SimError> {
+    if starts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Response::Started(results) = d.apply(Command::StartJobs(starts), t)? else {
+        return Err(SimError::Refused("start answered otherwise".into()));
+    };
+    results
+        .into_iter()
+        .map(|r| r.map_err(|e| SimError::Refused(format!("a planned start: {e}"))))
+        .collect()
+}
