@@ -116,75 +116,38 @@ impl Cgroups {
     /// agent's own cgroups. Agents sharing a cgroup (several on one host) need distinct
     /// names: each reaps what it finds under its own as stale.
     pub fn detect(dir_name: &str) -> Result<Self, CgroupError> {
-        if dir_name.is_empty()
-            || dir_name.contains('/')
-            || dir_name == "."
-            || dir_name == ".."
-            || dir_name.len() > 200
-        {
-            return Err(CgroupError::Unavailable(format!(
-                "cgroup name {dir_name:?} must be one path component of at most 200 bytes"
-            )));
-        }
+        check_dir_name(dir_name)?;
         let own = read(Path::new("/proc/self/cgroup"))
             .ok_or_else(|| CgroupError::Unavailable("cannot read /proc/self/cgroup".into()))?;
         let mounts = read(Path::new("/proc/self/mountinfo"))
             .ok_or_else(|| CgroupError::Unavailable("cannot read /proc/self/mountinfo".into()))?;
-        // Mount points: "cgroup2" -> path; v1 controller -> path.
-        let mut v2_mount = None;
-        let mut v1_mounts: BTreeMap<String, PathBuf> = BTreeMap::new();
-        for line in mounts.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let Some(sep) = fields.iter().position(|f| *f == "-") else {
-                continue;
-            };
-            let (Some(mount), Some(fstype), Some(opts)) =
-                (fields.get(4), fields.get(sep + 1), fields.get(sep + 3))
-            else {
-                continue;
-            };
-            match *fstype {
-                "cgroup2" => v2_mount = Some(PathBuf::from(mount)),
-                "cgroup" => {
-                    for opt in opts.split(',') {
-                        v1_mounts.insert(opt.to_owned(), PathBuf::from(mount));
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut v1_paths: BTreeMap<String, String> = BTreeMap::new();
-        let mut v2_path = None;
-        for line in own.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            if ctrls.is_empty() {
-                v2_path = Some(path.to_owned());
-            } else {
-                for c in ctrls.split(',') {
-                    v1_paths.insert(c.to_owned(), path.to_owned());
-                }
-            }
-        }
-        let dir_name = dir_name.to_owned();
+        let (v2_mount, v1_mounts) = cgroup_mounts(&mounts);
+        let (v2_path, v1_paths) = own_cgroups(&own);
         // v2 with the controllers we need.
         if let (Some(mount), Some(path)) = (&v2_mount, &v2_path) {
             let own_dir = mount.join(path.trim_start_matches('/'));
             let controllers = read(&own_dir.join("cgroup.controllers")).unwrap_or_default();
             let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
             if has("memory") && has("pids") {
-                return Self::setup_v2(&own_dir, &dir_name, has("cpuset"));
+                return Self::setup_v2(&own_dir, dir_name, has("cpuset"));
             }
         }
         // v1.
+        Self::setup_v1(&v1_mounts, &v1_paths, dir_name)
+    }
+
+    /// Sets up `dir_name` under the agent's own cgroup of each v1 controller mounted (a
+    /// required one missing or unusable is an error).
+    fn setup_v1(
+        v1_mounts: &BTreeMap<String, PathBuf>,
+        v1_paths: &BTreeMap<String, String>,
+        dir_name: &str,
+    ) -> Result<Self, CgroupError> {
         let mut bases = BTreeMap::new();
         for (ctrl, required) in V1_CONTROLLERS {
             match (v1_mounts.get(ctrl), v1_paths.get(ctrl)) {
                 (Some(mount), Some(path)) => {
-                    let base = mount.join(path.trim_start_matches('/')).join(&dir_name);
+                    let base = mount.join(path.trim_start_matches('/')).join(dir_name);
                     if let Err(e) = std::fs::create_dir_all(&base) {
                         if required {
                             return Err(CgroupError::Unavailable(format!(
@@ -195,14 +158,7 @@ impl Cgroups {
                         continue;
                     }
                     if ctrl == "cpuset" {
-                        // A v1 cpuset cgroup takes no task until it has cpus and mems.
-                        let parent = base.parent().unwrap_or(mount);
-                        for f in ["cpuset.cpus", "cpuset.mems"] {
-                            if read(&base.join(f)).is_none_or(|v| v.trim().is_empty()) {
-                                let v = read(&parent.join(f)).unwrap_or_default();
-                                write(&base.join(f), v.trim())?;
-                            }
-                        }
+                        inherit_v1_cpuset(&base, mount)?;
                     }
                     bases.insert(ctrl.to_owned(), base);
                 }
@@ -318,6 +274,85 @@ impl Cgroups {
         cg.limit(limits)?;
         Ok(cg)
     }
+}
+
+/// Refuses a name for the agent's jobs' cgroup that is not one short path component.
+fn check_dir_name(dir_name: &str) -> Result<(), CgroupError> {
+    if dir_name.is_empty()
+        || dir_name.contains('/')
+        || dir_name == "."
+        || dir_name == ".."
+        || dir_name.len() > 200
+    {
+        return Err(CgroupError::Unavailable(format!(
+            "cgroup name {dir_name:?} must be one path component of at most 200 bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The cgroup mount points in `mountinfo` (`/proc/self/mountinfo`): cgroup2's, and each v1
+/// controller's.
+fn cgroup_mounts(mountinfo: &str) -> (Option<PathBuf>, BTreeMap<String, PathBuf>) {
+    // Mount points: "cgroup2" -> path; v1 controller -> path.
+    let mut v2_mount = None;
+    let mut v1_mounts: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for line in mountinfo.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+            continue;
+        };
+        let (Some(mount), Some(fstype), Some(opts)) =
+            (fields.get(4), fields.get(sep + 1), fields.get(sep + 3))
+        else {
+            continue;
+        };
+        match *fstype {
+            "cgroup2" => v2_mount = Some(PathBuf::from(mount)),
+            "cgroup" => {
+                for opt in opts.split(',') {
+                    v1_mounts.insert(opt.to_owned(), PathBuf::from(mount));
+                }
+            }
+            _ => {}
+        }
+    }
+    (v2_mount, v1_mounts)
+}
+
+/// This process's cgroups in `proc_cgroup` (`/proc/self/cgroup`): its v2 path, and its path
+/// under each v1 controller.
+fn own_cgroups(proc_cgroup: &str) -> (Option<String>, BTreeMap<String, String>) {
+    let mut v1_paths: BTreeMap<String, String> = BTreeMap::new();
+    let mut v2_path = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if ctrls.is_empty() {
+            v2_path = Some(path.to_owned());
+        } else {
+            for c in ctrls.split(',') {
+                v1_paths.insert(c.to_owned(), path.to_owned());
+            }
+        }
+    }
+    (v2_path, v1_paths)
+}
+
+/// Gives the v1 cpuset cgroup `base` its parent's cpus and memory nodes where it has none
+/// (mounted at `mount`).
+fn inherit_v1_cpuset(base: &Path, mount: &Path) -> Result<(), CgroupError> {
+    // A v1 cpuset cgroup takes no task until it has cpus and mems.
+    let parent = base.parent().unwrap_or(mount);
+    for f in ["cpuset.cpus", "cpuset.mems"] {
+        if read(&base.join(f)).is_none_or(|v| v.trim().is_empty()) {
+            let v = read(&parent.join(f)).unwrap_or_default();
+            write(&base.join(f), v.trim())?;
+        }
+    }
+    Ok(())
 }
 
 impl Limits {

@@ -272,109 +272,16 @@ fn launched_monitor(args: &[std::ffi::OsString]) -> i32 {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&args.log)
-                .with_context(|| format!("--log {:?}", args.log))?,
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal, not in log files and journals.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(&args.log)?;
     if let Some(point) = args.crash_at {
         docket_nodeagent::crash::arm(point).map_err(anyhow::Error::msg)?;
     }
-    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
-        ca: args.tls_ca.clone(),
-        identity: Some((args.tls_cert.clone(), args.tls_key.clone())),
-    })
-    .context("TLS")?;
-    match tls.role() {
-        Some(docket_auth::tls::Role::Node(name)) if name == args.node => {}
-        other => anyhow::bail!(
-            "--tls-cert is {}, not node {}'s certificate; issue one with `docket-controller \
-             certs issue node {}`",
-            other.map_or_else(|| "no certificate".to_owned(), |r| format!("{r}'s")),
-            args.node,
-            args.node
-        ),
-    }
-    // Nobody but root may be able to replace the state or jobfs directories from above.
-    docket_nodeagent::rootdir::check_ancestors(&args.state_dir).context("--state-dir")?;
-    if let Some(dir) = &args.jobfs_dir {
-        docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
-    }
-    // Root's own (0711: jobs reach their own directories in it, nobody lists it).
-    docket_nodeagent::rootdir::RootDir::open_or_create(
-        &args.state_dir,
-        docket_nodeagent::runner::STATE_DIR_MODE,
-    )
-    .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
-    warn_if_unreachable(&args.state_dir);
-    let cgroups = match (args.confinement, args.execution) {
-        (_, Execution::Simulated) | (Confinement::None, _) => None,
-        (Confinement::Auto, Execution::Real) => Some(
-            docket_nodeagent::cgroup::Cgroups::detect(
-                &args
-                    .cgroup_name
-                    .clone()
-                    .unwrap_or_else(|| format!("docket-{}", args.node)),
-            )
-            .context("--confinement auto")?,
-        ),
-    };
-    let cpu_pool = match &args.cpuset {
-        Some(list) => parse_cpu_list(list).with_context(|| format!("--cpuset {list:?}"))?,
-        None => own_cpus().into_iter().take(args.cpus as usize).collect(),
-    };
-    let shim = std::env::current_exe().context("locating this binary (the job shim)")?;
-    let jobfs = match args.execution {
-        Execution::Simulated => None,
-        Execution::Real => Some(
-            docket_nodeagent::jobfs::Jobfs::open(
-                args.jobfs_dir
-                    .clone()
-                    .unwrap_or_else(|| args.state_dir.join("jobfs")),
-                match args.jobfs {
-                    JobfsArg::Loop => docket_nodeagent::jobfs::JobfsKind::Loop,
-                    JobfsArg::Tmpfs => docket_nodeagent::jobfs::JobfsKind::Tmpfs,
-                },
-            )
-            .context("--jobfs-dir")?,
-        ),
-    };
-    let gpus = match args.execution {
-        Execution::Simulated => docket_nodeagent::gpu::Gpus::default(),
-        Execution::Real => docket_nodeagent::gpu::Gpus::discover(args.gpus, &args.gpu_devices)?,
-    };
-    if gpus.count() > 0
-        && let Some(cg) = &cgroups
-        && !cg.constrains_devices()
-    {
-        anyhow::bail!(
-            "--gpus {}: this host's cgroups cannot keep jobs off each other's GPUs (the v1 \
-             devices controller is not mounted); mount it, or start with --confinement none",
-            args.gpus
-        );
-    }
-    let cgroups_for_reaping = cgroups.clone();
-    let jobfs_for_reaping = jobfs.clone();
-    let (runner, events) = Runner::new(RunnerConfig {
-        node: args.node.clone(),
-        cluster: args.cluster.clone(),
-        state_dir: args.state_dir.clone(),
-        mode: match args.execution {
-            Execution::Real => Mode::Real,
-            Execution::Simulated => Mode::Simulated,
-        },
-        kill_grace: Duration::from_secs(args.kill_grace_s),
-        cgroups,
-        cpu_pool,
-        pids_max: args.job_pids_max,
-        shim,
-        jobfs,
-        gpus,
-    });
+    let tls = load_tls(&args)?;
+    prepare_state_dir(&args)?;
+    let runner_config = runner_config(&args)?;
+    let cgroups_for_reaping = runner_config.cgroups.clone();
+    let jobfs_for_reaping = runner_config.jobfs.clone();
+    let (runner, events) = Runner::new(runner_config);
     let step_listen = args.step_listen.clone();
     let step_address = args.step_address.clone();
     let mut config = SessionConfig {
@@ -427,6 +334,143 @@ fn run(args: RunArgs) -> Result<()> {
         tls_watch.abort();
         Ok(())
     })
+}
+
+/// Logs to standard error through `filter` (tracing's EnvFilter syntax).
+fn init_logging(filter: &str) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(filter)
+                .with_context(|| format!("--log {filter:?}"))?,
+        )
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files and journals.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    Ok(())
+}
+
+/// Loads the node's TLS files and checks that the certificate is this node's.
+fn load_tls(args: &RunArgs) -> Result<docket_auth::tls::TlsContext> {
+    let tls = docket_auth::tls::TlsContext::load(docket_auth::tls::TlsFiles {
+        ca: args.tls_ca.clone(),
+        identity: Some((args.tls_cert.clone(), args.tls_key.clone())),
+    })
+    .context("TLS")?;
+    match tls.role() {
+        Some(docket_auth::tls::Role::Node(name)) if name == args.node => {}
+        other => anyhow::bail!(
+            "--tls-cert is {}, not node {}'s certificate; issue one with `docket-controller \
+             certs issue node {}`",
+            other.map_or_else(|| "no certificate".to_owned(), |r| format!("{r}'s")),
+            args.node,
+            args.node
+        ),
+    }
+    Ok(tls)
+}
+
+/// Checks that only root can replace the state and jobfs directories, and makes the state
+/// directory.
+fn prepare_state_dir(args: &RunArgs) -> Result<()> {
+    // Nobody but root may be able to replace the state or jobfs directories from above.
+    docket_nodeagent::rootdir::check_ancestors(&args.state_dir).context("--state-dir")?;
+    if let Some(dir) = &args.jobfs_dir {
+        docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
+    }
+    // Root's own (0711: jobs reach their own directories in it, nobody lists it).
+    docket_nodeagent::rootdir::RootDir::open_or_create(
+        &args.state_dir,
+        docket_nodeagent::runner::STATE_DIR_MODE,
+    )
+    .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
+    warn_if_unreachable(&args.state_dir);
+    Ok(())
+}
+
+/// Sets up what runs jobs on this node (cgroups, cpus, jobfs, GPUs), in that order.
+fn runner_config(args: &RunArgs) -> Result<RunnerConfig> {
+    let cgroups = detect_cgroups(args)?;
+    let cpu_pool = match &args.cpuset {
+        Some(list) => parse_cpu_list(list).with_context(|| format!("--cpuset {list:?}"))?,
+        None => own_cpus().into_iter().take(args.cpus as usize).collect(),
+    };
+    let shim = std::env::current_exe().context("locating this binary (the job shim)")?;
+    let jobfs = open_jobfs(args)?;
+    let gpus = discover_gpus(args, cgroups.as_ref())?;
+    Ok(RunnerConfig {
+        node: args.node.clone(),
+        cluster: args.cluster.clone(),
+        state_dir: args.state_dir.clone(),
+        mode: match args.execution {
+            Execution::Real => Mode::Real,
+            Execution::Simulated => Mode::Simulated,
+        },
+        kill_grace: Duration::from_secs(args.kill_grace_s),
+        cgroups,
+        cpu_pool,
+        pids_max: args.job_pids_max,
+        shim,
+        jobfs,
+        gpus,
+    })
+}
+
+/// The host's cgroups, with the agent's place in them prepared, when jobs are confined.
+fn detect_cgroups(args: &RunArgs) -> Result<Option<docket_nodeagent::cgroup::Cgroups>> {
+    Ok(match (args.confinement, args.execution) {
+        (_, Execution::Simulated) | (Confinement::None, _) => None,
+        (Confinement::Auto, Execution::Real) => Some(
+            docket_nodeagent::cgroup::Cgroups::detect(
+                &args
+                    .cgroup_name
+                    .clone()
+                    .unwrap_or_else(|| format!("docket-{}", args.node)),
+            )
+            .context("--confinement auto")?,
+        ),
+    })
+}
+
+/// The jobfs area, for real execution.
+fn open_jobfs(args: &RunArgs) -> Result<Option<docket_nodeagent::jobfs::Jobfs>> {
+    Ok(match args.execution {
+        Execution::Simulated => None,
+        Execution::Real => Some(
+            docket_nodeagent::jobfs::Jobfs::open(
+                args.jobfs_dir
+                    .clone()
+                    .unwrap_or_else(|| args.state_dir.join("jobfs")),
+                match args.jobfs {
+                    JobfsArg::Loop => docket_nodeagent::jobfs::JobfsKind::Loop,
+                    JobfsArg::Tmpfs => docket_nodeagent::jobfs::JobfsKind::Tmpfs,
+                },
+            )
+            .context("--jobfs-dir")?,
+        ),
+    })
+}
+
+/// The node's GPUs (none when simulated); refused if `cgroups` cannot keep jobs off them.
+fn discover_gpus(
+    args: &RunArgs,
+    cgroups: Option<&docket_nodeagent::cgroup::Cgroups>,
+) -> Result<docket_nodeagent::gpu::Gpus> {
+    let gpus = match args.execution {
+        Execution::Simulated => docket_nodeagent::gpu::Gpus::default(),
+        Execution::Real => docket_nodeagent::gpu::Gpus::discover(args.gpus, &args.gpu_devices)?,
+    };
+    if gpus.count() > 0
+        && let Some(cg) = cgroups
+        && !cg.constrains_devices()
+    {
+        anyhow::bail!(
+            "--gpus {}: this host's cgroups cannot keep jobs off each other's GPUs (the v1 \
+             devices controller is not mounted); mount it, or start with --confinement none",
+            args.gpus
+        );
+    }
+    Ok(gpus)
 }
 
 /// Serves the step I/O service on `listen` (unless `none`); the address srun dials.

@@ -25,14 +25,15 @@
 
 use std::time::Duration;
 
-use openraft::ServerState;
+use openraft::{LeaderId, ServerState};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::ReplicaId;
 use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
 use crate::network::Channels;
-use crate::types::Raft;
+use crate::types::{Raft, RaftMetrics};
 
 /// When a follower of rank `rank` among the voters that may stand does so, having last heard
 /// from its leader at `heard_at`: once the lease renewed then has run out, plus a margin, plus
@@ -49,12 +50,87 @@ pub fn spawn<M: StateMachine>(
     heartbeat: Duration,
     lease: Duration,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut metrics = raft.metrics();
-        // The silence already acted on (when the leader was last heard), so one stand each.
-        let mut handled: Option<Instant> = None;
-        // The leader and term followed, and since when: a lease is never older than that.
-        let mut following: Option<(u64, openraft::LeaderId<crate::ReplicaId>, Instant)> = None;
+    let watch = Watch {
+        raft,
+        channels,
+        seen,
+        heartbeat,
+        lease,
+        handled: None,
+        following: None,
+    };
+    tokio::spawn(watch.run())
+}
+
+/// A follower's watch on its leader, and what it remembers from one look to the next.
+struct Watch<M: StateMachine> {
+    raft: Raft<M>,
+    channels: Channels,
+    seen: CommitSeen,
+    heartbeat: Duration,
+    lease: Duration,
+    /// The silence already acted on (when the leader was last heard), so one stand each.
+    handled: Option<Instant>,
+    /// The leader and term followed, and since when: a lease is never older than that.
+    following: Option<(u64, LeaderId<ReplicaId>, Instant)>,
+}
+
+/// What one look needs of the replica's metrics.
+struct View {
+    state: ServerState,
+    me: ReplicaId,
+    term: u64,
+    /// The leader of the vote this replica holds.
+    vote: LeaderId<ReplicaId>,
+    leader: Option<ReplicaId>,
+    /// The leader's address.
+    addr: Option<String>,
+    /// This replica's rank among the voters other than the leader.
+    rank: Option<usize>,
+    /// The addresses of the voters other than the leader and this replica.
+    others: Vec<String>,
+    /// This replica's last log index.
+    last: Option<u64>,
+}
+
+impl View {
+    /// The view of metrics `m`.
+    fn of(m: &RaftMetrics) -> Self {
+        let membership = m.membership_config.membership();
+        let leader = m.current_leader;
+        let addr = leader
+            .and_then(|l| membership.get_node(&l))
+            .map(|n| n.addr.clone());
+        let mut voters: Vec<_> = membership
+            .voter_ids()
+            .filter(|v| Some(*v) != leader)
+            .collect();
+        voters.sort_unstable();
+        let rank = voters.iter().position(|v| *v == m.id);
+        let others: Vec<String> = voters
+            .iter()
+            .filter(|v| **v != m.id)
+            .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
+            .collect();
+        View {
+            state: m.state,
+            me: m.id,
+            term: m.current_term,
+            vote: *m.vote.leader_id(),
+            leader,
+            addr,
+            rank,
+            others,
+            last: m.last_log_index,
+        }
+    }
+}
+
+impl<M: StateMachine> Watch<M> {
+    /// Looks at the leader whenever the metrics change or a heartbeat passes, until the
+    /// replica's metrics end.
+    async fn run(mut self) {
+        let mut metrics = self.raft.metrics();
         loop {
             tokio::select! {
                 changed = metrics.changed() => {
@@ -62,101 +138,103 @@ pub fn spawn<M: StateMachine>(
                         return;
                     }
                 }
-                () = tokio::time::sleep(heartbeat) => {}
+                () = tokio::time::sleep(self.heartbeat) => {}
             }
-            let (state, me, term, vote, leader, addr, rank, others, last) = {
-                let m = metrics.borrow_and_update();
-                let membership = m.membership_config.membership();
-                let leader = m.current_leader;
-                let addr = leader
-                    .and_then(|l| membership.get_node(&l))
-                    .map(|n| n.addr.clone());
-                let mut voters: Vec<_> = membership
-                    .voter_ids()
-                    .filter(|v| Some(*v) != leader)
-                    .collect();
-                voters.sort_unstable();
-                let rank = voters.iter().position(|v| *v == m.id);
-                let others: Vec<String> = voters
-                    .iter()
-                    .filter(|v| **v != m.id)
-                    .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
-                    .collect();
-                (
-                    m.state,
-                    m.id,
-                    m.current_term,
-                    *m.vote.leader_id(),
-                    leader,
-                    addr,
-                    rank,
-                    others,
-                    m.last_log_index,
-                )
-            };
-            if following
-                .as_ref()
-                .is_none_or(|(t, v, _)| (*t, *v) != (term, vote))
-            {
-                following = Some((term, vote, Instant::now()));
-            }
-            let since = following.as_ref().map_or_else(Instant::now, |f| f.2);
-            let (Some(heard_at), Some(leader), Some(addr), Some(rank)) =
-                (seen.heard_at(), leader, addr, rank)
-            else {
-                continue;
-            };
-            let heard_at = heard_at.max(since);
-            if state != ServerState::Follower
-                || leader == me
-                || handled == Some(heard_at)
-                || heard_at.elapsed() < heartbeat * 2
-                || !seen.standing()
-            {
-                continue;
-            }
-            let patience = (heartbeat * 3).min(lease / 2);
-            // Only a leader certainly gone (its port refuses, its host is unreachable) is
-            // stood against early; a slow or silent one is left to openraft's own timer.
-            if !channels.certainly_gone(&addr, patience).await {
-                continue;
-            }
-            let at = stand_at(
-                heard_at,
-                lease,
-                heartbeat,
-                u32::try_from(rank).unwrap_or(u32::MAX),
-            );
-            tokio::time::sleep_until(at).await;
-            handled = Some(heard_at);
-            // Heard from a leader meanwhile, or a new one is known: nothing to do.
-            let still = {
-                let metrics = raft.metrics();
-                let m = metrics.borrow();
-                m.state == ServerState::Follower && m.current_leader == Some(leader)
-            };
-            if !still || seen.heard_at().map(|h| h.max(since)) != Some(heard_at) || !seen.standing()
-            {
-                continue;
-            }
-            // A voter with a longer log would refuse this replica and then be refused in the
-            // same term: leave the election to it.
-            if longer_log_elsewhere(&channels, &others, last, patience).await {
-                tracing::info!(
-                    "the leader is gone, but another voter has a longer log: leaving it to stand"
-                );
-                continue;
-            }
-            tracing::info!(
-                leader = %leader,
-                silent_ms = heard_at.elapsed().as_millis() as u64,
-                "the leader is gone; standing for election as its lease ends"
-            );
-            if let Err(e) = raft.trigger().elect().await {
-                tracing::debug!(error = %e, "standing for election");
-            }
+            let view = View::of(&metrics.borrow_and_update());
+            self.look(view).await;
         }
-    })
+    }
+
+    /// One look: stands for election if the leader is certainly gone, once per silence.
+    async fn look(&mut self, view: View) {
+        let since = self.follow(view.term, view.vote);
+        let (Some(heard_at), Some(leader), Some(addr), Some(rank)) =
+            (self.seen.heard_at(), view.leader, view.addr, view.rank)
+        else {
+            return;
+        };
+        let heard_at = heard_at.max(since);
+        if view.state != ServerState::Follower
+            || leader == view.me
+            || self.handled == Some(heard_at)
+            || heard_at.elapsed() < self.heartbeat * 2
+            || !self.seen.standing()
+        {
+            return;
+        }
+        let patience = (self.heartbeat * 3).min(self.lease / 2);
+        // Only a leader certainly gone (its port refuses, its host is unreachable) is
+        // stood against early; a slow or silent one is left to openraft's own timer.
+        if !self.channels.certainly_gone(&addr, patience).await {
+            return;
+        }
+        let at = stand_at(
+            heard_at,
+            self.lease,
+            self.heartbeat,
+            u32::try_from(rank).unwrap_or(u32::MAX),
+        );
+        tokio::time::sleep_until(at).await;
+        self.handled = Some(heard_at);
+        // Heard from a leader meanwhile, or a new one is known: nothing to do.
+        if !self.still_silent(leader, heard_at, since) {
+            return;
+        }
+        self.stand(leader, heard_at, &view.others, view.last, patience)
+            .await;
+    }
+
+    /// Notes the term and leader followed now; since when this replica follows them.
+    fn follow(&mut self, term: u64, vote: LeaderId<ReplicaId>) -> Instant {
+        if self
+            .following
+            .as_ref()
+            .is_none_or(|(t, v, _)| (*t, *v) != (term, vote))
+        {
+            self.following = Some((term, vote, Instant::now()));
+        }
+        self.following.as_ref().map_or_else(Instant::now, |f| f.2)
+    }
+
+    /// Whether this replica still follows `leader`, has not heard from it since
+    /// `heard_at` (counted from `since`), and may stand.
+    fn still_silent(&self, leader: ReplicaId, heard_at: Instant, since: Instant) -> bool {
+        let still = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.state == ServerState::Follower && m.current_leader == Some(leader)
+        };
+        still
+            && self.seen.heard_at().map(|h| h.max(since)) == Some(heard_at)
+            && self.seen.standing()
+    }
+
+    /// Stands for election, unless a voter at one of `others` has a log longer than `last`.
+    async fn stand(
+        &self,
+        leader: ReplicaId,
+        heard_at: Instant,
+        others: &[String],
+        last: Option<u64>,
+        patience: Duration,
+    ) {
+        // A voter with a longer log would refuse this replica and then be refused in the
+        // same term: leave the election to it.
+        if longer_log_elsewhere(&self.channels, others, last, patience).await {
+            tracing::info!(
+                "the leader is gone, but another voter has a longer log: leaving it to stand"
+            );
+            return;
+        }
+        tracing::info!(
+            leader = %leader,
+            silent_ms = heard_at.elapsed().as_millis() as u64,
+            "the leader is gone; standing for election as its lease ends"
+        );
+        if let Err(e) = self.raft.trigger().elect().await {
+            tracing::debug!(error = %e, "standing for election");
+        }
+    }
 }
 
 /// Whether a voter at one of `others` reports a log longer than `mine`.

@@ -2,6 +2,7 @@
 //! cgroups; its monitor started; its processes running; its end observed. And a run a
 //! previous agent started, watched to its end.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -90,38 +91,48 @@ impl Runner {
     /// Everything before the monitor: the user, the run's and the job's directories, the
     /// script and node file, scratch, GPUs, the environment, the cgroups.
     fn prepare(&self, id: RunId, l: &pb::Launch) -> Result<Prepared, String> {
-        let user = nix::unistd::User::from_name(&l.user)
-            .map_err(|e| format!("looking up user {}: {e}", l.user))?
-            .ok_or_else(|| format!("user {} does not exist on this node", l.user))?;
-        let me = nix::unistd::geteuid();
-        if !me.is_root() && me != user.uid {
-            return Err(format!(
-                "this agent runs as uid {me}, so it cannot run jobs as {} (uid {})",
-                l.user, user.uid
-            ));
-        }
+        let user = job_user(l)?;
         let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
         let name = run_name(id);
-        let fail = |what: &str| {
-            let what = what.to_owned();
-            move |e: std::io::Error| format!("{what}: {e}")
-        };
-        let state = self.state_dir().map_err(fail("the state directory"))?;
+        let state = self.state_dir().map_err(failed("the state directory"))?;
         // Root's bookkeeping for the run: the monitor's lock, the job's process group and exit.
         let run_dir = state
             .subdir(RUNS, RUNS_MODE)
             .and_then(|runs| runs.fresh_subdir(&name, crate::shim::RUN_DIR_MODE))
-            .map_err(fail("the run's directory"))?;
+            .map_err(failed("the run's directory"))?;
         // The job's own directory: root's (0711, so the job cannot fill it or grow a tree in
         // it root would have to remove), its files the user's.
         let job_dir = state
             .subdir(JOBS, JOBS_MODE)
             .and_then(|jobs| jobs.fresh_subdir(&name, 0o711))
-            .map_err(fail("the job's directory"))?;
+            .map_err(failed("the job's directory"))?;
+        let (script, nodefile) = self.write_job_files(&job_dir, l, uid, gid)?;
+        let scratch = self.make_scratch(id, l, uid, gid)?;
+        let gpus = self.take_gpus(id, l.gpus)?;
+        let env = self.job_environment(l, &user, &nodefile, scratch.as_ref(), &gpus);
+        run_dir
+            .write_new(ENVIRON, &crate::shim::encode_environment(&env), 0o600)
+            .map_err(failed("writing the job's environment"))?;
+        let join = self.confine(id, l, &gpus)?;
+        let shim = self.shim_args(l, uid, gid, join, &script, &run_dir);
+        // What a step's tasks on this node start from.
+        let base = step_base(l, &shim, &env, &run_dir);
+        self.hold(id, |h| h.step_base = Some(std::sync::Arc::new(base)));
+        Ok(Prepared { run_dir, shim })
+    }
+
+    /// Writes the job's script and node file into `job_dir`, the user's; their paths.
+    fn write_job_files(
+        &self,
+        job_dir: &RootDir,
+        l: &pb::Launch,
+        uid: u32,
+        gid: u32,
+    ) -> Result<(PathBuf, PathBuf), String> {
         job_dir
             .write_new(SCRIPT, &l.script, 0o500)
             .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
-            .map_err(fail("writing the script"))?;
+            .map_err(failed("writing the script"))?;
         job_dir
             .write_new(
                 NODEFILE,
@@ -129,10 +140,20 @@ impl Runner {
                 0o400,
             )
             .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
-            .map_err(fail("writing the node file"))?;
-        let script = job_dir.path().join(SCRIPT);
-        let nodefile = job_dir.path().join(NODEFILE);
-        let scratch = match &self.config.jobfs {
+            .map_err(failed("writing the node file"))?;
+        Ok((job_dir.path().join(SCRIPT), job_dir.path().join(NODEFILE)))
+    }
+
+    /// Mounts the job's scratch, the user's, if it asked for one and the node has jobfs;
+    /// held by the run from then on.
+    fn make_scratch(
+        &self,
+        id: RunId,
+        l: &pb::Launch,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Option<crate::jobfs::JobScratch>, String> {
+        Ok(match &self.config.jobfs {
             Some(jobfs) if l.jobfs_mib > 0 => {
                 let s = jobfs
                     .create(l.job_id, l.epoch, l.jobfs_mib, uid, gid)
@@ -141,8 +162,18 @@ impl Runner {
                 Some(s)
             }
             _ => None,
-        };
-        let gpus = self.take_gpus(id, l.gpus)?;
+        })
+    }
+
+    /// The job's environment: the launch's and the scheduler's variables, then its GPUs'.
+    fn job_environment(
+        &self,
+        l: &pb::Launch,
+        user: &nix::unistd::User,
+        nodefile: &Path,
+        scratch: Option<&crate::jobfs::JobScratch>,
+        gpus: &[u32],
+    ) -> BTreeMap<String, String> {
         let who = world::Identity {
             user: l.user.clone(),
             home: user.dir.display().to_string(),
@@ -152,8 +183,8 @@ impl Runner {
             l,
             &self.config.node,
             &who,
-            &nodefile,
-            scratch.as_ref().map(|s| s.path.as_path()),
+            nodefile,
+            scratch.map(|s| s.path.as_path()),
             &self.config.cluster,
         );
         let constrained = self
@@ -162,21 +193,31 @@ impl Runner {
             .as_ref()
             .is_some_and(|c| c.constrains_devices());
         env.extend(
-            crate::gpu::environment(&gpus, constrained)
+            crate::gpu::environment(gpus, constrained)
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v)),
         );
-        run_dir
-            .write_new(ENVIRON, &crate::shim::encode_environment(&env), 0o600)
-            .map_err(fail("writing the job's environment"))?;
-        let join = self.confine(id, l, &gpus)?;
+        env
+    }
+
+    /// What the monitor is told: the cgroups to join, the user, the limits, the environment
+    /// file, the working directory, the output files and the command (the script).
+    fn shim_args(
+        &self,
+        l: &pb::Launch,
+        uid: u32,
+        gid: u32,
+        join: Vec<PathBuf>,
+        script: &Path,
+        run_dir: &RootDir,
+    ) -> crate::shim::ShimArgs {
         let mut command: Vec<String> = Vec::new();
         if !l.script.starts_with(b"#!") {
             command.push("/bin/sh".into());
         }
         command.push(script.display().to_string());
         let (stdout, stderr) = world::output_paths(l, &self.config.node);
-        let shim = crate::shim::ShimArgs {
+        crate::shim::ShimArgs {
             join,
             user: l.user.clone(),
             uid,
@@ -193,23 +234,7 @@ impl Runner {
             stderr,
             inherit_stdio: false,
             command,
-        };
-        // What a step's tasks on this node start from.
-        let base = crate::steps::StepBase {
-            user: l.user.clone(),
-            uid,
-            gid,
-            rlimit_as: shim.rlimit_as,
-            work_dir: shim.work_dir.clone(),
-            node_env: env
-                .iter()
-                .filter(|(k, _)| crate::steps::NODE_VARIABLES.contains(&k.as_str()))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            run_dir: run_dir.path().to_path_buf(),
-        };
-        self.hold(id, |h| h.step_base = Some(std::sync::Arc::new(base)));
-        Ok(Prepared { run_dir, shim })
+        }
     }
 
     /// The job's cgroups (when confined), which the shim joins before it becomes the user:
@@ -412,5 +437,48 @@ impl Runner {
                 Outcome::Lost
             }
         }
+    }
+}
+
+/// Names what failed in an I/O error's message.
+fn failed(what: &str) -> impl FnOnce(std::io::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+/// The job's user, if this agent may run jobs as them (as root, or as that very user).
+fn job_user(l: &pb::Launch) -> Result<nix::unistd::User, String> {
+    let user = nix::unistd::User::from_name(&l.user)
+        .map_err(|e| format!("looking up user {}: {e}", l.user))?
+        .ok_or_else(|| format!("user {} does not exist on this node", l.user))?;
+    let me = nix::unistd::geteuid();
+    if !me.is_root() && me != user.uid {
+        return Err(format!(
+            "this agent runs as uid {me}, so it cannot run jobs as {} (uid {})",
+            l.user, user.uid
+        ));
+    }
+    Ok(user)
+}
+
+/// What a step's tasks on this node start from: the run's user, limits, working directory,
+/// the node's own variables of `env`, and the run's directory.
+fn step_base(
+    l: &pb::Launch,
+    shim: &crate::shim::ShimArgs,
+    env: &BTreeMap<String, String>,
+    run_dir: &RootDir,
+) -> crate::steps::StepBase {
+    crate::steps::StepBase {
+        user: l.user.clone(),
+        uid: shim.uid,
+        gid: shim.gid,
+        rlimit_as: shim.rlimit_as,
+        work_dir: shim.work_dir.clone(),
+        node_env: env
+            .iter()
+            .filter(|(k, _)| crate::steps::NODE_VARIABLES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        run_dir: run_dir.path().to_path_buf(),
     }
 }

@@ -374,120 +374,36 @@ impl StepIoService {
         mut stop: watch::Receiver<Option<pb::EndCause>>,
         tx: mpsc::Sender<Result<pb::StepOutput, Status>>,
     ) -> pb::Ended {
-        let mut readers = JoinSet::new();
-        let mut exits = JoinSet::new();
         let target = Target::new(started.cgroup.clone(), started.tasks.iter().map(|t| t.pid));
         let signals = Signaller::start(target.clone());
-        let mut sinks = Vec::new();
-        if let Some(pty) = started.pty.take() {
-            let (read, write) = pty.into_split();
-            readers.spawn(forward(Box::new(read), 0, 1, tx.clone()));
-            sinks.push(Sink::Terminal(write));
-        }
-        for t in &mut started.tasks {
-            let Some(mut child) = t.child.take() else {
-                continue;
-            };
-            if let Some(s) = child.stdin.take() {
-                sinks.push(Sink::Pipe(s));
-            }
-            if let Some(pipe) = child.stdout.take() {
-                readers.spawn(forward(Box::new(pipe), t.task, 1, tx.clone()));
-            }
-            if let Some(pipe) = child.stderr.take() {
-                readers.spawn(forward(Box::new(pipe), t.task, 2, tx.clone()));
-            }
-            let (task, pid) = (t.task, t.pid);
-            exits.spawn(async move { (task, pid, child.wait().await) });
-        }
-        // Task 0's input is written by a task of its own, so that a task that does not read
-        // stalls only srun's stream (the bounded channel stops being read), never this loop.
-        let to_task0 = (!sinks.is_empty()).then(|| {
-            let (to_task0, rx) = mpsc::channel(INPUT_QUEUE);
-            readers.spawn(feed(rx, sinks));
-            to_task0
-        });
-        let mut highest = 0;
-        let mut first_signal = 0;
-        let mut cause: Option<pb::EndCause> = None;
-        let mut kill_at: Option<tokio::time::Instant> = None;
-        // An absurd limit (the leader bounds it; this agent does not trust that) is none.
-        let limit = if grant.time_limit_seconds > 0 {
-            tokio::time::Instant::now().checked_add(Duration::from_secs(grant.time_limit_seconds))
-        } else {
-            None
-        };
-        let mut input_open = true;
-        let mut srun_here = true;
+        let (mut readers, mut exits, to_task0) = wire_tasks(&mut started, &tx);
+        let mut progress = Progress::new();
+        let limit = time_limit(grant);
         let far = tokio::time::Instant::now() + Duration::from_secs(100 * 365 * 86400);
         while !exits.is_empty() {
             tokio::select! {
-                message = input.message(), if input_open && to_task0.as_ref().is_none_or(|q| q.capacity() > 0) => match message {
-                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Stdin(chunk)) })) => {
-                        if let Some(q) = &to_task0 {
-                            if !chunk.data.is_empty() {
-                                let _ = q.try_send(ToTask0::Data(chunk.data));
-                            }
-                            if chunk.eof {
-                                let _ = q.try_send(ToTask0::Eof);
-                            }
-                        }
-                    }
-                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Resize(size)) })) => {
-                        if let Some(q) = &to_task0 {
-                            let _ = q.try_send(ToTask0::Resize(size));
-                        }
-                    }
-                    Ok(Some(pb::StepInput { kind: Some(pb::step_input::Kind::Signal(number)) })) => {
-                        if let Ok(sig) = Signal::try_from(number) {
-                            signals.signal(sig);
-                        }
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) => input_open = false,
-                    Err(_) => {
-                        // srun's connection broke: the step cannot go on without it.
-                        input_open = false;
-                        srun_here = false;
-                    }
-                },
-                _ = tx.closed(), if srun_here => srun_here = false,
-                changed = stop.changed(), if cause.is_none() => {
+                message = input.message(), if progress.input_open && to_task0.as_ref().is_none_or(|q| q.capacity() > 0) => {
+                    progress.on_input(message, to_task0.as_ref(), &signals);
+                }
+                _ = tx.closed(), if progress.srun_here => progress.srun_here = false,
+                changed = stop.changed(), if progress.cause.is_none() => {
                     if changed.is_ok() && let Some(c) = *stop.borrow() {
-                        cause = Some(c);
+                        progress.cause = Some(c);
                     }
                 }
-                _ = tokio::time::sleep_until(limit.unwrap_or(far)), if limit.is_some() && cause.is_none() => {
-                    cause = Some(pb::EndCause::Timeout);
+                _ = tokio::time::sleep_until(limit.unwrap_or(far)), if limit.is_some() && progress.cause.is_none() => {
+                    progress.cause = Some(pb::EndCause::Timeout);
                 }
-                _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
+                _ = tokio::time::sleep_until(progress.kill_at.unwrap_or(far)), if progress.kill_at.is_some() => {
                     signals.signal(Signal::SIGKILL);
-                    kill_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                    progress.kill_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
                 }
                 Some(joined) = exits.join_next() => {
                     if let Ok((task, pid, status)) = joined {
                         target.reaped(pid);
-                        let (code, sig) = match status {
-                            Ok(s) => {
-                                use std::os::unix::process::ExitStatusExt;
-                                (s.code().unwrap_or(0), s.signal().unwrap_or(0))
-                            }
-                            Err(_) => (1, 0),
-                        };
-                        highest = highest.max(code);
-                        if first_signal == 0 {
-                            first_signal = sig;
-                        }
+                        let exit = progress.on_exit(task, status);
                         // Sent from a task of its own: an srun that reads nothing must not
                         // stop this loop from handling cancels, limits and kills.
-                        let exit = pb::StepOutput {
-                            kind: Some(pb::step_output::Kind::Exit(pb::TaskExit {
-                                task,
-                                exit_code: code,
-                                signal: sig,
-                                error: String::new(),
-                            })),
-                        };
                         let tx = tx.clone();
                         readers.spawn(async move {
                             let _ = tx.send(Ok(exit)).await;
@@ -495,44 +411,224 @@ impl StepIoService {
                     }
                 }
             }
-            if !srun_here && cause.is_none() {
-                cause = Some(pb::EndCause::Cancelled);
-            }
-            if cause.is_some() && kill_at.is_none() {
-                signals.signal(Signal::SIGTERM);
-                kill_at = Some(tokio::time::Instant::now() + self.kill_grace);
-            }
+            progress.stop_if_asked(&signals, self.kill_grace);
         }
         // Every task exited: nothing more is written to them (their feeder ends), and a
         // task's children do not outlive its step.
         drop(to_task0);
         drop(signals);
         target.send_now(Signal::SIGKILL).await;
-        let _ = tokio::time::timeout(DRAIN, async {
-            while readers.join_next().await.is_some() {}
-        })
-        .await;
-        readers.abort_all();
-        let (cpu_time_ms, max_rss_mib) = tokio::task::spawn_blocking(move || {
-            let used = started
-                .cgroup
-                .as_ref()
-                .map_or((0, 0), |c| (c.cpu_time_ms(), c.peak_memory_mib()));
-            clean_up(&started);
-            used
-        })
-        .await
-        .unwrap_or((0, 0));
-        let cause = cause.unwrap_or(if highest != 0 || first_signal != 0 {
-            pb::EndCause::Failed
-        } else {
-            pb::EndCause::Completed
-        });
+        drain(&mut readers).await;
+        let (cpu_time_ms, max_rss_mib) = release(started).await;
+        progress.ended(cpu_time_ms, max_rss_mib)
+    }
+}
+
+/// How a task ended, as its waiter reports it: its number, its pid, its wait status.
+type TaskEnd = (u32, i32, std::io::Result<std::process::ExitStatus>);
+
+/// Takes each task's pipes (and task 0's terminal) from `started`: forwarders of their
+/// output and the feeder of their input in the first set, their waits in the second, and
+/// the queue to the feeder when some task reads srun's input.
+fn wire_tasks(
+    started: &mut Started,
+    tx: &mpsc::Sender<Result<pb::StepOutput, Status>>,
+) -> (JoinSet<()>, JoinSet<TaskEnd>, Option<mpsc::Sender<ToTask0>>) {
+    let mut readers = JoinSet::new();
+    let mut exits = JoinSet::new();
+    let mut sinks = Vec::new();
+    if let Some(pty) = started.pty.take() {
+        let (read, write) = pty.into_split();
+        readers.spawn(forward(Box::new(read), 0, 1, tx.clone()));
+        sinks.push(Sink::Terminal(write));
+    }
+    for t in &mut started.tasks {
+        let Some(mut child) = t.child.take() else {
+            continue;
+        };
+        if let Some(s) = child.stdin.take() {
+            sinks.push(Sink::Pipe(s));
+        }
+        if let Some(pipe) = child.stdout.take() {
+            readers.spawn(forward(Box::new(pipe), t.task, 1, tx.clone()));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            readers.spawn(forward(Box::new(pipe), t.task, 2, tx.clone()));
+        }
+        let (task, pid) = (t.task, t.pid);
+        exits.spawn(async move { (task, pid, child.wait().await) });
+    }
+    // Task 0's input is written by a task of its own, so that a task that does not read
+    // stalls only srun's stream (the bounded channel stops being read), never this loop.
+    let to_task0 = (!sinks.is_empty()).then(|| {
+        let (to_task0, rx) = mpsc::channel(INPUT_QUEUE);
+        readers.spawn(feed(rx, sinks));
+        to_task0
+    });
+    (readers, exits, to_task0)
+}
+
+/// When the step's time limit ends, if it has one.
+fn time_limit(grant: &pb::StepGrant) -> Option<tokio::time::Instant> {
+    // An absurd limit (the leader bounds it; this agent does not trust that) is none.
+    if grant.time_limit_seconds > 0 {
+        tokio::time::Instant::now().checked_add(Duration::from_secs(grant.time_limit_seconds))
+    } else {
+        None
+    }
+}
+
+/// Awaits the output still in the pipes for up to `DRAIN`, then stops what is left.
+async fn drain(readers: &mut JoinSet<()>) {
+    let _ = tokio::time::timeout(DRAIN, async {
+        while readers.join_next().await.is_some() {}
+    })
+    .await;
+    readers.abort_all();
+}
+
+/// Reads what the step used (cpu time in ms, peak memory in MiB), then removes its cgroups
+/// and environment file, on the blocking pool.
+async fn release(started: Started) -> (u64, u64) {
+    tokio::task::spawn_blocking(move || {
+        let used = started
+            .cgroup
+            .as_ref()
+            .map_or((0, 0), |c| (c.cpu_time_ms(), c.peak_memory_mib()));
+        clean_up(&started);
+        used
+    })
+    .await
+    .unwrap_or((0, 0))
+}
+
+/// What the driver knows of a step's run so far.
+struct Progress {
+    /// The highest exit code of a task.
+    highest: i32,
+    /// The signal that ended the first task a signal ended (0: none yet).
+    first_signal: i32,
+    /// Why the tasks are being stopped, once they are.
+    cause: Option<pb::EndCause>,
+    /// When the next SIGKILL is due, once the tasks were told to stop.
+    kill_at: Option<tokio::time::Instant>,
+    /// Whether srun may still send input.
+    input_open: bool,
+    /// Whether srun is still connected.
+    srun_here: bool,
+}
+
+impl Progress {
+    /// A step whose tasks all run, with srun connected.
+    fn new() -> Self {
+        Progress {
+            highest: 0,
+            first_signal: 0,
+            cause: None,
+            kill_at: None,
+            input_open: true,
+            srun_here: true,
+        }
+    }
+
+    /// Handles one message of srun's: input and terminal sizes to task 0, signals to the
+    /// tasks; the stream's end closes the input, a broken stream means srun is gone.
+    fn on_input(
+        &mut self,
+        message: Result<Option<pb::StepInput>, Status>,
+        to_task0: Option<&mpsc::Sender<ToTask0>>,
+        signals: &Signaller,
+    ) {
+        match message {
+            Ok(Some(pb::StepInput {
+                kind: Some(pb::step_input::Kind::Stdin(chunk)),
+            })) => {
+                if let Some(q) = to_task0 {
+                    if !chunk.data.is_empty() {
+                        let _ = q.try_send(ToTask0::Data(chunk.data));
+                    }
+                    if chunk.eof {
+                        let _ = q.try_send(ToTask0::Eof);
+                    }
+                }
+            }
+            Ok(Some(pb::StepInput {
+                kind: Some(pb::step_input::Kind::Resize(size)),
+            })) => {
+                if let Some(q) = to_task0 {
+                    let _ = q.try_send(ToTask0::Resize(size));
+                }
+            }
+            Ok(Some(pb::StepInput {
+                kind: Some(pb::step_input::Kind::Signal(number)),
+            })) => {
+                if let Ok(sig) = Signal::try_from(number) {
+                    signals.signal(sig);
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => self.input_open = false,
+            Err(_) => {
+                // srun's connection broke: the step cannot go on without it.
+                self.input_open = false;
+                self.srun_here = false;
+            }
+        }
+    }
+
+    /// Counts task `task`'s end; the message that tells srun of it.
+    fn on_exit(
+        &mut self,
+        task: u32,
+        status: std::io::Result<std::process::ExitStatus>,
+    ) -> pb::StepOutput {
+        let (code, sig) = match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                (s.code().unwrap_or(0), s.signal().unwrap_or(0))
+            }
+            Err(_) => (1, 0),
+        };
+        self.highest = self.highest.max(code);
+        if self.first_signal == 0 {
+            self.first_signal = sig;
+        }
+        pb::StepOutput {
+            kind: Some(pb::step_output::Kind::Exit(pb::TaskExit {
+                task,
+                exit_code: code,
+                signal: sig,
+                error: String::new(),
+            })),
+        }
+    }
+
+    /// Once srun is gone (a cancel) or a stop is asked for, sends the tasks SIGTERM (once)
+    /// and sets the SIGKILL `kill_grace` later.
+    fn stop_if_asked(&mut self, signals: &Signaller, kill_grace: Duration) {
+        if !self.srun_here && self.cause.is_none() {
+            self.cause = Some(pb::EndCause::Cancelled);
+        }
+        if self.cause.is_some() && self.kill_at.is_none() {
+            signals.signal(Signal::SIGTERM);
+            self.kill_at = Some(tokio::time::Instant::now() + kill_grace);
+        }
+    }
+
+    /// How the step ended here, with what it used.
+    fn ended(self, cpu_time_ms: u64, max_rss_mib: u64) -> pb::Ended {
+        let cause = self
+            .cause
+            .unwrap_or(if self.highest != 0 || self.first_signal != 0 {
+                pb::EndCause::Failed
+            } else {
+                pb::EndCause::Completed
+            });
         pb::Ended {
             cause: cause as i32,
             reason: String::new(),
-            exit_code: highest,
-            signal: first_signal,
+            exit_code: self.highest,
+            signal: self.first_signal,
             cpu_time_ms,
             max_rss_mib,
         }

@@ -5,14 +5,14 @@
 //!   writes per second and latency percentiles at several writer counts.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use docket_raft::ReplicaId;
 use docket_raft::kv::{KvCommand, KvMachine};
-use docket_raft::replica::{Replica, ReplicaConfig};
+use docket_raft::replica::{Replica, ReplicaConfig, ServerHandle};
 use docket_raft::status::Role;
 
 #[derive(Debug, Parser)]
@@ -153,70 +153,14 @@ async fn bench(
             .tempdir_in(d)?,
         None => tempfile::Builder::new().prefix("raft-bench").tempdir()?,
     };
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
-    }
-    let mut replicas = Vec::new();
-    let mut servers = Vec::new();
-    let mut members = BTreeMap::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let id = i as u64 + 1;
-        let addr = listener.local_addr()?.to_string();
-        members.insert(ReplicaId(id), addr.clone());
-        let config = ReplicaConfig::new(id, addr, temp.path().join(format!("r{id}")));
-        let replica = Replica::open(config, KvMachine::default()).await?;
-        servers.push(replica.serve(listener)?);
-        replicas.push(replica);
-    }
-    replicas[0].bootstrap(members).await?;
-    let leader_id = replicas[0].wait_for_leader(Duration::from_secs(20)).await?;
-    let leader = replicas
-        .iter()
-        .find(|r| r.id() == leader_id)
-        .context("leader is not one of ours")?
-        .clone();
-    if leader.status().role != Role::Leader {
-        bail!("replica {leader_id} was reported leader but is not");
-    }
+    let (replicas, servers) = start_cluster(temp.path()).await?;
+    let leader = find_leader(&replicas).await?;
     let value = "x".repeat(value_bytes);
     let mut runs = Vec::new();
     for &writers in &writer_counts {
-        // Warm up, then measure.
-        let _ = drive(&leader, writers, Duration::from_secs(1), &value).await;
-        let entries_before = leader.status().last_log_index.unwrap_or(0);
-        let (mut latencies, elapsed) =
-            drive(&leader, writers, Duration::from_secs(seconds), &value).await;
-        let entries = leader.status().last_log_index.unwrap_or(0) - entries_before;
-        latencies.sort_unstable();
-        let pct = |p: f64| -> f64 {
-            if latencies.is_empty() {
-                return 0.0;
-            }
-            let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
-            latencies[i].as_secs_f64() * 1000.0
-        };
-        let acknowledged = latencies.len() as u64;
-        let run = Run {
-            writers,
-            acknowledged,
-            seconds: elapsed.as_secs_f64(),
-            writes_per_second: acknowledged as f64 / elapsed.as_secs_f64(),
-            p50_ms: pct(0.50),
-            p99_ms: pct(0.99),
-            log_entries: entries,
-        };
+        let run = measure(&leader, writers, seconds, &value).await;
         if !json {
-            println!(
-                "writers {:>3}: {:>8.0} writes/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} writes in {} log entries, {:.1} s)",
-                run.writers,
-                run.writes_per_second,
-                run.p50_ms,
-                run.p99_ms,
-                run.acknowledged,
-                run.log_entries,
-                run.seconds
-            );
+            print_run(&run);
         }
         runs.push(run);
     }
@@ -238,6 +182,85 @@ async fn bench(
         s.stop().await;
     }
     Ok(())
+}
+
+/// Starts three replicas on loopback with their data under `dir`, serving, and bootstraps
+/// them as one cluster.
+async fn start_cluster(dir: &Path) -> Result<(Vec<Replica<KvMachine>>, Vec<ServerHandle>)> {
+    let mut listeners = Vec::new();
+    for _ in 0..3 {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
+    }
+    let mut replicas = Vec::new();
+    let mut servers = Vec::new();
+    let mut members = BTreeMap::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let id = i as u64 + 1;
+        let addr = listener.local_addr()?.to_string();
+        members.insert(ReplicaId(id), addr.clone());
+        let config = ReplicaConfig::new(id, addr, dir.join(format!("r{id}")));
+        let replica = Replica::open(config, KvMachine::default()).await?;
+        servers.push(replica.serve(listener)?);
+        replicas.push(replica);
+    }
+    replicas[0].bootstrap(members).await?;
+    Ok((replicas, servers))
+}
+
+/// Waits for the cluster of `replicas` to elect a leader; the leader.
+async fn find_leader(replicas: &[Replica<KvMachine>]) -> Result<Replica<KvMachine>> {
+    let leader_id = replicas[0].wait_for_leader(Duration::from_secs(20)).await?;
+    let leader = replicas
+        .iter()
+        .find(|r| r.id() == leader_id)
+        .context("leader is not one of ours")?
+        .clone();
+    if leader.status().role != Role::Leader {
+        bail!("replica {leader_id} was reported leader but is not");
+    }
+    Ok(leader)
+}
+
+/// Measures `writers` writers of `value` on `leader` for `seconds`, after a second of warm-up.
+async fn measure(leader: &Replica<KvMachine>, writers: usize, seconds: u64, value: &str) -> Run {
+    // Warm up, then measure.
+    let _ = drive(leader, writers, Duration::from_secs(1), value).await;
+    let entries_before = leader.status().last_log_index.unwrap_or(0);
+    let (mut latencies, elapsed) =
+        drive(leader, writers, Duration::from_secs(seconds), value).await;
+    let entries = leader.status().last_log_index.unwrap_or(0) - entries_before;
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let acknowledged = latencies.len() as u64;
+    Run {
+        writers,
+        acknowledged,
+        seconds: elapsed.as_secs_f64(),
+        writes_per_second: acknowledged as f64 / elapsed.as_secs_f64(),
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        log_entries: entries,
+    }
+}
+
+/// Prints one measured run as a line of the table.
+fn print_run(run: &Run) {
+    println!(
+        "writers {:>3}: {:>8.0} writes/s  p50 {:>7.2} ms  p99 {:>7.2} ms  ({} writes in {} log entries, {:.1} s)",
+        run.writers,
+        run.writes_per_second,
+        run.p50_ms,
+        run.p99_ms,
+        run.acknowledged,
+        run.log_entries,
+        run.seconds
+    );
 }
 
 /// Runs `writers` closed-loop writers for `period`; returns every acknowledged write's latency.
