@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use docket_proto::v1 as pb;
 
-use crate::history::{OpKind, Outcome, Records};
+use crate::history::{Op, OpKind, Outcome, Records};
 
 /// A job's starts and ends, from `runs.log`: (start ms, end ms if it ended).
 pub type Attempts = BTreeMap<u64, Vec<(u64, Option<u64>)>>;
@@ -157,134 +157,192 @@ pub fn check(
     for j in final_queue {
         by_name.entry(j.name.as_str()).or_default().push(j);
     }
-    let mut attempted: BTreeSet<&str> = BTreeSet::new();
-    for op in &records.ops {
-        let key = match &op.outcome {
-            Outcome::Acked => "acked",
-            Outcome::Refused(_) => "refused",
-            Outcome::NotApplied => "not applied",
-            Outcome::Unknown(_) => "unknown",
-        };
-        *r.ops
-            .entry(format!("{:?} {key}", op.kind).to_lowercase())
-            .or_default() += 1;
-        if op.kind != OpKind::Submit {
-            continue;
-        }
-        attempted.insert(op.job_name.as_str());
-        match &op.outcome {
-            Outcome::Acked => {
-                r.acked += 1;
-                match by_name.get(op.job_name.as_str()).map(Vec::as_slice) {
-                    None | Some([]) => r.lost.push(op.job_name.clone()),
-                    Some([one]) => {
-                        if Some(one.job_id) != op.job_id {
-                            r.changed_id.push(op.job_name.clone());
-                        }
-                    }
-                    Some(_) => r.duplicated.push(op.job_name.clone()),
-                }
-            }
-            Outcome::Unknown(_) => {
-                r.unknown += 1;
-                if by_name
-                    .get(op.job_name.as_str())
-                    .is_some_and(|v| v.len() > 1)
-                {
-                    r.duplicated.push(op.job_name.clone());
-                }
-            }
-            _ => {}
-        }
-    }
-    for name in by_name.keys() {
-        if !attempted.contains(name) && !name.starts_with("failover-probe") {
-            r.unexpected.push((*name).to_owned());
-        }
-    }
+    r.check_total_queue(records, &by_name);
     r.not_final = final_queue
         .iter()
         .filter(|j| !docket_deploy::rpc::is_final(j))
         .map(|j| j.job_id)
         .collect();
     // Runs: starts beyond 1 + requeues, and overlapping attempts.
-    let requeues: BTreeMap<u64, u32> = final_queue
-        .iter()
-        .map(|j| (j.job_id, j.requeue_count))
-        .collect();
-    for (id, runs) in attempts(runs_log) {
-        let allowed = 1 + requeues.get(&id).copied().unwrap_or(0) as usize;
-        if runs.len() > allowed {
-            r.double_runs.push(id);
-        }
-        let mut sorted = runs.clone();
-        sorted.sort_unstable();
-        if sorted
-            .windows(2)
-            .any(|w| w[0].1.is_some_and(|end| end > w[1].0))
-        {
-            r.overlapping.push(id);
-        }
-    }
+    r.check_runs(final_queue, runs_log);
     // Leader ids only move forward on each replica; leaders per term are counted.
-    let mut per_term: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
-    let mut sightings = records.leaders.clone();
-    sightings.sort_by_key(|l| l.at_ms);
-    let mut led: BTreeMap<u64, u64> = BTreeMap::new();
-    for l in &sightings {
-        per_term.entry(l.term).or_default().insert(l.replica);
-        let newest = led.entry(l.replica).or_insert(l.term);
-        if l.term < *newest && !r.leader_regressions.contains(&l.replica) {
-            r.leader_regressions.push(l.replica);
-        }
-        *newest = (*newest).max(l.term);
-    }
-    r.terms_seen = per_term.len();
-    r.split_terms = per_term
-        .iter()
-        .filter(|(_, leaders)| leaders.len() > 1)
-        .map(|(t, _)| *t)
-        .collect();
+    r.check_leaders(records);
     // Every replica's view alike.
     let view = |q: &[pb::JobInfo]| -> BTreeMap<u64, String> {
         q.iter().map(|j| (j.job_id, j.state_code.clone())).collect()
     };
     r.diverged = queues.windows(2).any(|w| view(&w[0]) != view(&w[1]));
     // Figures.
-    for f in &records.faults {
-        *r.faults.entry(f.kind.name()).or_default() += 1;
-    }
-    let mut acks: Vec<u64> = records
-        .ops
-        .iter()
-        .filter(|o| o.kind == OpKind::Submit && o.outcome == Outcome::Acked)
-        .map(|o| o.end_ms)
-        .collect();
-    acks.sort_unstable();
-    // Starts as the nodes saw them (their own clocks: a replica's clock jump moves the
-    // cluster's time, not the nodes').
-    let mut starts: Vec<u64> = attempts(runs_log)
-        .values()
-        .flatten()
-        .map(|(start, _)| start.saturating_sub(wall_start_ms))
-        .collect();
-    starts.sort_unstable();
-    for f in records.faults.iter().filter(|f| f.kind.removes_leader()) {
-        if let Some(a) = acks.iter().find(|a| **a > f.at_ms) {
-            r.to_write_ms.push(a - f.at_ms);
-        }
-        let at = f.at_wall_ms.saturating_sub(wall_start_ms);
-        if let Some(s) = starts.iter().find(|s| **s > at) {
-            r.to_start_ms.push(s - at);
-        }
-    }
-    r.longest_unavailable_ms = acks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    r.compute_figures(records, runs_log, wall_start_ms);
     r
+}
+
+impl Report {
+    /// Counts every operation by kind and outcome, and checks every submission against the
+    /// jobs `by_name`; names no client submitted are unexpected.
+    fn check_total_queue(
+        &mut self,
+        records: &Records,
+        by_name: &BTreeMap<&str, Vec<&pb::JobInfo>>,
+    ) {
+        let mut attempted: BTreeSet<&str> = BTreeSet::new();
+        for op in &records.ops {
+            self.count_op(op);
+            if op.kind != OpKind::Submit {
+                continue;
+            }
+            attempted.insert(op.job_name.as_str());
+            self.check_submission(op, by_name);
+        }
+        for name in by_name.keys() {
+            if !attempted.contains(name) && !name.starts_with("failover-probe") {
+                self.unexpected.push((*name).to_owned());
+            }
+        }
+    }
+
+    /// Counts one operation under its kind and outcome.
+    fn count_op(&mut self, op: &Op) {
+        let key = match &op.outcome {
+            Outcome::Acked => "acked",
+            Outcome::Refused(_) => "refused",
+            Outcome::NotApplied => "not applied",
+            Outcome::Unknown(_) => "unknown",
+        };
+        *self
+            .ops
+            .entry(format!("{:?} {key}", op.kind).to_lowercase())
+            .or_default() += 1;
+    }
+
+    /// An acknowledged submission exists exactly once with its id; one of unknown outcome
+    /// at most once.
+    fn check_submission(&mut self, op: &Op, by_name: &BTreeMap<&str, Vec<&pb::JobInfo>>) {
+        match &op.outcome {
+            Outcome::Acked => {
+                self.acked += 1;
+                match by_name.get(op.job_name.as_str()).map(Vec::as_slice) {
+                    None | Some([]) => self.lost.push(op.job_name.clone()),
+                    Some([one]) => {
+                        if Some(one.job_id) != op.job_id {
+                            self.changed_id.push(op.job_name.clone());
+                        }
+                    }
+                    Some(_) => self.duplicated.push(op.job_name.clone()),
+                }
+            }
+            Outcome::Unknown(_) => {
+                self.unknown += 1;
+                if by_name
+                    .get(op.job_name.as_str())
+                    .is_some_and(|v| v.len() > 1)
+                {
+                    self.duplicated.push(op.job_name.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Jobs of the run log started more than once beyond their requeues, and jobs with two
+    /// attempts overlapping in time.
+    fn check_runs(&mut self, final_queue: &[pb::JobInfo], runs_log: &str) {
+        let requeues: BTreeMap<u64, u32> = final_queue
+            .iter()
+            .map(|j| (j.job_id, j.requeue_count))
+            .collect();
+        for (id, runs) in attempts(runs_log) {
+            let allowed = 1 + requeues.get(&id).copied().unwrap_or(0) as usize;
+            if runs.len() > allowed {
+                self.double_runs.push(id);
+            }
+            let mut sorted = runs.clone();
+            sorted.sort_unstable();
+            if sorted
+                .windows(2)
+                .any(|w| w[0].1.is_some_and(|end| end > w[1].0))
+            {
+                self.overlapping.push(id);
+            }
+        }
+    }
+
+    /// Replicas seen leading an older term after a newer one; the terms seen, and those with
+    /// more than one leader.
+    fn check_leaders(&mut self, records: &Records) {
+        let mut per_term: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+        let mut sightings = records.leaders.clone();
+        sightings.sort_by_key(|l| l.at_ms);
+        let mut led: BTreeMap<u64, u64> = BTreeMap::new();
+        for l in &sightings {
+            per_term.entry(l.term).or_default().insert(l.replica);
+            let newest = led.entry(l.replica).or_insert(l.term);
+            if l.term < *newest && !self.leader_regressions.contains(&l.replica) {
+                self.leader_regressions.push(l.replica);
+            }
+            *newest = (*newest).max(l.term);
+        }
+        self.terms_seen = per_term.len();
+        self.split_terms = per_term
+            .iter()
+            .filter(|(_, leaders)| leaders.len() > 1)
+            .map(|(t, _)| *t)
+            .collect();
+    }
+
+    /// The faults by kind, the recovery after each leader-removing fault (to the first
+    /// acknowledged submission and the first job start), and the longest stretch without an
+    /// acknowledged submission.
+    fn compute_figures(&mut self, records: &Records, runs_log: &str, wall_start_ms: u64) {
+        for f in &records.faults {
+            *self.faults.entry(f.kind.name()).or_default() += 1;
+        }
+        let mut acks: Vec<u64> = records
+            .ops
+            .iter()
+            .filter(|o| o.kind == OpKind::Submit && o.outcome == Outcome::Acked)
+            .map(|o| o.end_ms)
+            .collect();
+        acks.sort_unstable();
+        // Starts as the nodes saw them (their own clocks: a replica's clock jump moves the
+        // cluster's time, not the nodes').
+        let mut starts: Vec<u64> = attempts(runs_log)
+            .values()
+            .flatten()
+            .map(|(start, _)| start.saturating_sub(wall_start_ms))
+            .collect();
+        starts.sort_unstable();
+        for f in records.faults.iter().filter(|f| f.kind.removes_leader()) {
+            if let Some(a) = acks.iter().find(|a| **a > f.at_ms) {
+                self.to_write_ms.push(a - f.at_ms);
+            }
+            let at = f.at_wall_ms.saturating_sub(wall_start_ms);
+            if let Some(s) = starts.iter().find(|s| **s > at) {
+                self.to_start_ms.push(s - at);
+            }
+        }
+        self.longest_unavailable_ms = acks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    }
 }
 
 /// The figures, printed at the end of every run.
 pub fn render(r: &Report, seed: u64) -> String {
     let mut s = String::from("\n=== docket-chaos: figures ===\n");
+    render_operations(&mut s, r);
+    render_agreement(&mut s, r);
+    render_recovery(&mut s, r);
+    s.push_str(&format!(
+        "seed: {seed}   verdict: {}\n",
+        if r.ok() { "PASS" } else { "FAIL" }
+    ));
+    if !r.ok() {
+        render_failures(&mut s, r);
+    }
+    s
+}
+
+/// The faults, the operations, and what became of the submissions and their runs.
+fn render_operations(s: &mut String, r: &Report) {
     let faults: Vec<String> = r.faults.iter().map(|(k, v)| format!("{v} {k}")).collect();
     s.push_str(&format!(
         "faults injected:        {} ({})\n",
@@ -310,6 +368,10 @@ pub fn render(r: &Report, seed: u64) -> String {
         r.overlapping.len(),
         r.not_final.len()
     ));
+}
+
+/// The agents' launch records, the leaders and terms, and whether the replicas agree.
+fn render_agreement(s: &mut String, r: &Report) {
     let l = &r.launches;
     s.push_str(&format!(
         "agent launch records:   {} ({} started, {} abandoned); starts not backed: {}   abandoned yet started: {}   started beyond 1 + requeues: {}\n",
@@ -335,58 +397,70 @@ pub fn render(r: &Report, seed: u64) -> String {
     for d in &r.accounting_diverged {
         s.push_str(&format!("  sacct differs: {d}\n"));
     }
-    let fmt = |v: &[u64]| match percentiles(v) {
-        Some((p50, p99, max)) => {
-            format!("p50 {p50} ms, p99 {p99} ms, max {max} ms (n={})", v.len())
-        }
-        None => "n/a".into(),
-    };
+}
+
+/// How fast writes and scheduling came back after the leader went, and the longest stretch
+/// without a write.
+fn render_recovery(s: &mut String, r: &Report) {
     s.push_str(&format!(
         "leader loss -> first committed write:     {}\n",
-        fmt(&r.to_write_ms)
+        latencies(&r.to_write_ms)
     ));
     s.push_str(&format!(
         "leader loss -> first scheduling decision: {}\n",
-        fmt(&r.to_start_ms)
+        latencies(&r.to_start_ms)
     ));
     s.push_str(&format!(
         "longest write-unavailable window:         {} ms\n",
         r.longest_unavailable_ms
     ));
-    s.push_str(&format!(
-        "seed: {seed}   verdict: {}\n",
-        if r.ok() { "PASS" } else { "FAIL" }
-    ));
-    if !r.ok() {
-        let few = |v: &[String]| -> String {
-            let shown: Vec<&str> = v.iter().take(20).map(String::as_str).collect();
-            let more = v.len().saturating_sub(20);
-            format!(
-                "{shown:?}{}",
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
-            )
-        };
-        let ids = |v: &[u64]| -> Vec<String> { v.iter().map(u64::to_string).collect() };
-        s.push_str(&format!(
-            "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  leaders gone back a term {}\n  starts not backed by a launch {}\n  abandoned yet started {}\n  started by agents beyond 1 + requeues {}\n",
-            few(&r.lost),
-            few(&r.duplicated),
-            few(&r.unexpected),
-            few(&r.changed_id),
-            few(&ids(&r.double_runs)),
-            few(&ids(&r.overlapping)),
-            few(&ids(&r.not_final)),
-            few(&ids(&r.leader_regressions)),
-            few(&ids(&r.launches.unbacked)),
-            few(&ids(&r.launches.abandoned_started)),
-            few(&ids(&r.launches.started_too_often)),
-        ));
+}
+
+/// Latencies as their percentiles, or `n/a` when there are none.
+fn latencies(v: &[u64]) -> String {
+    match percentiles(v) {
+        Some((p50, p99, max)) => {
+            format!("p50 {p50} ms, p99 {p99} ms, max {max} ms (n={})", v.len())
+        }
+        None => "n/a".into(),
     }
-    s
+}
+
+/// What broke each promise, for a failed run.
+fn render_failures(s: &mut String, r: &Report) {
+    s.push_str(&format!(
+        "  lost {}\n  duplicated {}\n  unexpected {}\n  id changed {}\n  double runs {}\n  overlapping {}\n  not final {}\n  leaders gone back a term {}\n  starts not backed by a launch {}\n  abandoned yet started {}\n  started by agents beyond 1 + requeues {}\n",
+        few(&r.lost),
+        few(&r.duplicated),
+        few(&r.unexpected),
+        few(&r.changed_id),
+        few(&ids(&r.double_runs)),
+        few(&ids(&r.overlapping)),
+        few(&ids(&r.not_final)),
+        few(&ids(&r.leader_regressions)),
+        few(&ids(&r.launches.unbacked)),
+        few(&ids(&r.launches.abandoned_started)),
+        few(&ids(&r.launches.started_too_often)),
+    ));
+}
+
+/// The first 20 of `v`, and how many more there are.
+fn few(v: &[String]) -> String {
+    let shown: Vec<&str> = v.iter().take(20).map(String::as_str).collect();
+    let more = v.len().saturating_sub(20);
+    format!(
+        "{shown:?}{}",
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Job ids as strings, for [`few`].
+fn ids(v: &[u64]) -> Vec<String> {
+    v.iter().map(u64::to_string).collect()
 }
 
 #[cfg(test)]

@@ -128,130 +128,8 @@ pub async fn inject(
         let leader = rpc::leader(&cluster.addrs()).await.map(|(id, _)| id);
         let at_ms = history.now_ms();
         let at_wall_ms = docket_proto::unix_ms();
-        let target = match p.kind {
-            FaultKind::KillLeader | FaultKind::PauseLeader => {
-                let Some(id) = leader else {
-                    // No leader right now: the previous fault has not healed yet; skip.
-                    continue;
-                };
-                if p.kind == FaultKind::KillLeader {
-                    cluster.kill_replica(id)?;
-                } else {
-                    cluster.pause_replica(id, true)?;
-                }
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                if p.kind == FaultKind::KillLeader {
-                    cluster.start_replica(id, false)?;
-                } else {
-                    cluster.pause_replica(id, false)?;
-                }
-                format!("replica {id}")
-            }
-            FaultKind::PartitionLeader
-            | FaultKind::PartitionLeaderFromAgents
-            | FaultKind::PartitionFollower
-            | FaultKind::PartitionFollowerFromAgents => {
-                let on_leader = matches!(
-                    p.kind,
-                    FaultKind::PartitionLeader | FaultKind::PartitionLeaderFromAgents
-                );
-                let target = if on_leader {
-                    leader
-                } else {
-                    follower(cluster, leader, p.pick)
-                };
-                let Some(id) = target else {
-                    continue;
-                };
-                // Cut from the other replicas, or from the host's side (agents and clients).
-                if matches!(
-                    p.kind,
-                    FaultKind::PartitionLeader | FaultKind::PartitionFollower
-                ) {
-                    cluster.partition_replica(id)?;
-                } else {
-                    cluster.partition_from_host(id)?;
-                }
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.heal(id)?;
-                format!("replica {id}")
-            }
-            FaultKind::DiskFullLeader => {
-                let Some(id) = leader else {
-                    continue;
-                };
-                // The disk fills up; RocksDB keeps writing into the WAL space it preallocated,
-                // so the replica then crashes and must not come back on a full disk.
-                let filled = cluster.fill_disk(id)?;
-                cluster.kill_replica(id)?;
-                cluster.start_replica(id, false)?;
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                let refused = !cluster.replica_alive(id);
-                cluster.free_disk(id)?;
-                cluster.kill_replica(id)?;
-                cluster.start_replica(id, false)?;
-                format!(
-                    "replica {id}, {} MiB written; restart on the full disk {}",
-                    filled >> 20,
-                    if refused { "refused" } else { "succeeded" }
-                )
-            }
-            FaultKind::ClockJump => {
-                let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
-                let id = ids[p.pick as usize % ids.len()];
-                // 10 minutes to 2 hours, either way.
-                let minutes = 10 + (p.pick >> 8) % 111;
-                let sign = if (p.pick >> 16) % 2 == 0 { '+' } else { '-' };
-                cluster.set_clock(id, &format!("{sign}{minutes}m"))?;
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.set_clock(id, "+0")?;
-                format!(
-                    "replica {id}{}, {sign}{minutes} min",
-                    if Some(id) == leader { " (leader)" } else { "" }
-                )
-            }
-            FaultKind::KillFollower => {
-                let Some(id) = follower(cluster, leader, p.pick) else {
-                    continue;
-                };
-                cluster.kill_replica(id)?;
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.start_replica(id, false)?;
-                format!("replica {id}")
-            }
-            FaultKind::KillAgent => {
-                let Some(name) = real_agent(cluster, p.pick) else {
-                    continue;
-                };
-                cluster.kill_agent(&name)?;
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.start_agent(&name)?;
-                format!("agent {name}")
-            }
-            FaultKind::AgentCrashAtLaunch | FaultKind::AgentCrashAtExit => {
-                let Some(name) = real_agent(cluster, p.pick) else {
-                    continue;
-                };
-                let points = if p.kind == FaultKind::AgentCrashAtLaunch {
-                    ["launch-recorded", "launch-spawned"]
-                } else {
-                    ["exit-observed", "exit-recorded"]
-                };
-                // In turn, so that two faults of a kind cover both of its points.
-                let before = planned[..i].iter().filter(|q| q.kind == p.kind).count();
-                let point = points[before % points.len()];
-                let crashed = crash_at(cluster, &name, point).await?;
-                tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
-                cluster.start_agent(&name)?;
-                format!(
-                    "agent {name} at {point}: {}",
-                    if crashed {
-                        "crashed there"
-                    } else {
-                        "no run reached it in time; restarted"
-                    }
-                )
-            }
+        let Some(target) = perform(cluster, planned, i, leader).await? else {
+            continue;
         };
         let healed_ms = history.now_ms();
         println!(
@@ -269,6 +147,197 @@ pub async fn inject(
         });
     }
     Ok(())
+}
+
+/// Performs the `i`th planned fault and heals it; what it struck, or None when there was
+/// nothing to strike (no leader, no follower, no agent running real jobs).
+async fn perform(
+    cluster: &mut LocalCluster,
+    planned: &[Planned],
+    i: usize,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let p = &planned[i];
+    match p.kind {
+        FaultKind::KillLeader | FaultKind::PauseLeader => stop_leader(cluster, p, leader).await,
+        FaultKind::PartitionLeader
+        | FaultKind::PartitionLeaderFromAgents
+        | FaultKind::PartitionFollower
+        | FaultKind::PartitionFollowerFromAgents => partition(cluster, p, leader).await,
+        FaultKind::DiskFullLeader => fill_leader_disk(cluster, p, leader).await,
+        FaultKind::ClockJump => jump_clock(cluster, p, leader).await,
+        FaultKind::KillFollower => kill_follower(cluster, p, leader).await,
+        FaultKind::KillAgent => kill_agent(cluster, p).await,
+        FaultKind::AgentCrashAtLaunch | FaultKind::AgentCrashAtExit => {
+            crash_agent_at_point(cluster, planned, i).await
+        }
+    }
+}
+
+/// Kills the leader with SIGKILL or stops it with SIGSTOP, then restarts or continues it.
+async fn stop_leader(
+    cluster: &mut LocalCluster,
+    p: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let Some(id) = leader else {
+        // No leader right now: the previous fault has not healed yet; skip.
+        return Ok(None);
+    };
+    if p.kind == FaultKind::KillLeader {
+        cluster.kill_replica(id)?;
+    } else {
+        cluster.pause_replica(id, true)?;
+    }
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    if p.kind == FaultKind::KillLeader {
+        cluster.start_replica(id, false)?;
+    } else {
+        cluster.pause_replica(id, false)?;
+    }
+    Ok(Some(format!("replica {id}")))
+}
+
+/// Cuts the leader or a follower off from the other replicas or from the host's side, then
+/// heals the cut.
+async fn partition(
+    cluster: &mut LocalCluster,
+    p: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let on_leader = matches!(
+        p.kind,
+        FaultKind::PartitionLeader | FaultKind::PartitionLeaderFromAgents
+    );
+    let target = if on_leader {
+        leader
+    } else {
+        follower(cluster, leader, p.pick)
+    };
+    let Some(id) = target else {
+        return Ok(None);
+    };
+    // Cut from the other replicas, or from the host's side (agents and clients).
+    if matches!(
+        p.kind,
+        FaultKind::PartitionLeader | FaultKind::PartitionFollower
+    ) {
+        cluster.partition_replica(id)?;
+    } else {
+        cluster.partition_from_host(id)?;
+    }
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    cluster.heal(id)?;
+    Ok(Some(format!("replica {id}")))
+}
+
+/// Fills the leader's disk and restarts it on the full disk, then frees the disk and
+/// restarts it again.
+async fn fill_leader_disk(
+    cluster: &mut LocalCluster,
+    p: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let Some(id) = leader else {
+        return Ok(None);
+    };
+    // The disk fills up; RocksDB keeps writing into the WAL space it preallocated,
+    // so the replica then crashes and must not come back on a full disk.
+    let filled = cluster.fill_disk(id)?;
+    cluster.kill_replica(id)?;
+    cluster.start_replica(id, false)?;
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    let refused = !cluster.replica_alive(id);
+    cluster.free_disk(id)?;
+    cluster.kill_replica(id)?;
+    cluster.start_replica(id, false)?;
+    Ok(Some(format!(
+        "replica {id}, {} MiB written; restart on the full disk {}",
+        filled >> 20,
+        if refused { "refused" } else { "succeeded" }
+    )))
+}
+
+/// Jumps one replica's wall clock 10 minutes to 2 hours either way, then sets it right.
+async fn jump_clock(
+    cluster: &mut LocalCluster,
+    p: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
+    let id = ids[p.pick as usize % ids.len()];
+    // 10 minutes to 2 hours, either way.
+    let minutes = 10 + (p.pick >> 8) % 111;
+    let sign = if (p.pick >> 16).is_multiple_of(2) {
+        '+'
+    } else {
+        '-'
+    };
+    cluster.set_clock(id, &format!("{sign}{minutes}m"))?;
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    cluster.set_clock(id, "+0")?;
+    Ok(Some(format!(
+        "replica {id}{}, {sign}{minutes} min",
+        if Some(id) == leader { " (leader)" } else { "" }
+    )))
+}
+
+/// Kills a follower with SIGKILL, then restarts it on its data.
+async fn kill_follower(
+    cluster: &mut LocalCluster,
+    p: &Planned,
+    leader: Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    let Some(id) = follower(cluster, leader, p.pick) else {
+        return Ok(None);
+    };
+    cluster.kill_replica(id)?;
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    cluster.start_replica(id, false)?;
+    Ok(Some(format!("replica {id}")))
+}
+
+/// Kills an agent running real jobs with SIGKILL, then restarts it.
+async fn kill_agent(cluster: &mut LocalCluster, p: &Planned) -> anyhow::Result<Option<String>> {
+    let Some(name) = real_agent(cluster, p.pick) else {
+        return Ok(None);
+    };
+    cluster.kill_agent(&name)?;
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    cluster.start_agent(&name)?;
+    Ok(Some(format!("agent {name}")))
+}
+
+/// Restarts an agent running real jobs armed to crash at a launch or exit point (the `i`th
+/// planned fault's kind, its points in turn), then restarts it unarmed.
+async fn crash_agent_at_point(
+    cluster: &mut LocalCluster,
+    planned: &[Planned],
+    i: usize,
+) -> anyhow::Result<Option<String>> {
+    let p = &planned[i];
+    let Some(name) = real_agent(cluster, p.pick) else {
+        return Ok(None);
+    };
+    let points = if p.kind == FaultKind::AgentCrashAtLaunch {
+        ["launch-recorded", "launch-spawned"]
+    } else {
+        ["exit-observed", "exit-recorded"]
+    };
+    // In turn, so that two faults of a kind cover both of its points.
+    let before = planned[..i].iter().filter(|q| q.kind == p.kind).count();
+    let point = points[before % points.len()];
+    let crashed = crash_at(cluster, &name, point).await?;
+    tokio::time::sleep(Duration::from_millis(p.lasts_ms)).await;
+    cluster.start_agent(&name)?;
+    Ok(Some(format!(
+        "agent {name} at {point}: {}",
+        if crashed {
+            "crashed there"
+        } else {
+            "no run reached it in time; restarted"
+        }
+    )))
 }
 
 #[cfg(test)]

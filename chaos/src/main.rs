@@ -736,70 +736,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Cmd::Run {
-                seed,
-                faults,
-                minutes,
-                kinds,
-                each,
-                replicas,
-                agents,
-                simulated_agents,
-                clients,
-                job_seconds,
-                think_ms,
-                state_dir,
-                bin_dir: bins,
-            } => {
-                run(RunSpec {
-                    seed: seed.unwrap_or_else(docket_proto::unix_ms),
-                    faults,
-                    minutes,
-                    kinds,
-                    each,
-                    replicas,
-                    agents,
-                    simulated: simulated_agents,
-                    clients,
-                    job_seconds: job_seconds.max(1),
-                    think_ms: (think_ms / 5, think_ms * 9 / 5),
-                    state_dir,
-                    bins: bin_dir(bins)?,
-                })
-                .await
-            }
-            Cmd::Drill {
-                kind,
-                state_dir,
-                hold_ms,
-                addrs,
-                ca,
-                fault_cmd,
-                heal_cmd,
-                partition,
-                work_dir,
-            } => {
-                let target = match (ca, fault_cmd, heal_cmd) {
-                    (Some(ca), Some(inject), Some(heal)) if !addrs.is_empty() => DrillTarget::Any {
-                        commands: docket_deploy::drill::Commands {
-                            inject,
-                            heal,
-                            allowed: addrs.clone(),
-                        },
-                        addrs,
-                        ca,
-                    },
-                    _ => DrillTarget::Local(state_dir),
-                };
-                drill(kind, target, hold_ms, partition, work_dir)
-                    .await
-                    .map(|()| true)
-            }
-            Cmd::Sim { .. } => unreachable!("handled before the runtime"),
-        }
-    });
+    let result = runtime.block_on(execute(cli.command));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -807,6 +744,84 @@ fn main() -> ExitCode {
             eprintln!("docket-chaos: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Runs `run` or `drill` (`sim` runs before the runtime); whether the run passed.
+async fn execute(command: Cmd) -> Result<bool> {
+    match command {
+        Cmd::Run {
+            seed,
+            faults,
+            minutes,
+            kinds,
+            each,
+            replicas,
+            agents,
+            simulated_agents,
+            clients,
+            job_seconds,
+            think_ms,
+            state_dir,
+            bin_dir: bins,
+        } => {
+            run(RunSpec {
+                seed: seed.unwrap_or_else(docket_proto::unix_ms),
+                faults,
+                minutes,
+                kinds,
+                each,
+                replicas,
+                agents,
+                simulated: simulated_agents,
+                clients,
+                job_seconds: job_seconds.max(1),
+                think_ms: (think_ms / 5, think_ms * 9 / 5),
+                state_dir,
+                bins: bin_dir(bins)?,
+            })
+            .await
+        }
+        Cmd::Drill {
+            kind,
+            state_dir,
+            hold_ms,
+            addrs,
+            ca,
+            fault_cmd,
+            heal_cmd,
+            partition,
+            work_dir,
+        } => {
+            let target = drill_target(state_dir, addrs, ca, fault_cmd, heal_cmd);
+            drill(kind, target, hold_ms, partition, work_dir)
+                .await
+                .map(|()| true)
+        }
+        Cmd::Sim { .. } => unreachable!("handled before the runtime"),
+    }
+}
+
+/// Any cluster when its addresses, CA and fault and heal commands are all given; else the
+/// docket-local one in `state_dir`.
+fn drill_target(
+    state_dir: PathBuf,
+    addrs: Vec<String>,
+    ca: Option<PathBuf>,
+    fault_cmd: Option<String>,
+    heal_cmd: Option<String>,
+) -> DrillTarget {
+    match (ca, fault_cmd, heal_cmd) {
+        (Some(ca), Some(inject), Some(heal)) if !addrs.is_empty() => DrillTarget::Any {
+            commands: docket_deploy::drill::Commands {
+                inject,
+                heal,
+                allowed: addrs.clone(),
+            },
+            addrs,
+            ca,
+        },
+        _ => DrillTarget::Local(state_dir),
     }
 }
 

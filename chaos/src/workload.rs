@@ -96,6 +96,9 @@ pub async fn settle(leader: &str) {
     }
 }
 
+/// A client of the jobs service, at one replica.
+type JobsClient = pb::jobs_client::JobsClient<tonic::transport::Channel>;
+
 /// One client until `stop`.
 pub async fn client(
     id: u32,
@@ -106,124 +109,217 @@ pub async fn client(
     stop: Arc<AtomicBool>,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (u64::from(id) << 32));
-    let mut mine: Vec<(String, u64)> = Vec::new();
-    let mut seq = 0u64;
-    let mut turn = rng.random_range(0..addrs.len());
-    // A replica that timed out (stopped, or cut off) is avoided for a while, as a smart
-    // client would.
-    let mut silent_until: Vec<Option<std::time::Instant>> = vec![None; addrs.len()];
-    while !stop.load(Ordering::Relaxed) {
-        let roll: u32 = rng.random_range(0..100);
-        let target = (!mine.is_empty()).then(|| mine[rng.random_range(0..mine.len())].clone());
-        let (kind, name, job) = match (roll, target) {
+    let turn = rng.random_range(0..addrs.len());
+    let mut client = Client {
+        id,
+        w,
+        history,
+        stop,
+        rng,
+        mine: Vec::new(),
+        seq: 0,
+        replicas: Replicas::new(addrs, turn),
+    };
+    while !client.stop.load(Ordering::Relaxed) {
+        client.step().await;
+    }
+}
+
+/// The replicas a client talks to, in turn.
+struct Replicas {
+    addrs: Vec<String>,
+    /// The replica asked last.
+    turn: usize,
+    /// A replica that timed out (stopped, or cut off) is avoided for a while, as a smart
+    /// client would.
+    silent_until: Vec<Option<std::time::Instant>>,
+}
+
+impl Replicas {
+    /// The replicas at `addrs`, starting after the one at `turn`.
+    fn new(addrs: Vec<String>, turn: usize) -> Replicas {
+        let silent_until = vec![None; addrs.len()];
+        Replicas {
+            addrs,
+            turn,
+            silent_until,
+        }
+    }
+
+    /// Moves to the next replica not recently silent (all silent: the next one anyway) and
+    /// returns its index.
+    fn next(&mut self) -> usize {
+        let now = std::time::Instant::now();
+        let n = self.addrs.len();
+        self.turn = (1..=n)
+            .map(|k| (self.turn + k) % n)
+            .find(|i| self.silent_until[*i].is_none_or(|t| t <= now))
+            .unwrap_or((self.turn + 1) % n);
+        self.turn
+    }
+
+    /// Avoids replica `i` for the next 5 s.
+    fn silence(&mut self, i: usize) {
+        self.silent_until[i] = Some(std::time::Instant::now() + Duration::from_secs(5));
+    }
+}
+
+/// One client's state: its seeded choices, the jobs it submitted, the replicas it asks.
+struct Client {
+    id: u32,
+    w: Workload,
+    history: History,
+    stop: Arc<AtomicBool>,
+    rng: ChaCha8Rng,
+    /// The jobs this client submitted and saw acknowledged: (name, id).
+    mine: Vec<(String, u64)>,
+    /// The last submission's number, for unique names.
+    seq: u64,
+    replicas: Replicas,
+}
+
+impl Client {
+    /// One operation, recorded in the history, and the pause after it.
+    async fn step(&mut self) {
+        let (kind, name, job) = self.choose();
+        let start_ms = self.history.now_ms();
+        let (outcome, job_id) = self.until_answered(kind, &name, job, start_ms).await;
+        if kind == OpKind::Submit
+            && outcome == Outcome::Acked
+            && let Some(j) = job_id
+        {
+            self.mine.push((name.clone(), j));
+        }
+        self.history.op(Op {
+            client: self.id,
+            kind,
+            job_name: name,
+            job_id,
+            outcome,
+            start_ms,
+            end_ms: self.history.now_ms(),
+        });
+        let (least, most) = self.w.think_ms;
+        tokio::time::sleep(Duration::from_millis(
+            self.rng.random_range(least..=most.max(least)),
+        ))
+        .await;
+    }
+
+    /// The next operation, as the seed rolls: mostly a submission under a new name, else a
+    /// cancel, hold, release, suspend or resume of a job this client submitted.
+    fn choose(&mut self) -> (OpKind, String, Option<u64>) {
+        let roll: u32 = self.rng.random_range(0..100);
+        let target = (!self.mine.is_empty())
+            .then(|| self.mine[self.rng.random_range(0..self.mine.len())].clone());
+        match (roll, target) {
             (0..70, _) | (_, None) => {
-                seq += 1;
-                (OpKind::Submit, format!("c{id}-{seq}"), None)
+                self.seq += 1;
+                (OpKind::Submit, format!("c{}-{}", self.id, self.seq), None)
             }
             (70..80, Some((n, j))) => (OpKind::Cancel, n, Some(j)),
             (80..86, Some((n, j))) => (OpKind::Hold, n, Some(j)),
             (86..92, Some((n, j))) => (OpKind::Release, n, Some(j)),
             (92..96, Some((n, j))) => (OpKind::Suspend, n, Some(j)),
             (_, Some((n, j))) => (OpKind::Resume, n, Some(j)),
-        };
-        let start_ms = history.now_ms();
+        }
+    }
+
+    /// Asks the replicas in turn until a definite answer, or 20 s of UNAVAILABLE since
+    /// `start_ms`, or `stop`; the outcome and the job's id.
+    async fn until_answered(
+        &mut self,
+        kind: OpKind,
+        name: &str,
+        job: Option<u64>,
+        start_ms: u64,
+    ) -> (Outcome, Option<u64>) {
         let mut outcome = Outcome::NotApplied;
         let mut job_id = job;
         // Until a definite answer, or 20 s of UNAVAILABLE.
-        while start_ms + 20_000 > history.now_ms() && !stop.load(Ordering::Relaxed) {
+        while start_ms + 20_000 > self.history.now_ms() && !self.stop.load(Ordering::Relaxed) {
             // The next replica not recently silent (all silent: the next one anyway).
-            let now = std::time::Instant::now();
-            turn = (1..=addrs.len())
-                .map(|k| (turn + k) % addrs.len())
-                .find(|i| silent_until[*i].is_none_or(|t| t <= now))
-                .unwrap_or((turn + 1) % addrs.len());
-            let Ok(mut c) = rpc::jobs(&addrs[turn]) else {
+            let turn = self.replicas.next();
+            let Ok(mut c) = rpc::jobs(&self.replicas.addrs[turn]) else {
                 break;
             };
             outcome = match kind {
-                OpKind::Submit => {
-                    let spec = pb::JobSpec {
-                        name: name.clone(),
-                        partition: w.partition.clone(),
-                        nodes: 1,
-                        ntasks: 1,
-                        cpus_per_task: 1,
-                        time_limit_seconds: Some(120),
-                        script: script(rng.random_range(1..=w.max_job_seconds)),
-                        work_dir: w.work_dir.clone(),
-                        stdout: "/dev/null".into(),
-                        stderr: "/dev/null".into(),
-                        requeue: true,
-                        ..Default::default()
-                    };
-                    let req = rpc::as_user("root", pb::SubmitJobsRequest { jobs: vec![spec] });
-                    match within(c.submit_jobs(req)).await {
-                        Ok(r) => match r
-                            .into_inner()
-                            .results
-                            .first()
-                            .and_then(|x| x.result.clone())
-                        {
-                            Some(pb::submit_result::Result::JobId(j)) => {
-                                job_id = Some(j);
-                                Outcome::Acked
-                            }
-                            Some(pb::submit_result::Result::Error(e)) => Outcome::Refused(e),
-                            None => Outcome::Unknown("no result".into()),
-                        },
-                        Err(s) => classify(&s),
-                    }
-                }
-                _ => {
-                    let refs = vec![pb::JobRef {
-                        job_id: job.unwrap_or(0),
-                        task: None,
-                    }];
-                    let req = rpc::as_user("root", pb::JobsRequest { jobs: refs });
-                    let r = match kind {
-                        OpKind::Cancel => within(c.cancel_jobs(req)).await,
-                        OpKind::Hold => within(c.hold_jobs(req)).await,
-                        OpKind::Release => within(c.release_jobs(req)).await,
-                        OpKind::Suspend => within(c.suspend_jobs(req)).await,
-                        _ => within(c.resume_jobs(req)).await,
-                    };
-                    match r {
-                        Ok(r) => match r.into_inner().results.first() {
-                            Some(x) if x.error.is_empty() => Outcome::Acked,
-                            Some(x) => Outcome::Refused(x.error.clone()),
-                            None => Outcome::Unknown("no result".into()),
-                        },
-                        Err(s) => classify(&s),
-                    }
-                }
+                OpKind::Submit => self.submit(&mut c, name, &mut job_id).await,
+                _ => act(&mut c, kind, job).await,
             };
             if matches!(&outcome, Outcome::Unknown(why) if why.starts_with("DeadlineExceeded")) {
-                silent_until[turn] = Some(std::time::Instant::now() + Duration::from_secs(5));
+                self.replicas.silence(turn);
             }
             if outcome != Outcome::NotApplied {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if kind == OpKind::Submit
-            && outcome == Outcome::Acked
-            && let Some(j) = job_id
-        {
-            mine.push((name.clone(), j));
+        (outcome, job_id)
+    }
+
+    /// Submits job `name` (a script of a seeded length) through `c`; sets `job_id` when
+    /// acknowledged.
+    async fn submit(
+        &mut self,
+        c: &mut JobsClient,
+        name: &str,
+        job_id: &mut Option<u64>,
+    ) -> Outcome {
+        let spec = pb::JobSpec {
+            name: name.to_owned(),
+            partition: self.w.partition.clone(),
+            nodes: 1,
+            ntasks: 1,
+            cpus_per_task: 1,
+            time_limit_seconds: Some(120),
+            script: script(self.rng.random_range(1..=self.w.max_job_seconds)),
+            work_dir: self.w.work_dir.clone(),
+            stdout: "/dev/null".into(),
+            stderr: "/dev/null".into(),
+            requeue: true,
+            ..Default::default()
+        };
+        let req = rpc::as_user("root", pb::SubmitJobsRequest { jobs: vec![spec] });
+        match within(c.submit_jobs(req)).await {
+            Ok(r) => match r
+                .into_inner()
+                .results
+                .first()
+                .and_then(|x| x.result.clone())
+            {
+                Some(pb::submit_result::Result::JobId(j)) => {
+                    *job_id = Some(j);
+                    Outcome::Acked
+                }
+                Some(pb::submit_result::Result::Error(e)) => Outcome::Refused(e),
+                None => Outcome::Unknown("no result".into()),
+            },
+            Err(s) => classify(&s),
         }
-        history.op(Op {
-            client: id,
-            kind,
-            job_name: name,
-            job_id,
-            outcome,
-            start_ms,
-            end_ms: history.now_ms(),
-        });
-        let (least, most) = w.think_ms;
-        tokio::time::sleep(Duration::from_millis(
-            rng.random_range(least..=most.max(least)),
-        ))
-        .await;
+    }
+}
+
+/// Cancels, holds, releases, suspends or resumes (as `kind` says) job `job` through `c`.
+async fn act(c: &mut JobsClient, kind: OpKind, job: Option<u64>) -> Outcome {
+    let refs = vec![pb::JobRef {
+        job_id: job.unwrap_or(0),
+        task: None,
+    }];
+    let req = rpc::as_user("root", pb::JobsRequest { jobs: refs });
+    let r = match kind {
+        OpKind::Cancel => within(c.cancel_jobs(req)).await,
+        OpKind::Hold => within(c.hold_jobs(req)).await,
+        OpKind::Release => within(c.release_jobs(req)).await,
+        OpKind::Suspend => within(c.suspend_jobs(req)).await,
+        _ => within(c.resume_jobs(req)).await,
+    };
+    match r {
+        Ok(r) => match r.into_inner().results.first() {
+            Some(x) if x.error.is_empty() => Outcome::Acked,
+            Some(x) => Outcome::Refused(x.error.clone()),
+            None => Outcome::Unknown("no result".into()),
+        },
+        Err(s) => classify(&s),
     }
 }

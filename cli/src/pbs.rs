@@ -195,14 +195,7 @@ fn in_directory(dir: &str, name: &str, suffix: &str) -> String {
 
 /// The job spec from the command line over the directives.
 pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> {
-    let dir =
-        QsubArgs::try_parse_from(std::iter::once("qsub".to_owned()).chain(directives(script)?))
-            .map_err(|e| {
-                anyhow!(
-                    "#PBS directives: {}",
-                    e.to_string().lines().next().unwrap_or_default()
-                )
-            })?;
+    let dir = parse_directives(script)?;
     let mut spec = pb::JobSpec {
         nodes: 1,
         ntasks: 1,
@@ -213,39 +206,7 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
     };
     // Directives first, then the command line over them.
     for src in [&dir, cli] {
-        for l in &src.resources {
-            apply_resources(&mut spec, l)?;
-        }
-        if let Some(n) = &src.name {
-            spec.name = n.clone();
-        }
-        if let Some(q) = &src.queue {
-            spec.partition = q.clone();
-        }
-        if let Some(a) = src.project.as_ref().or(src.account.as_ref()) {
-            spec.account = a.clone();
-        }
-        if let Some(j) = &src.array {
-            spec.array = j.clone();
-        }
-        for w in &src.attributes {
-            match w.split_once('=') {
-                Some(("depend", d)) => spec.dependency = d.to_owned(),
-                _ => bail!("-W {w:?}: only depend=... is supported"),
-            }
-        }
-        spec.hold |= src.hold;
-        if let Some(o) = &src.output {
-            spec.stdout = o.clone();
-        }
-        if let Some(e) = &src.error {
-            spec.stderr = e.clone();
-        }
-        match src.join.as_deref() {
-            Some("oe") => spec.stderr = String::new(),
-            Some("n") | None => {}
-            Some(other) => bail!("-j {other}: only oe or n"),
-        }
+        apply_options(&mut spec, src)?;
     }
     if spec.name.is_empty() {
         spec.name = cli
@@ -255,6 +216,70 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "STDIN".into());
     }
+    resolve_output_directories(&mut spec, cwd);
+    let env = environment(cli, &dir);
+    if !env.is_empty() {
+        spec.environment = Some(env);
+    }
+    // PBS scripts need not start with #!; run them with /bin/sh like PBS does.
+    if !script.starts_with("#!") {
+        spec.script = format!("#!/bin/sh\n{script}").into_bytes();
+    }
+    Ok(spec)
+}
+
+/// The options `script`'s `#PBS` directives give.
+fn parse_directives(script: &str) -> Result<QsubArgs> {
+    QsubArgs::try_parse_from(std::iter::once("qsub".to_owned()).chain(directives(script)?)).map_err(
+        |e| {
+            anyhow!(
+                "#PBS directives: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            )
+        },
+    )
+}
+
+/// Sets in `spec` what the options `src` give, over what it holds.
+fn apply_options(spec: &mut pb::JobSpec, src: &QsubArgs) -> Result<()> {
+    for l in &src.resources {
+        apply_resources(spec, l)?;
+    }
+    if let Some(n) = &src.name {
+        spec.name = n.clone();
+    }
+    if let Some(q) = &src.queue {
+        spec.partition = q.clone();
+    }
+    if let Some(a) = src.project.as_ref().or(src.account.as_ref()) {
+        spec.account = a.clone();
+    }
+    if let Some(j) = &src.array {
+        spec.array = j.clone();
+    }
+    for w in &src.attributes {
+        match w.split_once('=') {
+            Some(("depend", d)) => spec.dependency = d.to_owned(),
+            _ => bail!("-W {w:?}: only depend=... is supported"),
+        }
+    }
+    spec.hold |= src.hold;
+    if let Some(o) = &src.output {
+        spec.stdout = o.clone();
+    }
+    if let Some(e) = &src.error {
+        spec.stderr = e.clone();
+    }
+    match src.join.as_deref() {
+        Some("oe") => spec.stderr = String::new(),
+        Some("n") | None => {}
+        Some(other) => bail!("-j {other}: only oe or n"),
+    }
+    Ok(())
+}
+
+/// Output and error paths that are directories become PBS's files in them.
+fn resolve_output_directories(spec: &mut pb::JobSpec, cwd: &str) {
     // `-o DIR/` and `-e DIR/` (dask-jobqueue writes them): PBS names the files in that
     // directory `<job name>.o<job id>` and `.e<job id>`.
     let is_dir = |p: &str| p.ends_with('/') || std::path::Path::new(cwd).join(p).is_dir();
@@ -263,6 +288,11 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
             *path = in_directory(path, &spec.name, suffix);
         }
     }
+}
+
+/// The job's environment (`VAR=value\0...`): all of this one with `-V`, then the `-v`
+/// variables of the directives and of the command line.
+fn environment(cli: &QsubArgs, dir: &QsubArgs) -> Vec<u8> {
     let mut env: Vec<u8> = Vec::new();
     let mut push = |k: &str, v: &str| {
         env.extend_from_slice(format!("{k}={v}").as_bytes());
@@ -285,14 +315,7 @@ pub fn job_spec(cli: &QsubArgs, script: &str, cwd: &str) -> Result<pb::JobSpec> 
             }
         }
     }
-    if !env.is_empty() {
-        spec.environment = Some(env);
-    }
-    // PBS scripts need not start with #!; run them with /bin/sh like PBS does.
-    if !script.starts_with("#!") {
-        spec.script = format!("#!/bin/sh\n{script}").into_bytes();
-    }
-    Ok(spec)
+    env
 }
 
 /// The server name PBS appends to job ids (`12.docket`).

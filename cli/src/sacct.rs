@@ -198,31 +198,60 @@ fn seconds_between(start: u64, end: Option<u64>, now: u64) -> u64 {
     end.unwrap_or(now).saturating_sub(start) / 1000
 }
 
+impl<'a> Row<'a> {
+    /// What the line's JobID adds to the job's: `.batch`, `.STEP`, or nothing.
+    fn id_suffix(&self) -> String {
+        match self.part {
+            Part::Allocation => String::new(),
+            Part::Batch(_) => ".batch".into(),
+            Part::Step(s) => format!(".{}", s.step_id),
+        }
+    }
+
+    /// The step the line describes, if it is a numbered step's.
+    fn step(&self) -> Option<&'a pb::StepInfo> {
+        match self.part {
+            Part::Step(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// `v` on the allocation's line; blank on the others.
+    fn only_allocation(&self, v: String) -> String {
+        if matches!(self.part, Part::Allocation) {
+            v
+        } else {
+            String::new()
+        }
+    }
+
+    /// The line's cpus and its elapsed seconds at `now`.
+    fn cpus_and_elapsed(&self, now: u64) -> (u64, u64) {
+        let r = self.record;
+        match self.part {
+            Part::Allocation => (r.alloc_cpus, r.elapsed_seconds),
+            Part::Batch(b) => (b.cpus, r.elapsed_seconds),
+            Part::Step(s) => (
+                u64::from(s.cpus),
+                seconds_between(s.start_time_ms, s.end_time_ms, now),
+            ),
+        }
+    }
+}
+
 /// One field of one line at `now` (ms since the epoch). Steps leave blank what Slurm leaves
 /// blank for them (user, partition, QOS, reason, time limit, charge, restarts).
 pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
-    let (r, j) = (row.record, row.job);
-    let suffix = match row.part {
-        Part::Allocation => String::new(),
-        Part::Batch(_) => ".batch".into(),
-        Part::Step(s) => format!(".{}", s.step_id),
-    };
-    let step = match row.part {
-        Part::Step(s) => Some(s),
-        _ => None,
-    };
-    let allocation = matches!(row.part, Part::Allocation);
-    let (cpus, elapsed) = match row.part {
-        Part::Allocation => (r.alloc_cpus, r.elapsed_seconds),
-        Part::Batch(b) => (b.cpus, r.elapsed_seconds),
-        Part::Step(s) => (
-            u64::from(s.cpus),
-            seconds_between(s.start_time_ms, s.end_time_ms, now),
-        ),
-    };
-    let cpu_seconds = elapsed.saturating_mul(cpus);
-    let only_allocation = |v: String| if allocation { v } else { String::new() };
-    match field {
+    identity_value(row, field)
+        .or_else(|| usage_value(row, field, now))
+        .unwrap_or_default()
+}
+
+/// The fields that say what a line is: ids, names, owner, state and exit, limits.
+fn identity_value(row: &Row<'_>, field: &str) -> Option<String> {
+    let j = row.job;
+    let suffix = row.id_suffix();
+    Some(match field {
         "JobID" => match j.array_task {
             Some(t) => format!("{}_{t}{suffix}", j.job_id),
             None => format!("{}{suffix}", j.job_id),
@@ -233,10 +262,35 @@ pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
             Part::Batch(_) => "batch".into(),
             Part::Step(s) => s.name.clone(),
         },
-        "User" => only_allocation(j.user.clone()),
-        "Partition" => only_allocation(j.partition.clone()),
+        "User" => row.only_allocation(j.user.clone()),
+        "Partition" => row.only_allocation(j.partition.clone()),
         "Account" => j.account.clone(),
-        "QOS" => only_allocation(j.qos.clone()),
+        "QOS" => row.only_allocation(j.qos.clone()),
+        "State" => match row.part {
+            Part::Allocation => j.state.clone(),
+            Part::Batch(_) => batch_state(&j.state),
+            Part::Step(s) => s.state.clone(),
+        },
+        "ExitCode" => match row.step() {
+            Some(s) => code_signal(s.exit_code, s.exit_signal),
+            None => code_signal(j.exit_code, j.exit_signal),
+        },
+        "Reason" => row.only_allocation(j.reason.clone()),
+        "Timelimit" => row.only_allocation(slurmtime::limit(j.time_limit_seconds)),
+        "Restarts" => row.only_allocation(j.requeue_count.to_string()),
+        "WorkDir" => row.only_allocation(j.work_dir.clone()),
+        "Comment" => row.only_allocation(j.comment.clone()),
+        _ => return None,
+    })
+}
+
+/// The fields that say what a line used: nodes and cpus, times, memory, charge.
+fn usage_value(row: &Row<'_>, field: &str, now: u64) -> Option<String> {
+    let (r, j) = (row.record, row.job);
+    let step = row.step();
+    let (cpus, elapsed) = row.cpus_and_elapsed(now);
+    let cpu_seconds = elapsed.saturating_mul(cpus);
+    Some(match field {
         "AllocCPUS" => cpus.to_string(),
         "NNodes" => match row.part {
             Part::Allocation => j.nodes.to_string(),
@@ -249,22 +303,11 @@ pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
             Part::Batch(b) => b.node.clone(),
             Part::Step(s) => s.node_list.clone(),
         },
-        "State" => match row.part {
-            Part::Allocation => j.state.clone(),
-            Part::Batch(_) => batch_state(&j.state),
-            Part::Step(s) => s.state.clone(),
-        },
-        "ExitCode" => match step {
-            Some(s) => code_signal(s.exit_code, s.exit_signal),
-            None => code_signal(j.exit_code, j.exit_signal),
-        },
-        "Reason" => only_allocation(j.reason.clone()),
         "Submit" => slurmtime::timestamp(Some(step.map_or(j.submit_time_ms, |s| s.start_time_ms))),
         "Start" => slurmtime::timestamp(step.map_or(j.start_time_ms, |s| Some(s.start_time_ms))),
         "End" => slurmtime::timestamp(step.map_or(j.end_time_ms, |s| s.end_time_ms)),
         "Elapsed" => slurmtime::duration(elapsed),
         "ElapsedRaw" => elapsed.to_string(),
-        "Timelimit" => only_allocation(slurmtime::limit(j.time_limit_seconds)),
         "CPUTime" => slurmtime::duration(cpu_seconds),
         "CPUTimeRAW" => cpu_seconds.to_string(),
         "TotalCPU" => slurmtime::cpu_time(match row.part {
@@ -280,19 +323,16 @@ pub fn value(row: &Row<'_>, field: &str, now: u64) -> String {
             };
             format!("{}K", mib.saturating_mul(1024))
         }
-        "Charged" => only_allocation(format!("{:.3}", r.charged_milli_su as f64 / 1000.0)),
-        "Restarts" => only_allocation(j.requeue_count.to_string()),
-        "WorkDir" => only_allocation(j.work_dir.clone()),
-        "ReqMem" => only_allocation(memory(r.req_mem_mib)),
-        "Comment" => only_allocation(j.comment.clone()),
+        "Charged" => row.only_allocation(format!("{:.3}", r.charged_milli_su as f64 / 1000.0)),
+        "ReqMem" => row.only_allocation(memory(r.req_mem_mib)),
         // The allocation's row names what it holds; a step's, its own cpus.
         "AllocTRES" => match row.part {
             Part::Allocation => alloc_tres(r),
             _ if cpus == 0 => String::new(),
             _ => format!("cpu={cpus}"),
         },
-        _ => String::new(),
-    }
+        _ => return None,
+    })
 }
 
 /// A MiB amount as Slurm prints memory: whole units of the largest size that divides it.

@@ -343,69 +343,9 @@ fn assoc_row(r: &pb::AssociationsResponse, a: &pb::AssocEntry, qos: &str) -> Row
 fn rows(r: &pb::AssociationsResponse, entity: Entity, s: &Specs, with_assoc: bool) -> Vec<Row> {
     let qos_names: Vec<&str> = r.qos.iter().map(|q| q.name.as_str()).collect();
     let qos = qos_names.join(",");
-    let user_assocs = |user: &str| -> Vec<&pb::AssocEntry> {
-        r.assocs
-            .iter()
-            .filter(|a| a.user == user && matches(&s.accounts, &a.account))
-            .collect()
-    };
     match entity {
-        Entity::User => {
-            let mut out = Vec::new();
-            for u in r.users.iter().filter(|u| {
-                matches(&s.names, &u.name)
-                    && matches(&s.users, &u.name)
-                    && (s.accounts.is_empty() || !user_assocs(&u.name).is_empty())
-            }) {
-                let user: Row = vec![
-                    ("User", u.name.clone()),
-                    ("DefaultAccount", u.default_account.clone()),
-                    ("AdminLevel", admin_level(u.admin).into()),
-                    ("Coordinators", u.coordinates.join(",")),
-                ];
-                if with_assoc {
-                    for a in user_assocs(&u.name) {
-                        let mut row = user.clone();
-                        row.extend(assoc_row(r, a, &qos));
-                        out.push(row);
-                    }
-                } else {
-                    out.push(user);
-                }
-            }
-            out
-        }
-        Entity::Account => {
-            let mut out = Vec::new();
-            for a in r.accounts.iter().filter(|a| {
-                matches(&s.names, &a.name)
-                    && matches(&s.accounts, &a.name)
-                    && matches(&s.parents, &a.parent)
-            }) {
-                let org = organization(r, &a.name);
-                let account: Row = vec![
-                    ("Account", a.name.clone()),
-                    ("Description", a.name.clone()),
-                    ("Organization", org),
-                    ("Coordinators", a.coordinators.join(",")),
-                ];
-                let parent = ("ParentName", a.parent.clone());
-                if with_assoc {
-                    for assoc in r.assocs.iter().filter(|x| {
-                        x.account == a.name && (s.users.is_empty() || matches(&s.users, &x.user))
-                    }) {
-                        let mut row = account.clone();
-                        row.extend(assoc_row(r, assoc, &qos));
-                        out.push(row);
-                    }
-                } else {
-                    let mut row = account;
-                    row.push(parent);
-                    out.push(row);
-                }
-            }
-            out
-        }
+        Entity::User => user_rows(r, s, with_assoc, &qos),
+        Entity::Account => account_rows(r, s, with_assoc, &qos),
         Entity::Assoc => r
             .assocs
             .iter()
@@ -422,48 +362,126 @@ fn rows(r: &pb::AssociationsResponse, entity: Entity, s: &Specs, with_assoc: boo
             .qos
             .iter()
             .filter(|q| matches(&s.names, &q.name))
-            .map(|q| {
-                let cpus_pu = q.max_cpus_per_user.map(|c| format!("cpu={c}"));
-                let grp_tres = q.grp_cpus.map(|c| format!("cpu={c}"));
-                vec![
-                    ("Name", q.name.clone()),
-                    ("Priority", q.priority.to_string()),
-                    ("GraceTime", "00:00:00".into()),
-                    ("Preempt", q.preempt.join(",")),
-                    ("PreemptMode", q.preempt_mode.to_ascii_lowercase()),
-                    ("UsageFactor", factor(q.usage_factor)),
-                    ("GrpTRES", limit(grp_tres)),
-                    (
-                        "GrpTRESRunMins",
-                        limit(q.grp_cpu_run_mins.map(|m| format!("cpu={m}"))),
-                    ),
-                    ("GrpJobs", limit(q.grp_jobs)),
-                    ("MaxWall", limit(q.max_wall_seconds.map(wall))),
-                    ("MaxTRESPU", limit(cpus_pu)),
-                    ("MaxJobsPU", limit(q.max_jobs_per_user)),
-                    ("MaxSubmitPU", limit(q.max_submit_jobs_per_user)),
-                ]
-            })
+            .map(qos_row)
             .collect(),
-        Entity::Cluster => {
-            if !matches(&s.names, &r.cluster) || !matches(&s.clusters, &r.cluster) {
-                return Vec::new();
+        Entity::Cluster => cluster_rows(r, s, &qos),
+    }
+}
+
+/// `user`'s associations under the accounts `s` names.
+fn user_assocs<'a>(
+    r: &'a pb::AssociationsResponse,
+    s: &Specs,
+    user: &str,
+) -> Vec<&'a pb::AssocEntry> {
+    r.assocs
+        .iter()
+        .filter(|a| a.user == user && matches(&s.accounts, &a.account))
+        .collect()
+}
+
+/// `show user`: a row per user, or per user and association `withassoc`.
+fn user_rows(r: &pb::AssociationsResponse, s: &Specs, with_assoc: bool, qos: &str) -> Vec<Row> {
+    let mut out = Vec::new();
+    for u in r.users.iter().filter(|u| {
+        matches(&s.names, &u.name)
+            && matches(&s.users, &u.name)
+            && (s.accounts.is_empty() || !user_assocs(r, s, &u.name).is_empty())
+    }) {
+        let user: Row = vec![
+            ("User", u.name.clone()),
+            ("DefaultAccount", u.default_account.clone()),
+            ("AdminLevel", admin_level(u.admin).into()),
+            ("Coordinators", u.coordinates.join(",")),
+        ];
+        if with_assoc {
+            for a in user_assocs(r, s, &u.name) {
+                let mut row = user.clone();
+                row.extend(assoc_row(r, a, qos));
+                out.push(row);
             }
-            let root = r
-                .assocs
-                .iter()
-                .find(|a| a.user.is_empty() && a.parent.is_empty());
-            vec![vec![
-                ("Cluster", r.cluster.clone()),
-                (
-                    "Share",
-                    root.map_or_else(|| "1".into(), |a| a.shares.to_string()),
-                ),
-                ("QOS", qos.clone()),
-                ("DefaultQOS", r.default_qos.clone()),
-            ]]
+        } else {
+            out.push(user);
         }
     }
+    out
+}
+
+/// `show account`: a row per account, or per account and association `withassoc`.
+fn account_rows(r: &pb::AssociationsResponse, s: &Specs, with_assoc: bool, qos: &str) -> Vec<Row> {
+    let mut out = Vec::new();
+    for a in r.accounts.iter().filter(|a| {
+        matches(&s.names, &a.name)
+            && matches(&s.accounts, &a.name)
+            && matches(&s.parents, &a.parent)
+    }) {
+        let org = organization(r, &a.name);
+        let account: Row = vec![
+            ("Account", a.name.clone()),
+            ("Description", a.name.clone()),
+            ("Organization", org),
+            ("Coordinators", a.coordinators.join(",")),
+        ];
+        let parent = ("ParentName", a.parent.clone());
+        if with_assoc {
+            for assoc in r.assocs.iter().filter(|x| {
+                x.account == a.name && (s.users.is_empty() || matches(&s.users, &x.user))
+            }) {
+                let mut row = account.clone();
+                row.extend(assoc_row(r, assoc, qos));
+                out.push(row);
+            }
+        } else {
+            let mut row = account;
+            row.push(parent);
+            out.push(row);
+        }
+    }
+    out
+}
+
+/// `show qos`: one QOS's row.
+fn qos_row(q: &pb::QosEntry) -> Row {
+    let cpus_pu = q.max_cpus_per_user.map(|c| format!("cpu={c}"));
+    let grp_tres = q.grp_cpus.map(|c| format!("cpu={c}"));
+    vec![
+        ("Name", q.name.clone()),
+        ("Priority", q.priority.to_string()),
+        ("GraceTime", "00:00:00".into()),
+        ("Preempt", q.preempt.join(",")),
+        ("PreemptMode", q.preempt_mode.to_ascii_lowercase()),
+        ("UsageFactor", factor(q.usage_factor)),
+        ("GrpTRES", limit(grp_tres)),
+        (
+            "GrpTRESRunMins",
+            limit(q.grp_cpu_run_mins.map(|m| format!("cpu={m}"))),
+        ),
+        ("GrpJobs", limit(q.grp_jobs)),
+        ("MaxWall", limit(q.max_wall_seconds.map(wall))),
+        ("MaxTRESPU", limit(cpus_pu)),
+        ("MaxJobsPU", limit(q.max_jobs_per_user)),
+        ("MaxSubmitPU", limit(q.max_submit_jobs_per_user)),
+    ]
+}
+
+/// `show cluster`: this cluster's row, unless `s` filters it out.
+fn cluster_rows(r: &pb::AssociationsResponse, s: &Specs, qos: &str) -> Vec<Row> {
+    if !matches(&s.names, &r.cluster) || !matches(&s.clusters, &r.cluster) {
+        return Vec::new();
+    }
+    let root = r
+        .assocs
+        .iter()
+        .find(|a| a.user.is_empty() && a.parent.is_empty());
+    vec![vec![
+        ("Cluster", r.cluster.clone()),
+        (
+            "Share",
+            root.map_or_else(|| "1".into(), |a| a.shares.to_string()),
+        ),
+        ("QOS", qos.to_owned()),
+        ("DefaultQOS", r.default_qos.clone()),
+    ]]
 }
 
 /// Slurm's default organization: the account's top-level ancestor under root (root's own

@@ -250,7 +250,27 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
     if o.open_mode.as_deref() == Some("truncate") {
         bail!("--open-mode=truncate: Docket appends to output files and never truncates them");
     }
-    let mut spec = pb::JobSpec {
+    let mut spec = base_spec(o, script, cwd);
+    spec.memory = memory_request(o)?;
+    if let Some(t) = &o.time {
+        spec.time_limit_seconds = Some(time_limit_seconds(t)?);
+    }
+    if let Some(g) = &o.gres {
+        spec.gpus_per_node = gres_gpus(g)?;
+    }
+    if let Some(b) = &o.begin {
+        spec.begin_unix_ms = Some(begin_ms(b, now_ms)? as i64);
+    }
+    if let Some(sig) = &o.signal {
+        spec.signal = Some(warn_signal(sig)?);
+    }
+    spec.environment = environment(o.export.as_deref());
+    Ok(spec)
+}
+
+/// The spec's fields that are the options as given, or their defaults.
+fn base_spec(o: &SbatchArgs, script: &str, cwd: &str) -> pb::JobSpec {
+    pb::JobSpec {
         name: o.job_name.clone().unwrap_or_else(|| {
             o.script
                 .as_ref()
@@ -286,84 +306,97 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
         reservation: o.reservation.clone().unwrap_or_default(),
         comment: o.comment.clone().unwrap_or_default(),
         ..Default::default()
-    };
-    match (&o.mem, &o.mem_per_cpu) {
+    }
+}
+
+/// The memory `--mem` (per node, 0 for all of it) or `--mem-per-cpu` asks for, if either.
+fn memory_request(o: &SbatchArgs) -> Result<Option<pb::job_spec::Memory>> {
+    Ok(match (&o.mem, &o.mem_per_cpu) {
         (Some(_), Some(_)) => bail!("--mem and --mem-per-cpu are mutually exclusive"),
         (Some(m), None) => {
             let mib = parse_size(m).map_err(|e| anyhow!("--mem: {e}"))?.0;
-            spec.memory = Some(if mib == 0 {
+            Some(if mib == 0 {
                 pb::job_spec::Memory::MemWholeNode(true)
             } else {
                 pb::job_spec::Memory::MemPerNodeMib(mib)
-            });
+            })
         }
         (None, Some(m)) => {
             let mib = parse_size(m).map_err(|e| anyhow!("--mem-per-cpu: {e}"))?.0;
-            spec.memory = Some(pb::job_spec::Memory::MemPerCpuMib(mib));
+            Some(pb::job_spec::Memory::MemPerCpuMib(mib))
         }
-        (None, None) => {}
-    }
-    if let Some(t) = &o.time {
-        spec.time_limit_seconds = Some(
-            match parse_duration(t).map_err(|e| anyhow!("--time: {e}"))? {
-                SlurmDuration::Unlimited => 0,
-                SlurmDuration::Limit(s) => s.0 as i64,
-            },
+        (None, None) => None,
+    })
+}
+
+/// `--time` in seconds, 0 for no limit.
+fn time_limit_seconds(t: &str) -> Result<i64> {
+    Ok(
+        match parse_duration(t).map_err(|e| anyhow!("--time: {e}"))? {
+            SlurmDuration::Unlimited => 0,
+            SlurmDuration::Limit(s) => s.0 as i64,
+        },
+    )
+}
+
+/// The GPUs per node of `--gres=gpu:N` (or `gpu:TYPE:N`).
+fn gres_gpus(g: &str) -> Result<u32> {
+    g.strip_prefix("gpu:")
+        .and_then(|n| n.rsplit(':').next())
+        .and_then(|n| n.parse::<u32>().ok())
+        .ok_or_else(|| anyhow!("--gres: {g:?} is not gpu:N"))
+}
+
+/// `--begin` as ms since the epoch: `now+N[s|m|h|d]` from `now_ms`, or seconds since 1970.
+fn begin_ms(b: &str, now_ms: u64) -> Result<u64> {
+    if let Some(rest) = b.strip_prefix("now+") {
+        let (num, unit) = rest.split_at(
+            rest.find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(rest.len()),
         );
-    }
-    if let Some(g) = &o.gres {
-        let n = g
-            .strip_prefix("gpu:")
-            .and_then(|n| n.rsplit(':').next())
-            .and_then(|n| n.parse::<u32>().ok())
-            .ok_or_else(|| anyhow!("--gres: {g:?} is not gpu:N"))?;
-        spec.gpus_per_node = n;
-    }
-    if let Some(b) = &o.begin {
-        let at = if let Some(rest) = b.strip_prefix("now+") {
-            let (num, unit) = rest.split_at(
-                rest.find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(rest.len()),
-            );
-            let n: u64 = num
-                .parse()
-                .map_err(|_| anyhow!("--begin: {b:?} is not now+N[s|m|h|d]"))?;
-            let mult = match unit {
-                "" | "s" | "seconds" => 1,
-                "m" | "minutes" => 60,
-                "h" | "hours" => 3600,
-                "d" | "days" => 86_400,
-                _ => bail!("--begin: unit {unit:?} is not s, m, h or d"),
-            };
-            now_ms + n * mult * 1000
-        } else {
-            b.parse::<u64>().map(|s| s * 1000).map_err(|_| {
-                anyhow!("--begin: {b:?} is not now+N[s|m|h|d] or seconds since 1970")
-            })?
+        let n: u64 = num
+            .parse()
+            .map_err(|_| anyhow!("--begin: {b:?} is not now+N[s|m|h|d]"))?;
+        let mult = match unit {
+            "" | "s" | "seconds" => 1,
+            "m" | "minutes" => 60,
+            "h" | "hours" => 3600,
+            "d" | "days" => 86_400,
+            _ => bail!("--begin: unit {unit:?} is not s, m, h or d"),
         };
-        spec.begin_unix_ms = Some(at as i64);
+        Ok(now_ms + n * mult * 1000)
+    } else {
+        b.parse::<u64>()
+            .map(|s| s * 1000)
+            .map_err(|_| anyhow!("--begin: {b:?} is not now+N[s|m|h|d] or seconds since 1970"))
     }
-    if let Some(sig) = &o.signal {
-        let (batch_only, rest) = match sig.strip_prefix("B:") {
-            Some(r) => (true, r),
-            None => (false, sig.as_str()),
-        };
-        let (name, secs) = match rest.split_once('@') {
-            Some((n, s)) => (
-                n,
-                s.parse::<u64>()
-                    .map_err(|_| anyhow!("--signal: {s:?} is not seconds"))?,
-            ),
-            None => (rest, 60),
-        };
-        spec.signal = Some(pb::WarnSignal {
-            signal: signal_number(name)?,
-            seconds_before: secs,
-            batch_only,
-        });
-    }
+}
+
+/// `--signal=[B:]SIG[@seconds]`: the signal, sent 60 seconds before the limit unless told.
+fn warn_signal(sig: &str) -> Result<pb::WarnSignal> {
+    let (batch_only, rest) = match sig.strip_prefix("B:") {
+        Some(r) => (true, r),
+        None => (false, sig),
+    };
+    let (name, secs) = match rest.split_once('@') {
+        Some((n, s)) => (
+            n,
+            s.parse::<u64>()
+                .map_err(|_| anyhow!("--signal: {s:?} is not seconds"))?,
+        ),
+        None => (rest, 60),
+    };
+    Ok(pb::WarnSignal {
+        signal: signal_number(name)?,
+        seconds_before: secs,
+        batch_only,
+    })
+}
+
+/// The job's environment as `--export` asks (`VAR=value\0...`), or none to send.
+fn environment(export: Option<&str>) -> Option<Vec<u8>> {
     // --export: ALL (default) sends this environment; NONE sends none; extra VAR=value.
-    let export = o.export.clone().unwrap_or_else(|| "ALL".into());
+    let export = export.unwrap_or("ALL");
     let mut parts = export.split(',');
     let base = parts.next().unwrap_or("ALL");
     let mut vars: Vec<(String, String)> = match base {
@@ -387,17 +420,17 @@ pub fn job_spec(o: &SbatchArgs, script: &str, cwd: &str, now_ms: u64) -> Result<
     if base != "NONE" && !vars.iter().any(|(k, _)| k == "SLURM_UMASK") {
         vars.push(("SLURM_UMASK".into(), format!("{:04o}", current_umask())));
     }
-    if base != "NONE" || !vars.is_empty() {
-        let mut env = Vec::new();
-        for (k, v) in vars {
-            env.extend_from_slice(k.as_bytes());
-            env.push(b'=');
-            env.extend_from_slice(v.as_bytes());
-            env.push(0);
-        }
-        spec.environment = Some(env);
+    if base == "NONE" && vars.is_empty() {
+        return None;
     }
-    Ok(spec)
+    let mut env = Vec::new();
+    for (k, v) in vars {
+        env.extend_from_slice(k.as_bytes());
+        env.push(b'=');
+        env.extend_from_slice(v.as_bytes());
+        env.push(0);
+    }
+    Some(env)
 }
 
 /// This process's umask (read by setting it, then set back).

@@ -138,32 +138,7 @@ pub fn run(a: ScancelArgs) -> Result<()> {
     let filtered =
         a.user.is_some() || a.partition.is_some() || a.state.is_some() || a.name.is_some();
     if filtered {
-        let listed = runtime.block_on(rpc!(
-            client,
-            jobs_read,
-            list_jobs,
-            pb::ListJobsRequest {
-                users: a.user.iter().cloned().collect(),
-                partitions: a.partition.iter().cloned().collect(),
-                states: a.state.iter().cloned().collect(),
-                job_ids: refs.iter().map(|r| r.job_id).collect(),
-                page_size: 10_000,
-                ..Default::default()
-            }
-        ))?;
-        refs = listed
-            .jobs
-            .iter()
-            .filter(|j| a.name.as_ref().is_none_or(|n| &j.name == n))
-            .filter(|j| match signal {
-                Some(_) => matches!(j.state_code.as_str(), "R" | "S"),
-                None => matches!(j.state_code.as_str(), "PD" | "R" | "S"),
-            })
-            .map(|j| pb::JobRef {
-                job_id: j.job_id,
-                task: j.array_task.filter(|_| false),
-            })
-            .collect();
+        refs = matching_jobs(&client, &runtime, &a, &refs, signal)?;
     }
     if refs.is_empty() {
         if filtered {
@@ -173,8 +148,56 @@ pub fn run(a: ScancelArgs) -> Result<()> {
             "no job id given; usage: scancel JOBID... or scancel -u USER"
         ));
     }
-    let r = runtime.block_on(client.jobs_call(|mut c| {
-        let jobs = refs.clone();
+    let r = cancel_or_signal(&client, &runtime, &refs, signal)?;
+    report_job_failures(&r, signal)
+}
+
+/// The jobs `-u -p -t -n` select (among `refs`, if any are named) that can be cancelled,
+/// or signalled when `signal` is given (running or suspended ones only).
+fn matching_jobs(
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    a: &ScancelArgs,
+    refs: &[pb::JobRef],
+    signal: Option<i32>,
+) -> Result<Vec<pb::JobRef>> {
+    let listed = runtime.block_on(rpc!(
+        client,
+        jobs_read,
+        list_jobs,
+        pb::ListJobsRequest {
+            users: a.user.iter().cloned().collect(),
+            partitions: a.partition.iter().cloned().collect(),
+            states: a.state.iter().cloned().collect(),
+            job_ids: refs.iter().map(|r| r.job_id).collect(),
+            page_size: 10_000,
+            ..Default::default()
+        }
+    ))?;
+    Ok(listed
+        .jobs
+        .iter()
+        .filter(|j| a.name.as_ref().is_none_or(|n| &j.name == n))
+        .filter(|j| match signal {
+            Some(_) => matches!(j.state_code.as_str(), "R" | "S"),
+            None => matches!(j.state_code.as_str(), "PD" | "R" | "S"),
+        })
+        .map(|j| pb::JobRef {
+            job_id: j.job_id,
+            task: j.array_task.filter(|_| false),
+        })
+        .collect())
+}
+
+/// Cancels the jobs `refs`, or sends them `signal` when one is given.
+fn cancel_or_signal(
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    refs: &[pb::JobRef],
+    signal: Option<i32>,
+) -> Result<pb::PerJobResponse> {
+    runtime.block_on(client.jobs_call(|mut c| {
+        let jobs = refs.to_vec();
         let cancel = client.request(pb::JobsRequest { jobs: jobs.clone() });
         let signal_req =
             signal.map(|signal| client.request(pb::SignalJobsRequest { jobs, signal }));
@@ -184,7 +207,11 @@ pub fn run(a: ScancelArgs) -> Result<()> {
                 None => c.cancel_jobs(cancel).await,
             }
         }
-    }))?;
+    }))
+}
+
+/// Prints each job the answer `r` says was not cancelled (or signalled); an error if any.
+fn report_job_failures(r: &pb::PerJobResponse, signal: Option<i32>) -> Result<()> {
     let mut failed = 0;
     for res in r.results.iter().filter(|r| !r.error.is_empty()) {
         failed += 1;

@@ -714,6 +714,8 @@ fn update_node(client: &Client, rt: &tokio::runtime::Runtime, kv: &[(String, &st
     Ok(())
 }
 
+/// `create reservation` (`create`) or `update ReservationName=..`: stores the reservation
+/// `kv` describes.
 fn upsert_reservation(
     client: &Client,
     rt: &tokio::runtime::Runtime,
@@ -721,29 +723,65 @@ fn upsert_reservation(
     create: bool,
 ) -> Result<()> {
     let now = unix_ms();
-    let existing = if create {
-        None
+    let mut r = if create {
+        pb::Reservation::default()
     } else {
-        let name = kv
-            .iter()
-            .find(|(k, _)| k == "reservationname" || k == "reservation")
-            .map(|(_, v)| v.to_string())
-            .unwrap_or_default();
-        let all = rt
-            .block_on(rpc!(
-                client,
-                admin_read,
-                list_reservations,
-                pb::ListReservationsRequest {}
-            ))?
-            .reservations;
-        Some(
-            all.into_iter()
-                .find(|r| r.name == name)
-                .ok_or_else(|| anyhow!("Reservation {name} not found"))?,
-        )
+        existing_reservation(client, rt, kv)?
     };
-    let mut r = existing.clone().unwrap_or_default();
+    let duration_ms = set_reservation_fields(&mut r, kv, now)?;
+    if r.name.is_empty() {
+        return Err(usage("name the reservation: ReservationName=NAME"));
+    }
+    if create && r.start_unix_ms == 0 {
+        r.start_unix_ms = now as i64;
+    }
+    if let Some(d) = duration_ms {
+        r.end_unix_ms = r.start_unix_ms + d;
+    }
+    if r.nodes.is_empty() {
+        return Err(usage("Nodes=: a reservation needs nodes (a hostlist)"));
+    }
+    if r.end_unix_ms == 0 {
+        return Err(usage("give EndTime= or Duration="));
+    }
+    rt.block_on(rpc!(client, admin_call, upsert_reservation, r.clone()))?;
+    if create {
+        println!("Reservation created: {}", r.name);
+    }
+    Ok(())
+}
+
+/// The reservation `kv`'s ReservationName= names, as the controller has it.
+fn existing_reservation(
+    client: &Client,
+    rt: &tokio::runtime::Runtime,
+    kv: &[(String, &str)],
+) -> Result<pb::Reservation> {
+    let name = kv
+        .iter()
+        .find(|(k, _)| k == "reservationname" || k == "reservation")
+        .map(|(_, v)| v.to_string())
+        .unwrap_or_default();
+    let all = rt
+        .block_on(rpc!(
+            client,
+            admin_read,
+            list_reservations,
+            pb::ListReservationsRequest {}
+        ))?
+        .reservations;
+    all.into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| anyhow!("Reservation {name} not found"))
+}
+
+/// Sets the reservation fields `kv` gives in `r` (times relative to `now`); returns the
+/// Duration= asked for, in ms, for the end to be set from the start.
+fn set_reservation_fields(
+    r: &mut pb::Reservation,
+    kv: &[(String, &str)],
+    now: u64,
+) -> Result<Option<i64>> {
     let mut duration_ms = None;
     let list = |v: &str| -> Vec<String> {
         v.split(',')
@@ -786,26 +824,7 @@ fn upsert_reservation(
             }
         }
     }
-    if r.name.is_empty() {
-        return Err(usage("name the reservation: ReservationName=NAME"));
-    }
-    if create && r.start_unix_ms == 0 {
-        r.start_unix_ms = now as i64;
-    }
-    if let Some(d) = duration_ms {
-        r.end_unix_ms = r.start_unix_ms + d;
-    }
-    if r.nodes.is_empty() {
-        return Err(usage("Nodes=: a reservation needs nodes (a hostlist)"));
-    }
-    if r.end_unix_ms == 0 {
-        return Err(usage("give EndTime= or Duration="));
-    }
-    rt.block_on(rpc!(client, admin_call, upsert_reservation, r.clone()))?;
-    if create {
-        println!("Reservation created: {}", r.name);
-    }
-    Ok(())
+    Ok(duration_ms)
 }
 
 pub fn per_job_errors(r: &pb::PerJobResponse) -> Result<()> {

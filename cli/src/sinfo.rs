@@ -66,172 +66,235 @@ fn time_limit(p: Option<&pb::PartitionInfo>) -> String {
     }
 }
 
+/// Whether `a`'s filters keep node `n` as a member of partition `p` (`""` for no partition).
+fn wanted(a: &SinfoArgs, n: &pb::NodeInfo, p: &str) -> bool {
+    (a.partitions.is_empty() || a.partitions.iter().any(|x| x == p))
+        && (a.states.is_empty()
+            || a.states.iter().any(|s| {
+                state_word(n, false).trim_end_matches('*') == s
+                    || state_word(n, true).trim_end_matches('*') == s
+            }))
+        && (!a.reasons || matches!(n.state.as_str(), "down" | "drain" | "draining"))
+}
+
+/// The partition named `name`, if it is configured.
+fn find_partition<'a>(
+    partitions: &'a [pb::PartitionInfo],
+    name: &str,
+) -> Option<&'a pb::PartitionInfo> {
+    partitions.iter().find(|p| p.name == name)
+}
+
+/// A partition's name as printed: `*` after the default partition's.
+fn partition_label(name: &str, info: Option<&pb::PartitionInfo>) -> String {
+    match info {
+        Some(x) if x.is_default => format!("{name}*"),
+        _ => name.to_owned(),
+    }
+}
+
 /// The listing for `nodes` and `partitions` as the options ask.
 pub fn table(a: &SinfoArgs, nodes: &[pb::NodeInfo], partitions: &[pb::PartitionInfo]) -> String {
-    let part = |name: &str| partitions.iter().find(|p| p.name == name);
-    let wanted = |n: &pb::NodeInfo, p: &str| {
-        (a.partitions.is_empty() || a.partitions.iter().any(|x| x == p))
-            && (a.states.is_empty()
-                || a.states.iter().any(|s| {
-                    state_word(n, false).trim_end_matches('*') == s
-                        || state_word(n, true).trim_end_matches('*') == s
-                }))
-            && (!a.reasons || matches!(n.state.as_str(), "down" | "drain" | "draining"))
-    };
-    let mut out = String::new();
     if a.reasons {
-        if !a.noheader {
-            out.push_str(&format!("{:<20} {:<9} {}\n", "REASON", "STATE", "NODELIST"));
-        }
-        let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-        for n in nodes.iter().filter(|n| wanted(n, "")) {
-            groups
-                .entry((n.reason.clone(), state_word(n, false)))
-                .or_default()
-                .push(n.name.clone());
-        }
-        for ((reason, state), names) in groups {
-            out.push_str(&format!(
-                "{:<20} {:<9} {}\n",
-                reason,
-                state,
-                docket_core::hostlist::compress(&names)
-            ));
-        }
-        return out;
+        return reasons_table(a, nodes);
     }
     if a.nodes {
-        if !a.noheader {
+        return node_table(a, nodes, partitions);
+    }
+    partition_table(a, nodes, partitions)
+}
+
+/// `-R`: down, drained and draining nodes folded by reason and state.
+fn reasons_table(a: &SinfoArgs, nodes: &[pb::NodeInfo]) -> String {
+    let mut out = String::new();
+    if !a.noheader {
+        out.push_str(&format!("{:<20} {:<9} {}\n", "REASON", "STATE", "NODELIST"));
+    }
+    let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| wanted(a, n, "")) {
+        groups
+            .entry((n.reason.clone(), state_word(n, false)))
+            .or_default()
+            .push(n.name.clone());
+    }
+    for ((reason, state), names) in groups {
+        out.push_str(&format!(
+            "{:<20} {:<9} {}\n",
+            reason,
+            state,
+            docket_core::hostlist::compress(&names)
+        ));
+    }
+    out
+}
+
+/// `-N`: one line per node and partition.
+fn node_table(a: &SinfoArgs, nodes: &[pb::NodeInfo], partitions: &[pb::PartitionInfo]) -> String {
+    let mut out = String::new();
+    if !a.noheader {
+        out.push_str(&node_header(a.long));
+    }
+    for n in nodes {
+        for p in n.partitions.iter().filter(|p| wanted(a, n, p)) {
+            let pname = partition_label(p, find_partition(partitions, p));
             if a.long {
-                out.push_str(&format!(
-                    "{:<10} {:>5} {:<9} {:>10} {:>4} {:>7} {:>8} {:<10} {:<10} {}\n",
-                    "NODELIST",
-                    "NODES",
-                    "PARTITION",
-                    "STATE",
-                    "CPUS",
-                    "MEMORY",
-                    "ALLOCMEM",
-                    "GRES",
-                    "AVAIL_FE",
-                    "REASON"
-                ));
+                out.push_str(&long_node_row(n, &pname));
             } else {
                 out.push_str(&format!(
                     "{:<10} {:>5} {:<9} {:>5}\n",
-                    "NODELIST", "NODES", "PARTITION", "STATE"
+                    n.name,
+                    1,
+                    pname,
+                    state_word(n, false)
                 ));
             }
         }
-        for n in nodes {
-            for p in n.partitions.iter().filter(|p| wanted(n, p)) {
-                let pname = match part(p) {
-                    Some(x) if x.is_default => format!("{p}*"),
-                    _ => p.clone(),
-                };
-                if a.long {
-                    out.push_str(&format!(
-                        "{:<10} {:>5} {:<9} {:>10} {:>4} {:>7} {:>8} {:<10} {:<10} {}\n",
-                        n.name,
-                        1,
-                        pname,
-                        state_word(n, true),
-                        n.cpus,
-                        n.memory_mib,
-                        n.memory_used_mib,
-                        if n.gpus > 0 {
-                            format!("gpu:{}", n.gpus)
-                        } else {
-                            "(null)".into()
-                        },
-                        if n.features.is_empty() {
-                            "(null)".into()
-                        } else {
-                            n.features.join(",")
-                        },
-                        if n.reason.is_empty() {
-                            "none"
-                        } else {
-                            &n.reason
-                        }
-                    ));
-                } else {
-                    out.push_str(&format!(
-                        "{:<10} {:>5} {:<9} {:>5}\n",
-                        n.name,
-                        1,
-                        pname,
-                        state_word(n, false)
-                    ));
-                }
-            }
-        }
-        return out;
     }
+    out
+}
+
+/// The header line of `-N`, short or long (`-l`).
+fn node_header(long: bool) -> String {
+    if long {
+        format!(
+            "{:<10} {:>5} {:<9} {:>10} {:>4} {:>7} {:>8} {:<10} {:<10} {}\n",
+            "NODELIST",
+            "NODES",
+            "PARTITION",
+            "STATE",
+            "CPUS",
+            "MEMORY",
+            "ALLOCMEM",
+            "GRES",
+            "AVAIL_FE",
+            "REASON"
+        )
+    } else {
+        format!(
+            "{:<10} {:>5} {:<9} {:>5}\n",
+            "NODELIST", "NODES", "PARTITION", "STATE"
+        )
+    }
+}
+
+/// One `-N -l` line: node `n` in the partition printed as `pname`.
+fn long_node_row(n: &pb::NodeInfo, pname: &str) -> String {
+    format!(
+        "{:<10} {:>5} {:<9} {:>10} {:>4} {:>7} {:>8} {:<10} {:<10} {}\n",
+        n.name,
+        1,
+        pname,
+        state_word(n, true),
+        n.cpus,
+        n.memory_mib,
+        n.memory_used_mib,
+        if n.gpus > 0 {
+            format!("gpu:{}", n.gpus)
+        } else {
+            "(null)".into()
+        },
+        if n.features.is_empty() {
+            "(null)".into()
+        } else {
+            n.features.join(",")
+        },
+        if n.reason.is_empty() {
+            "none"
+        } else {
+            &n.reason
+        }
+    )
+}
+
+/// The default listing: one line per partition and state.
+fn partition_table(
+    a: &SinfoArgs,
+    nodes: &[pb::NodeInfo],
+    partitions: &[pb::PartitionInfo],
+) -> String {
     // One line per (partition, state), nodes folded into a hostlist; partitions in their
     // configured order, an empty partition as one line with no nodes.
     let mut groups: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for n in nodes {
-        for p in n.partitions.iter().filter(|p| wanted(n, p)) {
+        for p in n.partitions.iter().filter(|p| wanted(a, n, p)) {
             groups
                 .entry((p.clone(), state_word(n, a.long)))
                 .or_default()
                 .push(n.name.clone());
         }
     }
+    let mut out = String::new();
     if !a.noheader {
-        if a.long {
-            out.push_str(&format!(
-                "{:<9} {:>5} {:>10} {:>8} {:>6} {:>10} NODELIST\n",
-                "PARTITION", "AVAIL", "TIMELIMIT", "JOB_SIZE", "NODES", "STATE"
-            ));
-        } else {
-            out.push_str(&format!(
-                "{:<9} {:>5} {:>10} {:>6} {:>6} NODELIST\n",
-                "PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE"
-            ));
-        }
+        out.push_str(&partition_header(a.long));
     }
     for ((p, state), names) in groups {
-        let info = part(&p);
-        let name = match info {
-            Some(x) if x.is_default => format!("{p}*"),
-            _ => p.clone(),
-        };
-        let avail = if info.is_none_or(|x| x.up) {
-            "up"
-        } else {
-            "down"
-        };
-        let hosts = docket_core::hostlist::compress(&names);
-        if a.long {
-            let size = match info.map(|x| x.max_nodes) {
-                Some(m) if m > 0 => format!("1-{m}"),
-                _ => "1-infinite".into(),
-            };
-            out.push_str(&format!(
-                "{:<9} {:>5} {:>10} {:>8} {:>6} {:>10} {}\n",
-                name,
-                avail,
-                time_limit(info),
-                size,
-                names.len(),
-                state,
-                hosts
-            ));
-        } else {
-            out.push_str(&format!(
-                "{:<9} {:>5} {:>10} {:>6} {:>6} {}\n",
-                name,
-                avail,
-                time_limit(info),
-                names.len(),
-                state,
-                hosts
-            ));
-        }
+        out.push_str(&partition_row(
+            a.long,
+            &p,
+            find_partition(partitions, &p),
+            &state,
+            &names,
+        ));
     }
     out
+}
+
+/// The header line of the default listing, short or long (`-l`).
+fn partition_header(long: bool) -> String {
+    if long {
+        format!(
+            "{:<9} {:>5} {:>10} {:>8} {:>6} {:>10} NODELIST\n",
+            "PARTITION", "AVAIL", "TIMELIMIT", "JOB_SIZE", "NODES", "STATE"
+        )
+    } else {
+        format!(
+            "{:<9} {:>5} {:>10} {:>6} {:>6} NODELIST\n",
+            "PARTITION", "AVAIL", "TIMELIMIT", "NODES", "STATE"
+        )
+    }
+}
+
+/// One line of the default listing: the nodes `names` of partition `p` in `state`.
+fn partition_row(
+    long: bool,
+    p: &str,
+    info: Option<&pb::PartitionInfo>,
+    state: &str,
+    names: &[String],
+) -> String {
+    let name = partition_label(p, info);
+    let avail = if info.is_none_or(|x| x.up) {
+        "up"
+    } else {
+        "down"
+    };
+    let hosts = docket_core::hostlist::compress(names);
+    if long {
+        let size = match info.map(|x| x.max_nodes) {
+            Some(m) if m > 0 => format!("1-{m}"),
+            _ => "1-infinite".into(),
+        };
+        format!(
+            "{:<9} {:>5} {:>10} {:>8} {:>6} {:>10} {}\n",
+            name,
+            avail,
+            time_limit(info),
+            size,
+            names.len(),
+            state,
+            hosts
+        )
+    } else {
+        format!(
+            "{:<9} {:>5} {:>10} {:>6} {:>6} {}\n",
+            name,
+            avail,
+            time_limit(info),
+            names.len(),
+            state,
+            hosts
+        )
+    }
 }
 
 pub fn sinfo(a: SinfoArgs) -> Result<()> {

@@ -473,6 +473,56 @@ impl AgentHub {
     }
 }
 
+/// A node's report that its run of a job ended (a launch that failed is logged with its
+/// reason).
+fn job_end(node: &NodeName, event: &pb::JobEvent, ended: &pb::Ended) -> Result<EndReport, String> {
+    let cause = end_cause(ended.cause)?;
+    if !ended.reason.is_empty() {
+        tracing::warn!(
+            job = event.job_id,
+            epoch = event.epoch,
+            %node,
+            reason = %ended.reason,
+            "a job could not be launched"
+        );
+    }
+    Ok(EndReport {
+        job: JobId(event.job_id),
+        epoch: event.epoch,
+        cause,
+        exit: ExitStatus {
+            code: ended.exit_code,
+            signal: ended.signal,
+            cpu_time_ms: ended.cpu_time_ms,
+            max_rss_mib: ended.max_rss_mib,
+        },
+    })
+}
+
+impl AgentHub {
+    /// Where each reported job's current run is when not on `node` (and whether `node`
+    /// holds part of its allocation), for a clear answer to a report on another node's run
+    /// (apply refuses it regardless).
+    fn runs_elsewhere(
+        &self,
+        node: &NodeName,
+        events: &[pb::JobEvent],
+    ) -> BTreeMap<(u64, u64), (NodeName, bool)> {
+        self.replica.read_stale(|a| {
+            events
+                .iter()
+                .filter_map(|e| {
+                    let job = a.machine.state.jobs.get(&JobId(e.job_id))?;
+                    let alloc = job.alloc.as_ref().filter(|al| al.epoch == e.epoch)?;
+                    let on = &alloc.shares.first()?.node;
+                    let holder = alloc.shares.iter().any(|s| s.node == *node);
+                    (on != node).then(|| ((e.job_id, e.epoch), (on.clone(), holder)))
+                })
+                .collect()
+        })
+    }
+}
+
 /// A node's report that its tasks of a step ended.
 fn step_end(
     node: &NodeName,
@@ -616,21 +666,7 @@ impl Agents for AgentsService {
         }
         let mut errors = vec![String::new(); req.events.len()];
         let mut reports = Vec::new();
-        // Where each reported job's current run is, for a clear answer to a report on
-        // another node's run (apply refuses it regardless).
-        let runs_elsewhere: BTreeMap<(u64, u64), (NodeName, bool)> =
-            self.hub.replica.read_stale(|a| {
-                req.events
-                    .iter()
-                    .filter_map(|e| {
-                        let job = a.machine.state.jobs.get(&JobId(e.job_id))?;
-                        let alloc = job.alloc.as_ref().filter(|al| al.epoch == e.epoch)?;
-                        let on = &alloc.shares.first()?.node;
-                        let holder = alloc.shares.iter().any(|s| s.node == node);
-                        (on != &node).then(|| ((e.job_id, e.epoch), (on.clone(), holder)))
-                    })
-                    .collect()
-            });
+        let runs_elsewhere = self.hub.runs_elsewhere(&node, &req.events);
         let mut step_reports = Vec::new();
         for (i, event) in req.events.iter().enumerate() {
             // A step runs on several nodes: each node reports its own tasks (apply checks
@@ -655,29 +691,8 @@ impl Agents for AgentsService {
                 continue;
             }
             match &event.event {
-                Some(pb::job_event::Event::Ended(ended)) => match end_cause(ended.cause) {
-                    Ok(cause) => {
-                        if !ended.reason.is_empty() {
-                            tracing::warn!(
-                                job = event.job_id,
-                                epoch = event.epoch,
-                                %node,
-                                reason = %ended.reason,
-                                "a job could not be launched"
-                            );
-                        }
-                        reports.push(EndReport {
-                            job: JobId(event.job_id),
-                            epoch: event.epoch,
-                            cause,
-                            exit: ExitStatus {
-                                code: ended.exit_code,
-                                signal: ended.signal,
-                                cpu_time_ms: ended.cpu_time_ms,
-                                max_rss_mib: ended.max_rss_mib,
-                            },
-                        })
-                    }
+                Some(pb::job_event::Event::Ended(ended)) => match job_end(&node, event, ended) {
+                    Ok(report) => reports.push(report),
                     Err(e) => errors[i] = format!("events[{i}].ended.{e}"),
                 },
                 Some(pb::job_event::Event::Started(_)) => {

@@ -259,122 +259,117 @@ fn site(max_rpc_cnt: u32, bf_continue: bool) -> String {
 
 /// One cluster, one storm per client count.
 async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Result<Vec<Run>> {
-    let (clients, seconds, json) = (&options.clients, options.seconds, options.json);
-    let dir = tempfile::Builder::new().prefix("docket-bench").tempdir()?;
-    let site_file = dir.path().join("site.toml");
-    std::fs::write(&site_file, site(max_rpc_cnt, options.bf_continue))?;
-    let secrets = docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "bench")?;
-    for id in 1..=3 {
-        secrets.issue(
-            &docket_auth::tls::Role::Replica(id),
-            &["127.0.0.1".to_owned()],
-        )?;
-    }
-    let tool = docket_auth::tls::Role::Tool("bench".into());
-    let access = Access {
-        tls: docket_auth::tls::TlsContext::load(secrets.issue(&tool, &[])?)?,
-        minter: secrets.minter()?,
-        uid: docket_auth::local::uid_for(BENCH_USER),
-    };
-    let addrs: BTreeMap<u64, String> = (1..=3)
-        .map(|id| free_addr().map(|a| (id, a)))
-        .collect::<Result<_>>()?;
-    let http: BTreeMap<u64, String> = (1..=3)
-        .map(|id| free_addr().map(|a| (id, a)))
-        .collect::<Result<_>>()?;
-    let bootstrap = addrs
-        .iter()
-        .map(|(id, a)| format!("{id}={a}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut procs = Procs(Vec::new());
-    for (id, addr) in &addrs {
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            "run",
-            "--id",
-            &id.to_string(),
-            "--listen",
-            addr,
-            "--log",
-            "error,openraft=off",
-            "--agent-fence-ms",
-            "0",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join(format!("r{id}")))
-        .arg("--config")
-        .arg(&site_file)
-        .args(["--http-listen", &http[id]])
-        .args(["--user-rpc-rate", "0"])
-        .args(secrets.controller_flags(*id))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-        if *id == 1 {
-            cmd.args(["--bootstrap", &bootstrap]);
-        }
-        procs.0.push(cmd.spawn().context("starting a replica")?);
-    }
-    // Ready when a submission is accepted.
-    let start = Instant::now();
-    let mut probe = access.client(&addrs[&1])?;
-    while submit_one(&access, &mut probe, 0).await.is_err() {
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("the cluster did not accept a submission within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // The leader, as the replicas report it.
-    let channels = {
-        let tls = access.tls.clone();
-        docket_raft::network::Channels::with_maker(
-            docket_raft::network::NetworkConfig::default(),
-            std::sync::Arc::new(move |addr: &str| {
-                docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None)
-            }),
-        )
-    };
-    let mut leader = None;
-    for addr in addrs.values() {
-        if let Ok(s) = channels.status(addr, Duration::from_secs(2)).await
-            && let Some(addr) = s.leader_addr
-        {
-            leader = Some(addr);
-            break;
-        }
-    }
-    let leader = leader.context("no replica names a leader")?;
-    let leader_http = addrs
-        .iter()
-        .find(|(_, a)| **a == leader)
-        .map(|(id, _)| http[id].clone())
-        .context("the leader is not one of the replicas started")?;
-    let follower = addrs
-        .values()
-        .find(|a| **a != leader)
-        .cloned()
-        .context("no follower")?;
-    let mut runs = Vec::new();
+    let cluster = BenchCluster::start(exe, options, max_rpc_cnt).await?;
+    let mut runs: Vec<Run> = Vec::new();
     let mut next_id = 1u64;
-    // Whose cpu is whose: the leader, the follower serving the listings, the other one.
-    let pid_of = |addr: &str| {
-        addrs
+    for &n in &options.clients {
+        let queued_before = runs.iter().map(|r| r.submissions).sum::<u64>();
+        let mut run = cluster.storm(n, options.seconds, next_id).await?;
+        next_id += (n as u64) * 1_000_000;
+        run.max_rpc_cnt = max_rpc_cnt;
+        run.queue_at_end += queued_before;
+        if !options.json {
+            run.print();
+        }
+        runs.push(run);
+    }
+    Ok(runs)
+}
+
+/// Three replicas of the binary under test, and who is who among them.
+struct BenchCluster {
+    /// Killed when dropped, before the directory goes.
+    _procs: Procs,
+    _dir: tempfile::TempDir,
+    access: Access,
+    leader: String,
+    leader_http: String,
+    /// The follower that serves the listings.
+    follower: String,
+    /// Process ids: the leader, the listing follower, the other follower.
+    roles: Vec<i32>,
+}
+
+impl BenchCluster {
+    /// Starts the replicas on `SITE` with `max_rpc_cnt`, waits until a submission is
+    /// accepted, and finds the leader.
+    async fn start(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("docket-bench").tempdir()?;
+        let site_file = dir.path().join("site.toml");
+        std::fs::write(&site_file, site(max_rpc_cnt, options.bf_continue))?;
+        let secrets =
+            docket_auth::local::LocalSecrets::create(&dir.path().join("secrets"), "bench")?;
+        for id in 1..=3 {
+            secrets.issue(
+                &docket_auth::tls::Role::Replica(id),
+                &["127.0.0.1".to_owned()],
+            )?;
+        }
+        let tool = docket_auth::tls::Role::Tool("bench".into());
+        let access = Access {
+            tls: docket_auth::tls::TlsContext::load(secrets.issue(&tool, &[])?)?,
+            minter: secrets.minter()?,
+            uid: docket_auth::local::uid_for(BENCH_USER),
+        };
+        let addrs: BTreeMap<u64, String> = (1..=3)
+            .map(|id| free_addr().map(|a| (id, a)))
+            .collect::<Result<_>>()?;
+        let http: BTreeMap<u64, String> = (1..=3)
+            .map(|id| free_addr().map(|a| (id, a)))
+            .collect::<Result<_>>()?;
+        let procs = spawn_replicas(exe, dir.path(), &site_file, &secrets, &addrs, &http)?;
+        // Ready when a submission is accepted.
+        let start = Instant::now();
+        let mut probe = access.client(&addrs[&1])?;
+        while submit_one(&access, &mut probe, 0).await.is_err() {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("the cluster did not accept a submission within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let leader = reported_leader(&access, &addrs).await?;
+        let leader_http = addrs
             .iter()
-            .find(|(_, a)| *a == addr)
-            .map(|(id, _)| procs.0[(*id - 1) as usize].id() as i32)
-    };
-    let mut roles: Vec<i32> = [leader.as_str(), follower.as_str()]
-        .iter()
-        .filter_map(|a| pid_of(a))
-        .collect();
-    roles.extend(
-        addrs
+            .find(|(_, a)| **a == leader)
+            .map(|(id, _)| http[id].clone())
+            .context("the leader is not one of the replicas started")?;
+        let follower = addrs
             .values()
-            .filter(|a| **a != leader && **a != follower)
-            .filter_map(|a| pid_of(a)),
-    );
-    let cpu_now = || {
-        let mut v: Vec<u64> = roles
+            .find(|a| **a != leader)
+            .cloned()
+            .context("no follower")?;
+        // Whose cpu is whose: the leader, the follower serving the listings, the other one.
+        let pid_of = |addr: &str| {
+            addrs
+                .iter()
+                .find(|(_, a)| *a == addr)
+                .map(|(id, _)| procs.0[(*id - 1) as usize].id() as i32)
+        };
+        let mut roles: Vec<i32> = [leader.as_str(), follower.as_str()]
+            .iter()
+            .filter_map(|a| pid_of(a))
+            .collect();
+        roles.extend(
+            addrs
+                .values()
+                .filter(|a| **a != leader && **a != follower)
+                .filter_map(|a| pid_of(a)),
+        );
+        Ok(BenchCluster {
+            _procs: procs,
+            _dir: dir,
+            access,
+            leader,
+            leader_http,
+            follower,
+            roles,
+        })
+    }
+
+    /// Cpu milliseconds so far of each replica (in `roles` order) and of this process.
+    fn cpu_now(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self
+            .roles
             .iter()
             .map(|pid| docket_deploy::stats::process_cpu_ms(*pid, false))
             .collect();
@@ -383,16 +378,71 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
             false,
         ));
         v
-    };
-    for &n in clients {
-        let loops_before = loop_stats(&leader_http).await?;
-        let cpu_before = cpu_now();
+    }
+
+    /// `n` closed-loop submitters for `seconds` against the leader (ids from `first_id`),
+    /// with a listing client on a follower; the figures (the queue counts this storm's
+    /// submissions only).
+    async fn storm(&self, n: usize, seconds: u64, first_id: u64) -> Result<Run> {
+        let loops_before = loop_stats(&self.leader_http).await?;
+        let cpu_before = self.cpu_now();
         let deadline = Instant::now() + Duration::from_secs(seconds);
+        let tasks = self.submitters(n, first_id, deadline)?;
+        let lister = self.lister(deadline);
+        let began = Instant::now();
+        let mut latencies = Vec::new();
+        for t in tasks {
+            latencies.extend(t.await?);
+        }
+        let elapsed = began.elapsed();
+        let mut listings = lister.await.context("the listing client stopped")??;
+        let cpu_spent: Vec<f64> = self
+            .cpu_now()
+            .iter()
+            .zip(&cpu_before)
+            .map(|(a, b)| a.saturating_sub(*b) as f64 * 1000.0 / latencies.len().max(1) as f64)
+            .collect();
+        let loops_after = loop_stats(&self.leader_http).await?;
+        let queue = queue_summary(&self.access, &self.leader).await?;
+        latencies.sort_unstable();
+        listings.sort_unstable();
+        Ok(Run {
+            clients: n,
+            submissions: latencies.len() as u64,
+            per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+            p50_ms: percentile(&latencies, 0.50),
+            p99_ms: percentile(&latencies, 0.99),
+            listings: listings.len() as u64,
+            list_p50_ms: percentile(&listings, 0.50),
+            list_p99_ms: percentile(&listings, 0.99),
+            queue_at_end: latencies.len() as u64,
+            max_rpc_cnt: 0,
+            passes: pass_figures(&loops_before, &loops_after),
+            backfill_started_over: counter(&loops_after, &["backfill_state_changed"])
+                .saturating_sub(counter(&loops_before, &["backfill_state_changed"])),
+            leader_cpu_us: cpu_spent.first().copied().unwrap_or(0.0),
+            followers_cpu_us: cpu_spent
+                .get(1..cpu_spent.len().saturating_sub(1))
+                .map(<[f64]>::to_vec)
+                .unwrap_or_default(),
+            client_cpu_us: cpu_spent.last().copied().unwrap_or(0.0),
+            running_at_end: queue.0,
+            pending_reasons: queue.1,
+        })
+    }
+
+    /// `n` tasks each submitting one job at a time until `deadline`; each task's latencies.
+    fn submitters(
+        &self,
+        n: usize,
+        first_id: u64,
+        deadline: Instant,
+    ) -> Result<Vec<tokio::task::JoinHandle<Vec<Duration>>>> {
         let mut tasks = Vec::new();
         for c in 0..n {
-            let mut conn = access.client(&leader)?;
-            let first = next_id + (c as u64) * 1_000_000;
-            let access = access.clone();
+            let mut conn = self.access.client(&self.leader)?;
+            let first = first_id + (c as u64) * 1_000_000;
+            let access = self.access.clone();
             tasks.push(tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut i = first;
@@ -406,104 +456,131 @@ async fn run_cluster(exe: &Path, options: &BenchOptions, max_rpc_cnt: u32) -> Re
                 latencies
             }));
         }
-        next_id += (n as u64) * 1_000_000;
-        // A listing client: the first page (1,000 jobs), linearizable, from a follower. It runs
-        // on a thread and runtime of its own, as `squeue` runs in a process of its own: in the
-        // submitters' runtime its answers would wait behind 64 busy tasks.
-        let lister = {
-            let access = access.clone();
-            let follower = follower.clone();
-            let (done, finished) = tokio::sync::oneshot::channel();
-            std::thread::spawn(move || {
-                let listings = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(anyhow::Error::from)
-                    .and_then(|rt| rt.block_on(list_until(&access, &follower, deadline)));
-                let _ = done.send(listings);
-            });
-            finished
-        };
-        let began = Instant::now();
-        let mut latencies = Vec::new();
-        for t in tasks {
-            latencies.extend(t.await?);
-        }
-        let elapsed = began.elapsed();
-        let mut listings = lister.await.context("the listing client stopped")??;
-        let cpu_spent: Vec<f64> = cpu_now()
-            .iter()
-            .zip(&cpu_before)
-            .map(|(a, b)| a.saturating_sub(*b) as f64 * 1000.0 / latencies.len().max(1) as f64)
-            .collect();
-        let loops_after = loop_stats(&leader_http).await?;
-        let queue = queue_summary(&access, &leader).await?;
-        latencies.sort_unstable();
-        listings.sort_unstable();
-        let run = Run {
-            clients: n,
-            submissions: latencies.len() as u64,
-            per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-            p50_ms: percentile(&latencies, 0.50),
-            p99_ms: percentile(&latencies, 0.99),
-            listings: listings.len() as u64,
-            list_p50_ms: percentile(&listings, 0.50),
-            list_p99_ms: percentile(&listings, 0.99),
-            queue_at_end: runs.iter().map(|r: &Run| r.submissions).sum::<u64>()
-                + latencies.len() as u64,
-            max_rpc_cnt,
-            passes: pass_figures(&loops_before, &loops_after),
-            backfill_started_over: counter(&loops_after, &["backfill_state_changed"])
-                .saturating_sub(counter(&loops_before, &["backfill_state_changed"])),
-            leader_cpu_us: cpu_spent.first().copied().unwrap_or(0.0),
-            followers_cpu_us: cpu_spent
-                .get(1..cpu_spent.len().saturating_sub(1))
-                .map(<[f64]>::to_vec)
-                .unwrap_or_default(),
-            client_cpu_us: cpu_spent.last().copied().unwrap_or(0.0),
-            running_at_end: queue.0,
-            pending_reasons: queue.1,
-        };
-        if !json {
-            println!(
-                "clients {:>3}: {:>7.0} submissions/s  p50 {:>6.2} ms  p99 {:>7.2} ms  | listing 1,000 of {} jobs: p50 {:>6.2} ms  p99 {:>7.2} ms",
-                run.clients,
-                run.per_second,
-                run.p50_ms,
-                run.p99_ms,
-                run.queue_at_end,
-                run.list_p50_ms,
-                run.list_p99_ms
-            );
-            let followers: Vec<String> = run
-                .followers_cpu_us
-                .iter()
-                .map(|us| format!("{us:.0}"))
-                .collect();
-            println!(
-                "             cpu per submission: leader {:.0} us, followers {} us (the first serves the listings), clients {:.0} us",
-                run.leader_cpu_us,
-                followers.join(" / "),
-                run.client_cpu_us
-            );
-            println!("             {}", run.passes_line());
-            let reasons: Vec<String> = run
-                .pending_reasons
-                .iter()
-                .map(|(r, n)| format!("{n} {r}"))
-                .collect();
-            println!(
-                "             at the end: {} running; the first 1,000 pending: {}",
-                run.running_at_end,
-                reasons.join(", ")
-            );
-        }
-        runs.push(run);
+        Ok(tasks)
     }
-    Ok(runs)
+
+    /// A listing client: the first page (1,000 jobs), linearizable, from a follower. It runs
+    /// on a thread and runtime of its own, as `squeue` runs in a process of its own: in the
+    /// submitters' runtime its answers would wait behind 64 busy tasks.
+    fn lister(&self, deadline: Instant) -> tokio::sync::oneshot::Receiver<Result<Vec<Duration>>> {
+        let access = self.access.clone();
+        let follower = self.follower.clone();
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let listings = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(list_until(&access, &follower, deadline)));
+            let _ = done.send(listings);
+        });
+        finished
+    }
+}
+
+/// Starts the three replicas (the first bootstraps the cluster).
+fn spawn_replicas(
+    exe: &Path,
+    dir: &Path,
+    site_file: &Path,
+    secrets: &docket_auth::local::LocalSecrets,
+    addrs: &BTreeMap<u64, String>,
+    http: &BTreeMap<u64, String>,
+) -> Result<Procs> {
+    let bootstrap = addrs
+        .iter()
+        .map(|(id, a)| format!("{id}={a}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut procs = Procs(Vec::new());
+    for (id, addr) in addrs {
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "run",
+            "--id",
+            &id.to_string(),
+            "--listen",
+            addr,
+            "--log",
+            "error,openraft=off",
+            "--agent-fence-ms",
+            "0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.join(format!("r{id}")))
+        .arg("--config")
+        .arg(site_file)
+        .args(["--http-listen", &http[id]])
+        .args(["--user-rpc-rate", "0"])
+        .args(secrets.controller_flags(*id))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        if *id == 1 {
+            cmd.args(["--bootstrap", &bootstrap]);
+        }
+        procs.0.push(cmd.spawn().context("starting a replica")?);
+    }
+    Ok(procs)
+}
+
+/// The leader's address, as the replicas report it.
+async fn reported_leader(access: &Access, addrs: &BTreeMap<u64, String>) -> Result<String> {
+    let channels = {
+        let tls = access.tls.clone();
+        docket_raft::network::Channels::with_maker(
+            docket_raft::network::NetworkConfig::default(),
+            std::sync::Arc::new(move |addr: &str| {
+                docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None)
+            }),
+        )
+    };
+    for addr in addrs.values() {
+        if let Ok(s) = channels.status(addr, Duration::from_secs(2)).await
+            && let Some(addr) = s.leader_addr
+        {
+            return Ok(addr);
+        }
+    }
+    bail!("no replica names a leader")
 }
 
 impl Run {
+    /// The figures, as lines for a reader.
+    fn print(&self) {
+        println!(
+            "clients {:>3}: {:>7.0} submissions/s  p50 {:>6.2} ms  p99 {:>7.2} ms  | listing 1,000 of {} jobs: p50 {:>6.2} ms  p99 {:>7.2} ms",
+            self.clients,
+            self.per_second,
+            self.p50_ms,
+            self.p99_ms,
+            self.queue_at_end,
+            self.list_p50_ms,
+            self.list_p99_ms
+        );
+        let followers: Vec<String> = self
+            .followers_cpu_us
+            .iter()
+            .map(|us| format!("{us:.0}"))
+            .collect();
+        println!(
+            "             cpu per submission: leader {:.0} us, followers {} us (the first serves the listings), clients {:.0} us",
+            self.leader_cpu_us,
+            followers.join(" / "),
+            self.client_cpu_us
+        );
+        println!("             {}", self.passes_line());
+        let reasons: Vec<String> = self
+            .pending_reasons
+            .iter()
+            .map(|(r, n)| format!("{n} {r}"))
+            .collect();
+        println!(
+            "             at the end: {} running; the first 1,000 pending: {}",
+            self.running_at_end,
+            reasons.join(", ")
+        );
+    }
+
     /// The leader's passes during the storm, one line.
     fn passes_line(&self) -> String {
         let mut parts: Vec<String> = self

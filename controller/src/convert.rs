@@ -97,24 +97,8 @@ pub fn job_spec(
     if spec.script.is_empty() {
         return Err(bad(&f("script"), "empty; a batch job needs a script"));
     }
-    let memory = match spec.memory {
-        None => None,
-        Some(pb::job_spec::Memory::MemPerNodeMib(m)) => Some(MemoryRequest::PerNode(MiB(m))),
-        Some(pb::job_spec::Memory::MemPerCpuMib(m)) => Some(MemoryRequest::PerCpu(MiB(m))),
-        Some(pb::job_spec::Memory::MemWholeNode(true)) => Some(MemoryRequest::WholeNode),
-        Some(pb::job_spec::Memory::MemWholeNode(false)) => None,
-    };
-    let time = match spec.time_limit_seconds {
-        None => TimeRequest::Default,
-        Some(0) => TimeRequest::Unlimited,
-        Some(s) if s < 0 => {
-            return Err(bad(
-                &f("time_limit_seconds"),
-                format!("{s} is negative; give seconds > 0, or 0 for no limit"),
-            ));
-        }
-        Some(s) => TimeRequest::Limit(Seconds(s as u64)),
-    };
+    let memory = memory_request(spec.memory);
+    let time = time_request(&f, spec.time_limit_seconds)?;
     let begin = match spec.begin_unix_ms {
         None => None,
         Some(ms) if ms < 0 => {
@@ -132,32 +116,11 @@ pub fn job_spec(
     } else {
         Some(Dependency::parse(&spec.dependency).map_err(|e| bad(&f("dependency"), e))?)
     };
-    let signal = match &spec.signal {
-        None => None,
-        Some(s) if !(1..=64).contains(&s.signal) => {
-            return Err(bad(
-                &f("signal.signal"),
-                format!("{} is not a signal number (1-64)", s.signal),
-            ));
-        }
-        Some(s) => Some(WarnSignal {
-            signal: s.signal,
-            before: Seconds(s.seconds_before),
-            batch_only: s.batch_only,
-        }),
-    };
+    let signal = warn_signal(&f, spec.signal.as_ref())?;
     let script = add_blob(&spec.script);
     let env = spec.environment.as_deref().map(&mut add_blob);
     Ok(JobSpec {
-        name: text(
-            &f("name"),
-            if spec.name.is_empty() {
-                "job"
-            } else {
-                &spec.name
-            },
-            256,
-        )?,
+        name: text(&f("name"), or_default(&spec.name, "job"), 256)?,
         user,
         account: name(&f("account"), &spec.account)?,
         partition: name(&f("partition"), &spec.partition)?,
@@ -180,23 +143,10 @@ pub fn job_spec(
         hold: spec.hold,
         requeue: spec.requeue,
         exclusive: spec.exclusive,
-        features: spec
-            .features
-            .iter()
-            .enumerate()
-            .map(|(i, x)| text(&f(&format!("features[{i}]")), x, 256).map(String::from))
-            .collect::<Result<_, _>>()?,
+        features: features(&f, &spec.features)?,
         nodelist: names(&f("nodelist"), &spec.nodelist)?,
         exclude: names(&f("exclude"), &spec.exclude)?,
-        work_dir: text(
-            &f("work_dir"),
-            if spec.work_dir.is_empty() {
-                "/"
-            } else {
-                &spec.work_dir
-            },
-            PATH_LIMIT,
-        )?,
+        work_dir: text(&f("work_dir"), or_default(&spec.work_dir, "/"), PATH_LIMIT)?,
         stdout: non_empty(&f("stdout"), &spec.stdout)?,
         stderr: non_empty(&f("stderr"), &spec.stderr)?,
         script,
@@ -210,6 +160,66 @@ pub fn job_spec(
             Some(text(&f("comment"), &spec.comment, MAX_COMMENT)?)
         },
     })
+}
+
+/// `value`, or `default` when it is empty.
+fn or_default<'a>(value: &'a str, default: &'a str) -> &'a str {
+    if value.is_empty() { default } else { value }
+}
+
+/// The node features asked for, each bounded.
+fn features(
+    f: &dyn Fn(&str) -> String,
+    features: &[String],
+) -> Result<std::collections::BTreeSet<String>, Status> {
+    features
+        .iter()
+        .enumerate()
+        .map(|(i, x)| text(&f(&format!("features[{i}]")), x, 256).map(String::from))
+        .collect()
+}
+
+/// The memory asked for: per node, per cpu, a whole node, or the partition's default.
+fn memory_request(memory: Option<pb::job_spec::Memory>) -> Option<MemoryRequest> {
+    match memory {
+        None => None,
+        Some(pb::job_spec::Memory::MemPerNodeMib(m)) => Some(MemoryRequest::PerNode(MiB(m))),
+        Some(pb::job_spec::Memory::MemPerCpuMib(m)) => Some(MemoryRequest::PerCpu(MiB(m))),
+        Some(pb::job_spec::Memory::MemWholeNode(true)) => Some(MemoryRequest::WholeNode),
+        Some(pb::job_spec::Memory::MemWholeNode(false)) => None,
+    }
+}
+
+/// The time limit asked for: none (the default), 0 for no limit, or seconds.
+fn time_request(f: &dyn Fn(&str) -> String, seconds: Option<i64>) -> Result<TimeRequest, Status> {
+    match seconds {
+        None => Ok(TimeRequest::Default),
+        Some(0) => Ok(TimeRequest::Unlimited),
+        Some(s) if s < 0 => Err(bad(
+            &f("time_limit_seconds"),
+            format!("{s} is negative; give seconds > 0, or 0 for no limit"),
+        )),
+        Some(s) => Ok(TimeRequest::Limit(Seconds(s as u64))),
+    }
+}
+
+/// The signal to send before the time limit (`--signal`), a real signal number.
+fn warn_signal(
+    f: &dyn Fn(&str) -> String,
+    signal: Option<&pb::WarnSignal>,
+) -> Result<Option<WarnSignal>, Status> {
+    match signal {
+        None => Ok(None),
+        Some(s) if !(1..=64).contains(&s.signal) => Err(bad(
+            &f("signal.signal"),
+            format!("{} is not a signal number (1-64)", s.signal),
+        )),
+        Some(s) => Ok(Some(WarnSignal {
+            signal: s.signal,
+            before: Seconds(s.seconds_before),
+            batch_only: s.batch_only,
+        })),
+    }
 }
 
 fn non_empty(field: &str, value: &str) -> Result<Option<SmolStr>, Status> {

@@ -144,22 +144,7 @@ pub async fn run(
     config: DaemonConfig,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    let tls = TlsContext::load(config.tls.clone()).doing("TLS")?;
-    match tls.role() {
-        Some(Role::Replica(id)) if id == config.id => {}
-        Some(other) => {
-            return Err(DaemonError::Config(format!(
-                "--tls-cert is the certificate of {other}, not of replica {}; issue one with \
-             `docket-controller certs issue replica {}`",
-                config.id, config.id
-            )));
-        }
-        None => {
-            return Err(DaemonError::Config(
-                "--tls-cert: a replica needs a certificate of its own".into(),
-            ));
-        }
-    }
+    let tls = replica_tls(&config)?;
     let tls_watch = tls.watch(Duration::from_secs(5));
     let (auth, key_reload) = authenticator(&config.auth)?;
     let auth_sweep = auth.sweep(Duration::from_secs(60));
@@ -181,9 +166,104 @@ pub async fn run(
                 .doing(format!("--http-listen {addr}: cannot bind"))?,
         ),
     };
-    let mut replica_config = ReplicaConfig::new(config.id, advertise.clone(), &config.data_dir);
+    let replica_config = replica_config(&config, &advertise, http_listener.as_ref())?;
+    let wakes = crate::machine::Wakes::default();
+    let (replica, archive) = open_replica(&config, replica_config, &tls, &wakes).await?;
+
+    let shared = Shared {
+        readiness: Readiness::new(),
+        inflight: Arc::new(AtomicUsize::new(0)),
+        users_inflight: Arc::new(AtomicUsize::new(0)),
+        stats: Arc::new(std::sync::Mutex::new(LoopStats::default())),
+        auth,
+        archive,
+    };
+    let http = match http_listener {
+        None => None,
+        Some(listener) => Some(serve_http(&config, listener, &replica, &shared)?),
+    };
+    let agents = crate::agents::AgentHub::new(
+        replica.clone(),
+        config.agents.clone(),
+        wakes.dispatch.clone(),
+    );
+    let grpc = serve_grpc(&config, listener, &tls, &replica, &agents, &shared);
+    tracing::info!(id = config.id, addr = %advertise, "replica started");
+    if let Some(members) = &config.bootstrap {
+        bootstrap(&replica, members).await?;
+    }
+    let agents_task = tokio::spawn(agents.run());
+    let loop_task = tokio::spawn(loops::run(LoopContext {
+        replica: replica.clone(),
+        schedule: wakes.schedule.clone(),
+        inflight: shared.inflight.clone(),
+        users_inflight: shared.users_inflight.clone(),
+        site: config.site.clone(),
+        direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
+        stats: shared.stats.clone(),
+    }));
+    let ready_task = ready_once_led(&replica, &shared.readiness);
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    shared.readiness.set_serving(false);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    let tasks = [
+        Some(ready_task),
+        Some(loop_task),
+        Some(agents_task),
+        Some(tls_watch),
+        key_reload,
+        auth_sweep,
+        http,
+    ];
+    for task in tasks.into_iter().flatten() {
+        task.abort();
+    }
+    replica.shutdown().await;
+    grpc.stop().await;
+    Ok(())
+}
+
+/// What the services, the loops and the status page share.
+struct Shared {
+    readiness: Readiness,
+    /// Requests being served, and those of them from users.
+    inflight: Arc<AtomicUsize>,
+    users_inflight: Arc<AtomicUsize>,
+    stats: Arc<std::sync::Mutex<LoopStats>>,
+    /// Checks callers' credentials.
+    auth: Authenticator,
+    /// This replica's accounting archive.
+    archive: Arc<crate::archive::Archive>,
+}
+
+/// This replica's TLS identity: its certificate must be the certificate of this replica.
+fn replica_tls(config: &DaemonConfig) -> Result<TlsContext> {
+    let tls = TlsContext::load(config.tls.clone()).doing("TLS")?;
+    match tls.role() {
+        Some(Role::Replica(id)) if id == config.id => Ok(tls),
+        Some(other) => Err(DaemonError::Config(format!(
+            "--tls-cert is the certificate of {other}, not of replica {}; issue one with \
+             `docket-controller certs issue replica {}`",
+            config.id, config.id
+        ))),
+        None => Err(DaemonError::Config(
+            "--tls-cert: a replica needs a certificate of its own".into(),
+        )),
+    }
+}
+
+/// The Raft replica's settings: identity, address, the status page others link to, timing
+/// and batch bounds.
+fn replica_config(
+    config: &DaemonConfig,
+    advertise: &str,
+    http_listener: Option<&tokio::net::TcpListener>,
+) -> Result<ReplicaConfig> {
+    let mut replica_config = ReplicaConfig::new(config.id, advertise.to_owned(), &config.data_dir);
     replica_config.app_version = Some(docket_core::command::COMMAND_VERSION);
-    replica_config.status_page = match (&config.http_advertise, &http_listener) {
+    replica_config.status_page = match (&config.http_advertise, http_listener) {
         (Some(url), _) if !crate::web::leader_page::linkable(url) => {
             return Err(DaemonError::Config(format!(
                 "--http-advertise {url:?}: give an http:// or https:// URL of printable characters \
@@ -193,7 +273,7 @@ pub async fn run(
         (Some(url), _) => Some(url.clone()),
         (None, Some(l)) => Some(status_page_url(
             l.local_addr().doing("the status page's address")?,
-            &advertise,
+            advertise,
         )),
         (None, None) => None,
     };
@@ -202,6 +282,17 @@ pub async fn run(
         .proposer
         .max_batch_commands
         .min(MAX_BATCH_COMMANDS);
+    Ok(replica_config)
+}
+
+/// Opens the data directory: the accounting archive, then the replica (its log, its state
+/// machine waking the loops), reaching peers over TLS.
+async fn open_replica(
+    config: &DaemonConfig,
+    replica_config: ReplicaConfig,
+    tls: &TlsContext,
+    wakes: &crate::machine::Wakes,
+) -> Result<(Replica<CoreMachine>, Arc<crate::archive::Archive>)> {
     std::fs::create_dir_all(&config.data_dir).doing(format!(
         "creating the data directory {}",
         config.data_dir.display()
@@ -210,7 +301,6 @@ pub async fn run(
         crate::archive::Archive::open(config.data_dir.join("archive"))
             .doing("opening the accounting archive")?,
     );
-    let wakes = crate::machine::Wakes::default();
     let sink = crate::machine::ArchiveSink {
         archive: archive.clone(),
         export_dir: config.data_dir.join("archive-export"),
@@ -233,147 +323,144 @@ pub async fn run(
             "opening the data directory {}",
             config.data_dir.display()
         ))?;
+    Ok((replica, archive))
+}
 
-    let readiness = Readiness::new();
-    let inflight = Arc::new(AtomicUsize::new(0));
-    let users_inflight = Arc::new(AtomicUsize::new(0));
-    let stats = Arc::new(std::sync::Mutex::new(LoopStats::default()));
-    let http = match http_listener {
-        None => None,
-        Some(listener) => {
-            let history = Arc::new(std::sync::Mutex::new(
-                crate::web::history::History::default(),
-            ));
-            let router = crate::http::router(crate::http::HttpState {
-                replica: replica.clone(),
-                stats: stats.clone(),
-                inflight: inflight.clone(),
-                prometheus: crate::http::install_recorder(),
-                history: history.clone(),
-                leader_pages: Default::default(),
-            });
-            tracing::info!(addr = %listener.local_addr().doing("the status page's address")?, "serving the status page, /metrics and /status");
-            let sampler = crate::web::sample_every(
-                config.history_interval,
-                replica.clone(),
-                stats.clone(),
-                history,
-            );
-            let limits = config.http_limits;
-            // One task: stopping the server stops the sampling too.
-            Some(tokio::spawn(async move {
-                tokio::select! {
-                    () = crate::http_conn::serve(listener, router, limits) => {}
-                    () = sampler => {}
-                }
-            }))
-        }
-    };
-    let agents = crate::agents::AgentHub::new(
-        replica.clone(),
-        config.agents.clone(),
-        wakes.dispatch.clone(),
-    );
-    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = {
-        let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
-        let router = tonic::transport::Server::builder()
-            .layer(InflightLayer::new(inflight.clone(), users_inflight.clone()))
-            .layer(crate::malformed::MalformedLayer)
-            .add_service(ReplicaOnly::new(replica.service()))
-            .add_service(JobsService::new(
-                replica.clone(),
-                config.read_timeout,
-                Some(archive.clone()),
-                Some(agents.clone()),
-                auth.clone(),
-                config.cluster_name.clone(),
-            ))
-            .add_service(AdminService::new(
-                replica.clone(),
-                stats.clone(),
-                inflight.clone(),
-                Some(agents.clone()),
-                auth.clone(),
-                replica.channels().clone(),
-            ))
-            .add_service(agents.service())
-            .add_service(readiness.service());
-        tokio::spawn(async move {
-            router
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = server_stopped.await;
-                })
-                .await
-        })
-    };
-    tracing::info!(id = config.id, addr = %advertise, "replica started");
-
-    if let Some(members) = &config.bootstrap {
-        match replica.bootstrap(members.clone()).await {
-            Ok(()) => tracing::info!(?members, "bootstrapped a new cluster"),
-            Err(ClusterError::AlreadyInitialized) => {
-                tracing::info!("cluster already initialized; --bootstrap ignored")
-            }
-            Err(e) => return Err(e).doing("bootstrapping the cluster"),
-        }
-    }
-
-    let agents_task = tokio::spawn(agents.run());
-    let loop_task = tokio::spawn(loops::run(LoopContext {
+/// Serves the status page, `/metrics` and `/status`, and samples the page's plots, in one
+/// task (stopping the server stops the sampling too).
+fn serve_http(
+    config: &DaemonConfig,
+    listener: tokio::net::TcpListener,
+    replica: &Replica<CoreMachine>,
+    shared: &Shared,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let history = Arc::new(std::sync::Mutex::new(
+        crate::web::history::History::default(),
+    ));
+    let router = crate::http::router(crate::http::HttpState {
         replica: replica.clone(),
-        schedule: wakes.schedule.clone(),
-        inflight,
-        users_inflight,
-        site: config.site.clone(),
-        direct_pacer: Arc::new(std::sync::Mutex::new(std::time::Instant::now())),
-        stats,
-    }));
+        stats: shared.stats.clone(),
+        inflight: shared.inflight.clone(),
+        prometheus: crate::http::install_recorder(),
+        history: history.clone(),
+        leader_pages: Default::default(),
+    });
+    tracing::info!(addr = %listener.local_addr().doing("the status page's address")?, "serving the status page, /metrics and /status");
+    let sampler = crate::web::sample_every(
+        config.history_interval,
+        replica.clone(),
+        shared.stats.clone(),
+        history,
+    );
+    let limits = config.http_limits;
+    Ok(tokio::spawn(async move {
+        tokio::select! {
+            () = crate::http_conn::serve(listener, router, limits) => {}
+            () = sampler => {}
+        }
+    }))
+}
 
-    // Ready once a leader is known: from then on requests are served (or forwarded).
-    let ready_task = {
-        let replica = replica.clone();
-        let readiness = readiness.clone();
-        tokio::spawn(async move {
-            loop {
-                if replica
-                    .wait_for_leader(Duration::from_secs(3600))
-                    .await
-                    .is_ok()
-                {
-                    readiness.set_serving(true);
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-                    return;
-                }
-            }
-        })
-    };
+/// The gRPC server's task and the way to stop it.
+struct GrpcServer {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+}
 
-    shutdown.await;
-    tracing::info!("shutting down");
-    readiness.set_serving(false);
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-    ready_task.abort();
-    loop_task.abort();
-    agents_task.abort();
-    tls_watch.abort();
-    if let Some(t) = key_reload {
-        t.abort();
+impl GrpcServer {
+    /// Stops accepting, and waits up to 10 s for the requests in flight.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        match tokio::time::timeout(Duration::from_secs(10), self.task).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server ended with an error"),
+            Err(_) => tracing::warn!("gRPC server did not stop within 10 s"),
+            _ => {}
+        }
     }
-    if let Some(t) = auth_sweep {
-        t.abort();
-    }
-    if let Some(http) = http {
-        http.abort();
-    }
-    replica.shutdown().await;
-    let _ = stop_server.send(());
-    match tokio::time::timeout(Duration::from_secs(10), server).await {
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "gRPC server ended with an error"),
-        Err(_) => tracing::warn!("gRPC server did not stop within 10 s"),
-        _ => {}
+}
+
+/// Serves Raft (replicas only), jobs, admin, agents and health over TLS on `listener`.
+fn serve_grpc(
+    config: &DaemonConfig,
+    listener: tokio::net::TcpListener,
+    tls: &TlsContext,
+    replica: &Replica<CoreMachine>,
+    agents: &crate::agents::AgentHub,
+    shared: &Shared,
+) -> GrpcServer {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let incoming = docket_auth::tls::serve::incoming(listener, tls.clone());
+    let router = tonic::transport::Server::builder()
+        .layer(InflightLayer::new(
+            shared.inflight.clone(),
+            shared.users_inflight.clone(),
+        ))
+        .layer(crate::malformed::MalformedLayer)
+        .add_service(ReplicaOnly::new(replica.service()))
+        .add_service(JobsService::new(
+            replica.clone(),
+            config.read_timeout,
+            Some(shared.archive.clone()),
+            Some(agents.clone()),
+            shared.auth.clone(),
+            config.cluster_name.clone(),
+        ))
+        .add_service(AdminService::new(
+            replica.clone(),
+            shared.stats.clone(),
+            shared.inflight.clone(),
+            Some(agents.clone()),
+            shared.auth.clone(),
+            replica.channels().clone(),
+        ))
+        .add_service(agents.service())
+        .add_service(shared.readiness.service());
+    let task = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    GrpcServer { stop, task }
+}
+
+/// Starts a new cluster of `members` once; ignored when the data directory is initialized.
+async fn bootstrap(
+    replica: &Replica<CoreMachine>,
+    members: &BTreeMap<ReplicaId, String>,
+) -> Result<()> {
+    match replica.bootstrap(members.clone()).await {
+        Ok(()) => tracing::info!(?members, "bootstrapped a new cluster"),
+        Err(ClusterError::AlreadyInitialized) => {
+            tracing::info!("cluster already initialized; --bootstrap ignored")
+        }
+        Err(e) => return Err(e).doing("bootstrapping the cluster"),
     }
     Ok(())
+}
+
+/// Ready once a leader is known: from then on requests are served (or forwarded), and
+/// systemd is told.
+fn ready_once_led(
+    replica: &Replica<CoreMachine>,
+    readiness: &Readiness,
+) -> tokio::task::JoinHandle<()> {
+    let replica = replica.clone();
+    let readiness = readiness.clone();
+    tokio::spawn(async move {
+        loop {
+            if replica
+                .wait_for_leader(Duration::from_secs(3600))
+                .await
+                .is_ok()
+            {
+                readiness.set_serving(true);
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+                return;
+            }
+        }
+    })
 }
 
 /// This replica's status page as others should link to it: the HTTP address it listens on,

@@ -59,7 +59,7 @@ pub fn install_recorder() -> Option<PrometheusHandle> {
 /// `rate()` and `increase()` in alert rules see a series before the first event, and the
 /// dashboards and rules in `deploy/` are checked against a real scrape.
 fn describe_metrics() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    use metrics::describe_gauge;
     describe_gauge!(
         "docket_jobs",
         "Jobs in the replica's applied state, by state."
@@ -90,6 +90,13 @@ fn describe_metrics() {
         "docket_raft_replica_lag_entries",
         "On the leader: how many entries each replica is behind."
     );
+    describe_scheduler_and_rpc_metrics();
+}
+
+/// The families of the scheduling passes, the RPCs and the leader changes, counters started
+/// at zero.
+fn describe_scheduler_and_rpc_metrics() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!("docket_rpcs_in_flight", "Users' RPCs being served now.");
     describe_gauge!(
         "docket_controller_ready",

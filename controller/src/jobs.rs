@@ -577,7 +577,74 @@ impl Jobs for JobsService {
         request: Request<pb::AccountingRequest>,
     ) -> Result<TonicResponse<pb::AccountingResponse>, Status> {
         let actor = self.auth.caller(&request).await?;
-        let req = request.into_inner();
+        let q = AccountingQuery::of(&request.into_inner())?;
+        // The queue's part (linearizable), then the archive's, merged by job id.
+        let (mut records, now, sees_all) = read(&self.replica, false, self.read_timeout, |state| {
+            let now = state.applied.now;
+            // Who may see archived jobs: the archive holds them outside the state, so the
+            // rule is taken now (admins and public accounting see all; coordinators, the
+            // accounts they coordinate; others, their own).
+            let private = state.config.private_data.jobs || state.config.private_data.accounting;
+            let sees_all = !private || state.is_admin(&actor);
+            let start_bound = q.after.map_or(Bound::Unbounded, Bound::Excluded);
+            let records: Vec<(u64, pb::AccountingRecord)> = state
+                .jobs
+                .range((start_bound, Bound::Unbounded))
+                .map(|(_, j)| j)
+                .filter(|j| q.admits(j, now))
+                .filter(|j| state.may_see_job(&actor, j, Data::Accounting))
+                .take(q.page + 1)
+                .map(|j| {
+                    let charged = state.charged_milli_su(&j.id);
+                    (j.id.0, accounting_record(j, charged, false, now))
+                })
+                .collect();
+            (records, now, sees_all)
+        })
+        .await?;
+        if let Some(archive) = &self.archive {
+            let visible = self.archived_visibility(&actor, sees_all);
+            let mut taken = 0;
+            archive
+                .scan(q.after, |a| {
+                    if q.admits(&a.job, now) && visible.admits(&a.job) {
+                        records.push((
+                            a.job.id.0,
+                            accounting_record(&a.job, a.charged_milli_su, true, now),
+                        ));
+                        taken += 1;
+                    }
+                    taken <= q.page
+                })
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        records.sort_by_key(|(id, _)| *id);
+        records.dedup_by_key(|(id, _)| *id);
+        let more = records.len() > q.page;
+        records.truncate(q.page);
+        let next_page_token = match (more, records.last()) {
+            (true, Some((id, _))) => id.to_string(),
+            _ => String::new(),
+        };
+        Ok(TonicResponse::new(pb::AccountingResponse {
+            records: records.into_iter().map(|(_, r)| r).collect(),
+            next_page_token,
+        }))
+    }
+}
+
+/// An accounting request, checked: which jobs, which window, which page.
+struct AccountingQuery {
+    filter: Filter,
+    page: usize,
+    start: Option<u64>,
+    end: Option<u64>,
+    /// The page starts after this job.
+    after: Option<JobId>,
+}
+
+impl AccountingQuery {
+    fn of(req: &pb::AccountingRequest) -> Result<Self, Status> {
         let filter = Filter::new(&pb::ListJobsRequest {
             users: req.users.clone(),
             states: req.states.clone(),
@@ -615,32 +682,45 @@ impl Jobs for JobsService {
                 ))
             })?))
         };
-        // The queue's part (linearizable), then the archive's, merged by job id.
-        let (mut records, now, sees_all) = read(&self.replica, false, self.read_timeout, |state| {
-            let now = state.applied.now;
-            // Who may see archived jobs: the archive holds them outside the state, so the
-            // rule is taken now (admins and public accounting see all; coordinators, the
-            // accounts they coordinate; others, their own).
-            let private = state.config.private_data.jobs || state.config.private_data.accounting;
-            let sees_all = !private || state.is_admin(&actor);
-            let start_bound = after.map_or(Bound::Unbounded, Bound::Excluded);
-            let records: Vec<(u64, pb::AccountingRecord)> = state
-                .jobs
-                .range((start_bound, Bound::Unbounded))
-                .map(|(_, j)| j)
-                .filter(|j| filter.admits(j) && in_window(j, start, end, now.0))
-                .filter(|j| state.may_see_job(&actor, j, Data::Accounting))
-                .take(page + 1)
-                .map(|j| {
-                    let charged = state.charged_milli_su(&j.id);
-                    (j.id.0, accounting_record(j, charged, false, now))
-                })
-                .collect();
-            (records, now, sees_all)
+        Ok(AccountingQuery {
+            filter,
+            page,
+            start,
+            end,
+            after,
         })
-        .await?;
-        // For archived jobs the visibility rule needs the state's accounts; read them once.
-        let coordinated: Option<BTreeSet<String>> = match (&actor, sees_all) {
+    }
+
+    /// Whether `job` is one asked for, in the window as of `now`.
+    fn admits(&self, job: &docket_core::job::Job, now: docket_core::quantity::TimeMs) -> bool {
+        self.filter.admits(job) && in_window(job, self.start, self.end, now.0)
+    }
+}
+
+/// Which archived jobs a caller who does not see all may see: their own, and those of the
+/// accounts they coordinate.
+struct ArchivedVisibility {
+    /// None: all.
+    coordinated: Option<BTreeSet<String>>,
+    me: Option<String>,
+}
+
+impl ArchivedVisibility {
+    fn admits(&self, job: &docket_core::job::Job) -> bool {
+        match &self.coordinated {
+            None => true,
+            Some(accounts) => {
+                self.me.as_deref() == Some(job.spec.user.as_str())
+                    || accounts.contains(job.resolved.account.as_str())
+            }
+        }
+    }
+}
+
+impl JobsService {
+    /// For archived jobs the visibility rule needs the state's accounts: read once.
+    fn archived_visibility(&self, actor: &Actor, sees_all: bool) -> ArchivedVisibility {
+        let coordinated = match (actor, sees_all) {
             (_, true) => None,
             (Actor::User(u), false) => Some(self.replica.read_stale(|a| {
                 let s = &a.machine.state;
@@ -653,47 +733,11 @@ impl Jobs for JobsService {
             })),
             _ => Some(BTreeSet::new()),
         };
-        let me = match &actor {
+        let me = match actor {
             Actor::User(u) => Some(u.to_string()),
             _ => None,
         };
-        let visible = |job: &docket_core::job::Job| match &coordinated {
-            None => true,
-            Some(accounts) => {
-                me.as_deref() == Some(job.spec.user.as_str())
-                    || accounts.contains(job.resolved.account.as_str())
-            }
-        };
-        if let Some(archive) = &self.archive {
-            let mut taken = 0;
-            archive
-                .scan(after, |a| {
-                    if filter.admits(&a.job)
-                        && visible(&a.job)
-                        && in_window(&a.job, start, end, now.0)
-                    {
-                        records.push((
-                            a.job.id.0,
-                            accounting_record(&a.job, a.charged_milli_su, true, now),
-                        ));
-                        taken += 1;
-                    }
-                    taken <= page
-                })
-                .map_err(|e| Status::internal(e.to_string()))?;
-        }
-        records.sort_by_key(|(id, _)| *id);
-        records.dedup_by_key(|(id, _)| *id);
-        let more = records.len() > page;
-        records.truncate(page);
-        let next_page_token = match (more, records.last()) {
-            (true, Some((id, _))) => id.to_string(),
-            _ => String::new(),
-        };
-        Ok(TonicResponse::new(pb::AccountingResponse {
-            records: records.into_iter().map(|(_, r)| r).collect(),
-            next_page_token,
-        }))
+        ArchivedVisibility { coordinated, me }
     }
 }
 

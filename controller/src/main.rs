@@ -422,16 +422,8 @@ fn bench(options: &docket_controller::bench::BenchOptions) -> Result<()> {
         .block_on(docket_controller::bench::run(&exe, options))
 }
 
-fn run(args: RunArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_new(&args.log)
-                .with_context(|| format!("--log {:?}", args.log))?,
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal, not in log files and journals.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+/// What the replica process runs with, from its flags and the site file.
+fn daemon_config(args: RunArgs) -> Result<DaemonConfig> {
     let bootstrap = args.bootstrap.as_deref().map(parse_members).transpose()?;
     let (site, cluster_name) = match &args.config {
         Some(path) => {
@@ -450,7 +442,7 @@ fn run(args: RunArgs) -> Result<()> {
         keep_entries_after_snapshot: args.keep_entries_after_snapshot,
         ..RaftTuning::default()
     };
-    let config = DaemonConfig {
+    Ok(DaemonConfig {
         id: args.id,
         listen: args.listen,
         advertise: args.advertise,
@@ -492,7 +484,20 @@ fn run(args: RunArgs) -> Result<()> {
                 burst: args.user_rpc_burst,
             }),
         },
-    };
+    })
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log)
+                .with_context(|| format!("--log {:?}", args.log))?,
+        )
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal, not in log files and journals.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = daemon_config(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

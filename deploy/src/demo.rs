@@ -228,152 +228,197 @@ pub async fn run(cluster: &mut LocalCluster) -> Result<DemoReport> {
         report: DemoReport::default(),
         start: Instant::now(),
     };
-    let d = &mut demo;
 
     // 1. A mixed queue, a blocked wide job, a backfilled one, a memory hog.
-    d.say("submitting four 4-cpu batch jobs (20 s each, 1 min limit)");
-    let mut first = Vec::new();
-    for i in 1..=4 {
-        first.push(
-            d.submit(spec(&format!("batch-{i}"), "batch", 4, 20, 60))
-                .await?,
-        );
-    }
-    d.until("the four batch jobs to start", |j| running(j, &first))
-        .await?;
-    let mut wide = spec("wide", "batch", 1, 3, 60);
-    wide.nodes = 4;
-    wide.ntasks = 4;
-    wide.exclusive = true;
-    let wide = d.submit(wide).await?;
-    d.say("submitted a job wanting all four nodes exclusively: it must wait");
-    let small = d.submit(spec("small", "batch", 1, 3, 20)).await?;
-    d.say("submitted a 1-cpu, 20 s-limit job after it");
-    let mut hog = spec("memory-hog", "batch", 1, 0, 60);
-    hog.memory = Some(pb::job_spec::Memory::MemPerNodeMib(64));
-    hog.script = b"#!/bin/sh\necho \"$SLURM_JOB_ID start\" >> runs.log\ndd if=/dev/zero of=/dev/null bs=300M count=1\n".to_vec();
-    let hog = d.submit(hog).await?;
-    d.say("submitted a job that allocates 300 MB with a 64 MB limit");
-    let jobs = d
-        .until("the small job and the memory hog to end", |j| {
-            [small, hog]
-                .iter()
-                .all(|id| j.get(id).is_some_and(rpc::is_final))
-        })
-        .await?;
-    let started = |id: u64| jobs.get(&id).and_then(|j| j.start_time_ms);
-    d.report.backfilled = match (started(small), started(wide)) {
-        (Some(_), None) => true,
-        (Some(s), Some(w)) => s < w,
-        _ => false,
-    };
-    d.report.oom_state = jobs.get(&hog).map(|j| j.state.clone()).unwrap_or_default();
-    d.say(&format!(
-        "the small job {} the wide one; the memory hog ended {}",
-        if d.report.backfilled {
-            "started before (backfill)"
-        } else {
-            "did NOT start before"
-        },
-        d.report.oom_state
-    ));
+    let (first, wide) = demo.mixed_queue().await?;
 
     // 2. Kill the leader while jobs run.
-    d.say("killing the leader (SIGKILL) while jobs run");
-    let report = drill::kill_leader(d.cluster, "batch", true, DEADLINE).await?;
-    d.say(&format!(
-        "replica {} killed; replica {} leads after {} ms; a write committed after {} ms; scheduling again after {}; replica {} restarted",
-        report.killed,
-        report.new_leader,
-        report.elected_ms,
-        report.first_write_ms,
-        report
-            .first_start_ms
-            .map_or("(not yet)".into(), |m| format!("{m} ms")),
-        report.killed
-    ));
-    d.report.submitted.push(report.probe_job);
-    d.report.drill = Some(report);
+    demo.kill_leader().await?;
 
     // 3. Express preemption: wait for the first wave to clear, fill, then go express.
-    d.until("the first wave to finish", |j| {
-        first
-            .iter()
-            .chain([&wide])
-            .all(|id| j.get(id).is_some_and(rpc::is_final))
-    })
-    .await?;
-    d.say("the first wave finished; the wide job ran after it");
-    let mut fill = Vec::new();
-    for i in 1..=6 {
-        fill.push(
-            d.submit(spec(&format!("normal-{i}"), "batch", 4, 12, 120))
-                .await?,
-        );
+    demo.express_preemption(&first, wide).await?;
+
+    // Every acknowledged job final, none twice.
+    demo.final_states().await;
+    let runs = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
+    demo.report.ran_twice = ran_twice(&runs);
+    demo.report.seconds = demo.start.elapsed().as_secs();
+    Ok(demo.report)
+}
+
+impl Demo<'_> {
+    /// Part 1: four batch jobs take most of the cpus, a wide exclusive job waits for them, a
+    /// small one is backfilled and a memory hog is killed; the batch jobs' and the wide job's
+    /// ids.
+    async fn mixed_queue(&mut self) -> Result<(Vec<u64>, u64)> {
+        self.say("submitting four 4-cpu batch jobs (20 s each, 1 min limit)");
+        let mut first = Vec::new();
+        for i in 1..=4 {
+            first.push(
+                self.submit(spec(&format!("batch-{i}"), "batch", 4, 20, 60))
+                    .await?,
+            );
+        }
+        self.until("the four batch jobs to start", |j| running(j, &first))
+            .await?;
+        let mut wide = spec("wide", "batch", 1, 3, 60);
+        wide.nodes = 4;
+        wide.ntasks = 4;
+        wide.exclusive = true;
+        let wide = self.submit(wide).await?;
+        self.say("submitted a job wanting all four nodes exclusively: it must wait");
+        let small = self.submit(spec("small", "batch", 1, 3, 20)).await?;
+        self.say("submitted a 1-cpu, 20 s-limit job after it");
+        let mut hog = spec("memory-hog", "batch", 1, 0, 60);
+        hog.memory = Some(pb::job_spec::Memory::MemPerNodeMib(64));
+        hog.script = b"#!/bin/sh\necho \"$SLURM_JOB_ID start\" >> runs.log\ndd if=/dev/zero of=/dev/null bs=300M count=1\n".to_vec();
+        let hog = self.submit(hog).await?;
+        self.say("submitted a job that allocates 300 MB with a 64 MB limit");
+        let jobs = self
+            .until("the small job and the memory hog to end", |j| {
+                [small, hog]
+                    .iter()
+                    .all(|id| j.get(id).is_some_and(rpc::is_final))
+            })
+            .await?;
+        self.judge_backfill_and_memory(&jobs, wide, small, hog);
+        Ok((first, wide))
     }
-    d.until("six batch jobs to fill the cluster", |j| running(j, &fill))
-        .await?;
-    d.say("six 4-cpu batch jobs fill all 24 cpus");
-    let mut express = spec("express-big", "express", 4, 4, 60);
-    express.nodes = 2;
-    express.ntasks = 2;
-    let express = d.submit(express).await?;
-    d.say("submitted an 8-cpu express job (a higher tier)");
-    let mut suspended = std::collections::BTreeSet::new();
-    let jobs = d
-        .until("the express job to end and the batch jobs to finish", |j| {
-            for id in &fill {
-                if j.get(id).is_some_and(|x| x.state_code == "S") {
-                    suspended.insert(*id);
-                }
-            }
-            fill.iter()
-                .chain([&express])
+
+    /// Whether the small job started before the wide one (backfill), and how the memory hog
+    /// ended, from the queue `jobs`.
+    fn judge_backfill_and_memory(
+        &mut self,
+        jobs: &BTreeMap<u64, pb::JobInfo>,
+        wide: u64,
+        small: u64,
+        hog: u64,
+    ) {
+        let started = |id: u64| jobs.get(&id).and_then(|j| j.start_time_ms);
+        self.report.backfilled = match (started(small), started(wide)) {
+            (Some(_), None) => true,
+            (Some(s), Some(w)) => s < w,
+            _ => false,
+        };
+        self.report.oom_state = jobs.get(&hog).map(|j| j.state.clone()).unwrap_or_default();
+        self.say(&format!(
+            "the small job {} the wide one; the memory hog ended {}",
+            if self.report.backfilled {
+                "started before (backfill)"
+            } else {
+                "did NOT start before"
+            },
+            self.report.oom_state
+        ));
+    }
+
+    /// Part 2: kills the leader with SIGKILL while jobs run, and records the drill.
+    async fn kill_leader(&mut self) -> Result<()> {
+        self.say("killing the leader (SIGKILL) while jobs run");
+        let report = drill::kill_leader(self.cluster, "batch", true, DEADLINE).await?;
+        self.say(&format!(
+            "replica {} killed; replica {} leads after {} ms; a write committed after {} ms; scheduling again after {}; replica {} restarted",
+            report.killed,
+            report.new_leader,
+            report.elected_ms,
+            report.first_write_ms,
+            report
+                .first_start_ms
+                .map_or("(not yet)".into(), |m| format!("{m} ms")),
+            report.killed
+        ));
+        self.report.submitted.push(report.probe_job);
+        self.report.drill = Some(report);
+        Ok(())
+    }
+
+    /// Part 3: once the `first` wave and the `wide` job are over, six batch jobs fill the
+    /// cpus and an express job suspends some of them to run.
+    async fn express_preemption(&mut self, first: &[u64], wide: u64) -> Result<()> {
+        self.until("the first wave to finish", |j| {
+            first
+                .iter()
+                .chain([&wide])
                 .all(|id| j.get(id).is_some_and(rpc::is_final))
         })
         .await?;
-    d.report.express_ran = jobs.get(&express).is_some_and(|j| j.state == "COMPLETED");
-    d.report.suspended = suspended.into_iter().collect();
-    d.say(&format!(
-        "the express job {}; batch jobs {:?} were suspended for it and resumed",
-        if d.report.express_ran {
-            "ran"
-        } else {
-            "did NOT run"
-        },
-        d.report.suspended
-    ));
+        self.say("the first wave finished; the wide job ran after it");
+        let mut fill = Vec::new();
+        for i in 1..=6 {
+            fill.push(
+                self.submit(spec(&format!("normal-{i}"), "batch", 4, 12, 120))
+                    .await?,
+            );
+        }
+        self.until("six batch jobs to fill the cluster", |j| running(j, &fill))
+            .await?;
+        self.say("six 4-cpu batch jobs fill all 24 cpus");
+        let mut express = spec("express-big", "express", 4, 4, 60);
+        express.nodes = 2;
+        express.ntasks = 2;
+        let express = self.submit(express).await?;
+        self.say("submitted an 8-cpu express job (a higher tier)");
+        let mut suspended = std::collections::BTreeSet::new();
+        let jobs = self
+            .until("the express job to end and the batch jobs to finish", |j| {
+                for id in &fill {
+                    if j.get(id).is_some_and(|x| x.state_code == "S") {
+                        suspended.insert(*id);
+                    }
+                }
+                fill.iter()
+                    .chain([&express])
+                    .all(|id| j.get(id).is_some_and(rpc::is_final))
+            })
+            .await?;
+        self.report.express_ran = jobs.get(&express).is_some_and(|j| j.state == "COMPLETED");
+        self.report.suspended = suspended.into_iter().collect();
+        self.say(&format!(
+            "the express job {}; batch jobs {:?} were suspended for it and resumed",
+            if self.report.express_ran {
+                "ran"
+            } else {
+                "did NOT run"
+            },
+            self.report.suspended
+        ));
+        Ok(())
+    }
 
-    // Every acknowledged job final, none twice.
-    let ids = d.report.submitted.clone();
-    let jobs = d
-        .until("every job to reach a final state", |j| {
-            ids.iter().all(|id| j.get(id).is_some_and(rpc::is_final))
-        })
-        .await
-        .unwrap_or_default();
-    d.report.lost = ids
-        .iter()
-        .copied()
-        .filter(|id| !jobs.contains_key(id))
-        .collect();
-    d.report.states = jobs
-        .iter()
-        .filter(|(id, _)| ids.contains(id))
-        .map(|(id, j)| (*id, j.state.clone()))
-        .collect();
-    let runs = std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
+    /// Waits for every acknowledged job to reach a final state; records those lost and the
+    /// final states of the others.
+    async fn final_states(&mut self) {
+        let ids = self.report.submitted.clone();
+        let jobs = self
+            .until("every job to reach a final state", |j| {
+                ids.iter().all(|id| j.get(id).is_some_and(rpc::is_final))
+            })
+            .await
+            .unwrap_or_default();
+        self.report.lost = ids
+            .iter()
+            .copied()
+            .filter(|id| !jobs.contains_key(id))
+            .collect();
+        self.report.states = jobs
+            .iter()
+            .filter(|(id, _)| ids.contains(id))
+            .map(|(id, j)| (*id, j.state.clone()))
+            .collect();
+    }
+}
+
+/// The jobs `runs.log` (`ID start` lines) shows starting more than once.
+fn ran_twice(runs: &str) -> Vec<u64> {
     let mut starts: BTreeMap<u64, usize> = BTreeMap::new();
     for line in runs.lines() {
         if let Some(id) = line.split_whitespace().next().and_then(|x| x.parse().ok()) {
             *starts.entry(id).or_default() += 1;
         }
     }
-    d.report.ran_twice = starts
+    starts
         .iter()
         .filter(|(_, n)| **n > 1)
         .map(|(id, _)| *id)
-        .collect();
-    d.report.seconds = d.start.elapsed().as_secs();
-    Ok(std::mem::take(&mut d.report))
+        .collect()
 }

@@ -339,44 +339,11 @@ async fn run(cli: Cli) -> Result<()> {
             )
             .await
         }
-        Cmd::Down { remove } => {
-            let c = LocalCluster::open(&cli.state_dir)?;
-            let sweep = c.stop(remove).await?;
-            println!(
-                "stopped; swept {} leftover processes, {} mounts, {} cgroups",
-                sweep.processes, sweep.mounts, sweep.cgroups
-            );
-            Ok(())
-        }
+        Cmd::Down { remove } => down(&cli.state_dir, remove).await,
         Cmd::Status => status(cli.state_dir).await,
-        Cmd::Env => {
-            let c = LocalCluster::open(&cli.state_dir)?;
-            for line in c.env_lines()? {
-                println!("{line}");
-            }
-            println!(
-                "export PATH={}:\"$PATH\"",
-                c.record.state_dir.join("bin").display()
-            );
-            Ok(())
-        }
+        Cmd::Env => env(&cli.state_dir),
         Cmd::Logs { name, lines } => logs(cli.state_dir, name, lines),
-        Cmd::Drill { partition } => {
-            let mut c = LocalCluster::open(&cli.state_dir)?;
-            let r = drill::kill_leader(&mut c, &partition, true, Duration::from_secs(60)).await?;
-            println!(
-                "killed leader {} (SIGKILL)\n  new leader:            {} after {} ms\n  first committed write: {} ms\n  first job started:     {}\n  jobs lost:             {}\n  replica {} restarted on its data",
-                r.killed,
-                r.new_leader,
-                r.elected_ms,
-                r.first_write_ms,
-                r.first_start_ms
-                    .map_or("not within 60 s".into(), |m| format!("{m} ms")),
-                r.lost_jobs.len(),
-                r.killed
-            );
-            Ok(())
-        }
+        Cmd::Drill { partition } => run_drill(&cli.state_dir, &partition).await,
         Cmd::Scale {
             replicas,
             agents,
@@ -398,17 +365,7 @@ async fn run(cli: Cli) -> Result<()> {
                 heartbeat_ms,
                 batch,
             };
-            println!(
-                "starting {replicas} controllers and {agents} simulated agents in {}",
-                cli.state_dir.display()
-            );
-            let report = scale::run(&spec, cli.state_dir, bin_dir(bins)?).await?;
-            print!("{}", report.render(&spec));
-            if report.all_completed(jobs) {
-                Ok(())
-            } else {
-                Err(anyhow!("not every job completed"))
-            }
+            run_scale(&spec, cli.state_dir, bins).await
         }
         Cmd::Bench {
             jobs,
@@ -422,36 +379,111 @@ async fn run(cli: Cli) -> Result<()> {
                 array: !no_array,
                 held,
             };
-            let c = LocalCluster::open(&cli.state_dir)?;
-            let bins = c.record.bin_dir.display().to_string();
-            println!(
-                "lifecycle benchmark on {} ({} replicas, {} agents; binaries in {bins})",
-                cli.state_dir.display(),
-                c.record.replicas.len(),
-                c.record.agents.len()
-            );
-            drop(c);
-            let phases = lifecycle::run(&spec, &cli.state_dir).await?;
-            for p in &phases {
-                print!("{}", p.render());
-            }
-            if phases.iter().all(|p| p.not_completed.is_empty()) {
-                Ok(())
-            } else {
-                Err(anyhow!("not every job completed"))
-            }
+            run_bench(&spec, &cli.state_dir).await
         }
-        Cmd::Demo => {
-            let mut c = LocalCluster::open(&cli.state_dir)?;
-            c.wait_ready(Duration::from_secs(60)).await?;
-            let report = demo::run(&mut c).await?;
-            print!("{}", report.summary());
-            if report.ok() {
-                Ok(())
-            } else {
-                Err(anyhow!("the demo did not show everything it should"))
-            }
-        }
+        Cmd::Demo => run_demo(&cli.state_dir).await,
+    }
+}
+
+/// `down`: stops the cluster in `state_dir` and sweeps what is left (`remove`: its state
+/// directory too).
+async fn down(state_dir: &std::path::Path, remove: bool) -> Result<()> {
+    let c = LocalCluster::open(state_dir)?;
+    let sweep = c.stop(remove).await?;
+    println!(
+        "stopped; swept {} leftover processes, {} mounts, {} cgroups",
+        sweep.processes, sweep.mounts, sweep.cgroups
+    );
+    Ok(())
+}
+
+/// `env`: prints the shell lines that point the commands at the cluster in `state_dir`.
+fn env(state_dir: &std::path::Path) -> Result<()> {
+    let c = LocalCluster::open(state_dir)?;
+    for line in c.env_lines()? {
+        println!("{line}");
+    }
+    println!(
+        "export PATH={}:\"$PATH\"",
+        c.record.state_dir.join("bin").display()
+    );
+    Ok(())
+}
+
+/// `drill`: kills the leader of the cluster in `state_dir` and prints the recovery figures.
+async fn run_drill(state_dir: &std::path::Path, partition: &str) -> Result<()> {
+    let mut c = LocalCluster::open(state_dir)?;
+    let r = drill::kill_leader(&mut c, partition, true, Duration::from_secs(60)).await?;
+    println!(
+        "killed leader {} (SIGKILL)\n  new leader:            {} after {} ms\n  first committed write: {} ms\n  first job started:     {}\n  jobs lost:             {}\n  replica {} restarted on its data",
+        r.killed,
+        r.new_leader,
+        r.elected_ms,
+        r.first_write_ms,
+        r.first_start_ms
+            .map_or("not within 60 s".into(), |m| format!("{m} ms")),
+        r.lost_jobs.len(),
+        r.killed
+    );
+    Ok(())
+}
+
+/// `scale`: the benchmark on a cluster of its own in `state_dir`, with the binaries in
+/// `bins`; fails when a job did not complete.
+async fn run_scale(
+    spec: &scale::ScaleSpec,
+    state_dir: PathBuf,
+    bins: Option<PathBuf>,
+) -> Result<()> {
+    println!(
+        "starting {} controllers and {} simulated agents in {}",
+        spec.replicas,
+        spec.agents,
+        state_dir.display()
+    );
+    let report = scale::run(spec, state_dir, bin_dir(bins)?).await?;
+    print!("{}", report.render(spec));
+    if report.all_completed(spec.jobs) {
+        Ok(())
+    } else {
+        Err(anyhow!("not every job completed"))
+    }
+}
+
+/// `bench`: the lifecycle benchmark on the running cluster in `state_dir`; fails when a job
+/// did not complete.
+async fn run_bench(spec: &lifecycle::BenchSpec, state_dir: &std::path::Path) -> Result<()> {
+    let c = LocalCluster::open(state_dir)?;
+    let bins = c.record.bin_dir.display().to_string();
+    println!(
+        "lifecycle benchmark on {} ({} replicas, {} agents; binaries in {bins})",
+        state_dir.display(),
+        c.record.replicas.len(),
+        c.record.agents.len()
+    );
+    drop(c);
+    let phases = lifecycle::run(spec, state_dir).await?;
+    for p in &phases {
+        print!("{}", p.render());
+    }
+    if phases.iter().all(|p| p.not_completed.is_empty()) {
+        Ok(())
+    } else {
+        Err(anyhow!("not every job completed"))
+    }
+}
+
+/// `demo`: runs the demo on the cluster in `state_dir` and prints its summary; fails when it
+/// did not show everything.
+async fn run_demo(state_dir: &std::path::Path) -> Result<()> {
+    let mut c = LocalCluster::open(state_dir)?;
+    c.wait_ready(Duration::from_secs(60)).await?;
+    let report = demo::run(&mut c).await?;
+    print!("{}", report.summary());
+    if report.ok() {
+        Ok(())
+    } else {
+        Err(anyhow!("the demo did not show everything it should"))
     }
 }
 

@@ -11,7 +11,7 @@
 //! The cluster is stopped at the end, whatever happened, and its state directory removed
 //! unless a job did not complete (its logs are then kept for reading).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
@@ -87,24 +87,54 @@ pub async fn run(
     Ok(report)
 }
 
+/// Waits for every agent, submits the jobs and follows them to their end; the figures.
 async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Result<ScaleReport> {
     let mut report = ScaleReport::default();
     let (_, leader) = cluster.wait_ready(PHASE_DEADLINE).await?;
     report.registered_s = start.elapsed().as_secs_f64();
-    report.agents_pss_mib = cluster
+    report.agents_pss_mib = agents_pss_mib(cluster);
+    let cpu_before: Vec<f64> = cluster.record.replicas.iter().map(cpu_seconds).collect();
+    let term_before = term(cluster).await;
+
+    let submitted = Instant::now();
+    let first_ms = docket_proto::unix_ms();
+    let ids = submit_all(spec, cluster, &leader).await?;
+    report.submit_s = submitted.elapsed().as_secs_f64();
+
+    let (started, ended) = follow(cluster, &ids, submitted, first_ms, &mut report).await?;
+    report.terms = term(cluster).await.saturating_sub(term_before);
+    report.all_started_s = started.unwrap_or_default();
+    report.all_ended_s = ended.unwrap_or_default();
+    report.controller_cpu_s = cluster
+        .record
+        .replicas
+        .iter()
+        .map(cpu_seconds)
+        .zip(cpu_before)
+        .map(|(after, before)| after - before)
+        .collect();
+    Ok(report)
+}
+
+/// The agents' memory in all, MiB (their proportional set sizes summed).
+fn agents_pss_mib(cluster: &LocalCluster) -> f64 {
+    cluster
         .record
         .agents
         .iter()
         .filter_map(|a| a.pid)
         .map(pss_kib)
         .sum::<u64>() as f64
-        / 1024.0;
-    let cpu_before: Vec<f64> = cluster.record.replicas.iter().map(cpu_seconds).collect();
-    let term_before = term(cluster).await;
+        / 1024.0
+}
 
-    let submitted = Instant::now();
-    let first_ms = docket_proto::unix_ms();
-    let mut ids = std::collections::BTreeSet::new();
+/// Submits the spec's whole-node jobs in batches through the leader; their ids.
+async fn submit_all(
+    spec: &ScaleSpec,
+    cluster: &LocalCluster,
+    leader: &str,
+) -> Result<BTreeSet<u64>> {
+    let mut ids = BTreeSet::new();
     let script = format!("#!/bin/sh\nsleep {}\n", spec.runtime_s).into_bytes();
     let mut left = spec.jobs;
     while left > 0 {
@@ -122,7 +152,7 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
                 ..Default::default()
             })
             .collect();
-        let answer = submit(cluster, &leader, jobs).await?;
+        let answer = submit(cluster, leader, jobs).await?;
         for r in answer {
             match r.result {
                 Some(pb::submit_result::Result::JobId(id)) => {
@@ -134,8 +164,19 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
         }
         left -= n;
     }
-    report.submit_s = submitted.elapsed().as_secs_f64();
+    Ok(ids)
+}
 
+/// Polls the leader every 500 ms until every job in `ids` has ended, recording their final
+/// states and latencies in `report`; seconds from the first submission until every job had
+/// started, and until every job had ended.
+async fn follow(
+    cluster: &LocalCluster,
+    ids: &BTreeSet<u64>,
+    submitted: Instant,
+    first_ms: u64,
+    report: &mut ScaleReport,
+) -> Result<(Option<f64>, Option<f64>)> {
     let (mut started, mut ended) = (None, None);
     while ended.is_none() {
         if submitted.elapsed() > PHASE_DEADLINE {
@@ -165,29 +206,10 @@ async fn measure(spec: &ScaleSpec, cluster: &LocalCluster, start: Instant) -> Re
                 || submitted.elapsed().as_secs_f64(),
                 |l| l.saturating_sub(first_ms) as f64 / 1000.0,
             ));
-            for j in ours {
-                *report.states.entry(j.state.clone()).or_default() += 1;
-                if let (Some(s), Some(e)) = (j.start_time_ms, j.end_time_ms) {
-                    report
-                        .submit_to_start_ms
-                        .push(s.saturating_sub(j.submit_time_ms));
-                    report.start_to_end_ms.push(e.saturating_sub(s));
-                }
-            }
+            report.record_final(&ours);
         }
     }
-    report.terms = term(cluster).await.saturating_sub(term_before);
-    report.all_started_s = started.unwrap_or_default();
-    report.all_ended_s = ended.unwrap_or_default();
-    report.controller_cpu_s = cluster
-        .record
-        .replicas
-        .iter()
-        .map(cpu_seconds)
-        .zip(cpu_before)
-        .map(|(after, before)| after - before)
-        .collect();
-    Ok(report)
+    Ok((started, ended))
 }
 
 /// The cluster's current Raft term (0 when no replica answers).
@@ -243,6 +265,19 @@ fn cpu_seconds(r: &docket_deploy::local::ReplicaProc) -> f64 {
 }
 
 impl ScaleReport {
+    /// Counts the final states of `jobs`, with each one's time from submission to start and
+    /// from start to end.
+    fn record_final(&mut self, jobs: &[&pb::JobInfo]) {
+        for j in jobs {
+            *self.states.entry(j.state.clone()).or_default() += 1;
+            if let (Some(s), Some(e)) = (j.start_time_ms, j.end_time_ms) {
+                self.submit_to_start_ms
+                    .push(s.saturating_sub(j.submit_time_ms));
+                self.start_to_end_ms.push(e.saturating_sub(s));
+            }
+        }
+    }
+
     /// The figures, one per line.
     pub fn render(&self, spec: &ScaleSpec) -> String {
         let states: Vec<String> = self

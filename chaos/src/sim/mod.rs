@@ -246,8 +246,11 @@ fn run(seed: u64, steps: u32, broken: bool) -> SimReport {
     runtime.block_on(simulate(seed, steps, broken))
 }
 
-async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
-    let mut report = SimReport::default();
+/// The replicas' ids.
+const IDS: [u64; 3] = [1, 2, 3];
+
+/// The simulation's openraft configuration: fast heartbeats and elections, frequent snapshots.
+fn raft_config() -> Result<Arc<Config>, String> {
     let config = Config {
         cluster_name: "sim".into(),
         heartbeat_interval: 100,
@@ -257,100 +260,229 @@ async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
         max_in_snapshot_log_to_keep: 10,
         ..Default::default()
     };
-    let config = match config.validate() {
-        Ok(c) => Arc::new(c),
-        Err(e) => {
-            report.failures.push(format!("config: {e}"));
-            return report;
+    match config.validate() {
+        Ok(c) => Ok(Arc::new(c)),
+        Err(e) => Err(format!("config: {e}")),
+    }
+}
+
+impl Sim {
+    /// Three replicas started and initialized as one cluster, with the site configured; the
+    /// failure otherwise.
+    async fn configured(broken: bool) -> Result<Sim, String> {
+        let config = raft_config()?;
+        let mut sim = Sim {
+            world: Arc::new(World::default()),
+            config,
+            stores: IDS.iter().map(|id| (*id, Default::default())).collect(),
+            trace: Default::default(),
+            now_ms: 0,
+            broken,
+        };
+        sim.initialize().await?;
+        sim.configure_site().await?;
+        Ok(sim)
+    }
+
+    /// Starts every replica and initializes the cluster through replica 1.
+    async fn initialize(&mut self) -> Result<(), String> {
+        for id in IDS {
+            self.start(id).await;
         }
-    };
-    let ids = [1u64, 2, 3];
-    let mut sim = Sim {
-        world: Arc::new(World::default()),
-        config,
-        stores: ids.iter().map(|id| (*id, Default::default())).collect(),
-        trace: Default::default(),
-        now_ms: 0,
-        broken,
-    };
-    for id in ids {
-        sim.start(id).await;
-    }
-    let members: BTreeMap<u64, BasicNode> =
-        ids.iter().map(|id| (*id, BasicNode::default())).collect();
-    if let Some(r) = sim.raft(1)
-        && let Err(e) = r.initialize(members).await
-    {
-        report.failures.push(format!("initialize: {e}"));
-        return report;
-    }
-    let mut leaders = LeaderIds::default();
-    let observe = |sim: &Sim, leaders: &mut LeaderIds| leaders.observe(&sim.leaders());
-    // The site, until it is in.
-    let site = match docket_core::site::parse(SITE) {
-        Ok(s) => s.site.commands(),
-        Err(e) => {
-            report.failures.push(format!("site: {e}"));
-            return report;
+        let members: BTreeMap<u64, BasicNode> =
+            IDS.iter().map(|id| (*id, BasicNode::default())).collect();
+        if let Some(r) = self.raft(1)
+            && let Err(e) = r.initialize(members).await
+        {
+            return Err(format!("initialize: {e}"));
         }
-    };
-    let mut configured = false;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        sim.now_ms += 200;
-        let commands = site.iter().cloned().map(Envelope::controller).collect();
-        if let Some(Ok(_)) = sim.write(commands).await {
-            configured = true;
-            break;
-        }
+        Ok(())
     }
-    if !configured {
-        report
-            .failures
-            .push("the site configuration never committed".into());
-        return report;
-    }
-    // The workload and the faults.
-    let mut acked: BTreeMap<String, u64> = BTreeMap::new();
-    let mut attempted: BTreeSet<String> = BTreeSet::new();
-    let mut down: BTreeMap<u64, u32> = BTreeMap::new();
-    let mut cut: Option<(u64, u32)> = None;
-    let mut lossy_until = 0u32;
-    for step in 0..steps {
-        let roll = rt::next_u64() % 100;
-        let pick = ids[(rt::next_u64() % ids.len() as u64) as usize];
-        if roll < 4 && down.is_empty() {
-            sim.crash(pick).await;
-            down.insert(pick, step + 5 + (rt::next_u64() % 20) as u32);
-            report.crashes += 1;
-            sim.event(("crash", pick, step));
-        } else if roll < 8 && cut.is_none() {
-            let mut c = sim.world.cut.lock().unwrap_or_else(|p| p.into_inner());
-            for other in ids.iter().filter(|o| **o != pick) {
-                c.insert((pick, *other));
+
+    /// Proposes the site's configuration every 200 ms until it commits (100 tries at most).
+    async fn configure_site(&mut self) -> Result<(), String> {
+        // The site, until it is in.
+        let site = match docket_core::site::parse(SITE) {
+            Ok(s) => s.site.commands(),
+            Err(e) => return Err(format!("site: {e}")),
+        };
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.now_ms += 200;
+            let commands = site.iter().cloned().map(Envelope::controller).collect();
+            if let Some(Ok(_)) = self.write(commands).await {
+                return Ok(());
             }
-            drop(c);
-            cut = Some((pick, step + 5 + (rt::next_u64() % 20) as u32));
-            report.partitions += 1;
-            sim.event(("partition", pick, step));
-        } else if roll < 10 && lossy_until <= step {
-            *sim.world.loss.lock().unwrap_or_else(|p| p.into_inner()) = 50 + rt::next_u64() % 250;
-            lossy_until = step + 10;
-            report.lossy_periods += 1;
-            sim.event(("lossy", step));
         }
-        // Heal what is due.
-        let due: Vec<u64> = down
+        Err("the site configuration never committed".into())
+    }
+
+    /// The client's pause between two steps: 10 to 100 ms of virtual time.
+    async fn think(&mut self) {
+        let pause = 10 + rt::next_u64() % 90;
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        self.now_ms += pause;
+    }
+
+    /// Ends every partition and lossy period, and restarts the replicas in `down`.
+    async fn heal_everything(&mut self, down: Vec<u64>) {
+        self.world
+            .cut
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        *self.world.loss.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+        for id in down {
+            self.start(id).await;
+        }
+    }
+
+    /// Writes nothing through the final leader (50 tries, 200 ms apart), which commits
+    /// everything before it.
+    async fn commit_everything(&mut self, leaders: &mut LeaderIds) {
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            leaders.observe(&self.leaders());
+            if let Some(Ok(_)) = self.write(Vec::new()).await {
+                break;
+            }
+        }
+    }
+
+    /// Waits (100 times 100 ms at most) for every replica's state to be the same; whether
+    /// it came to be.
+    async fn converge(&self, leaders: &mut LeaderIds) -> bool {
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            leaders.observe(&self.leaders());
+            let prints: BTreeSet<_> = self
+                .stores
+                .values()
+                .map(|(_, sm)| sm.fingerprint())
+                .collect();
+            if prints.len() == 1 {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Log matching: below every replica's commit point, the same entries; one failure per
+    /// committed index that differs.
+    fn check_log_matching(&self, failures: &mut Vec<String>) {
+        let committed = self
+            .stores
+            .values()
+            .map(|(log, _)| log.committed().map_or(0, |c| c.index))
+            .min()
+            .unwrap_or(0);
+        let mut at: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+        for (log, _) in self.stores.values() {
+            for e in log.entries() {
+                let index = openraft::RaftLogId::get_log_id(&e).index;
+                if index <= committed {
+                    at.entry(index)
+                        .or_default()
+                        .insert(serde_json::to_string(&e).unwrap_or_default());
+                }
+            }
+        }
+        for (index, versions) in &at {
+            if versions.len() > 1 {
+                failures.push(format!("committed entry {index} differs between replicas"));
+            }
+        }
+    }
+
+    /// Completes `report` with the messages dropped and the trace (the replicas' final states
+    /// and the failures), then stops every replica.
+    async fn finish(mut self, mut report: SimReport) -> SimReport {
+        report.messages_dropped = *self.world.dropped.lock().unwrap_or_else(|p| p.into_inner());
+        let prints: Vec<_> = self
+            .stores
+            .values()
+            .map(|(_, sm)| sm.fingerprint())
+            .collect();
+        for print in prints {
+            self.event((print.0.map(|l| l.index), print.1));
+        }
+        self.event(&report.failures);
+        report.trace = self.trace.finish();
+        for id in self.up() {
+            self.crash(id).await;
+        }
+        report
+    }
+}
+
+/// The faults in force: crashed replicas with the step each restarts at, the replica cut off
+/// with the step it heals at, and the step the lossy period ends at.
+#[derive(Debug, Default)]
+struct Faults {
+    down: BTreeMap<u64, u32>,
+    cut: Option<(u64, u32)>,
+    lossy_until: u32,
+}
+
+impl Faults {
+    /// Perhaps one new fault at `step`, as the seed rolls: a crash, a partition or a lossy
+    /// period (each only while none of its kind is in force).
+    async fn inject(&mut self, sim: &mut Sim, step: u32, report: &mut SimReport) {
+        let roll = rt::next_u64() % 100;
+        let pick = IDS[(rt::next_u64() % IDS.len() as u64) as usize];
+        if roll < 4 && self.down.is_empty() {
+            self.crash(sim, pick, step, report).await;
+        } else if roll < 8 && self.cut.is_none() {
+            self.partition(sim, pick, step, report);
+        } else if roll < 10 && self.lossy_until <= step {
+            self.lossy(sim, step, report);
+        }
+    }
+
+    /// Crashes replica `pick` for 5 to 25 steps.
+    async fn crash(&mut self, sim: &mut Sim, pick: u64, step: u32, report: &mut SimReport) {
+        sim.crash(pick).await;
+        self.down
+            .insert(pick, step + 5 + (rt::next_u64() % 20) as u32);
+        report.crashes += 1;
+        sim.event(("crash", pick, step));
+    }
+
+    /// Cuts replica `pick` off from the others for 5 to 25 steps.
+    fn partition(&mut self, sim: &mut Sim, pick: u64, step: u32, report: &mut SimReport) {
+        let mut c = sim.world.cut.lock().unwrap_or_else(|p| p.into_inner());
+        for other in IDS.iter().filter(|o| **o != pick) {
+            c.insert((pick, *other));
+        }
+        drop(c);
+        self.cut = Some((pick, step + 5 + (rt::next_u64() % 20) as u32));
+        report.partitions += 1;
+        sim.event(("partition", pick, step));
+    }
+
+    /// Makes the network lose messages for 10 steps.
+    fn lossy(&mut self, sim: &mut Sim, step: u32, report: &mut SimReport) {
+        *sim.world.loss.lock().unwrap_or_else(|p| p.into_inner()) = 50 + rt::next_u64() % 250;
+        self.lossy_until = step + 10;
+        report.lossy_periods += 1;
+        sim.event(("lossy", step));
+    }
+
+    /// Heals what is due at `step`: restarts the crashed replicas, reconnects the one cut
+    /// off, ends the lossy period.
+    async fn heal_due(&mut self, sim: &mut Sim, step: u32) {
+        let due: Vec<u64> = self
+            .down
             .iter()
             .filter(|(_, until)| **until <= step)
             .map(|(id, _)| *id)
             .collect();
         for id in due {
-            down.remove(&id);
+            self.down.remove(&id);
             sim.start(id).await;
             sim.event(("restart", id, step));
         }
-        if let Some((id, until)) = cut
+        if let Some((id, until)) = self.cut
             && until <= step
         {
             sim.world
@@ -358,74 +490,121 @@ async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(a, b)| *a != id && *b != id);
-            cut = None;
+            self.cut = None;
             sim.event(("heal", id, step));
         }
-        if lossy_until == step {
+        if self.lossy_until == step {
             *sim.world.loss.lock().unwrap_or_else(|p| p.into_inner()) = 0;
         }
-        // One submission.
-        let name = format!("s{seed}-{step}");
-        attempted.insert(name.clone());
-        if let Some(command) = submit_command(&name) {
-            let outcome = sim.write(vec![command]).await;
-            match outcome {
-                Some(Ok(responses)) => match responses.first() {
-                    Some(Ok(Response::Submitted(results))) => match results.first() {
-                        Some(Ok(id)) => {
-                            acked.insert(name.clone(), id.0);
-                            sim.event(("acked", name.as_str(), id.0));
-                        }
-                        other => sim.event(("refused", format!("{other:?}"))),
-                    },
-                    other => sim.event(("answer", format!("{other:?}"))),
+    }
+}
+
+/// What the client did: the names acknowledged, with the job ids they were acknowledged
+/// with, and every name it tried.
+#[derive(Debug, Default)]
+struct Submissions {
+    acked: BTreeMap<String, u64>,
+    attempted: BTreeSet<String>,
+}
+
+impl Submissions {
+    /// Submits one job named `name` through the leader, recording the answer.
+    async fn submit(&mut self, sim: &mut Sim, name: String, step: u32, report: &mut SimReport) {
+        self.attempted.insert(name.clone());
+        let Some(command) = submit_command(&name) else {
+            return;
+        };
+        let outcome = sim.write(vec![command]).await;
+        match outcome {
+            Some(Ok(responses)) => match responses.first() {
+                Some(Ok(Response::Submitted(results))) => match results.first() {
+                    Some(Ok(id)) => {
+                        self.acked.insert(name.clone(), id.0);
+                        sim.event(("acked", name.as_str(), id.0));
+                    }
+                    other => sim.event(("refused", format!("{other:?}"))),
                 },
-                Some(Err(e)) => {
-                    report.unknown += 1;
-                    sim.event(("error", name.as_str(), e.len()));
+                other => sim.event(("answer", format!("{other:?}"))),
+            },
+            Some(Err(e)) => {
+                report.unknown += 1;
+                sim.event(("error", name.as_str(), e.len()));
+            }
+            None => sim.event(("no leader", step)),
+        }
+    }
+
+    /// Every acknowledged submission applied exactly once on every replica, with the id it
+    /// was acknowledged with, and nothing applied that was never submitted.
+    fn check(&self, sim: &Sim, failures: &mut Vec<String>) {
+        for (id, (_, sm)) in &sim.stores {
+            let jobs = sm.jobs();
+            let mut by_name: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+            for (name, job) in &jobs {
+                by_name.entry(name.as_str()).or_default().push(*job);
+            }
+            self.check_acked(*id, &by_name, failures);
+            for name in by_name.keys() {
+                if !self.attempted.contains(*name) {
+                    failures.push(format!("replica {id}: {name} was never submitted"));
                 }
-                None => sim.event(("no leader", step)),
             }
         }
-        observe(&sim, &mut leaders);
-        let pause = 10 + rt::next_u64() % 90;
-        tokio::time::sleep(Duration::from_millis(pause)).await;
-        sim.now_ms += pause;
+    }
+
+    /// Every acknowledged submission applied exactly once on replica `id` (its jobs
+    /// `by_name`), with the id it was acknowledged with.
+    fn check_acked(&self, id: u64, by_name: &BTreeMap<&str, Vec<u64>>, failures: &mut Vec<String>) {
+        for (name, job) in &self.acked {
+            match by_name.get(name.as_str()).map(Vec::as_slice) {
+                Some([one]) if one == job => {}
+                Some([one]) => failures.push(format!(
+                    "replica {id}: {name} acknowledged as job {job} is job {one}"
+                )),
+                None | Some([]) => failures.push(format!(
+                    "replica {id}: acknowledged {name} (job {job}) lost"
+                )),
+                Some(many) => {
+                    failures.push(format!("replica {id}: {name} applied {} times", many.len()));
+                }
+            }
+        }
+    }
+}
+
+/// One seed's run: the cluster configured, `steps` client steps under faults, everything
+/// healed, then the checks.
+async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
+    let mut report = SimReport::default();
+    let mut sim = match Sim::configured(broken).await {
+        Ok(sim) => sim,
+        Err(failure) => {
+            report.failures.push(failure);
+            return report;
+        }
+    };
+    let mut leaders = LeaderIds::default();
+    // The workload and the faults.
+    let mut submissions = Submissions::default();
+    let mut faults = Faults::default();
+    for step in 0..steps {
+        faults.inject(&mut sim, step, &mut report).await;
+        // Heal what is due.
+        faults.heal_due(&mut sim, step).await;
+        // One submission.
+        let name = format!("s{seed}-{step}");
+        submissions.submit(&mut sim, name, step, &mut report).await;
+        leaders.observe(&sim.leaders());
+        sim.think().await;
     }
     // Heal everything and let the replicas converge.
-    sim.world
-        .cut
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
-    *sim.world.loss.lock().unwrap_or_else(|p| p.into_inner()) = 0;
-    for id in down.keys().copied().collect::<Vec<_>>() {
-        sim.start(id).await;
-    }
+    sim.heal_everything(faults.down.keys().copied().collect())
+        .await;
     // A last write through the final leader commits everything before it.
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        observe(&sim, &mut leaders);
-        if let Some(Ok(_)) = sim.write(Vec::new()).await {
-            break;
-        }
-    }
-    let mut converged = false;
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        observe(&sim, &mut leaders);
-        let prints: BTreeSet<_> = sim
-            .stores
-            .values()
-            .map(|(_, sm)| sm.fingerprint())
-            .collect();
-        if prints.len() == 1 {
-            converged = true;
-            break;
-        }
-    }
+    sim.commit_everything(&mut leaders).await;
+    let converged = sim.converge(&mut leaders).await;
     // The checks.
-    report.acked = acked.len();
+    report.acked = submissions.acked.len();
     report.terms = leaders.terms();
     report.failures.extend(leaders.backwards);
     if !converged {
@@ -433,74 +612,9 @@ async fn simulate(seed: u64, steps: u32, broken: bool) -> SimReport {
             .failures
             .push("the replicas' states did not converge".into());
     }
-    for (id, (_, sm)) in &sim.stores {
-        let jobs = sm.jobs();
-        let mut by_name: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-        for (name, job) in &jobs {
-            by_name.entry(name.as_str()).or_default().push(*job);
-        }
-        for (name, job) in &acked {
-            match by_name.get(name.as_str()).map(Vec::as_slice) {
-                Some([one]) if one == job => {}
-                Some([one]) => report.failures.push(format!(
-                    "replica {id}: {name} acknowledged as job {job} is job {one}"
-                )),
-                None | Some([]) => report.failures.push(format!(
-                    "replica {id}: acknowledged {name} (job {job}) lost"
-                )),
-                Some(many) => report
-                    .failures
-                    .push(format!("replica {id}: {name} applied {} times", many.len())),
-            }
-        }
-        for name in by_name.keys() {
-            if !attempted.contains(*name) {
-                report
-                    .failures
-                    .push(format!("replica {id}: {name} was never submitted"));
-            }
-        }
-    }
-    // Log matching: below every replica's commit point, the same entries.
-    let committed = sim
-        .stores
-        .values()
-        .map(|(log, _)| log.committed().map_or(0, |c| c.index))
-        .min()
-        .unwrap_or(0);
-    let mut at: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    for (log, _) in sim.stores.values() {
-        for e in log.entries() {
-            let index = openraft::RaftLogId::get_log_id(&e).index;
-            if index <= committed {
-                at.entry(index)
-                    .or_default()
-                    .insert(serde_json::to_string(&e).unwrap_or_default());
-            }
-        }
-    }
-    for (index, versions) in &at {
-        if versions.len() > 1 {
-            report
-                .failures
-                .push(format!("committed entry {index} differs between replicas"));
-        }
-    }
-    report.messages_dropped = *sim.world.dropped.lock().unwrap_or_else(|p| p.into_inner());
-    let prints: Vec<_> = sim
-        .stores
-        .values()
-        .map(|(_, sm)| sm.fingerprint())
-        .collect();
-    for print in prints {
-        sim.event((print.0.map(|l| l.index), print.1));
-    }
-    sim.event(&report.failures);
-    report.trace = sim.trace.finish();
-    for id in sim.up() {
-        sim.crash(id).await;
-    }
-    report
+    submissions.check(&sim, &mut report.failures);
+    sim.check_log_matching(&mut report.failures);
+    sim.finish(report).await
 }
 
 /// The leader ids (term, replica) seen, in the order they were first seen.

@@ -183,7 +183,73 @@ pub fn overview(
             lag: m.lag.map_or_else(String::new, |l| l.to_string()),
         })
         .collect();
-    let nodes = state
+    let (counts, per_partition) = job_counts(state);
+    let (jobs, more) = if private {
+        (None, 0)
+    } else {
+        let (rows, more) = job_rows(state, &filter);
+        (Some(rows), more)
+    };
+    Overview {
+        replica: raft.id.0,
+        role: raft.role.to_string(),
+        leading: raft.role == Role::Leader,
+        term: raft.term,
+        leader,
+        applied: raft.applied_index.unwrap_or(0),
+        members,
+        nodes: node_views(state, private),
+        partitions: partition_views(state, &per_partition, private),
+        counts: if private {
+            Vec::new()
+        } else {
+            counts.into_iter().collect()
+        },
+        private,
+        jobs,
+        more,
+        filter,
+        passes: pass_views(loops),
+        leaders: loops
+            .leaders_seen
+            .iter()
+            .rev()
+            .map(|l| (when(Some(TimeMs(l.at_ms))), l.leader, l.term))
+            .collect(),
+        plots: Vec::new(),
+        leader_page: None,
+    }
+}
+
+/// Each partition's jobs: (pending, holding resources).
+type PartitionCounts<'a> = std::collections::BTreeMap<&'a str, (u64, u64)>;
+
+/// How many jobs are in each state, and each partition's pending and running jobs.
+fn job_counts(
+    state: &State,
+) -> (
+    std::collections::BTreeMap<&'static str, u64>,
+    PartitionCounts<'_>,
+) {
+    let mut per_partition: PartitionCounts<'_> = Default::default();
+    let mut counts: std::collections::BTreeMap<&'static str, u64> = Default::default();
+    for j in state.jobs.values() {
+        *counts.entry(j.state.name()).or_default() += 1;
+        let e = per_partition
+            .entry(j.resolved.partition.as_str())
+            .or_default();
+        match j.state {
+            JobState::Pending => e.0 += 1,
+            s if s.holds_resources() => e.1 += 1,
+            _ => {}
+        }
+    }
+    (counts, per_partition)
+}
+
+/// Each node's state, use and reason; its jobs unless jobs are private.
+fn node_views(state: &State, private: bool) -> Vec<NodeView> {
+    state
         .nodes
         .values()
         .map(|n| NodeView {
@@ -206,21 +272,23 @@ pub fn overview(
                     .join(" ")
             },
         })
-        .collect();
-    let mut per_partition: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
-    let mut counts: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    for j in state.jobs.values() {
-        *counts.entry(j.state.name()).or_default() += 1;
-        let e = per_partition
-            .entry(j.resolved.partition.as_str())
-            .or_default();
-        match j.state {
-            JobState::Pending => e.0 += 1,
-            s if s.holds_resources() => e.1 += 1,
-            _ => {}
+        .collect()
+}
+
+/// Each partition; its job counts unless jobs are private.
+fn partition_views(
+    state: &State,
+    per_partition: &PartitionCounts<'_>,
+    private: bool,
+) -> Vec<PartitionView> {
+    let hidden = |n: u64| {
+        if private {
+            String::new()
+        } else {
+            n.to_string()
         }
-    }
-    let partitions = state
+    };
+    state
         .partitions
         .values()
         .map(|p| {
@@ -233,50 +301,46 @@ pub fn overview(
                 up: p.up,
                 default: p.is_default,
                 nodes: p.nodes.len(),
-                pending: if private {
-                    String::new()
-                } else {
-                    pending.to_string()
-                },
-                running: if private {
-                    String::new()
-                } else {
-                    running.to_string()
-                },
+                pending: hidden(pending),
+                running: hidden(running),
                 max_time: limit(p.max_time.map(|t| t.0)),
             }
         })
+        .collect()
+}
+
+/// The first [`MAX_ROWS`] jobs `filter` admits, and how many more it admits.
+fn job_rows(state: &State, filter: &Filter) -> (Vec<JobRow>, usize) {
+    let mut admitted = state.jobs.values().filter(|j| filter.admits(j));
+    let rows: Vec<JobRow> = admitted
+        .by_ref()
+        .take(MAX_ROWS)
+        .map(|j| JobRow {
+            id: j.id.0,
+            name: j.spec.name.to_string(),
+            user: j.spec.user.to_string(),
+            partition: j.resolved.partition.to_string(),
+            state: j.state.name(),
+            reason: j.reason.name(),
+            nodes: j
+                .allocation_record()
+                .map(|a| {
+                    a.shares
+                        .iter()
+                        .map(|s| s.node.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default(),
+            submitted: when(Some(j.submit_time)),
+        })
         .collect();
-    let (jobs, more) = if private {
-        (None, 0)
-    } else {
-        let mut admitted = state.jobs.values().filter(|j| filter.admits(j));
-        let rows: Vec<JobRow> = admitted
-            .by_ref()
-            .take(MAX_ROWS)
-            .map(|j| JobRow {
-                id: j.id.0,
-                name: j.spec.name.to_string(),
-                user: j.spec.user.to_string(),
-                partition: j.resolved.partition.to_string(),
-                state: j.state.name(),
-                reason: j.reason.name(),
-                nodes: j
-                    .allocation_record()
-                    .map(|a| {
-                        a.shares
-                            .iter()
-                            .map(|s| s.node.to_string())
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    })
-                    .unwrap_or_default(),
-                submitted: when(Some(j.submit_time)),
-            })
-            .collect();
-        (Some(rows), admitted.count())
-    };
-    let passes = loops
+    (rows, admitted.count())
+}
+
+/// The leader's passes: runs, times, depth, starts and why they stopped early.
+fn pass_views(loops: &LoopStats) -> Vec<PassView> {
+    loops
         .passes
         .iter()
         .map(|(kind, s)| PassView {
@@ -293,36 +357,7 @@ pub fn overview(
                 .collect::<Vec<_>>()
                 .join(", "),
         })
-        .collect();
-    Overview {
-        replica: raft.id.0,
-        role: raft.role.to_string(),
-        leading: raft.role == Role::Leader,
-        term: raft.term,
-        leader,
-        applied: raft.applied_index.unwrap_or(0),
-        members,
-        nodes,
-        partitions,
-        counts: if private {
-            Vec::new()
-        } else {
-            counts.into_iter().collect()
-        },
-        private,
-        jobs,
-        more,
-        filter,
-        passes,
-        leaders: loops
-            .leaders_seen
-            .iter()
-            .rev()
-            .map(|l| (when(Some(TimeMs(l.at_ms))), l.leader, l.term))
-            .collect(),
-        plots: Vec::new(),
-        leader_page: None,
-    }
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq)]
