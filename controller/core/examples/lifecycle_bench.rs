@@ -34,7 +34,27 @@ fn main() {
     let nodes = args.first().copied().unwrap_or(200) as usize;
     let jobs = args.get(1).copied().unwrap_or(10_000) as usize;
     let users = args.get(2).copied().unwrap_or(1).max(1) as usize;
+    let (mut b, user_names) = build_site(nodes, users);
+    let t = Instant::now();
+    submit_all(&mut b, &user_names, jobs);
+    let submit = t.elapsed();
+    let spent = run_to_completion(&mut b, jobs);
+    let per_job = |d: Duration| d.as_secs_f64() * 1e6 / jobs as f64;
+    println!(
+        "{{\"nodes\":{nodes},\"jobs\":{jobs},\"users\":{users},\"passes\":{},\
+         \"submit_us_per_job\":{:.1},\"plan_us_per_job\":{:.1},\"start_apply_us_per_job\":{:.1},\
+         \"end_apply_us_per_job\":{:.1},\"jobs_per_s_of_one_core\":{:.0}}}",
+        spent.passes,
+        per_job(submit),
+        per_job(spent.plan),
+        per_job(spent.start),
+        per_job(spent.end),
+        jobs as f64 / (spent.plan + spent.start + spent.end).as_secs_f64(),
+    );
+}
 
+/// `nodes` nodes of 8 cpus in one partition, one account, `users` users.
+fn build_site(nodes: usize, users: usize) -> (Bench, Vec<docket_core::UserName>) {
     let mut b = Bench::new(State::new(Default::default()), Seconds(0));
     let mut names = BTreeSet::new();
     for i in 0..nodes {
@@ -55,16 +75,19 @@ fn main() {
     b.apply(Command::UpsertPartition(Box::new(work)));
     let accounts = b.add_accounts("proj", 1, |_| 1);
     let user_names = b.add_users(users, &accounts, |_| 1);
+    (b, user_names)
+}
 
+/// Submits `jobs` whole-node jobs, the users in turn, 1,000 per command.
+fn submit_all(b: &mut Bench, user_names: &[docket_core::UserName], jobs: usize) {
     let base = JobSpec::simple(user_names[0].clone(), BlobId::of(SCRIPT));
-    let t = Instant::now();
     let mut submitted = 0;
     while submitted < jobs {
         let n = 1000.min(jobs - submitted);
         let specs = (0..n)
             .map(|k| {
                 let mut s = base.clone();
-                s.user = user_names[(submitted + k) % users].clone();
+                s.user = user_names[(submitted + k) % user_names.len()].clone();
                 s.ntasks = 8;
                 s.time = TimeRequest::Limit(Seconds(600));
                 s
@@ -81,16 +104,27 @@ fn main() {
         }
         submitted += n;
     }
-    let submit = t.elapsed();
+}
 
-    let (mut plan, mut start, mut end) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    let (mut started, mut passes) = (0usize, 0usize);
+/// Where the lifecycle's time went: planning, applying starts, applying ends.
+#[derive(Default)]
+struct Spent {
+    plan: Duration,
+    start: Duration,
+    end: Duration,
+    passes: usize,
+}
+
+/// Main passes, `StartJobs` and one `EndJobs` per job, a second apart, until every job ran.
+fn run_to_completion(b: &mut Bench, jobs: usize) -> Spent {
+    let mut spent = Spent::default();
+    let mut started = 0usize;
     loop {
         b.now = b.now.plus(Seconds(1));
         let t = Instant::now();
         let p = b.state.main_pass(b.now, &mut Unlimited, None);
-        plan += t.elapsed();
-        passes += 1;
+        spent.plan += t.elapsed();
+        spent.passes += 1;
         if p.starts.is_empty() {
             if started < jobs {
                 let j = b.state.jobs.values().next().expect("a job");
@@ -105,7 +139,7 @@ fn main() {
         let Response::Started(results) = b.apply(Command::StartJobs(p.starts)) else {
             panic!("StartJobs answered otherwise");
         };
-        start += t.elapsed();
+        spent.start += t.elapsed();
         let ids: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
         started += ids.len();
         let reports: Vec<EndReport> = ids
@@ -124,18 +158,8 @@ fn main() {
         for r in reports {
             b.apply(Command::EndJobs(vec![r]));
         }
-        end += t.elapsed();
+        spent.end += t.elapsed();
     }
     assert_eq!(started, jobs, "every job ran");
-    let per_job = |d: Duration| d.as_secs_f64() * 1e6 / jobs as f64;
-    println!(
-        "{{\"nodes\":{nodes},\"jobs\":{jobs},\"users\":{users},\"passes\":{passes},\
-         \"submit_us_per_job\":{:.1},\"plan_us_per_job\":{:.1},\"start_apply_us_per_job\":{:.1},\
-         \"end_apply_us_per_job\":{:.1},\"jobs_per_s_of_one_core\":{:.0}}}",
-        per_job(submit),
-        per_job(plan),
-        per_job(start),
-        per_job(end),
-        jobs as f64 / (plan + start + end).as_secs_f64(),
-    );
+    spent
 }

@@ -83,7 +83,35 @@ fn submit(b: &mut Bench, specs: Vec<JobSpec>) -> Vec<docket_core::JobId> {
 
 fn main() {
     let mut r = Lcg(7);
-    // Backfill: 5,000 nodes, busy.
+    let b = busy_backfill_cluster(&mut r);
+    let (easy_ms, easy_max, plan) =
+        time_runs(5, || b.state.backfill_pass(b.now, &mut Unlimited, None));
+    let mut cons_state = b.state.clone();
+    cons_state.config.sched.backfill = BackfillMode::Conservative;
+    cons_state.config.sched.reservation_depth = 100;
+    let (cons_ms, cons_max, cons_plan) =
+        time_runs(5, || cons_state.backfill_pass(b.now, &mut Unlimited, None));
+    assert!(cons_plan.reservations.len() <= 100);
+
+    let (m, started) = deep_main_cluster(&mut r);
+    let (main_ms, main_max, main_plan) =
+        time_runs(5, || m.state.main_pass(m.now, &mut Unlimited, None));
+    assert!(main_plan.continuation.is_none());
+    println!(
+        "{{\"backfill_nodes\":5000,\"backfill_pending\":10000,\"easy_pass_ms_median\":{easy_ms:.1},\
+         \"easy_pass_ms_max\":{easy_max:.1},\"easy_starts\":{},\"easy_reservations\":{},\
+         \"conservative_100_pass_ms_median\":{cons_ms:.1},\"conservative_100_pass_ms_max\":{cons_max:.1},\
+         \"main_nodes\":1000,\"main_pending\":{},\"main_pass_ms_median\":{main_ms:.1},\
+         \"main_pass_ms_max\":{main_max:.1},\"main_first_fill_starts\":{started}}}",
+        plan.starts.len(),
+        plan.reservations.len(),
+        100_000 - started,
+    );
+}
+
+/// Backfill's cluster: 5,000 nodes of 64 cpus, each 90% busy with jobs ending at staggered
+/// times, and 10,000 pending jobs of up to 256 cpus.
+fn busy_backfill_cluster(r: &mut Lcg) -> Bench {
     let config = SchedConfig {
         sched: SchedParams {
             backfill: BackfillMode::Easy,
@@ -95,7 +123,6 @@ fn main() {
     };
     let (mut b, users) = cluster(config, 5000, 64, 500);
     let base = JobSpec::simple(users[0].clone(), BlobId::of(SCRIPT));
-    // Running: on each node, jobs taking 90% of its cpus, ending at staggered times.
     let mut fill = Vec::new();
     for i in 0..5000u64 {
         for k in 0..3u64 {
@@ -133,16 +160,12 @@ fn main() {
         .collect();
     submit(&mut b, pending);
     b.now = b.now.plus(Seconds(30));
-    let (easy_ms, easy_max, plan) =
-        time_runs(5, || b.state.backfill_pass(b.now, &mut Unlimited, None));
-    let mut cons_state = b.state.clone();
-    cons_state.config.sched.backfill = BackfillMode::Conservative;
-    cons_state.config.sched.reservation_depth = 100;
-    let (cons_ms, cons_max, cons_plan) =
-        time_runs(5, || cons_state.backfill_pass(b.now, &mut Unlimited, None));
-    assert!(cons_plan.reservations.len() <= 100);
+    b
+}
 
-    // Main: 100,000 pending on 1,000 nodes, multifactor.
+/// The main pass's cluster: 100,000 pending jobs of 10,000 users (multifactor) on 1,000
+/// nodes, filled by a first pass; and how many that pass started.
+fn deep_main_cluster(r: &mut Lcg) -> (Bench, usize) {
     let (mut m, users) = cluster(SchedConfig::default(), 1000, 64, 10_000);
     let base = JobSpec::simple(users[0].clone(), BlobId::of(SCRIPT));
     let pending: Vec<JobSpec> = (0..100_000u64)
@@ -161,17 +184,5 @@ fn main() {
     let started = first.starts.len();
     m.apply(Command::StartJobs(first.starts));
     m.now = m.now.plus(Seconds(60));
-    let (main_ms, main_max, main_plan) =
-        time_runs(5, || m.state.main_pass(m.now, &mut Unlimited, None));
-    assert!(main_plan.continuation.is_none());
-    println!(
-        "{{\"backfill_nodes\":5000,\"backfill_pending\":10000,\"easy_pass_ms_median\":{easy_ms:.1},\
-         \"easy_pass_ms_max\":{easy_max:.1},\"easy_starts\":{},\"easy_reservations\":{},\
-         \"conservative_100_pass_ms_median\":{cons_ms:.1},\"conservative_100_pass_ms_max\":{cons_max:.1},\
-         \"main_nodes\":1000,\"main_pending\":{},\"main_pass_ms_median\":{main_ms:.1},\
-         \"main_pass_ms_max\":{main_max:.1},\"main_first_fill_starts\":{started}}}",
-        plan.starts.len(),
-        plan.reservations.len(),
-        100_000 - started,
-    );
+    (m, started)
 }

@@ -558,31 +558,40 @@ fn a_tick_names_the_archive_cut_off_only_under_a_retention_setting() {
     assert_eq!(c.state.take_archive_expiry(), None);
 }
 
-/// Every Slurm-style running limit blocks with its own reason, and lifts when a job ends.
-#[test]
-fn running_limits_block_with_their_reason() {
+/// A change to a fresh cluster that sets one running limit.
+type Setup = Box<dyn Fn(&mut Cluster)>;
+
+/// Sets the `normal` QOS's limits.
+fn qos_limits(limits: docket_core::qos::QosLimits) -> Setup {
+    Box::new(move |c: &mut Cluster| {
+        let mut q = docket_core::qos::Qos::new(name("normal"));
+        q.limits = limits.clone();
+        c.ok(Command::UpsertQos(Box::new(q)));
+    })
+}
+
+/// Sets the `work` partition's limits.
+fn partition_limits(limits: docket_core::partition::PartitionLimits) -> Setup {
+    Box::new(move |c: &mut Cluster| {
+        let mut p = c.state.partitions[&name("work")].clone();
+        p.limits = limits.clone();
+        c.ok(Command::UpsertPartition(Box::new(p)));
+    })
+}
+
+/// Sets the `proj` account's limits.
+fn account_limits(limits: docket_core::account::AssocLimits) -> Setup {
+    Box::new(move |c: &mut Cluster| c.set_account("proj", limits.clone(), None))
+}
+
+/// Each running limit: how to set it, the tasks of each of two jobs that make the second
+/// wait, and the reason it waits for.
+fn running_limit_cases() -> Vec<(Setup, u32, Reason)> {
     use docket_core::account::AssocLimits;
     use docket_core::partition::PartitionLimits;
-    use docket_core::qos::{Qos, QosLimits};
-    type Setup = Box<dyn Fn(&mut Cluster)>;
-    let qos = |limits: QosLimits| -> Setup {
-        Box::new(move |c: &mut Cluster| {
-            let mut q = Qos::new(name("normal"));
-            q.limits = limits.clone();
-            c.ok(Command::UpsertQos(Box::new(q)));
-        })
-    };
-    let partition = |limits: PartitionLimits| -> Setup {
-        Box::new(move |c: &mut Cluster| {
-            let mut p = c.state.partitions[&name("work")].clone();
-            p.limits = limits.clone();
-            c.ok(Command::UpsertPartition(Box::new(p)));
-        })
-    };
-    let account = |limits: AssocLimits| -> Setup {
-        Box::new(move |c: &mut Cluster| c.set_account("proj", limits.clone(), None))
-    };
-    let cases: Vec<(Setup, u32, Reason)> = vec![
+    use docket_core::qos::QosLimits;
+    let (qos, partition, account) = (qos_limits, partition_limits, account_limits);
+    vec![
         (
             qos(QosLimits {
                 max_jobs_per_user: Some(1),
@@ -656,7 +665,13 @@ fn running_limits_block_with_their_reason() {
             4,
             Reason::AssocGrpCpuRunMinutesLimit,
         ),
-    ];
+    ]
+}
+
+/// Every Slurm-style running limit blocks with its own reason, and lifts when a job ends.
+#[test]
+fn running_limits_block_with_their_reason() {
+    let cases = running_limit_cases();
     for (setup, ntasks, reason) in cases {
         let mut c = cluster();
         setup(&mut c);
@@ -770,6 +785,44 @@ fn an_account_coordinator_may_act_on_that_accounts_jobs_and_no_others() {
     ));
 }
 
+/// `actor`'s update of job `id`: its one answer.
+fn update_as(
+    c: &mut Cluster,
+    id: docket_core::JobId,
+    actor: Actor,
+    update: docket_core::apply::update::JobUpdate,
+) -> Result<(), Rejection> {
+    let cmd = by(
+        actor,
+        Command::UpdateJobs {
+            jobs: vec![jr(id)],
+            update,
+        },
+    );
+    let Response::PerJob(mut r) = c.ok(cmd) else {
+        panic!("an update answers per job")
+    };
+    r.remove(0)
+}
+
+/// An update of the time limit alone (seconds; `None`: unlimited).
+fn new_limit(secs: Option<u64>) -> docket_core::apply::update::JobUpdate {
+    use docket_core::job::spec::TimeRequest;
+    use docket_core::quantity::Seconds;
+    docket_core::apply::update::JobUpdate {
+        time_limit: Some(secs.map_or(TimeRequest::Unlimited, |s| TimeRequest::Limit(Seconds(s)))),
+        ..Default::default()
+    }
+}
+
+/// An update of the name alone.
+fn new_name(name: &str) -> docket_core::apply::update::JobUpdate {
+    docket_core::apply::update::JobUpdate {
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn updates_follow_slurms_rules_for_owners_and_administrators() {
     use docket_core::apply::update::JobUpdate;
@@ -779,113 +832,46 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
     let mut spec = c.spec("alice");
     spec.time = TimeRequest::Limit(Seconds(3600));
     let id = c.submit(vec![spec])[0];
-    let update = |actor: Actor, update: JobUpdate| {
-        by(
-            actor,
-            Command::UpdateJobs {
-                jobs: vec![jr(id)],
-                update,
-            },
-        )
-    };
     let alice = || Actor::User(name("alice"));
-    let one = |c: &mut Cluster, cmd| {
-        let Response::PerJob(mut r) = c.ok(cmd) else {
-            panic!()
-        };
-        r.remove(0)
-    };
     // The owner lowers the limit, renames, raises nice.
-    let r = one(
+    let r = update_as(
         &mut c,
-        update(
-            alice(),
-            JobUpdate {
-                time_limit: Some(TimeRequest::Limit(Seconds(1800))),
-                name: Some("renamed".into()),
-                nice: Some(10),
-                comment: Some("first try".into()),
-            },
-        ),
+        id,
+        alice(),
+        JobUpdate {
+            time_limit: Some(TimeRequest::Limit(Seconds(1800))),
+            name: Some("renamed".into()),
+            nice: Some(10),
+            comment: Some("first try".into()),
+        },
     );
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1800)));
     assert_eq!(c.job(id).spec.name, "renamed");
     assert_eq!(c.job(id).spec.comment.as_deref(), Some("first try"));
     // Raising, unlimited and negative nice are for administrators.
-    for u in [
-        JobUpdate {
-            time_limit: Some(TimeRequest::Limit(Seconds(7200))),
-            ..Default::default()
-        },
-        JobUpdate {
-            time_limit: Some(TimeRequest::Unlimited),
-            ..Default::default()
-        },
-        JobUpdate {
-            nice: Some(-5),
-            ..Default::default()
-        },
-    ] {
-        let r = one(&mut c, update(alice(), u.clone()));
+    let negative_nice = JobUpdate {
+        nice: Some(-5),
+        ..Default::default()
+    };
+    for u in [new_limit(Some(7200)), new_limit(None), negative_nice] {
+        let r = update_as(&mut c, id, alice(), u.clone());
         assert!(matches!(r, Err(Rejection::NotPermitted(_))), "{u:?}: {r:?}");
-        let r = one(&mut c, update(Actor::Operator, u.clone()));
+        let r = update_as(&mut c, id, Actor::Operator, u.clone());
         assert!(r.is_ok(), "{u:?}: {r:?}");
     }
     // Someone else's job: no.
-    let r = one(
-        &mut c,
-        update(
-            Actor::User(name("bob")),
-            JobUpdate {
-                name: Some("mine".into()),
-                ..Default::default()
-            },
-        ),
-    );
+    let r = update_as(&mut c, id, Actor::User(name("bob")), new_name("mine"));
     assert!(matches!(r, Err(Rejection::NotPermitted(_))), "{r:?}");
     // Running: only the time limit, and never below what it has run.
-    c.ok(update(
-        Actor::Operator,
-        JobUpdate {
-            time_limit: Some(TimeRequest::Limit(Seconds(3600))),
-            ..Default::default()
-        },
-    ));
+    update_as(&mut c, id, Actor::Operator, new_limit(Some(3600))).unwrap();
     c.start(jr(id), &["n001"]).unwrap();
     c.apply_after(600, Command::Tick).unwrap();
-    let r = one(
-        &mut c,
-        update(
-            alice(),
-            JobUpdate {
-                name: Some("late".into()),
-                ..Default::default()
-            },
-        ),
-    );
+    let r = update_as(&mut c, id, alice(), new_name("late"));
     assert!(matches!(r, Err(Rejection::WrongState { .. })), "{r:?}");
-    let r = one(
-        &mut c,
-        update(
-            alice(),
-            JobUpdate {
-                time_limit: Some(TimeRequest::Limit(Seconds(300))),
-                ..Default::default()
-            },
-        ),
-    );
+    let r = update_as(&mut c, id, alice(), new_limit(Some(300)));
     assert!(matches!(r, Err(Rejection::Invalid { .. })), "{r:?}");
-    let r = one(
-        &mut c,
-        update(
-            alice(),
-            JobUpdate {
-                time_limit: Some(TimeRequest::Limit(Seconds(1200))),
-                ..Default::default()
-            },
-        ),
-    );
+    let r = update_as(&mut c, id, alice(), new_limit(Some(1200)));
     assert!(r.is_ok(), "{r:?}");
     assert_eq!(c.job(id).resolved.time_limit, Some(Seconds(1200)));
     // A running job's comment changes; a terminal escape in it does not; empty clears it.
@@ -893,22 +879,22 @@ fn updates_follow_slurms_rules_for_owners_and_administrators() {
         comment: Some(text.into()),
         ..Default::default()
     };
-    assert!(one(&mut c, update(alice(), comment("checkpointed at step 40"))).is_ok());
+    assert!(update_as(&mut c, id, alice(), comment("checkpointed at step 40")).is_ok());
     assert_eq!(
         c.job(id).spec.comment.as_deref(),
         Some("checkpointed at step 40")
     );
-    let r = one(&mut c, update(alice(), comment("\u{1b}]0;owned\u{7}")));
+    let r = update_as(&mut c, id, alice(), comment("\u{1b}]0;owned\u{7}"));
     assert!(
         matches!(&r, Err(Rejection::Invalid { field, .. }) if field == "comment"),
         "{r:?}"
     );
-    let r = one(&mut c, update(alice(), comment(&"x".repeat(1025))));
+    let r = update_as(&mut c, id, alice(), comment(&"x".repeat(1025)));
     assert!(
         matches!(&r, Err(Rejection::TooLarge { field, limit: 1024, .. }) if field == "comment length"),
         "{r:?}"
     );
-    assert!(one(&mut c, update(alice(), comment(""))).is_ok());
+    assert!(update_as(&mut c, id, alice(), comment("")).is_ok());
     assert_eq!(c.job(id).spec.comment, None);
 }
 

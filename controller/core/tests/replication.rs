@@ -238,10 +238,35 @@ fn ctl(cmd: Command) -> Envelope {
 
 /// Turns an abstract op into a concrete command against the current state.
 fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Envelope, u64) {
-    let job = |pick| JobRef {
-        job: pick_job(state, pick).unwrap_or(JobId(999_999)),
-        task: None,
-    };
+    match op {
+        Op::Submit { .. } => submission_command(state, op, spec_base),
+        Op::Rename { .. }
+        | Op::Cancel { .. }
+        | Op::Hold { .. }
+        | Op::Release { .. }
+        | Op::Retime { .. } => user_command(state, op, spec_base),
+        Op::Start { .. } | Op::SuspendJob { .. } | Op::ResumeJob { .. } | Op::Plan { .. } => {
+            run_command(state, op)
+        }
+        Op::End { .. } => end_command(state, op),
+        Op::Down { .. }
+        | Op::Return { .. }
+        | Op::Drain { .. }
+        | Op::Resume { .. }
+        | Op::Tick { .. }
+        | Op::Formula { .. }
+        | Op::Caps { .. } => node_command(state, op),
+        Op::Reserve { .. } | Op::Limits { .. } => policy_command(state, op),
+        Op::Step { .. } | Op::StepEnd { .. } | Op::StepCancel { .. } => step_command(state, op),
+    }
+}
+
+/// A submission of `count` alike jobs by a user (some express, arrays, dependent, held).
+fn submission_command(
+    state: &State,
+    op: &Op,
+    spec_base: &docket_core::job::JobSpec,
+) -> (Envelope, u64) {
     match op {
         Op::Submit {
             user,
@@ -296,6 +321,17 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 1,
             )
         }
+        _ => unreachable!("{op:?} is not one of Submit"),
+    }
+}
+
+/// Users' and administrators' changes to waiting jobs.
+fn user_command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (Envelope, u64) {
+    let job = |pick| JobRef {
+        job: pick_job(state, pick).unwrap_or(JobId(999_999)),
+        task: None,
+    };
+    match op {
         Op::Rename { pick, other } => (
             by(
                 owner(state, *pick),
@@ -357,6 +393,23 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 0,
             )
         }
+        Op::Retime { pick, mins } => (
+            ctl(Command::UpdateJobs {
+                jobs: vec![job(*pick)],
+                update: docket_core::apply::update::JobUpdate {
+                    time_limit: Some(TimeRequest::Limit(Seconds(mins * 60))),
+                    ..Default::default()
+                },
+            }),
+            0,
+        ),
+        _ => unreachable!("{op:?} is not one of Rename, Cancel, Hold, Release, Retime"),
+    }
+}
+
+/// Starts, suspensions and resumptions, and whole planner passes.
+fn run_command(state: &State, op: &Op) -> (Envelope, u64) {
+    match op {
         Op::Start { pick, task, node } => {
             let mut r = JobRef {
                 job: pick_where(state, *pick, |j| {
@@ -382,6 +435,62 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 1,
             )
         }
+        Op::SuspendJob { pick, admin } => {
+            let id = pick_where(state, *pick, |j| j.state == JobState::Running);
+            let actor = if *admin {
+                Actor::Operator
+            } else {
+                owner(state, *pick)
+            };
+            let jobs = vec![JobRef {
+                job: id.unwrap_or(JobId(999_999)),
+                task: None,
+            }];
+            (by(actor, Command::SuspendJobs { jobs }), 0)
+        }
+        Op::ResumeJob { pick } => {
+            let id = pick_where(state, *pick, |j| j.state == JobState::Suspended);
+            let jobs = vec![JobRef {
+                job: id.unwrap_or(JobId(999_999)),
+                task: None,
+            }];
+            (by(Actor::Operator, Command::ResumeJobs { jobs }), 0)
+        }
+        Op::Plan { backfill, what } => {
+            let now = state.applied.now;
+            let plan = if *backfill {
+                state.backfill_pass(now, &mut Unlimited, None)
+            } else {
+                state.main_pass(now, &mut Unlimited, None)
+            };
+            let cmd = match what {
+                0 | 1 => ctl(Command::StartJobs(plan.starts)),
+                2 | 3 => ctl(Command::Preempt(plan.preemptions)),
+                4 => by(
+                    Actor::Operator,
+                    Command::ResumeJobs {
+                        jobs: plan
+                            .resumes
+                            .iter()
+                            .map(|id| JobRef {
+                                job: *id,
+                                task: None,
+                            })
+                            .collect(),
+                    },
+                ),
+                5 => ctl(Command::NoteBypassed(plan.bypassed)),
+                _ => ctl(Command::SetSchedulerReasons(plan.reasons)),
+            };
+            (cmd, 0)
+        }
+        _ => unreachable!("{op:?} is not one of Start, SuspendJob, ResumeJob, Plan"),
+    }
+}
+
+/// A run's end, reported by the controller or by a node's agent (its own or another).
+fn end_command(state: &State, op: &Op) -> (Envelope, u64) {
+    match op {
         Op::End {
             pick,
             cause,
@@ -425,36 +534,18 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 .map(|s| s.node.clone());
             let actor = match (reporter, on) {
                 (1, Some(node)) => Actor::Node(node),
-                (2, Some(node)) => Actor::Node(name(if node.as_str() == NODES[0] {
-                    NODES[1]
-                } else {
-                    NODES[0]
-                })),
+                (2, Some(node)) => Actor::Node(another_node(&node)),
                 _ => Actor::Controller,
             };
             (by(actor, Command::EndJobs(vec![report])), 30)
         }
-        Op::SuspendJob { pick, admin } => {
-            let id = pick_where(state, *pick, |j| j.state == JobState::Running);
-            let actor = if *admin {
-                Actor::Operator
-            } else {
-                owner(state, *pick)
-            };
-            let jobs = vec![JobRef {
-                job: id.unwrap_or(JobId(999_999)),
-                task: None,
-            }];
-            (by(actor, Command::SuspendJobs { jobs }), 0)
-        }
-        Op::ResumeJob { pick } => {
-            let id = pick_where(state, *pick, |j| j.state == JobState::Suspended);
-            let jobs = vec![JobRef {
-                job: id.unwrap_or(JobId(999_999)),
-                task: None,
-            }];
-            (by(Actor::Operator, Command::ResumeJobs { jobs }), 0)
-        }
+        _ => unreachable!("{op:?} is not one of End"),
+    }
+}
+
+/// Nodes' health, time passing, and the priority formula and queue caps.
+fn node_command(state: &State, op: &Op) -> (Envelope, u64) {
+    match op {
         Op::Down { node, silent } => (
             ctl(Command::DownNode {
                 node: name(NODES[*node]),
@@ -506,44 +597,24 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
             config.sched.starvation_wait = starvation.then(|| Seconds::minutes(30));
             (ctl(Command::SetConfig(Box::new(config))), 0)
         }
-        Op::Retime { pick, mins } => (
-            ctl(Command::UpdateJobs {
-                jobs: vec![job(*pick)],
-                update: docket_core::apply::update::JobUpdate {
-                    time_limit: Some(TimeRequest::Limit(Seconds(mins * 60))),
-                    ..Default::default()
-                },
-            }),
-            0,
-        ),
-        Op::Plan { backfill, what } => {
-            let now = state.applied.now;
-            let plan = if *backfill {
-                state.backfill_pass(now, &mut Unlimited, None)
-            } else {
-                state.main_pass(now, &mut Unlimited, None)
+        Op::Caps { idle, total, soft } => {
+            let mut config = state.config.clone();
+            config.queue_policy = QueuePolicy {
+                max_idle_jobs_per_user: *idle,
+                max_jobs_per_user: *total,
+                maxps_soft: *soft,
+                maxps_hard: soft.map(|s| s * 3),
+                ..QueuePolicy::default()
             };
-            let cmd = match what {
-                0 | 1 => ctl(Command::StartJobs(plan.starts)),
-                2 | 3 => ctl(Command::Preempt(plan.preemptions)),
-                4 => by(
-                    Actor::Operator,
-                    Command::ResumeJobs {
-                        jobs: plan
-                            .resumes
-                            .iter()
-                            .map(|id| JobRef {
-                                job: *id,
-                                task: None,
-                            })
-                            .collect(),
-                    },
-                ),
-                5 => ctl(Command::NoteBypassed(plan.bypassed)),
-                _ => ctl(Command::SetSchedulerReasons(plan.reasons)),
-            };
-            (cmd, 0)
+            (ctl(Command::SetConfig(Box::new(config))), 0)
         }
+        _ => unreachable!("{op:?} is not one of Down, Return, Drain, Resume, Tick, Formula, Caps"),
+    }
+}
+
+/// Reservations and limits.
+fn policy_command(state: &State, op: &Op) -> (Envelope, u64) {
+    match op {
         Op::Reserve {
             node,
             from,
@@ -562,17 +633,6 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 }))),
                 0,
             )
-        }
-        Op::Caps { idle, total, soft } => {
-            let mut config = state.config.clone();
-            config.queue_policy = QueuePolicy {
-                max_idle_jobs_per_user: *idle,
-                max_jobs_per_user: *total,
-                maxps_soft: *soft,
-                maxps_hard: soft.map(|s| s * 3),
-                ..QueuePolicy::default()
-            };
-            (ctl(Command::SetConfig(Box::new(config))), 0)
         }
         Op::Limits {
             qos_grp_jobs,
@@ -601,6 +661,13 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 )
             }
         }
+        _ => unreachable!("{op:?} is not one of Reserve, Limits"),
+    }
+}
+
+/// Job steps: created, ended on their nodes, cancelled.
+fn step_command(state: &State, op: &Op) -> (Envelope, u64) {
+    match op {
         Op::Step {
             pick,
             ntasks,
@@ -610,11 +677,7 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
             let id = pick_where(state, *pick, |j| j.state == JobState::Running)
                 .unwrap_or(JobId(999_999));
             let actor = match owner_of(state, id) {
-                Actor::User(u) if *stranger => Actor::User(name(if u.as_str() == "alice" {
-                    "bob"
-                } else {
-                    "alice"
-                })),
+                Actor::User(u) if *stranger => Actor::User(another_user(&u)),
                 other => other,
             };
             let spec = StepSpec {
@@ -646,15 +709,11 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 return (ctl(Command::EndSteps(Vec::new())), 1);
             };
             let node = s.layout.first().map_or(name(NODES[0]), |l| l.node.clone());
-            let actor = if *foreign {
-                Actor::Node(name(if node.as_str() == NODES[0] {
-                    NODES[1]
-                } else {
-                    NODES[0]
-                }))
+            let actor = Actor::Node(if *foreign {
+                another_node(&node)
             } else {
-                Actor::Node(node.clone())
-            };
+                node.clone()
+            });
             let report = StepEndReport {
                 step: StepRef {
                     job: id,
@@ -683,7 +742,26 @@ fn command(state: &State, op: &Op, spec_base: &docket_core::job::JobSpec) -> (En
                 1,
             )
         }
+        _ => unreachable!("{op:?} is not one of Step, StepEnd, StepCancel"),
     }
+}
+
+/// One of the first two nodes that is not `node`.
+fn another_node(node: &docket_core::NodeName) -> docket_core::NodeName {
+    name(if node.as_str() == NODES[0] {
+        NODES[1]
+    } else {
+        NODES[0]
+    })
+}
+
+/// Alice or Bob, whichever `user` is not.
+fn another_user(user: &docket_core::UserName) -> docket_core::UserName {
+    name(if user.as_str() == "alice" {
+        "bob"
+    } else {
+        "alice"
+    })
 }
 
 fn owner_of(state: &State, id: JobId) -> Actor {

@@ -172,98 +172,102 @@ fn error_of(text: &str) -> String {
     e.to_string()
 }
 
+/// Site-file fragments that must be refused, with the words the refusal must contain: the
+/// key, and what it accepts.
+const BAD_FRAGMENTS: &[(&str, &[&str])] = &[
+    (
+        "[SchedulerParameters]\nbf_windw = 10\n",
+        &["bf_windw", "bf_window"],
+    ),
+    (
+        "SchedulerType = \"sched/fifo\"\n",
+        &["SchedulerType", "sched/backfill", "sched/builtin"],
+    ),
+    (
+        "PriorityType = \"priority/lottery\"\n",
+        &["priority/multifactor", "priority/basic"],
+    ),
+    ("MaxWallTime = \"5 days\"\n", &["MaxWallTime", "D-H:M:S"]),
+    (
+        "[SchedulerParameters]\nbf_resolution = 0\n",
+        &["SchedulerParameters.bf_resolution", "allowed 1 to 3600"],
+    ),
+    (
+        "[SchedulerParameters]\nbf_mode = \"aggressive\"\n",
+        &["bf_mode", "easy", "conservative"],
+    ),
+    (
+        "PriorityType = \"priority/basic\"\nPriorityWeightAge = 5\n",
+        &["PriorityWeightAge", "priority/multifactor"],
+    ),
+    ("DefaultJobfs = \"12Q\"\n", &["DefaultJobfs", "unit"]),
+    (
+        "[[accounts]]\nName = \"child\"\nParent = \"nobody\"\n",
+        &["accounts[0].Parent", "nobody", "list parents first"],
+    ),
+    (
+        "[[users]]\nName = \"alice\"\nDefaultAccount = \"nowhere\"\n",
+        &["user alice", "nowhere"],
+    ),
+    (
+        "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"m[1-2]\"\n",
+        &["partitions[1].Nodes", "m1", "not defined"],
+    ),
+    (
+        "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nDefault = true\n",
+        &["partitions", "Default"],
+    ),
+    (
+        "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nPreemptMode = \"KILL\"\n",
+        &["PreemptMode", "SUSPEND", "REQUEUE"],
+    ),
+    (
+        "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nTRESBillingWeights = \"CPU=1,Power=2\"\n",
+        &["partitions[1].TRESBillingWeights", "power", "GRES/gpu"],
+    ),
+    (
+        "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nAllowQos = [\"gold\"]\n",
+        &["partition p2", "gold"],
+    ),
+    (
+        "[[nodes]]\nNodeName = \"x[1-99999999]\"\nCPUs = 1\nRealMemory = 1\n",
+        &["nodes[1].NodeName", "at most"],
+    ),
+    (
+        "[[nodes]]\nNodeName = \"n1\"\nCPUs = 1\nRealMemory = 1\n",
+        &["nodes[1].NodeName", "n1", "twice"],
+    ),
+    ("[[qos]]\nName = \"normal\"\n", &["qos", "normal", "twice"]),
+    (
+        "[[qos]]\nName = \"q2\"\nGrpTRES = \"mem=10\"\n",
+        &["qos[1].GrpTRES", "cpu=N"],
+    ),
+    (
+        "[QueuePolicy]\nMAXPS = [10, 5]\n",
+        &["QueuePolicy.MAXPS", "exceeds the hard limit"],
+    ),
+    (
+        "[SchedulerParameters]\nbf_order = \"random\"\n",
+        &["bf_order", "queue", "shortest"],
+    ),
+    (
+        "[SchedulerParameters]\nruntime_predictor = \"oracle\"\n",
+        &["runtime_predictor", "time_limit", "recent_average"],
+    ),
+    (
+        "[SchedulerParameters]\nstarvation_wait = 0\n",
+        &["SchedulerParameters.starvation_wait", "allowed 1 to"],
+    ),
+    (
+        "[PriorityRuntime]\nOrder = \"shortest\"\n",
+        &["PriorityRuntime", "priority/runtime"],
+    ),
+];
+
 #[test]
 fn errors_name_the_key_and_what_it_accepts() {
     site::parse(BASE).unwrap().site.to_state(TimeMs(0)).unwrap();
-    let cases: &[(&str, &[&str])] = &[
-        (
-            "[SchedulerParameters]\nbf_windw = 10\n",
-            &["bf_windw", "bf_window"],
-        ),
-        (
-            "SchedulerType = \"sched/fifo\"\n",
-            &["SchedulerType", "sched/backfill", "sched/builtin"],
-        ),
-        (
-            "PriorityType = \"priority/lottery\"\n",
-            &["priority/multifactor", "priority/basic"],
-        ),
-        ("MaxWallTime = \"5 days\"\n", &["MaxWallTime", "D-H:M:S"]),
-        (
-            "[SchedulerParameters]\nbf_resolution = 0\n",
-            &["SchedulerParameters.bf_resolution", "allowed 1 to 3600"],
-        ),
-        (
-            "[SchedulerParameters]\nbf_mode = \"aggressive\"\n",
-            &["bf_mode", "easy", "conservative"],
-        ),
-        (
-            "PriorityType = \"priority/basic\"\nPriorityWeightAge = 5\n",
-            &["PriorityWeightAge", "priority/multifactor"],
-        ),
-        ("DefaultJobfs = \"12Q\"\n", &["DefaultJobfs", "unit"]),
-        (
-            "[[accounts]]\nName = \"child\"\nParent = \"nobody\"\n",
-            &["accounts[0].Parent", "nobody", "list parents first"],
-        ),
-        (
-            "[[users]]\nName = \"alice\"\nDefaultAccount = \"nowhere\"\n",
-            &["user alice", "nowhere"],
-        ),
-        (
-            "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"m[1-2]\"\n",
-            &["partitions[1].Nodes", "m1", "not defined"],
-        ),
-        (
-            "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nDefault = true\n",
-            &["partitions", "Default"],
-        ),
-        (
-            "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nPreemptMode = \"KILL\"\n",
-            &["PreemptMode", "SUSPEND", "REQUEUE"],
-        ),
-        (
-            "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nTRESBillingWeights = \"CPU=1,Power=2\"\n",
-            &["partitions[1].TRESBillingWeights", "power", "GRES/gpu"],
-        ),
-        (
-            "[[partitions]]\nPartitionName = \"p2\"\nNodes = \"ALL\"\nAllowQos = [\"gold\"]\n",
-            &["partition p2", "gold"],
-        ),
-        (
-            "[[nodes]]\nNodeName = \"x[1-99999999]\"\nCPUs = 1\nRealMemory = 1\n",
-            &["nodes[1].NodeName", "at most"],
-        ),
-        (
-            "[[nodes]]\nNodeName = \"n1\"\nCPUs = 1\nRealMemory = 1\n",
-            &["nodes[1].NodeName", "n1", "twice"],
-        ),
-        ("[[qos]]\nName = \"normal\"\n", &["qos", "normal", "twice"]),
-        (
-            "[[qos]]\nName = \"q2\"\nGrpTRES = \"mem=10\"\n",
-            &["qos[1].GrpTRES", "cpu=N"],
-        ),
-        (
-            "[QueuePolicy]\nMAXPS = [10, 5]\n",
-            &["QueuePolicy.MAXPS", "exceeds the hard limit"],
-        ),
-        (
-            "[SchedulerParameters]\nbf_order = \"random\"\n",
-            &["bf_order", "queue", "shortest"],
-        ),
-        (
-            "[SchedulerParameters]\nruntime_predictor = \"oracle\"\n",
-            &["runtime_predictor", "time_limit", "recent_average"],
-        ),
-        (
-            "[SchedulerParameters]\nstarvation_wait = 0\n",
-            &["SchedulerParameters.starvation_wait", "allowed 1 to"],
-        ),
-        (
-            "[PriorityRuntime]\nOrder = \"shortest\"\n",
-            &["PriorityRuntime", "priority/runtime"],
-        ),
-    ];
+    let cases = BAD_FRAGMENTS;
     for (extra, wanted) in cases {
         // Top-level keys go before the tables, tables after.
         let text = if extra.starts_with('[') {

@@ -55,12 +55,13 @@ fn defaults_come_from_partition_and_config() {
     assert_eq!(r.jobfs, MiB(0));
 }
 
-#[test]
-fn bad_requests_name_the_field_and_limit() {
-    let mut c = cluster();
-    let base = c.spec("alice");
-    type Mutation = Box<dyn Fn(&mut JobSpec)>;
-    let cases: Vec<(Mutation, &str)> = vec![
+/// A change to a valid job spec.
+type Mutation = Box<dyn Fn(&mut JobSpec)>;
+
+/// Changes that make a spec invalid, each with the words its refusal must contain: the field
+/// and the limit.
+fn invalid_specs() -> Vec<(Mutation, &'static str)> {
+    vec![
         (Box::new(|s| s.ntasks = 0), "ntasks: must be at least 1"),
         (Box::new(|s| s.nodes = 0), "nodes: must be at least 1"),
         (
@@ -138,7 +139,14 @@ fn bad_requests_name_the_field_and_limit() {
             Box::new(|s| s.nodelist = [name("n009")].into()),
             "nodelist: node n009 is not in partition work",
         ),
-    ];
+    ]
+}
+
+#[test]
+fn bad_requests_name_the_field_and_limit() {
+    let mut c = cluster();
+    let base = c.spec("alice");
+    let cases = invalid_specs();
     for (mutate, expected) in cases {
         let mut spec = base.clone();
         mutate(&mut spec);
