@@ -13,7 +13,6 @@ pub mod admin;
 pub mod agents;
 pub mod archive;
 pub mod associations;
-pub mod bench;
 pub mod convert;
 pub mod daemon;
 pub mod dispatch;

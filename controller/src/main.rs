@@ -1,5 +1,7 @@
 //! `docket-controller`: one replica of the Docket control plane.
 
+mod bench;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -318,7 +320,7 @@ fn main() -> std::process::ExitCode {
             json,
             max_rpc_cnt,
             bf_continue,
-        } => match bench(&docket_controller::bench::BenchOptions {
+        } => match bench(&bench::BenchOptions {
             clients,
             seconds,
             json,
@@ -413,13 +415,13 @@ fn certs(c: Certs) -> Result<()> {
     Ok(())
 }
 
-fn bench(options: &docket_controller::bench::BenchOptions) -> Result<()> {
+fn bench(options: &bench::BenchOptions) -> Result<()> {
     let exe = std::env::current_exe().context("locating this binary")?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(docket_controller::bench::run(&exe, options))
+        .block_on(bench::run(&exe, options))
 }
 
 /// What the replica process runs with, from its flags and the site file.

@@ -33,10 +33,55 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
 use nix::unistd::{Gid, Uid};
 
 use crate::rootdir::RootDir;
+
+/// Why a job could not be started or watched: what was being done and why it failed, or a
+/// refusal. Shown whole (`what: why`), as the launch failure's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    /// A condition that must hold did not; the message says which.
+    #[error("{0}")]
+    Refused(String),
+    /// A step failed: what it was doing, and why.
+    #[error("{doing}: {source}")]
+    Failed {
+        doing: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+type Result<T, E = ShimError> = std::result::Result<T, E>;
+
+/// Names the step an error happened in ([`ShimError::Failed`]).
+trait Context<T> {
+    fn context(self, doing: &str) -> Result<T>;
+    fn with_context(self, doing: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Context<T>
+    for std::result::Result<T, E>
+{
+    fn context(self, doing: &str) -> Result<T> {
+        self.with_context(|| doing.to_owned())
+    }
+
+    fn with_context(self, doing: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|e| ShimError::Failed {
+            doing: doing(),
+            source: e.into(),
+        })
+    }
+}
+
+/// Returns a [`ShimError::Refused`] with the formatted message.
+macro_rules! bail {
+    ($($message:tt)+) => {
+        return Err(ShimError::Refused(format!($($message)+)))
+    };
+}
 
 /// The environment of every process the agent runs as root: this and nothing else.
 pub const ROOT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
@@ -336,7 +381,7 @@ pub fn leader_start(pid: i32) -> Option<u64> {
 
 /// Becomes the job: joins cgroups, limits, identity, outputs, exec. Returns only on failure,
 /// after telling the monitor why (and the job's stderr, when it is open).
-pub fn exec_as_user(args: &ShimArgs) -> anyhow::Error {
+pub fn exec_as_user(args: &ShimArgs) -> ShimError {
     // The monitor's pipe, kept (close-on-exec) apart from stdout, which becomes the job's.
     // A step's task has no monitor: its failure goes to its stderr, which is its srun's.
     let status = (!args.inherit_stdio)
