@@ -147,10 +147,7 @@ pub fn config(a: ConfigArgs) -> Result<()> {
                 client,
                 admin_call,
                 remove_object,
-                pb::RemoveObjectRequest {
-                    kind: kind.clone(),
-                    name: name.clone(),
-                }
+                crate::client::remove_request(&kind, &name)
             ))?;
             println!("removed {kind} {name}{}", suffix(&r.message));
             Ok(())

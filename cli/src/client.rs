@@ -601,6 +601,21 @@ pub fn status_of(name: &str, result: Result<u8>) -> u8 {
     }
 }
 
+/// A request to remove the `kind` object `name`: the kind typed (`docket.v1.ObjectKind`),
+/// and by name too for a controller one release behind.
+pub fn remove_request(kind: &str, name: &str) -> docket_proto::v1::RemoveObjectRequest {
+    let typed = docket_proto::v1::ObjectKind::from_str_name(&format!(
+        "OBJECT_KIND_{}",
+        kind.to_ascii_uppercase()
+    ))
+    .unwrap_or_default();
+    docket_proto::v1::RemoveObjectRequest {
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+        object_kind: typed.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

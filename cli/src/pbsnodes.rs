@@ -32,12 +32,13 @@ pub struct PbsnodesArgs {
 
 /// PBS's state words for a node.
 pub fn pbs_state(n: &pb::NodeInfo) -> String {
-    let base = match n.state.as_str() {
-        "idle" | "mix" => "free",
-        "alloc" => "job-busy",
-        "drain" | "draining" => "offline",
-        "down" => "down",
-        other => other,
+    use pb::NodeState as S;
+    let base = match n.state_typed() {
+        S::Idle | S::Mix => "free",
+        S::Alloc => "job-busy",
+        S::Drain | S::Draining => "offline",
+        S::Down => "down",
+        S::Unspecified => n.state.as_str(),
     };
     if n.responding == Some(false) && base != "down" {
         format!("{base},state-unknown")
@@ -84,7 +85,13 @@ pub fn pbsnodes(a: PbsnodesArgs) -> Result<()> {
     let chosen: Vec<&pb::NodeInfo> = nodes
         .iter()
         .filter(|n| a.nodes.is_empty() || a.nodes.contains(&n.name))
-        .filter(|n| !a.list || matches!(n.state.as_str(), "down" | "drain" | "draining"))
+        .filter(|n| {
+            !a.list
+                || matches!(
+                    n.state_typed(),
+                    pb::NodeState::Down | pb::NodeState::Drain | pb::NodeState::Draining
+                )
+        })
         .collect();
     let missing: Vec<&String> = a
         .nodes

@@ -463,6 +463,7 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
                 end_unix_ms: end.map(|e| e as i64),
                 page_size: 10_000,
                 page_token: token.clone(),
+                ..Default::default()
             }
         ))?;
         records.extend(page.records);
@@ -613,6 +614,7 @@ mod tests {
                 max_rss_mib: 3,
                 cpus,
                 nodes,
+                ..Default::default()
             };
         pb::AccountingRecord {
             job: Some(pb::JobInfo {

@@ -681,10 +681,7 @@ pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
                 client,
                 admin_call,
                 remove_object,
-                pb::RemoveObjectRequest {
-                    kind: kind.to_owned(),
-                    name: name.clone(),
-                }
+                crate::client::remove_request(kind, &name)
             ))?;
             if !a.quiet {
                 let why = if r.message.is_empty() {

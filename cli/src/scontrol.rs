@@ -169,14 +169,15 @@ pub fn exit_code(j: &pb::JobInfo) -> String {
 
 /// Slurm's upper-case node state, with `*` when the agent does not respond.
 pub fn node_state(n: &pb::NodeInfo) -> String {
-    let s = match n.state.as_str() {
-        "idle" => "IDLE",
-        "mix" => "MIXED",
-        "alloc" => "ALLOCATED",
-        "draining" => "MIXED+DRAIN",
-        "drain" => "IDLE+DRAIN",
-        "down" => "DOWN",
-        other => other,
+    use pb::NodeState as S;
+    let s = match n.state_typed() {
+        S::Idle => "IDLE",
+        S::Mix => "MIXED",
+        S::Alloc => "ALLOCATED",
+        S::Draining => "MIXED+DRAIN",
+        S::Drain => "IDLE+DRAIN",
+        S::Down => "DOWN",
+        S::Unspecified => n.state.as_str(),
     };
     let star = if n.responding == Some(false) { "*" } else { "" };
     format!("{s}{star}")
@@ -606,10 +607,7 @@ fn delete_reservation(s: &Session, words: &[&str]) -> Result<()> {
         s.client,
         admin_call,
         remove_object,
-        pb::RemoveObjectRequest {
-            kind: "reservation".into(),
-            name: name.clone(),
-        }
+        crate::client::remove_request("reservation", &name)
     ))?;
     if !reply.message.is_empty() {
         println!("{}", reply.message);

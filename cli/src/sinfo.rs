@@ -46,13 +46,19 @@ pub struct SinfoArgs {
 /// A node's state as sinfo prints it: short (`mix`) or long (`mixed`), `*` when its agent
 /// does not respond.
 pub fn state_word(n: &pb::NodeInfo, long: bool) -> String {
-    let word = match (n.state.as_str(), long) {
-        ("draining", false) => "drng",
-        ("draining", true) => "draining",
-        ("drain", true) => "drained",
-        ("mix", true) => "mixed",
-        ("alloc", true) => "allocated",
-        (other, _) => other,
+    use pb::NodeState as S;
+    let word = match (n.state_typed(), long) {
+        (S::Draining, false) => "drng",
+        (S::Draining, true) => "draining",
+        (S::Drain, true) => "drained",
+        (S::Drain, false) => "drain",
+        (S::Mix, true) => "mixed",
+        (S::Mix, false) => "mix",
+        (S::Alloc, true) => "allocated",
+        (S::Alloc, false) => "alloc",
+        (S::Idle, _) => "idle",
+        (S::Down, _) => "down",
+        (S::Unspecified, _) => n.state.as_str(),
     };
     let star = if n.responding == Some(false) { "*" } else { "" };
     format!("{word}{star}")
@@ -74,7 +80,11 @@ fn wanted(a: &SinfoArgs, n: &pb::NodeInfo, p: &str) -> bool {
                 state_word(n, false).trim_end_matches('*') == s
                     || state_word(n, true).trim_end_matches('*') == s
             }))
-        && (!a.reasons || matches!(n.state.as_str(), "down" | "drain" | "draining"))
+        && (!a.reasons
+            || matches!(
+                n.state_typed(),
+                pb::NodeState::Down | pb::NodeState::Drain | pb::NodeState::Draining
+            ))
 }
 
 /// The partition named `name`, if it is configured.

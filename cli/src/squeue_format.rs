@@ -264,11 +264,8 @@ pub fn step_value(j: &pb::JobInfo, s: &pb::StepInfo, field: Field, now_ms: u64) 
         Field::Nodes => s.nodes.to_string(),
         Field::Cpus => s.cpus.to_string(),
         Field::State => s.state.clone(),
-        Field::StateCompact => match s.state.as_str() {
-            "RUNNING" => "R".into(),
-            "COMPLETING" => "CG".into(),
-            other => other.chars().take(2).collect(),
-        },
+        Field::StateCompact => docket_core::job::JobState::parse(s.state_typed().slurm_name())
+            .map_or_else(|| s.state.chars().take(2).collect(), |st| st.code().into()),
         Field::StartTime => slurmtime::timestamp(Some(s.start_time_ms)),
         Field::EndTime => match s.end_time_ms {
             Some(_) => slurmtime::timestamp(s.end_time_ms),

@@ -104,16 +104,6 @@ fn cluster_status(e: ClusterError) -> Status {
     }
 }
 
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::Leader => "leader",
-        Role::Follower => "follower",
-        Role::Candidate => "candidate",
-        Role::Learner => "learner",
-        Role::Shutdown => "shutdown",
-    }
-}
-
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn cluster_status(
@@ -158,7 +148,8 @@ impl Admin for AdminService {
                 Ok(s) => pb::ReplicaInfo {
                     id: member.id.0,
                     addr: member.addr.clone(),
-                    role: role_name(s.role).into(),
+                    role: crate::typed::replica_role(s.role).1.into(),
+                    replica_role: crate::typed::replica_role(s.role).0.into(),
                     voter: member.voter,
                     term: s.term,
                     last_log_index: s.last_log_index,
@@ -172,6 +163,7 @@ impl Admin for AdminService {
                     id: member.id.0,
                     addr: member.addr.clone(),
                     role: "unreachable".into(),
+                    replica_role: pb::ReplicaRole::Unreachable.into(),
                     voter: member.voter,
                     lag: lag.get(&member.id).copied().flatten(),
                     reachable: false,
@@ -326,16 +318,19 @@ impl Admin for AdminService {
             name.parse()
                 .map_err(|e| Status::invalid_argument(format!("name: {e}")))
         }
-        let command = match req.kind.as_str() {
-            "node" => Command::RemoveNode(parse(&req.name)?),
-            "partition" => Command::RemovePartition(parse(&req.name)?),
-            "qos" => Command::RemoveQos(parse(&req.name)?),
-            "account" => Command::RemoveAccount(parse(&req.name)?),
-            "user" => Command::RemoveUser(parse(&req.name)?),
-            "reservation" => Command::RemoveReservation(parse(&req.name)?),
-            other => {
+        use pb::ObjectKind as Kind;
+        let command = match crate::typed::object_kind(req.object_kind, &req.kind) {
+            Some(Kind::Node) => Command::RemoveNode(parse(&req.name)?),
+            Some(Kind::Partition) => Command::RemovePartition(parse(&req.name)?),
+            Some(Kind::Qos) => Command::RemoveQos(parse(&req.name)?),
+            Some(Kind::Account) => Command::RemoveAccount(parse(&req.name)?),
+            Some(Kind::User) => Command::RemoveUser(parse(&req.name)?),
+            Some(Kind::Reservation) => Command::RemoveReservation(parse(&req.name)?),
+            Some(Kind::Unspecified) | None => {
                 return Err(Status::invalid_argument(format!(
-                    "kind: {other:?} is not node, partition, qos, account, user or reservation"
+                    "kind: {:?} (object_kind {}) is not node, partition, qos, account, user or \
+                     reservation",
+                    req.kind, req.object_kind
                 )));
             }
         };
@@ -392,6 +387,7 @@ impl Admin for AdminService {
                 .map(|(name, n)| pb::NodeInfo {
                     name: name.to_string(),
                     state: format!("{:?}", n.state()).to_lowercase(),
+                    node_state: crate::typed::node_state(n.state()).into(),
                     cpus: n.spec.cpus,
                     cpus_used: n.used_cpus(),
                     memory_mib: n.spec.memory.0,

@@ -648,6 +648,7 @@ impl AccountingQuery {
         let filter = Filter::new(&pb::ListJobsRequest {
             users: req.users.clone(),
             states: req.states.clone(),
+            job_states: req.job_states.clone(),
             job_ids: req.job_ids.clone(),
             ..Default::default()
         })?;
@@ -836,7 +837,17 @@ impl Filter {
                     ))
                 })
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<std::collections::BTreeSet<JobState>, _>>()?;
+        let mut states = states;
+        for (i, value) in req.job_states.iter().enumerate() {
+            let state = crate::typed::job_state_of(*value).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "job_states[{i}]: {value} is not a job state (1 to {})",
+                    JobState::ALL.len()
+                ))
+            })?;
+            states.insert(state);
+        }
         Ok(Filter {
             users: req.users.iter().cloned().collect(),
             partitions: req.partitions.iter().cloned().collect(),

@@ -29,5 +29,6 @@ pub mod malformed;
 pub mod stats;
 pub mod step_grants;
 pub mod steps;
+pub mod typed;
 pub mod web;
 pub mod write;

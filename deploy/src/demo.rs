@@ -371,7 +371,9 @@ impl Demo<'_> {
                     .all(|id| j.get(id).is_some_and(rpc::is_final))
             })
             .await?;
-        self.report.express_ran = jobs.get(&express).is_some_and(|j| j.state == "COMPLETED");
+        self.report.express_ran = jobs
+            .get(&express)
+            .is_some_and(|j| j.state_typed() == pb::JobState::Completed);
         self.report.suspended = suspended.into_iter().collect();
         self.say(&format!(
             "the express job {}; batch jobs {:?} were suspended for it and resumed",

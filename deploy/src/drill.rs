@@ -535,7 +535,7 @@ async fn rejoined(others: &[String], old: u64) -> Option<u64> {
         if s.is_some_and(|s| {
             s.replicas
                 .iter()
-                .any(|r| r.id == old && r.reachable && r.role == "follower")
+                .any(|r| r.id == old && r.reachable && r.role_typed() == pb::ReplicaRole::Follower)
         }) {
             return Some(start.elapsed().as_millis() as u64);
         }

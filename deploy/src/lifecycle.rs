@@ -365,7 +365,7 @@ async fn follow(
                 phase.start_to_end_ms.push(e.saturating_sub(s));
             }
             last_end = last_end.max(j.end_time_ms.unwrap_or(0));
-            if j.state != "COMPLETED" {
+            if j.state_typed() != pb::JobState::Completed {
                 phase.not_completed.push((j.job_id, j.state.clone()));
             }
         }

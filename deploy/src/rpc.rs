@@ -144,7 +144,7 @@ pub async fn leader(addrs: &[String]) -> Option<(u64, String)> {
     let s = cluster_status(addrs).await?;
     let id = s.leader_id?;
     let leader = s.replicas.iter().find(|r| r.id == id)?;
-    (leader.role == "leader").then(|| (id, leader.addr.clone()))
+    (leader.role_typed() == pb::ReplicaRole::Leader).then(|| (id, leader.addr.clone()))
 }
 
 /// Whether a job has reached a final state (not pending, running, suspended or completing).

@@ -4,7 +4,8 @@
 //! `.proto` files under `proto/` (see `build.rs`) and re-exported from [`v1`]. Nothing of the
 //! messages is written by hand: changing the protocol means changing a `.proto` file. Besides
 //! them: the names of the metadata the services exchange ([`metadata`]), the order in which
-//! clients ask the replicas ([`endpoints`]) and the clock the messages' times are read from
+//! clients ask the replicas ([`endpoints`]), how clients read the typed states of replies
+//! ([`states`]) and the clock the messages' times are read from
 //! ([`unix_ms`]), each written once here.
 //!
 //! Compatibility rule: fields are only ever added, never renumbered or retyped, so a replica
@@ -19,6 +20,7 @@ pub mod v1 {
 
 pub mod endpoints;
 pub mod metadata;
+pub mod states;
 
 mod clock;
 pub use clock::unix_ms;
