@@ -152,6 +152,37 @@ async fn a_servers_certificate_changes_with_its_files_without_a_restart() {
 }
 
 #[tokio::test]
+async fn a_certificate_of_another_identity_is_refused_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let files = ours.issue(&Role::Replica(1), &localhost).unwrap();
+    let server = TlsContext::load(files.clone()).unwrap();
+    let addr = echo_server(server.clone()).await;
+    let client = TlsContext::load(ours.anonymous()).unwrap();
+    let first = connect(&addr, &client).await.unwrap();
+    let (cert, key) = files.identity.clone().unwrap();
+    // Replica 2's certificate, then a node's, dropped into replica 1's files: both
+    // refused, naming both identities; replica 1 keeps presenting its own.
+    for other in [Role::Replica(2), Role::Node("n01".into())] {
+        let elsewhere = tempfile::tempdir().unwrap();
+        docket_auth::tls::pki::CertAuthority::load(ours.dir())
+            .unwrap()
+            .issue(&other, &localhost, 30)
+            .unwrap()
+            .save(elsewhere.path(), "x")
+            .unwrap();
+        std::fs::copy(elsewhere.path().join("x.key"), &key).unwrap();
+        std::fs::copy(elsewhere.path().join("x.pem"), &cert).unwrap();
+        let e = server.reload().unwrap_err().to_string();
+        assert!(e.contains(&other.to_string()), "{e}");
+        assert!(e.contains(&Role::Replica(1).to_string()), "{e}");
+        assert_eq!(server.role(), Some(Role::Replica(1)));
+        assert_eq!(connect(&addr, &client).await.unwrap(), first);
+    }
+}
+
+#[tokio::test]
 async fn sighup_reloads_a_servers_certificate_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let ours = secrets(dir.path(), "ours");

@@ -312,8 +312,16 @@ impl<M: StateMachine> Replica<M> {
         &self.raft
     }
 
-    /// The `docket.v1.Raft` gRPC service of this replica, to mount on a tonic server.
+    /// The `docket.v1.Raft` gRPC service of this replica, to mount on a tonic server behind a
+    /// layer that proves which replica calls ([`crate::network::PeerReplica`]): a call
+    /// without that proof is refused, `Status` excepted.
     pub fn service(&self) -> RaftServer<RaftGrpc<M>> {
+        self.service_with(crate::network::PeerProof::Required)
+    }
+
+    /// The Raft service for a transport that proves which replica calls
+    /// ([`crate::network::PeerProof`]) or not.
+    fn service_with(&self, proof: crate::network::PeerProof) -> RaftServer<RaftGrpc<M>> {
         RaftGrpc::server(
             self.raft.clone(),
             self.proposer.clone(),
@@ -321,14 +329,17 @@ impl<M: StateMachine> Replica<M> {
             self.status_page.clone(),
             self.app_version,
             self.commit_seen.clone(),
+            proof,
         )
     }
 
-    /// Serves [`Replica::service`] alone on `listener` until the returned handle is stopped.
+    /// Serves this replica's Raft service alone on `listener`, over plain TCP that proves no
+    /// caller (loopback tests, the KV benchmark), until the returned handle is stopped.
     pub fn serve(&self, listener: tokio::net::TcpListener) -> std::io::Result<ServerHandle> {
         let local = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = self.service();
+        // Plain TCP proves no caller: calls are taken on their word (loopback only).
+        let service = self.service_with(crate::network::PeerProof::NotAvailable);
         let task = tokio::spawn(async move {
             let incoming =
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

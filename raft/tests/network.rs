@@ -178,3 +178,39 @@ async fn a_write_forwarded_to_a_leader_nobody_listens_on_was_certainly_not_appli
     assert_eq!(err, WriteError::NoLeader, "{err}");
     assert!(err.certainly_not_applied());
 }
+
+/// The service a daemon mounts behind its TLS layer fails closed without that layer: no call
+/// but `Status` is heard from a caller no transport proved to be a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mounted_service_refuses_callers_no_transport_proved() {
+    let (_dir, replica, _server, _addr) = one_replica(4 << 20).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let bare = listener.local_addr().unwrap().to_string();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let service = replica.service();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming),
+    );
+    let channels = Channels::tcp(NetworkConfig::default());
+    let mut client = channels.client(&bare).unwrap();
+    let vote = RaftPayload {
+        data: docket_raft::codec::encode(&vote_request()).unwrap(),
+    };
+    let refused = client.vote(vote).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("Vote"), "{refused}");
+    let empty = RaftPayload {
+        data: docket_raft::codec::encode(&()).unwrap(),
+    };
+    for refused in [
+        client.read_index(empty.clone()).await.unwrap_err(),
+        client.forward(empty.clone()).await.unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    }
+    // Status stays open to tools.
+    client.status(empty).await.unwrap();
+    server.abort();
+}

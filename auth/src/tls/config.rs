@@ -47,6 +47,11 @@ pub enum TlsError {
     Rustls(String),
     #[error("this daemon has no certificate of its own; it cannot serve TLS")]
     NoIdentity,
+    #[error(
+        "the new certificate is {new}'s, not {old}'s as the one in force: a daemon keeps its \
+         identity for its whole life; restart it to take another"
+    )]
+    RoleChanged { old: String, new: String },
     #[error(transparent)]
     Key(#[from] crate::key::KeyError),
 }
@@ -249,12 +254,19 @@ impl TlsContext {
     }
 
     /// Re-reads the files. On error the material in force stays (and the error says why the
-    /// new files were refused).
+    /// new files were refused). A certificate of another role is refused: what the daemon
+    /// checked of its identity at start (a replica's own id, a node's own name) must hold
+    /// for its whole life, so another replica's or a node's certificate dropped into its
+    /// files never makes it speak as someone else.
     pub fn reload(&self) -> Result<(), TlsError> {
         let loaded = load(&self.files)?;
         let old_role = self.role();
         if loaded.role != old_role {
-            tracing::warn!(old = ?old_role, new = ?loaded.role, "the new certificate has another role");
+            let name = |r: &Option<Role>| r.as_ref().map_or("no one".to_owned(), Role::to_string);
+            return Err(TlsError::RoleChanged {
+                old: name(&old_role),
+                new: name(&loaded.role),
+            });
         }
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
         Ok(())

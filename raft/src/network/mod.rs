@@ -14,7 +14,7 @@ pub mod client;
 pub mod service;
 
 pub use client::{ChannelMaker, Channels, NetworkFactory};
-pub use service::{PeerReplica, RaftGrpc};
+pub use service::{PeerProof, PeerReplica, RaftGrpc};
 
 /// Limits of the replica-to-replica transport.
 #[derive(Debug, Clone)]

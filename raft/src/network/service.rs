@@ -31,6 +31,20 @@ pub struct RaftGrpc<M: StateMachine> {
     app_version: Option<u16>,
     /// Commit indexes of accepted appends, for [`crate::election_gate`].
     commit_seen: CommitSeen,
+    /// Whether every call but `Status` must come with the replica its transport proved.
+    proof: PeerProof,
+}
+
+/// What the transport under a Raft service proves of its callers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerProof {
+    /// Every call but `Status` carries a [`PeerReplica`] (the controller's TLS layer puts the
+    /// client certificate's replica there); a call without one is refused, so a server
+    /// built without that layer fails closed.
+    Required,
+    /// Nothing is proven (plain loopback in tests and the KV benchmark): calls are taken on
+    /// their word.
+    NotAvailable,
 }
 
 impl<M: StateMachine> std::fmt::Debug for RaftGrpc<M> {
@@ -49,6 +63,7 @@ impl<M: StateMachine> RaftGrpc<M> {
         status_page: Option<String>,
         app_version: Option<u16>,
         commit_seen: CommitSeen,
+        proof: PeerProof,
     ) -> RaftServer<Self> {
         RaftServer::new(RaftGrpc {
             raft,
@@ -56,6 +71,7 @@ impl<M: StateMachine> RaftGrpc<M> {
             status_page,
             app_version,
             commit_seen,
+            proof,
         })
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes)
@@ -81,6 +97,21 @@ fn speaks_for_itself(
             claimed.0, peer.0
         ))),
         _ => Ok(()),
+    }
+}
+
+impl<M: StateMachine> RaftGrpc<M> {
+    /// The replica `req` comes from, as its transport proved it; a refusal when this server
+    /// requires a proof and the call has none.
+    fn proven<T>(&self, rpc: &str, req: &Request<T>) -> Result<Option<PeerReplica>, Status> {
+        let proven = req.extensions().get::<PeerReplica>().copied();
+        if proven.is_none() && self.proof == PeerProof::Required {
+            return Err(Status::unauthenticated(format!(
+                "{rpc} needs a caller proven to be a replica of the cluster; this call's \
+                 transport proved none"
+            )));
+        }
+        Ok(proven)
     }
 }
 
@@ -138,7 +169,7 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let proven = req.extensions().get::<PeerReplica>().copied();
+        let proven = self.proven("AppendEntries", &req)?;
         let rpc: openraft::raft::AppendEntriesRequest<crate::TypeConfig<M>> =
             request("AppendEntries", req)?;
         speaks_for_itself("AppendEntries", proven, rpc.vote.leader_id().node_id)?;
@@ -159,7 +190,7 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
     }
 
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let proven = req.extensions().get::<PeerReplica>().copied();
+        let proven = self.proven("Vote", &req)?;
         let rpc: openraft::raft::VoteRequest<crate::ReplicaId> = request("Vote", req)?;
         speaks_for_itself("Vote", proven, rpc.vote.leader_id().node_id)?;
         reply("Vote", &self.raft.vote(rpc).await)
@@ -169,7 +200,7 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let proven = req.extensions().get::<PeerReplica>().copied();
+        let proven = self.proven("InstallSnapshot", &req)?;
         let rpc: openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>> =
             request("InstallSnapshot", req)?;
         speaks_for_itself("InstallSnapshot", proven, rpc.vote.leader_id().node_id)?;
@@ -177,11 +208,13 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
     }
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.proven("Forward", &req)?;
         let commands: Vec<M::Command> = request("Forward", req)?;
         reply("Forward", &self.proposer.write_forwarded(commands).await)
     }
 
     async fn read_index(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.proven("ReadIndex", &req)?;
         let () = request("ReadIndex", req)?;
         let answer: Result<Option<u64>, ReadError> = match self.raft.get_read_log_id().await {
             Ok((read_log_id, _applied)) => Ok(read_log_id.map(|id| id.index)),
