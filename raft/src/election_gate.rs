@@ -18,9 +18,9 @@
 //!
 //! Neither rule stands in the way of an election that could succeed: a replica missing a
 //! committed entry could not win one, and the grace only delays a replica that has heard of
-//! no leader since it started (a cluster restarted whole elects after it). Only appends that
-//! openraft accepted (from the leader of the replica's current vote) count, so a stale or
-//! stray sender cannot silence a replica. A cluster of one voter is never gated.
+//! no leader since it started (a cluster restarted whole elects after it). Only appends and
+//! snapshot chunks that openraft accepted (from the leader of the replica's current vote)
+//! count, so a stale or stray sender cannot silence a replica. A cluster of one voter is never gated.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -10,7 +10,8 @@
 //! for two heartbeats it asks the leader for its status. A refused or unreachable connection
 //! (the process died, the host is down) makes it stand the moment the lease it and the other
 //! voters last renewed has run out, plus a margin — staggered by its rank among the voters,
-//! one heartbeat apart, so two followers do not split the vote — instead of waiting out its
+//! one heartbeat apart, so two followers do not split the vote (voters ahead of it whose own
+//! process is gone too are not counted) — instead of waiting out its
 //! random timeout as well; first it asks the other voters for their logs and leaves the
 //! election to one with a longer log (it would refuse this replica, and the term spent would
 //! block its own campaign). An answer, or no answer at all (a slow, stopped or cut-off leader,
@@ -85,8 +86,10 @@ struct View {
     leader: Option<ReplicaId>,
     /// The leader's address.
     addr: Option<String>,
-    /// This replica's rank among the voters other than the leader.
+    /// This replica's rank among the voters other than the leader (None: not a voter).
     rank: Option<usize>,
+    /// The addresses of the voters ranked before this replica, the leader apart.
+    ahead: Vec<String>,
     /// The addresses of the voters other than the leader and this replica.
     others: Vec<String>,
     /// This replica's last log index.
@@ -107,6 +110,11 @@ impl View {
             .collect();
         voters.sort_unstable();
         let rank = voters.iter().position(|v| *v == m.id);
+        let ahead = voters
+            .iter()
+            .take(rank.unwrap_or(0))
+            .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
+            .collect();
         let others: Vec<String> = voters
             .iter()
             .filter(|v| **v != m.id)
@@ -120,6 +128,7 @@ impl View {
             leader,
             addr,
             rank,
+            ahead,
             others,
             last: m.last_log_index,
         }
@@ -148,7 +157,7 @@ impl<M: StateMachine> Watch<M> {
     /// One look: stands for election if the leader is certainly gone, once per silence.
     async fn look(&mut self, view: View) {
         let since = self.follow(view.term, view.vote);
-        let (Some(heard_at), Some(leader), Some(addr), Some(rank)) =
+        let (Some(heard_at), Some(leader), Some(addr), Some(_)) =
             (self.seen.heard_at(), view.leader, view.addr, view.rank)
         else {
             return;
@@ -168,12 +177,10 @@ impl<M: StateMachine> Watch<M> {
         if !self.channels.certainly_gone(&addr, patience).await {
             return;
         }
-        let at = stand_at(
-            heard_at,
-            self.lease,
-            self.heartbeat,
-            u32::try_from(rank).unwrap_or(u32::MAX),
-        );
+        // Ranked among the voters ahead that are still there: one whose process is gone too
+        // would stand first in vain, and waiting out its turn only delays the election.
+        let rank = live_voters(&self.channels, &view.ahead, patience).await;
+        let at = stand_at(heard_at, self.lease, self.heartbeat, rank);
         tokio::time::sleep_until(at).await;
         self.handled = Some(heard_at);
         // Heard from a leader meanwhile, or a new one is known: nothing to do.
@@ -237,6 +244,23 @@ impl<M: StateMachine> Watch<M> {
     }
 }
 
+/// How many of the voters at `addrs` are not certainly gone (each asked at once, for at
+/// most `patience`): a slow or silent one counts as there.
+pub(crate) async fn live_voters(channels: &Channels, addrs: &[String], patience: Duration) -> u32 {
+    let mut asks = tokio::task::JoinSet::new();
+    for addr in addrs {
+        let (channels, addr) = (channels.clone(), addr.clone());
+        asks.spawn(async move { channels.certainly_gone(&addr, patience).await });
+    }
+    let mut live = 0u32;
+    while let Some(gone) = asks.join_next().await {
+        if !matches!(gone, Ok(true)) {
+            live = live.saturating_add(1);
+        }
+    }
+    live
+}
+
 /// Whether a voter at one of `others` reports a log longer than `mine`.
 async fn longer_log_elsewhere(
     channels: &Channels,
@@ -264,5 +288,35 @@ mod tests {
         let ms = Duration::from_millis;
         assert_eq!(stand_at(t, ms(600), ms(100), 0), t + ms(650));
         assert_eq!(stand_at(t, ms(600), ms(100), 1), t + ms(750));
+    }
+
+    #[tokio::test]
+    async fn a_voter_ahead_whose_process_is_gone_does_not_hold_up_the_stand() {
+        // Ahead: one voter whose port refuses (its process is gone) and one that accepts and
+        // never answers (slow, or cut off: it may still stand first, so it counts).
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap().to_string();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = silent.accept().await {
+                held.push(socket);
+            }
+        });
+        let channels = Channels::tcp(crate::network::NetworkConfig::default());
+        let patience = Duration::from_millis(300);
+        assert_eq!(
+            live_voters(&channels, std::slice::from_ref(&gone), patience).await,
+            0
+        );
+        assert_eq!(
+            live_voters(&channels, &[gone, silent_addr], patience).await,
+            1
+        );
+        assert_eq!(live_voters(&channels, &[], patience).await, 0);
+        hold.abort();
     }
 }

@@ -204,7 +204,15 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         let rpc: openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>> =
             request("InstallSnapshot", req)?;
         speaks_for_itself("InstallSnapshot", proven, rpc.vote.leader_id().node_id)?;
-        reply("InstallSnapshot", &self.raft.install_snapshot(rpc).await)
+        let vote = rpc.vote;
+        let answer = self.raft.install_snapshot(rpc).await;
+        // A chunk from the leader of this replica's vote (answered with that same vote): the
+        // leader is alive. A large snapshot sends no appends while it streams, and must not
+        // make the replica receiving it campaign ([`crate::election_gate`]).
+        if answer.as_ref().is_ok_and(|r| r.vote == vote) {
+            self.commit_seen.contact();
+        }
+        reply("InstallSnapshot", &answer)
     }
 
     async fn forward(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
