@@ -7,6 +7,8 @@
 //! not follow on from its `prev_log_id` in order (openraft takes their order on trust: a debug
 //! build asserts and stops the replica, a release build would write them at the wrong place).
 
+use std::sync::{Arc, Mutex};
+
 use docket_proto::v1::RaftPayload;
 use docket_proto::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use openraft::raft::AppendEntriesResponse;
@@ -33,6 +35,9 @@ pub struct RaftGrpc<M: StateMachine> {
     commit_seen: CommitSeen,
     /// Whether every call but `Status` must come with the replica its transport proved.
     proof: PeerProof,
+    /// The snapshot being received and how many of its bytes arrived, so a chunk past them
+    /// is refused ([`RaftGrpc::check_chunk`]).
+    receiving: Arc<Mutex<Option<(String, u64)>>>,
 }
 
 /// What the transport under a Raft service proves of its callers.
@@ -72,6 +77,7 @@ impl<M: StateMachine> RaftGrpc<M> {
             app_version,
             commit_seen,
             proof,
+            receiving: Arc::default(),
         })
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes)
@@ -112,6 +118,43 @@ impl<M: StateMachine> RaftGrpc<M> {
             )));
         }
         Ok(proven)
+    }
+
+    /// Refuses a chunk that starts past the bytes of its snapshot that arrived: openraft
+    /// would seek there and write, making a sparse file of any size, or failing the write
+    /// and stopping this replica's Raft for good. A chunk at 0 starts a snapshot (or starts
+    /// it again); an earlier one is a retransmission.
+    fn check_chunk(
+        &self,
+        rpc: &openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>>,
+    ) -> Result<(), Status> {
+        if rpc.offset == 0 {
+            return Ok(());
+        }
+        let receiving = self.receiving.lock().unwrap_or_else(|p| p.into_inner());
+        let arrived = match &*receiving {
+            Some((id, arrived)) if *id == rpc.meta.snapshot_id => *arrived,
+            _ => 0,
+        };
+        if rpc.offset > arrived {
+            return Err(Status::invalid_argument(format!(
+                "InstallSnapshot: a chunk at offset {} of snapshot {:?}, of which {arrived} \
+                 bytes arrived: chunks follow one another",
+                rpc.offset, rpc.meta.snapshot_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Notes a chunk openraft took: `end` bytes of snapshot `id` arrived (none after the
+    /// last).
+    fn chunk_taken(&self, id: String, end: u64, done: bool) {
+        let mut receiving = self.receiving.lock().unwrap_or_else(|p| p.into_inner());
+        *receiving = match receiving.take() {
+            _ if done => None,
+            Some((current, arrived)) if current == id => Some((id, arrived.max(end))),
+            _ => Some((id, end)),
+        };
     }
 }
 
@@ -204,13 +247,20 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
         let rpc: openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>> =
             request("InstallSnapshot", req)?;
         speaks_for_itself("InstallSnapshot", proven, rpc.vote.leader_id().node_id)?;
+        self.check_chunk(&rpc)?;
         let vote = rpc.vote;
+        let (id, end, done) = (
+            rpc.meta.snapshot_id.clone(),
+            rpc.offset.saturating_add(rpc.data.len() as u64),
+            rpc.done,
+        );
         let answer = self.raft.install_snapshot(rpc).await;
         // A chunk from the leader of this replica's vote (answered with that same vote): the
         // leader is alive. A large snapshot sends no appends while it streams, and must not
         // make the replica receiving it campaign ([`crate::election_gate`]).
         if answer.as_ref().is_ok_and(|r| r.vote == vote) {
             self.commit_seen.contact();
+            self.chunk_taken(id, end, done);
         }
         reply("InstallSnapshot", &answer)
     }
