@@ -395,7 +395,7 @@ fn serve_grpc(
             shared.inflight.clone(),
             shared.users_inflight.clone(),
         ))
-        .layer(crate::malformed::MalformedLayer)
+        .layer(docket_proto::malformed::MalformedLayer)
         .add_service(ReplicaOnly::new(replica.service()))
         .add_service(JobsService::new(
             replica.clone(),

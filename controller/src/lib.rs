@@ -25,7 +25,6 @@ pub mod inflight;
 pub mod jobs;
 pub mod loops;
 pub mod machine;
-pub mod malformed;
 pub mod stats;
 pub mod step_grants;
 pub mod steps;

@@ -539,6 +539,7 @@ async fn serve_steps(
         // srun opens one stream per node it runs on: a connection needs few.
         let served = tonic::transport::Server::builder()
             .max_concurrent_streams(Some(16))
+            .layer(docket_proto::malformed::MalformedLayer)
             .add_service(service)
             .serve_with_incoming(incoming)
             .await;

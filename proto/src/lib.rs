@@ -5,7 +5,7 @@
 //! messages is written by hand: changing the protocol means changing a `.proto` file. Besides
 //! them: the names of the metadata the services exchange ([`metadata`]), the order in which
 //! clients ask the replicas ([`endpoints`]), how clients read the typed states of replies
-//! ([`states`]) and the clock the messages' times are read from
+//! ([`states`]), how servers answer an undecodable request ([`malformed`]) and the clock the messages' times are read from
 //! ([`unix_ms`]), each written once here.
 //!
 //! Compatibility rule: fields are only ever added, never renumbered or retyped, so a replica
@@ -19,6 +19,7 @@ pub mod v1 {
 }
 
 pub mod endpoints;
+pub mod malformed;
 pub mod metadata;
 pub mod states;
 

@@ -1,4 +1,5 @@
-//! A request body that is not a valid protobuf message is the caller's error.
+//! A request body that is not a valid protobuf message is the caller's error, on every
+//! docket server (the controller's services, the agents' step port).
 //!
 //! tonic answers a request it cannot decode with `INTERNAL` ("failed to decode Protobuf
 //! message: ..."), the code of a server fault. Operators alert on `INTERNAL`, and clients
