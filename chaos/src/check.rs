@@ -78,6 +78,9 @@ pub struct Report {
     /// Per leader-removing fault: ms to the first acknowledged write and the first job start.
     pub to_write_ms: Vec<u64>,
     pub to_start_ms: Vec<u64>,
+    /// The same, by the kind of fault that removed the leader: where a tail comes from.
+    pub to_write_by_kind: BTreeMap<&'static str, Vec<u64>>,
+    pub to_start_by_kind: BTreeMap<&'static str, Vec<u64>>,
     pub longest_unavailable_ms: u64,
     pub terms_seen: usize,
     /// The agents' launch records against the run log (filled by the caller, which knows
@@ -313,12 +316,18 @@ impl Report {
             .collect();
         starts.sort_unstable();
         for f in records.faults.iter().filter(|f| f.kind.removes_leader()) {
+            let kind = f.kind.name();
             if let Some(a) = acks.iter().find(|a| **a > f.at_ms) {
                 self.to_write_ms.push(a - f.at_ms);
+                self.to_write_by_kind
+                    .entry(kind)
+                    .or_default()
+                    .push(a - f.at_ms);
             }
             let at = f.at_wall_ms.saturating_sub(wall_start_ms);
             if let Some(s) = starts.iter().find(|s| **s > at) {
                 self.to_start_ms.push(s - at);
+                self.to_start_by_kind.entry(kind).or_default().push(s - at);
             }
         }
         self.longest_unavailable_ms = acks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
@@ -410,6 +419,14 @@ fn render_recovery(s: &mut String, r: &Report) {
         "leader loss -> first scheduling decision: {}\n",
         latencies(&r.to_start_ms)
     ));
+    for (kind, write) in &r.to_write_by_kind {
+        let start = r.to_start_by_kind.get(kind).map_or(&[][..], Vec::as_slice);
+        s.push_str(&format!(
+            "  after {kind}: first write {}; first start {}\n",
+            latencies(write),
+            latencies(start)
+        ));
+    }
     s.push_str(&format!(
         "longest write-unavailable window:         {} ms\n",
         r.longest_unavailable_ms
