@@ -9,17 +9,14 @@ use std::time::{Duration, Instant};
 
 use common::{Act, Cluster, DEADLINE, act, as_user, job, list, submit};
 use docket_proto::v1 as pb;
+use docket_proto::v1::jobs_client::JobsClient;
+use tonic::transport::Channel;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn finished_jobs_move_to_the_archive_and_stay_queryable() {
-    let config = common::site_config().with_file_name("short-job-age.toml");
-    let mut cluster = Cluster::start_custom(3, config, &["--agent-fence-ms", "0"]).await;
-    let leader = cluster.leader().await;
-    let mut jobs = cluster.jobs(leader).await;
-    // Held so they stay pending; cancelled while pending they end at once.
+/// Submits two held jobs of alice's and cancels them while pending; their ids.
+async fn two_cancelled_jobs(jobs: &mut JobsClient<Channel>) -> Vec<u64> {
     let mut held = job("gone", "");
     held.hold = true;
-    let r = submit(&mut jobs, "alice", vec![held.clone(), held])
+    let r = submit(jobs, "alice", vec![held.clone(), held])
         .await
         .unwrap();
     let ids: Vec<u64> = r
@@ -29,16 +26,19 @@ async fn finished_jobs_move_to_the_archive_and_stay_queryable() {
             _ => panic!("{r:?}"),
         })
         .collect();
-    act(&mut jobs, "alice", Act::Cancel, &ids).await.unwrap();
+    act(jobs, "alice", Act::Cancel, &ids).await.unwrap();
+    ids
+}
 
-    // They leave the queue after MinJobAge (1 s) at a tick...
+/// Waits until jobs `ids` are no longer listed in the queue.
+async fn wait_purged(jobs: &mut JobsClient<Channel>, ids: &[u64]) {
     let start = Instant::now();
     loop {
         let listed = list(
-            &mut jobs,
+            jobs,
             "alice",
             pb::ListJobsRequest {
-                job_ids: ids.clone(),
+                job_ids: ids.to_vec(),
                 ..Default::default()
             },
         )
@@ -50,45 +50,89 @@ async fn finished_jobs_move_to_the_archive_and_stay_queryable() {
         assert!(start.elapsed() < DEADLINE, "never purged: {listed:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
-    // ... and every replica still answers for them from its archive.
-    let check = |records: Vec<pb::AccountingRecord>| {
-        let mine: Vec<_> = records
-            .iter()
-            .filter(|r| ids.contains(&r.job.as_ref().unwrap().job_id))
-            .collect();
-        assert_eq!(mine.len(), 2, "{records:?}");
-        for r in mine {
-            assert!(r.archived);
-            let j = r.job.as_ref().unwrap();
-            assert_eq!(j.state, "CANCELLED");
-            assert_eq!(j.user, "alice");
-            assert!(j.end_time_ms.is_some());
+/// Checks that `records` hold jobs `ids` (two of them), archived, cancelled, alice's, ended.
+fn check_archived(records: &[pb::AccountingRecord], ids: &[u64]) {
+    let mine: Vec<_> = records
+        .iter()
+        .filter(|r| ids.contains(&r.job.as_ref().unwrap().job_id))
+        .collect();
+    assert_eq!(mine.len(), 2, "{records:?}");
+    for r in mine {
+        assert!(r.archived);
+        let j = r.job.as_ref().unwrap();
+        assert_eq!(j.state, "CANCELLED");
+        assert_eq!(j.user, "alice");
+        assert!(j.end_time_ms.is_some());
+    }
+}
+
+/// Waits until replica `id` answers for two archived jobs, and checks they are jobs `ids`.
+async fn wait_answers_from_archive(cluster: &Cluster, id: u64, ids: &[u64]) {
+    let mut c = cluster.jobs(id).await;
+    let start = Instant::now();
+    loop {
+        let records = c
+            .accounting(as_user(
+                "alice",
+                pb::AccountingRequest {
+                    users: vec!["alice".into()],
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .records;
+        if records.iter().filter(|r| r.archived).count() >= 2 {
+            check_archived(&records, ids);
+            break;
         }
-    };
-    for id in [1, 2, 3] {
-        let mut c = cluster.jobs(id).await;
-        let start = Instant::now();
-        loop {
-            let records = c
-                .accounting(as_user(
-                    "alice",
-                    pb::AccountingRequest {
-                        users: vec!["alice".into()],
-                        ..Default::default()
-                    },
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-                .records;
-            if records.iter().filter(|r| r.archived).count() >= 2 {
-                check(records);
+        assert!(start.elapsed() < DEADLINE, "replica {id}: {records:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asks `c` for the accounting of jobs `ids` until it answers, and checks the answer.
+async fn check_accounting_of(c: &mut JobsClient<Channel>, ids: &[u64]) {
+    let start = Instant::now();
+    loop {
+        match c
+            .accounting(as_user(
+                "alice",
+                pb::AccountingRequest {
+                    job_ids: ids.to_vec(),
+                    ..Default::default()
+                },
+            ))
+            .await
+        {
+            Ok(r) => {
+                check_archived(&r.into_inner().records, ids);
                 break;
             }
-            assert!(start.elapsed() < DEADLINE, "replica {id}: {records:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err(e) => assert!(start.elapsed() < DEADLINE, "{e}"),
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_move_to_the_archive_and_stay_queryable() {
+    let config = common::site_config().with_file_name("short-job-age.toml");
+    let mut cluster = Cluster::start_custom(3, config, &["--agent-fence-ms", "0"]).await;
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    // Held so they stay pending; cancelled while pending they end at once.
+    let ids = two_cancelled_jobs(&mut jobs).await;
+
+    // They leave the queue after MinJobAge (1 s) at a tick...
+    wait_purged(&mut jobs, &ids).await;
+
+    // ... and every replica still answers for them from its archive.
+    for id in [1, 2, 3] {
+        wait_answers_from_archive(&cluster, id, &ids).await;
     }
 
     // The archive survives a restart of every replica.
@@ -100,26 +144,7 @@ async fn finished_jobs_move_to_the_archive_and_stay_queryable() {
     }
     let leader = cluster.leader().await;
     let mut c = cluster.jobs(leader).await;
-    let start = Instant::now();
-    loop {
-        match c
-            .accounting(as_user(
-                "alice",
-                pb::AccountingRequest {
-                    job_ids: ids.clone(),
-                    ..Default::default()
-                },
-            ))
-            .await
-        {
-            Ok(r) => {
-                check(r.into_inner().records);
-                break;
-            }
-            Err(e) => assert!(start.elapsed() < DEADLINE, "{e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    check_accounting_of(&mut c, &ids).await;
     // Bad bounds are named.
     let e = c
         .accounting(as_user(

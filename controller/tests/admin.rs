@@ -8,15 +8,11 @@ use std::time::{Duration, Instant};
 
 use common::{Cluster, DEADLINE, as_user, job, submit};
 use docket_proto::v1 as pb;
+use docket_proto::v1::admin_client::AdminClient;
+use tonic::transport::Channel;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_status_nodes_config_and_diagnostics() {
-    let cluster = Cluster::start(3).await;
-    let leader = cluster.leader().await;
-    let follower = cluster.follower_of(leader);
-    let mut admin = cluster.admin(follower).await;
-
-    // Any replica reports every replica, with the leader's view of their lag.
+/// Checks `admin` (on `follower`) reports all three replicas, `leader` leading, with their lag.
+async fn check_cluster_status(admin: &mut AdminClient<Channel>, leader: u64, follower: u64) {
     let status = admin
         .cluster_status(as_user("alice", pb::ClusterStatusRequest::default()))
         .await
@@ -42,40 +38,31 @@ async fn cluster_status_nodes_config_and_diagnostics() {
             .iter()
             .all(|r| r.reachable && r.voter && r.lag.is_some())
     );
+}
 
-    // Changing anything needs the admin role; a denial changes nothing.
-    let e = admin
-        .drain_node(as_user(
-            "alice",
-            pb::DrainNodeRequest {
-                node: "n01".into(),
-                reason: "disk".into(),
-            },
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::PermissionDenied);
-    let e = admin
-        .drain_node(as_user(
-            "root",
-            pb::DrainNodeRequest {
-                node: "n01".into(),
-                reason: " ".into(),
-            },
-        ))
-        .await
-        .unwrap_err();
-    assert!(e.message().contains("reason"), "{e}");
+/// `user` drains node n01 for `reason`.
+async fn drain_n01(
+    admin: &mut AdminClient<Channel>,
+    user: &str,
+    reason: &str,
+) -> Result<pb::AdminReply, tonic::Status> {
+    let request = pb::DrainNodeRequest {
+        node: "n01".into(),
+        reason: reason.into(),
+    };
     admin
-        .drain_node(as_user(
-            "root",
-            pb::DrainNodeRequest {
-                node: "n01".into(),
-                reason: "disk replacement".into(),
-            },
-        ))
+        .drain_node(as_user(user, request))
         .await
-        .unwrap();
+        .map(tonic::Response::into_inner)
+}
+
+/// Checks draining n01 needs root and a reason and shows in the listing; resumes n01.
+async fn check_drain_and_resume(admin: &mut AdminClient<Channel>) {
+    let e = drain_n01(admin, "alice", "disk").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    let e = drain_n01(admin, "root", " ").await.unwrap_err();
+    assert!(e.message().contains("reason"), "{e}");
+    drain_n01(admin, "root", "disk replacement").await.unwrap();
     let nodes = admin
         .list_nodes(as_user("alice", pb::ListNodesRequest {}))
         .await
@@ -90,23 +77,29 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         .resume_node(as_user("root", pb::NodeRequest { node: "n01".into() }))
         .await
         .unwrap();
+}
 
-    // Config: a dry run says what it would do and changes nothing; applying adds a partition.
-    // ApplyConfig takes the whole file, as `scontrol reconfigure` rereads slurm.conf.
-    let toml = std::fs::read_to_string(common::site_config()).unwrap()
-        + "\n[[partitions]]\nPartitionName = \"debug\"\nNodes = \"n[01-02]\"\nMaxTime = \"30:00\"\n";
-    let dry = admin
-        .apply_config(as_user(
-            "root",
-            pb::ApplyConfigRequest {
-                toml: toml.clone(),
-                dry_run: true,
-                objects_only: false,
-            },
-        ))
+/// Root's ApplyConfig of `toml`.
+async fn apply_config(
+    admin: &mut AdminClient<Channel>,
+    toml: &str,
+    dry_run: bool,
+    objects_only: bool,
+) -> Result<pb::ApplyConfigResponse, tonic::Status> {
+    let request = pb::ApplyConfigRequest {
+        toml: toml.into(),
+        dry_run,
+        objects_only,
+    };
+    admin
+        .apply_config(as_user("root", request))
         .await
-        .unwrap()
-        .into_inner();
+        .map(tonic::Response::into_inner)
+}
+
+/// Checks dry runs of `toml` and of a user in no account report changes and change nothing.
+async fn check_dry_runs(admin: &mut AdminClient<Channel>, toml: &str) {
+    let dry = apply_config(admin, toml, true, false).await.unwrap();
     assert!(
         dry.changes.iter().any(|c| c == "upsert partition debug"),
         "{dry:?}"
@@ -115,18 +108,8 @@ async fn cluster_status_nodes_config_and_diagnostics() {
     assert!(dry.errors.iter().all(String::is_empty), "{dry:?}");
     // A dry run applies to a copy: a user in an account that does not exist is refused
     // there, with the core's own words; objects_only keeps the scheduler parameters out.
-    let bad_user = admin
-        .apply_config(as_user(
-            "root",
-            pb::ApplyConfigRequest {
-                toml: "[[users]]\nName = \"carol\"\nDefaultAccount = \"nosuch\"\n".into(),
-                dry_run: true,
-                objects_only: true,
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let carol = "[[users]]\nName = \"carol\"\nDefaultAccount = \"nosuch\"\n";
+    let bad_user = apply_config(admin, carol, true, true).await.unwrap();
     assert!(bad_user.changes == ["upsert user carol"], "{bad_user:?}");
     let refused: Vec<&String> = bad_user.errors.iter().filter(|e| !e.is_empty()).collect();
     assert_eq!(refused.len(), 1, "{bad_user:?}");
@@ -138,45 +121,13 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         .into_inner();
     assert!(!config.partitions.contains(&"debug".to_owned()));
     assert!(config.sched_config_json.contains("max_array_size"));
-    let applied = admin
-        .apply_config(as_user(
-            "root",
-            pb::ApplyConfigRequest {
-                toml: toml.clone(),
-                dry_run: false,
-                objects_only: false,
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(applied.applied, "{applied:?}");
-    let mut jobs = cluster.jobs(follower).await;
-    let r = submit(&mut jobs, "alice", vec![job("dbg", "debug")])
-        .await
-        .unwrap();
-    assert!(
-        matches!(r[0].result, Some(pb::submit_result::Result::JobId(_))),
-        "{r:?}"
-    );
-    let e = admin
-        .apply_config(as_user(
-            "root",
-            pb::ApplyConfigRequest {
-                toml: "[[partitions]]\nPartitionName = \"x\"\nMaxTime = \"5 days\"\n".into(),
-                dry_run: true,
-                objects_only: false,
-            },
-        ))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
 
-    // Diagnostics: the leader's loops have run.
-    let mut leader_admin = cluster.admin(leader).await;
+/// Waits until the leader's diagnostics show the main pass has run twice and a job runs.
+async fn wait_scheduler_ran(admin: &mut AdminClient<Channel>) {
     let start = Instant::now();
     loop {
-        let d = leader_admin
+        let d = admin
             .scheduler_diagnostics(as_user("alice", pb::DiagnosticsRequest {}))
             .await
             .unwrap()
@@ -189,8 +140,10 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         assert!(start.elapsed() < DEADLINE, "{d:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
-    // HTTP: Prometheus metrics and a JSON status on every replica.
+/// Checks the leader's Prometheus metrics and a follower's JSON status.
+fn check_http_endpoints(cluster: &Cluster, leader: u64, follower: u64) {
     let metrics = cluster.http_get(leader, "/metrics");
     for family in [
         "docket_jobs{state=\"running\"}",
@@ -206,6 +159,47 @@ async fn cluster_status_nodes_config_and_diagnostics() {
         serde_json::from_str(&cluster.http_get(follower, "/status")).unwrap();
     assert_eq!(status["raft"]["role"], "follower");
     assert!(status["jobs"]["running"].as_u64().unwrap() >= 1, "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_nodes_config_and_diagnostics() {
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.follower_of(leader);
+    let mut admin = cluster.admin(follower).await;
+
+    // Any replica reports every replica, with the leader's view of their lag.
+    check_cluster_status(&mut admin, leader, follower).await;
+
+    // Changing anything needs the admin role; a denial changes nothing.
+    check_drain_and_resume(&mut admin).await;
+
+    // Config: a dry run says what it would do and changes nothing; applying adds a partition.
+    // ApplyConfig takes the whole file, as `scontrol reconfigure` rereads slurm.conf.
+    let toml = std::fs::read_to_string(common::site_config()).unwrap()
+        + "\n[[partitions]]\nPartitionName = \"debug\"\nNodes = \"n[01-02]\"\nMaxTime = \"30:00\"\n";
+    check_dry_runs(&mut admin, &toml).await;
+    let applied = apply_config(&mut admin, &toml, false, false).await.unwrap();
+    assert!(applied.applied, "{applied:?}");
+    let mut jobs = cluster.jobs(follower).await;
+    let r = submit(&mut jobs, "alice", vec![job("dbg", "debug")])
+        .await
+        .unwrap();
+    assert!(
+        matches!(r[0].result, Some(pb::submit_result::Result::JobId(_))),
+        "{r:?}"
+    );
+    let bad_time = "[[partitions]]\nPartitionName = \"x\"\nMaxTime = \"5 days\"\n";
+    let e = apply_config(&mut admin, bad_time, true, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+    // Diagnostics: the leader's loops have run.
+    wait_scheduler_ran(&mut cluster.admin(leader).await).await;
+
+    // HTTP: Prometheus metrics and a JSON status on every replica.
+    check_http_endpoints(&cluster, leader, follower);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

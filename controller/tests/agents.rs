@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::{Act, Cluster, DEADLINE, act, as_user, job, list, submit};
 use docket_proto::v1 as pb;
 use docket_proto::v1::agents_client::AgentsClient;
+use docket_proto::v1::jobs_client::JobsClient;
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
@@ -179,68 +180,42 @@ fn pinned(name: &str, node: &str) -> pb::JobSpec {
     j
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
-    let mut cluster = Cluster::start_with(
-        3,
-        &[
-            "--agent-fence-ms",
-            "1500",
-            "--node-down-margin-ms",
-            "1000",
-            "--agent-heartbeat-ms",
-            "200",
-        ],
-    )
-    .await;
-    // A stale run the agent still holds from before (epoch 1 of a job that is not there).
-    let mut agent = FakeAgent::register(
-        &cluster,
-        "g01",
-        vec![pb::HeldJob {
-            job_id: 9999,
-            epoch: 1,
-            running: true,
-        }],
-    )
-    .await;
-    let pb::instruction::Kind::Kill(k) = agent.next().await else {
-        panic!("the stale run was not killed")
-    };
-    assert_eq!((k.job_id, k.epoch), (9999, 1));
-    assert!(k.reason.contains("stale"), "{k:?}");
-
-    // A job for g01 is launched there with its epoch, script and share.
-    let leader = cluster.leader().await;
-    let mut jobs = cluster.jobs(leader).await;
-    let r = submit(&mut jobs, "alice", vec![pinned("one", "g01")])
-        .await
-        .unwrap();
+/// Submits `spec` as alice through `jobs`; its id.
+async fn submit_one(jobs: &mut JobsClient<Channel>, spec: pb::JobSpec) -> u64 {
+    let r = submit(jobs, "alice", vec![spec]).await.unwrap();
     let Some(pb::submit_result::Result::JobId(id)) = r[0].result else {
         panic!("{r:?}")
     };
-    let pb::instruction::Kind::Launch(l) = agent.next().await else {
-        panic!("expected a launch")
-    };
-    assert_eq!(l.job_id, id);
-    assert!(l.epoch > 0);
-    assert_eq!(l.cpus, 4);
-    assert_eq!(l.node_list, "g01");
-    assert_eq!(l.user, "alice");
-    assert!(l.script.starts_with(b"#!/bin/sh"));
-    let epoch = l.epoch;
-    let held = vec![pb::HeldJob {
-        job_id: id,
-        epoch,
-        running: true,
-    }];
-    agent.heartbeat(held.clone()).await;
+    id
+}
 
-    // Nodes nobody's agent speaks for are declared down after fence + margin; g01 is not.
+/// The next instruction to `agent`, which must be a launch (else a panic saying `what`).
+async fn expect_launch(agent: &mut FakeAgent, what: &str) -> pb::Launch {
+    let pb::instruction::Kind::Launch(l) = agent.next().await else {
+        panic!("{what}")
+    };
+    l
+}
+
+/// The next instruction to `agent`, which must be a kill (else a panic saying `what`).
+async fn expect_kill(agent: &mut FakeAgent, what: &str) -> pb::JobControl {
+    let pb::instruction::Kind::Kill(k) = agent.next().await else {
+        panic!("{what}")
+    };
+    k
+}
+
+/// Waits until every node but g01 is down, `agent` heartbeating `held` meanwhile.
+async fn wait_silent_nodes_down(
+    cluster: &Cluster,
+    leader: u64,
+    agent: &mut FakeAgent,
+    held: &[pb::HeldJob],
+) {
     let start = Instant::now();
     let mut admin = cluster.admin(leader).await;
     loop {
-        agent.heartbeat(held.clone()).await;
+        agent.heartbeat(held.to_vec()).await;
         let nodes = admin
             .list_nodes(as_user("alice", pb::ListNodesRequest {}))
             .await
@@ -262,25 +237,10 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
 
-    // The leader dies. The agent registers with the new one, holding the run: the new
-    // leader reconciles and does not launch it again.
-    cluster.kill(leader);
-    let mut agent = FakeAgent::register(&cluster, "g01", held.clone()).await;
-    agent.heartbeat(held.clone()).await;
-    // Cancel it: the only instruction that comes is the kill of that run.
-    let new_leader = cluster.leader().await;
-    let mut jobs = cluster.jobs(new_leader).await;
-    let r = act(&mut jobs, "alice", Act::Cancel, &[id]).await.unwrap();
-    assert!(r[0].error.is_empty(), "{r:?}");
-    let pb::instruction::Kind::Kill(k) = agent.next().await else {
-        panic!("expected the kill, not a second launch")
-    };
-    assert_eq!((k.job_id, k.epoch), (id, epoch));
-    agent.ended(id, epoch, pb::EndCause::Cancelled, 0).await;
-    wait_state(&cluster, id, "CANCELLED").await;
-
-    // A report under an old epoch is ignored; a bad cause is named.
+/// Checks `agent`'s report of job `id`'s end with an unknown cause is refused naming the cause.
+async fn check_bad_cause_is_named(agent: &mut FakeAgent, id: u64, epoch: u64) {
     let r = agent
         .client
         .report_events(pb::ReportEventsRequest {
@@ -299,33 +259,54 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         .unwrap()
         .into_inner();
     assert!(r.errors[0].contains("cause"), "{r:?}");
+}
 
-    // A second job runs to completion.
-    let r = submit(&mut jobs, "alice", vec![pinned("two", "g01")])
+/// Alice sets job `id`'s time limit to `seconds`.
+async fn set_time_limit(
+    jobs: &mut JobsClient<Channel>,
+    id: u64,
+    seconds: i64,
+) -> pb::PerJobResponse {
+    let request = pb::UpdateJobsRequest {
+        jobs: vec![pb::JobRef {
+            job_id: id,
+            task: None,
+        }],
+        time_limit_seconds: Some(seconds),
+        ..Default::default()
+    };
+    jobs.update_jobs(as_user("alice", request))
         .await
-        .unwrap();
-    let Some(pb::submit_result::Result::JobId(id2)) = r[0].result else {
-        panic!("{r:?}")
+        .unwrap()
+        .into_inner()
+}
+
+/// Alice requeues job `id`.
+async fn requeue(jobs: &mut JobsClient<Channel>, id: u64) -> pb::PerJobResponse {
+    let request = pb::JobsRequest {
+        jobs: vec![pb::JobRef {
+            job_id: id,
+            task: None,
+        }],
     };
-    let pb::instruction::Kind::Launch(l) = agent.next().await else {
-        panic!("expected a launch")
-    };
+    jobs.requeue_jobs(as_user("alice", request))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Runs a second job on `agent`: its limit lowered (not raised) by alice, requeued, completed.
+async fn a_second_job_is_limited_requeued_and_completes(
+    cluster: &Cluster,
+    agent: &mut FakeAgent,
+    jobs: &mut JobsClient<Channel>,
+) {
+    let id2 = submit_one(jobs, pinned("two", "g01")).await;
+    let l = expect_launch(agent, "expected a launch").await;
     assert_eq!(l.job_id, id2);
     assert_eq!(l.time_limit_seconds, 600);
     // Its owner lowers its time limit: the agent is told.
-    let mut req = tonic::Request::new(pb::UpdateJobsRequest {
-        jobs: vec![pb::JobRef {
-            job_id: id2,
-            task: None,
-        }],
-        time_limit_seconds: Some(300),
-        ..Default::default()
-    });
-    req.metadata_mut().insert(
-        docket_proto::metadata::CREDENTIAL,
-        common::credential("alice"),
-    );
-    let r = jobs.update_jobs(req).await.unwrap().into_inner();
+    let r = set_time_limit(jobs, id2, 300).await;
     assert!(r.results[0].error.is_empty(), "{r:?}");
     let pb::instruction::Kind::TimeLimit(t) = agent.next().await else {
         panic!("expected the new time limit")
@@ -335,47 +316,90 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         (id2, l.epoch, 300)
     );
     // Raising it back is for administrators.
-    let mut req = tonic::Request::new(pb::UpdateJobsRequest {
-        jobs: vec![pb::JobRef {
-            job_id: id2,
-            task: None,
-        }],
-        time_limit_seconds: Some(900),
-        ..Default::default()
-    });
-    req.metadata_mut().insert(
-        docket_proto::metadata::CREDENTIAL,
-        common::credential("alice"),
-    );
-    let r = jobs.update_jobs(req).await.unwrap().into_inner();
+    let r = set_time_limit(jobs, id2, 900).await;
     assert!(r.results[0].error.contains("administrator"), "{r:?}");
     // Requeued by its owner: killed, back in the queue, and launched again under a new epoch.
-    let mut req = tonic::Request::new(pb::JobsRequest {
-        jobs: vec![pb::JobRef {
-            job_id: id2,
-            task: None,
-        }],
-    });
-    req.metadata_mut().insert(
-        docket_proto::metadata::CREDENTIAL,
-        common::credential("alice"),
-    );
-    let r = jobs.requeue_jobs(req).await.unwrap().into_inner();
+    let r = requeue(jobs, id2).await;
     assert!(r.results[0].error.is_empty(), "{r:?}");
-    let pb::instruction::Kind::Kill(k) = agent.next().await else {
-        panic!("expected the requeue's kill")
-    };
+    let k = expect_kill(agent, "expected the requeue's kill").await;
     assert_eq!((k.job_id, k.epoch), (id2, l.epoch));
     agent.ended(id2, l.epoch, pb::EndCause::Cancelled, 0).await;
-    let pb::instruction::Kind::Launch(again) = agent.next().await else {
-        panic!("expected the requeued job's new launch")
-    };
+    let again = expect_launch(agent, "expected the requeued job's new launch").await;
     assert_eq!(again.job_id, id2);
     assert!(again.epoch > l.epoch, "{} <= {}", again.epoch, l.epoch);
     agent
         .ended(id2, again.epoch, pb::EndCause::Completed, 0)
         .await;
-    wait_state(&cluster, id2, "COMPLETED").await;
+    wait_state(cluster, id2, "COMPLETED").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--agent-fence-ms",
+            "1500",
+            "--node-down-margin-ms",
+            "1000",
+            "--agent-heartbeat-ms",
+            "200",
+        ],
+    )
+    .await;
+    // A stale run the agent still holds from before (epoch 1 of a job that is not there).
+    let stale = pb::HeldJob {
+        job_id: 9999,
+        epoch: 1,
+        running: true,
+    };
+    let mut agent = FakeAgent::register(&cluster, "g01", vec![stale]).await;
+    let k = expect_kill(&mut agent, "the stale run was not killed").await;
+    assert_eq!((k.job_id, k.epoch), (9999, 1));
+    assert!(k.reason.contains("stale"), "{k:?}");
+
+    // A job for g01 is launched there with its epoch, script and share.
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let id = submit_one(&mut jobs, pinned("one", "g01")).await;
+    let l = expect_launch(&mut agent, "expected a launch").await;
+    assert_eq!(l.job_id, id);
+    assert!(l.epoch > 0);
+    assert_eq!(l.cpus, 4);
+    assert_eq!(l.node_list, "g01");
+    assert_eq!(l.user, "alice");
+    assert!(l.script.starts_with(b"#!/bin/sh"));
+    let epoch = l.epoch;
+    let held = vec![pb::HeldJob {
+        job_id: id,
+        epoch,
+        running: true,
+    }];
+    agent.heartbeat(held.clone()).await;
+
+    // Nodes nobody's agent speaks for are declared down after fence + margin; g01 is not.
+    wait_silent_nodes_down(&cluster, leader, &mut agent, &held).await;
+
+    // The leader dies. The agent registers with the new one, holding the run: the new
+    // leader reconciles and does not launch it again.
+    cluster.kill(leader);
+    let mut agent = FakeAgent::register(&cluster, "g01", held.clone()).await;
+    agent.heartbeat(held.clone()).await;
+    // Cancel it: the only instruction that comes is the kill of that run.
+    let new_leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(new_leader).await;
+    let r = act(&mut jobs, "alice", Act::Cancel, &[id]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    let k = expect_kill(&mut agent, "expected the kill, not a second launch").await;
+    assert_eq!((k.job_id, k.epoch), (id, epoch));
+    agent.ended(id, epoch, pb::EndCause::Cancelled, 0).await;
+    wait_state(&cluster, id, "CANCELLED").await;
+
+    // A report under an old epoch is ignored; a bad cause is named.
+    check_bad_cause_is_named(&mut agent, id, epoch).await;
+
+    // A second job runs to completion.
+    a_second_job_is_limited_requeued_and_completes(&cluster, &mut agent, &mut jobs).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,17 +113,10 @@ async fn check_queue(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job() {
-    let mut cluster = Cluster::start(3).await;
-    let leader = cluster.leader().await;
-    let acked_count = Arc::new(AtomicUsize::new(0));
-
-    // Kill the leader once a quarter of the burst is acknowledged.
-    let addrs: Vec<String> = cluster.addrs.values().cloned().collect();
-    let task = tokio::spawn(burst(addrs, 16, 1_000, acked_count.clone()));
+/// Waits until `acked_count` reaches `n` while the burst `task` still runs.
+async fn wait_acked<T>(acked_count: &AtomicUsize, task: &tokio::task::JoinHandle<T>, n: usize) {
     let start = Instant::now();
-    while acked_count.load(Ordering::SeqCst) < 250 {
+    while acked_count.load(Ordering::SeqCst) < n {
         assert!(
             start.elapsed() < DEADLINE,
             "the burst stalled before the kill"
@@ -131,47 +124,39 @@ async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job(
         assert!(!task.is_finished(), "the burst ended before the kill");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    cluster.kill(leader);
-    let killed_at = Instant::now();
-    let killed_ms = docket_proto::unix_ms();
+}
 
-    // Probe: every 100 ms, submit a small job to the idle partition through any replica,
-    // until one is queued; it starts as soon as a leader schedules again.
-    let probe = {
-        let addrs: Vec<String> = cluster.addrs.values().cloned().collect();
-        tokio::spawn(async move {
-            let mut turn = 0;
-            loop {
-                let addr = &addrs[turn % addrs.len()];
-                turn += 1;
-                let mut c = docket_proto::v1::jobs_client::JobsClient::new(common::channel(addr));
-                if let Ok(r) = submit(&mut c, "alice", vec![job("probe-after-kill", "big")]).await
-                    && let Some(pb::submit_result::Result::JobId(id)) = r[0].result
-                {
-                    return id;
-                }
-                assert!(
-                    killed_at.elapsed() < DEADLINE,
-                    "no submission accepted after the kill"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
+/// Submits a probe job through any of `addrs` every 100 ms until one is queued; its id.
+fn spawn_probe(addrs: Vec<String>, killed_at: Instant) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut turn = 0;
+        loop {
+            let addr = &addrs[turn % addrs.len()];
+            turn += 1;
+            let mut c = docket_proto::v1::jobs_client::JobsClient::new(common::channel(addr));
+            if let Ok(r) = submit(&mut c, "alice", vec![job("probe-after-kill", "big")]).await
+                && let Some(pb::submit_result::Result::JobId(id)) = r[0].result
+            {
+                return id;
             }
-        })
-    };
-    let (acked, attempted) = task.await.unwrap();
-    assert!(
-        acked.len() > 250,
-        "submissions continued after the kill: {}",
-        acked.len()
-    );
-    let probe_id = probe.await.unwrap();
+            assert!(
+                killed_at.elapsed() < DEADLINE,
+                "no submission accepted after the kill"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
 
-    let new_leader = cluster.leader().await;
-    assert_ne!(new_leader, leader);
-    check_queue(&cluster, new_leader, &acked, &attempted).await;
-
-    // Scheduling resumed on the new leader: the probe started.
-    let mut client = cluster.jobs(new_leader).await;
+/// Waits until `leader` runs job `probe_id`, and prints how long after `killed_ms` it started.
+async fn wait_probe_started(
+    cluster: &Cluster,
+    leader: u64,
+    probe_id: u64,
+    killed_at: Instant,
+    killed_ms: u64,
+) {
+    let mut client = cluster.jobs(leader).await;
     loop {
         let j = list(
             &mut client,
@@ -198,13 +183,13 @@ async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
 
-    // The killed replica restarts from its data directory and sees the same queue.
-    cluster.spawn(leader, None);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+/// Waits until replica `id` (just restarted) answers a listing.
+async fn wait_answering(cluster: &Cluster, id: u64) {
     let start = Instant::now();
     loop {
-        let mut c = cluster.jobs(leader).await;
+        let mut c = cluster.jobs(id).await;
         if list(&mut c, "alice", pb::ListJobsRequest::default())
             .await
             .is_ok()
@@ -217,6 +202,44 @@ async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_during_a_submission_burst_loses_no_acknowledged_job() {
+    let mut cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let acked_count = Arc::new(AtomicUsize::new(0));
+
+    // Kill the leader once a quarter of the burst is acknowledged.
+    let addrs: Vec<String> = cluster.addrs.values().cloned().collect();
+    let task = tokio::spawn(burst(addrs, 16, 1_000, acked_count.clone()));
+    wait_acked(&acked_count, &task, 250).await;
+    cluster.kill(leader);
+    let killed_at = Instant::now();
+    let killed_ms = docket_proto::unix_ms();
+
+    // Probe: every 100 ms, submit a small job to the idle partition through any replica,
+    // until one is queued; it starts as soon as a leader schedules again.
+    let probe = spawn_probe(cluster.addrs.values().cloned().collect(), killed_at);
+    let (acked, attempted) = task.await.unwrap();
+    assert!(
+        acked.len() > 250,
+        "submissions continued after the kill: {}",
+        acked.len()
+    );
+    let probe_id = probe.await.unwrap();
+
+    let new_leader = cluster.leader().await;
+    assert_ne!(new_leader, leader);
+    check_queue(&cluster, new_leader, &acked, &attempted).await;
+
+    // Scheduling resumed on the new leader: the probe started.
+    wait_probe_started(&cluster, new_leader, probe_id, killed_at, killed_ms).await;
+
+    // The killed replica restarts from its data directory and sees the same queue.
+    cluster.spawn(leader, None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_answering(&cluster, leader).await;
     check_queue(&cluster, leader, &acked, &attempted).await;
 }
 

@@ -25,6 +25,7 @@ use proptest::test_runner::{Config, TestRunner};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
 
 /// Sends and receives message bodies as they are.
 #[derive(Debug, Clone, Copy, Default)]
@@ -71,18 +72,23 @@ enum Caller {
     Peer,
 }
 
+/// A method's path, who calls it, and valid requests of it to mutate.
+type Method = (&'static str, Caller, Vec<Vec<u8>>);
+
 /// Every unary method, with valid requests to mutate and who calls it.
-fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
-    let submit = pb::SubmitJobsRequest {
-        jobs: vec![job("fuzz", ""), {
-            let mut j = job("fuzz-array", "");
-            j.array = "0-3%2".into();
-            j.dependency = "afterok:1".into();
-            j
-        }],
-    }
-    .encode_to_vec();
-    let jobs = pb::JobsRequest {
+fn methods() -> Vec<Method> {
+    [
+        job_control_methods(),
+        job_query_methods(),
+        admin_methods(),
+        agent_health_and_raft_methods(),
+    ]
+    .concat()
+}
+
+/// Two job references: job 1, and task 1 of job 2.
+fn job_refs() -> Vec<u8> {
+    pb::JobsRequest {
         jobs: vec![
             pb::JobRef {
                 job_id: 1,
@@ -94,13 +100,21 @@ fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
             },
         ],
     }
-    .encode_to_vec();
-    let list = pb::ListJobsRequest {
-        users: vec!["alice".into()],
-        states: vec!["PD".into()],
-        ..Default::default()
+    .encode_to_vec()
+}
+
+/// The Jobs methods that submit or change jobs.
+fn job_control_methods() -> Vec<Method> {
+    let submit = pb::SubmitJobsRequest {
+        jobs: vec![job("fuzz", ""), {
+            let mut j = job("fuzz-array", "");
+            j.array = "0-3%2".into();
+            j.dependency = "afterok:1".into();
+            j
+        }],
     }
     .encode_to_vec();
+    let jobs = job_refs();
     let e = Vec::new();
     use Caller::*;
     vec![
@@ -140,6 +154,20 @@ fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
                 .encode_to_vec(),
             ],
         ),
+    ]
+}
+
+/// The Jobs methods that read jobs and accounts, and those of steps and of a job's end.
+fn job_query_methods() -> Vec<Method> {
+    let list = pb::ListJobsRequest {
+        users: vec!["alice".into()],
+        states: vec!["PD".into()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let e = Vec::new();
+    use Caller::*;
+    vec![
         (
             "/docket.v1.Jobs/GetJob",
             User,
@@ -192,6 +220,14 @@ fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
                 .encode_to_vec(),
             ],
         ),
+    ]
+}
+
+/// The Admin methods.
+fn admin_methods() -> Vec<Method> {
+    let e = Vec::new();
+    use Caller::*;
+    vec![
         ("/docket.v1.Admin/ClusterStatus", Root, vec![e.clone()]),
         ("/docket.v1.Admin/AddReplica", User, vec![e.clone()]),
         ("/docket.v1.Admin/RemoveReplica", User, vec![e.clone()]),
@@ -215,6 +251,7 @@ fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
                 pb::RemoveObjectRequest {
                     kind: "account".into(),
                     name: "nope".into(),
+                    ..Default::default()
                 }
                 .encode_to_vec(),
             ],
@@ -257,6 +294,14 @@ fn methods() -> Vec<(&'static str, Caller, Vec<Vec<u8>>)> {
             User,
             vec![e.clone()],
         ),
+    ]
+}
+
+/// The Agents, Health and Raft methods.
+fn agent_health_and_raft_methods() -> Vec<Method> {
+    let e = Vec::new();
+    use Caller::*;
+    vec![
         (
             "/docket.v1.Agents/Register",
             Node,
@@ -420,28 +465,145 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe() {
-    let cases: u32 = std::env::var("DOCKET_FUZZ_CASES")
+/// The calls per method: `DOCKET_FUZZ_CASES`, 64 by default.
+fn fuzz_cases() -> u32 {
+    std::env::var("DOCKET_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+        .unwrap_or(64)
+}
+
+/// Channels to one replica as each kind of caller.
+struct Callers {
+    /// The harness's tool certificate: a user or root, told apart by their credentials.
+    user: Channel,
+    /// Node n01's agent's certificate.
+    node: Channel,
+    /// Replica 9's certificate (not a member).
+    peer: Channel,
+}
+
+impl Callers {
+    /// Connects to the replica at `addr` as each kind of caller.
+    fn connect(addr: &str) -> Callers {
+        let tls_of = |role: Role| {
+            let files = secrets()
+                .local
+                .issue(&role, &["127.0.0.1".to_owned()])
+                .unwrap();
+            TlsContext::load(files).unwrap()
+        };
+        let channel_for = |tls: &TlsContext| {
+            docket_auth::tls::connect::channel(addr, tls, Duration::from_secs(2), None).unwrap()
+        };
+        Callers {
+            user: common::channel(addr),
+            node: channel_for(&tls_of(Role::Node("n01".into()))),
+            peer: channel_for(&tls_of(Role::Replica(9))),
+        }
+    }
+
+    /// The channel `caller` calls over.
+    fn of(&self, caller: Caller) -> Channel {
+        match caller {
+            Caller::User | Caller::Root => self.user.clone(),
+            Caller::Node => self.node.clone(),
+            Caller::Peer => self.peer.clone(),
+        }
+    }
+}
+
+/// `cases` mutations of `seeds`, drawn from the generator's seed.
+fn mutated_bodies(seeds: &[Vec<u8>], cases: u32) -> Vec<Vec<u8>> {
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        rng_seed: rng_seed(),
+        ..Config::default()
+    });
+    (0..cases)
+        .map(|_| {
+            mutations(seeds.to_vec())
+                .new_tree(&mut runner)
+                .map(|t| proptest::strategy::ValueTree::current(&t))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// `body` as `caller` sends it: with alice's credential for a user, root's for root.
+fn raw_request(body: Vec<u8>, caller: Caller) -> tonic::Request<Vec<u8>> {
+    let mut request = tonic::Request::new(body);
+    request.set_timeout(Duration::from_secs(10));
+    match caller {
+        Caller::User => {
+            request
+                .metadata_mut()
+                .insert(docket_proto::metadata::CREDENTIAL, credential("alice"));
+        }
+        Caller::Root => {
+            request
+                .metadata_mut()
+                .insert(docket_proto::metadata::CREDENTIAL, credential("root"));
+        }
+        Caller::Node | Caller::Peer => {}
+    }
+    request
+}
+
+/// Sends `bodies` to `path` as `caller`, checking each answer is sane; the count of each code.
+///
+/// Sane: a response, or a status that says something and is never `UNKNOWN` or `INTERNAL`.
+async fn fuzz_method(
+    channel: Channel,
+    path: &'static str,
+    caller: Caller,
+    bodies: Vec<Vec<u8>>,
+) -> BTreeMap<String, u64> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut method_codes: BTreeMap<String, u64> = BTreeMap::new();
+    for body in bodies {
+        let request = raw_request(body.clone(), caller);
+        grpc.ready().await.unwrap();
+        let answer = grpc
+            .unary::<Vec<u8>, Vec<u8>, _>(request, PathAndQuery::from_static(path), RawCodec)
+            .await;
+        let code = match &answer {
+            Ok(_) => tonic::Code::Ok,
+            Err(s) => s.code(),
+        };
+        *method_codes.entry(format!("{code:?}")).or_default() += 1;
+        if let Err(s) = &answer {
+            assert!(
+                !matches!(s.code(), tonic::Code::Unknown | tonic::Code::Internal),
+                "{path} answered {s:?} to {body:?}"
+            );
+            assert!(!s.message().trim().is_empty(), "{path}: {s:?} says nothing");
+        }
+    }
+    method_codes
+}
+
+/// Waits until replica 1 of `cluster` serves a listing again.
+async fn wait_serving(cluster: &Cluster) {
+    let mut jobs = cluster.jobs(1).await;
+    let start = Instant::now();
+    while let Err(e) = common::list(&mut jobs, "alice", pb::ListJobsRequest::default()).await {
+        assert!(
+            start.elapsed() < common::DEADLINE,
+            "not serving after the calls: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe() {
+    let cases = fuzz_cases();
     let cluster = Cluster::start(1).await;
     let addr = cluster.addrs[&1].clone();
     let pid = cluster.procs[&1].id();
-    let tls_of = |role: Role| {
-        let files = secrets()
-            .local
-            .issue(&role, &["127.0.0.1".to_owned()])
-            .unwrap();
-        TlsContext::load(files).unwrap()
-    };
-    let channel_for = |tls: &TlsContext| {
-        docket_auth::tls::connect::channel(&addr, tls, Duration::from_secs(2), None).unwrap()
-    };
-    let user_channel = common::channel(&addr);
-    let node_channel = channel_for(&tls_of(Role::Node("n01".into())));
-    let peer_channel = channel_for(&tls_of(Role::Replica(9)));
+    let callers = Callers::connect(&addr);
     let rss_before = rss_kib(pid);
 
     let mut codes: BTreeMap<String, u64> = BTreeMap::new();
@@ -451,61 +613,11 @@ async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe
     // `DOCKET_FUZZ_METHODS=Raft/` to aim at some methods only.
     let only = std::env::var("DOCKET_FUZZ_METHODS").unwrap_or_default();
     for (path, caller, seeds) in methods().into_iter().filter(|m| m.0.contains(&only)) {
-        let mut runner = TestRunner::new(Config {
-            cases,
-            failure_persistence: None,
-            rng_seed: rng_seed(),
-            ..Config::default()
-        });
-        let tree_values: Vec<Vec<u8>> = (0..cases)
-            .map(|_| {
-                mutations(seeds.clone())
-                    .new_tree(&mut runner)
-                    .map(|t| proptest::strategy::ValueTree::current(&t))
-                    .unwrap()
-            })
-            .collect();
-        let channel = match caller {
-            Caller::User | Caller::Root => user_channel.clone(),
-            Caller::Node => node_channel.clone(),
-            Caller::Peer => peer_channel.clone(),
-        };
-        let mut grpc = tonic::client::Grpc::new(channel);
-        let mut method_codes: BTreeMap<String, u64> = BTreeMap::new();
-        for body in tree_values {
-            let mut request = tonic::Request::new(body.clone());
-            request.set_timeout(Duration::from_secs(10));
-            match caller {
-                Caller::User => {
-                    request
-                        .metadata_mut()
-                        .insert(docket_proto::metadata::CREDENTIAL, credential("alice"));
-                }
-                Caller::Root => {
-                    request
-                        .metadata_mut()
-                        .insert(docket_proto::metadata::CREDENTIAL, credential("root"));
-                }
-                Caller::Node | Caller::Peer => {}
-            }
-            grpc.ready().await.unwrap();
-            let answer = grpc
-                .unary::<Vec<u8>, Vec<u8>, _>(request, PathAndQuery::from_static(path), RawCodec)
-                .await;
-            calls += 1;
-            let code = match &answer {
-                Ok(_) => tonic::Code::Ok,
-                Err(s) => s.code(),
-            };
-            *codes.entry(format!("{code:?}")).or_default() += 1;
-            *method_codes.entry(format!("{code:?}")).or_default() += 1;
-            if let Err(s) = &answer {
-                assert!(
-                    !matches!(s.code(), tonic::Code::Unknown | tonic::Code::Internal),
-                    "{path} answered {s:?} to {body:?}"
-                );
-                assert!(!s.message().trim().is_empty(), "{path}: {s:?} says nothing");
-            }
+        let bodies = mutated_bodies(&seeds, cases);
+        let method_codes = fuzz_method(callers.of(caller), path, caller, bodies).await;
+        for (code, n) in &method_codes {
+            *codes.entry(code.clone()).or_default() += n;
+            calls += n;
         }
         assert!(
             std::fs::metadata(format!("/proc/{pid}")).is_ok(),
@@ -525,15 +637,7 @@ async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe
         "the replica holds {rss_after} KiB after the hostile calls"
     );
     // Still serving (a peer's vote in a later term may have made it wait out an election).
-    let mut jobs = cluster.jobs(1).await;
-    let start = Instant::now();
-    while let Err(e) = common::list(&mut jobs, "alice", pb::ListJobsRequest::default()).await {
-        assert!(
-            start.elapsed() < common::DEADLINE,
-            "not serving after the calls: {e}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_serving(&cluster).await;
 }
 
 /// A replica's certificate proves which replica calls: replica 9's cannot send appends as the

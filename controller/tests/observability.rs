@@ -110,21 +110,10 @@ fn dashboard_queries() -> Vec<String> {
     queries
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
-    let queries = dashboard_queries();
-    let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();
-
-    let cluster = Cluster::start(3).await;
-    let leader = cluster.leader().await;
-    let follower = cluster.follower_of(leader);
-    // A request and a few passes, so the histograms have series.
-    let mut jobs = cluster.jobs(leader).await;
-    submit(&mut jobs, "alice", vec![job("observed", "debug")])
-        .await
-        .unwrap();
+/// Scrapes `leader` until the histograms have series; the families it declares, and the body.
+async fn wait_for_histograms(cluster: &Cluster, leader: u64) -> (BTreeSet<String>, String) {
     let start = Instant::now();
-    let (exported, body) = loop {
+    loop {
         let body = cluster.http_get(leader, "/metrics");
         let f = families(&body);
         if f.contains("docket_sched_pass_duration_seconds")
@@ -138,9 +127,11 @@ async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
             "histograms never appeared:\n{body}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    // Whoever reaches the port cannot mint label values: a method no service serves is
-    // counted as `unimplemented`, not under the path it was sent to.
+    }
+}
+
+/// Checks a call of a method nobody serves is counted as `unimplemented`, not by its path.
+async fn check_unknown_method_is_counted_as_unimplemented(cluster: &Cluster, leader: u64) {
     let mut raw = tonic::client::Grpc::new(common::channel(&cluster.addrs[&leader]));
     raw.ready().await.unwrap();
     let e = raw
@@ -155,22 +146,22 @@ async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
     let scraped = cluster.http_get(leader, "/metrics");
     assert!(!scraped.contains("NoSuchMethod7"), "{scraped}");
     assert!(scraped.contains("method=\"unimplemented\""), "{scraped}");
-    let mut admin = cluster.admin(follower).await;
-    admin
-        .cluster_status(as_user("alice", pb::ClusterStatusRequest::default()))
-        .await
-        .unwrap();
-    let on_follower = families(&cluster.http_get(follower, "/metrics"));
+}
 
-    // Everything the dashboard and the rules read exists.
+/// Checks every family `queries` and `rules` read is `exported`; those the dashboard reads.
+fn check_read_families_exist(
+    queries: &[String],
+    rules: &str,
+    exported: &BTreeSet<String>,
+) -> BTreeSet<String> {
     let dashboard_names: BTreeSet<String> = queries
         .iter()
         .flat_map(|q| metric_names(q))
-        .map(|n| family_of(&n, &exported))
+        .map(|n| family_of(&n, exported))
         .collect();
-    let rule_names: BTreeSet<String> = metric_names(&rules)
+    let rule_names: BTreeSet<String> = metric_names(rules)
         .iter()
-        .map(|n| family_of(n, &exported))
+        .map(|n| family_of(n, exported))
         .collect();
     assert!(rule_names.len() >= 5, "{rule_names:?}");
     for name in dashboard_names.iter().chain(&rule_names) {
@@ -179,12 +170,15 @@ async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
             "{name} is not exported; the leader exports {exported:?}"
         );
     }
-    // The series the rules and panels select by label exist too (a misspelt state or
-    // reason would select nothing, and an alert on it would never fire).
+    dashboard_names
+}
+
+/// Checks every series `queries` and `rules` select by label is in the scraped `body`.
+fn check_selected_series_exist(queries: &[String], rules: &str, body: &str) {
     let selected = queries
         .iter()
         .flat_map(|q| matchers(q))
-        .chain(matchers(&rules));
+        .chain(matchers(rules));
     let mut checked = 0;
     for (name, matcher) in selected {
         let present = body
@@ -194,6 +188,37 @@ async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
         checked += 1;
     }
     assert!(checked >= 5, "only {checked} label matchers checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_and_alert_rules_name_only_what_the_replicas_export() {
+    let queries = dashboard_queries();
+    let rules = std::fs::read_to_string(deploy().join("prometheus/alerts.yml")).unwrap();
+
+    let cluster = Cluster::start(3).await;
+    let leader = cluster.leader().await;
+    let follower = cluster.follower_of(leader);
+    // A request and a few passes, so the histograms have series.
+    let mut jobs = cluster.jobs(leader).await;
+    submit(&mut jobs, "alice", vec![job("observed", "debug")])
+        .await
+        .unwrap();
+    let (exported, body) = wait_for_histograms(&cluster, leader).await;
+    // Whoever reaches the port cannot mint label values: a method no service serves is
+    // counted as `unimplemented`, not under the path it was sent to.
+    check_unknown_method_is_counted_as_unimplemented(&cluster, leader).await;
+    let mut admin = cluster.admin(follower).await;
+    admin
+        .cluster_status(as_user("alice", pb::ClusterStatusRequest::default()))
+        .await
+        .unwrap();
+    let on_follower = families(&cluster.http_get(follower, "/metrics"));
+
+    // Everything the dashboard and the rules read exists.
+    let dashboard_names = check_read_families_exist(&queries, &rules, &exported);
+    // The series the rules and panels select by label exist too (a misspelt state or
+    // reason would select nothing, and an alert on it would never fire).
+    check_selected_series_exist(&queries, &rules, &body);
     // And the dashboard shows everything exported.
     let docket: BTreeSet<&String> = exported
         .iter()

@@ -9,6 +9,57 @@ use std::time::{Duration, Instant};
 
 use common::{Act, Cluster, DEADLINE, act, job, list, submit};
 use docket_proto::v1 as pb;
+use docket_proto::v1::jobs_client::JobsClient;
+use tonic::transport::Channel;
+
+/// Waits until the three jobs `ids` run, checking "b" runs in the big partition.
+async fn wait_all_running(client: &mut JobsClient<Channel>, ids: &[u64]) {
+    let start = Instant::now();
+    loop {
+        let jobs = list(
+            client,
+            "alice",
+            pb::ListJobsRequest {
+                job_ids: ids.to_vec(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(jobs.len(), 3);
+        if jobs.iter().all(|j| j.state == "RUNNING") {
+            let big = jobs.iter().find(|j| j.name == "b").unwrap();
+            assert_eq!(big.partition, "big");
+            assert!(big.node_list.starts_with('g'), "{big:?}");
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "not started: {jobs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Submits a held job of alice's and checks its priority is explained factor by factor.
+async fn explain_a_pending_job(client: &mut JobsClient<Channel>) {
+    let mut held = job("waiting", "");
+    held.hold = true;
+    let r = submit(client, "alice", vec![held]).await.unwrap();
+    let Some(pb::submit_result::Result::JobId(waiting)) = r[0].result else {
+        panic!("{r:?}")
+    };
+    let mut req = tonic::Request::new(pb::ExplainPriorityRequest {
+        job_ids: vec![waiting],
+        users: vec![],
+    });
+    req.metadata_mut().insert(
+        docket_proto::metadata::CREDENTIAL,
+        common::credential("alice"),
+    );
+    let explained = client.explain_priority(req).await.unwrap().into_inner();
+    assert_eq!(explained.jobs.len(), 1, "{explained:?}");
+    assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");
+    // The formula by name (it was once the whole configuration, Debug-printed).
+    assert_eq!(explained.formula, "multifactor");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
@@ -33,28 +84,7 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
     assert_eq!(ids.len(), 3);
 
     // Linearizable reads on a follower see them at once; the leader's loops start them.
-    let start = Instant::now();
-    loop {
-        let jobs = list(
-            &mut client,
-            "alice",
-            pb::ListJobsRequest {
-                job_ids: ids.clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-        assert_eq!(jobs.len(), 3);
-        if jobs.iter().all(|j| j.state == "RUNNING") {
-            let big = jobs.iter().find(|j| j.name == "b").unwrap();
-            assert_eq!(big.partition, "big");
-            assert!(big.node_list.starts_with('g'), "{big:?}");
-            break;
-        }
-        assert!(start.elapsed() < DEADLINE, "not started: {jobs:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_all_running(&mut client, &ids).await;
 
     // Only the owner (or an admin) may act on a job; a denial changes nothing.
     let denied = act(&mut client, "bob", Act::Cancel, &ids[..1])
@@ -79,25 +109,7 @@ async fn jobs_submitted_through_a_follower_are_scheduled_by_the_leader() {
         .map(|j| (j.name.as_str(), j.state.as_str()))
         .collect();
     // Priority, factor by factor, for a pending job.
-    let mut held = job("waiting", "");
-    held.hold = true;
-    let r = submit(&mut client, "alice", vec![held]).await.unwrap();
-    let Some(pb::submit_result::Result::JobId(waiting)) = r[0].result else {
-        panic!("{r:?}")
-    };
-    let mut req = tonic::Request::new(pb::ExplainPriorityRequest {
-        job_ids: vec![waiting],
-        users: vec![],
-    });
-    req.metadata_mut().insert(
-        docket_proto::metadata::CREDENTIAL,
-        common::credential("alice"),
-    );
-    let explained = client.explain_priority(req).await.unwrap().into_inner();
-    assert_eq!(explained.jobs.len(), 1, "{explained:?}");
-    assert!(!explained.jobs[0].factors.is_empty(), "{explained:?}");
-    // The formula by name (it was once the whole configuration, Debug-printed).
-    assert_eq!(explained.formula, "multifactor");
+    explain_a_pending_job(&mut client).await;
 
     // A cancelled running job completes when its agent confirms the kill (no agents here).
     assert_eq!(

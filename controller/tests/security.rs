@@ -12,7 +12,9 @@ use std::time::Duration;
 use common::{Cluster, as_user, list};
 use docket_core::{Actor, Command, Envelope};
 use docket_proto::v1 as pb;
+use docket_proto::v1::jobs_client::JobsClient;
 use docket_proto::v1::raft_client::RaftClient;
+use tonic::transport::Channel;
 
 /// The Raft service at `addr`, over TLS with `role`'s certificate.
 fn raft_as(addr: &str, role: docket_auth::tls::Role) -> RaftClient<tonic::transport::Channel> {
@@ -215,68 +217,62 @@ fn ids(jobs: &[pb::JobInfo]) -> Vec<u64> {
     jobs.iter().map(|j| j.job_id).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first() {
-    let dir = tempfile::tempdir().unwrap();
-    let site = site_with(
-        dir.path(),
-        "PrivateData = [\"jobs\", \"usage\"]\nMaxSubmitBatch = 2",
-    );
-    let cluster = Cluster::start_custom(1, site, &["--agent-fence-ms", "0"]).await;
-    let mut jobs = cluster.jobs(1).await;
-    let held = |name: &str| {
-        let mut j = common::job(name, "");
-        j.hold = true;
-        j
-    };
-    let submitted = |r: Vec<pb::SubmitResult>| match r[0].result {
+/// A held job named `name`.
+fn held(name: &str) -> pb::JobSpec {
+    let mut j = common::job(name, "");
+    j.hold = true;
+    j
+}
+
+/// Submits a held job named `name` as `user`; its id.
+async fn submit_held(jobs: &mut JobsClient<Channel>, user: &str, name: &str) -> u64 {
+    let r = common::submit(jobs, user, vec![held(name)]).await.unwrap();
+    match r[0].result {
         Some(pb::submit_result::Result::JobId(id)) => id,
         ref other => panic!("{other:?}"),
-    };
-    let a = submitted(
-        common::submit(&mut jobs, "alice", vec![held("a")])
-            .await
-            .unwrap(),
-    );
-    let b = submitted(
-        common::submit(&mut jobs, "bob", vec![held("b")])
-            .await
-            .unwrap(),
-    );
+    }
+}
+
+/// Checks bob lists and gets only his job `b`, not alice's `a`, root both; root's listing.
+async fn check_private_listings(
+    jobs: &mut JobsClient<Channel>,
+    a: u64,
+    b: u64,
+) -> Vec<pb::JobInfo> {
     // Listings: bob sees his own; root both.
-    let mine = list(&mut jobs, "bob", pb::ListJobsRequest::default())
+    let mine = list(jobs, "bob", pb::ListJobsRequest::default())
         .await
         .unwrap();
     assert!(
         ids(&mine).contains(&b) && !ids(&mine).contains(&a),
         "{mine:?}"
     );
-    let all = list(&mut jobs, "root", pb::ListJobsRequest::default())
+    let all = list(jobs, "root", pb::ListJobsRequest::default())
         .await
         .unwrap();
     assert!(ids(&all).contains(&a) && ids(&all).contains(&b));
     // A job bob may not see is, to him, not there.
-    let e = jobs
-        .get_job(as_user(
-            "bob",
+    let get = |user: &str| {
+        as_user(
+            user,
             pb::GetJobRequest {
                 job_id: a,
                 ..Default::default()
             },
-        ))
-        .await
-        .unwrap_err();
+        )
+    };
+    let e = jobs.get_job(get("bob")).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
-    jobs.get_job(as_user(
-        "alice",
-        pb::GetJobRequest {
-            job_id: a,
-            ..Default::default()
-        },
-    ))
-    .await
-    .unwrap();
-    // Priorities and accounting likewise.
+    jobs.get_job(get("alice")).await.unwrap();
+    all
+}
+
+/// Checks bob's priorities, accounting and usage show his job `b` and row, not alice's.
+async fn check_private_priority_accounting_and_usage(
+    jobs: &mut JobsClient<Channel>,
+    a: u64,
+    b: u64,
+) {
     let prio = jobs
         .explain_priority(as_user("bob", pb::ExplainPriorityRequest::default()))
         .await
@@ -302,17 +298,19 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
         .into_inner();
     assert!(tree.rows.iter().any(|r| r.user == "bob"), "{tree:?}");
     assert!(!tree.rows.iter().any(|r| r.user == "alice"), "{tree:?}");
-    // Associations (sacctmgr show) by the same rule: bob's, not alice's; root sees both.
-    let assocs = |who: &'static str| {
-        let mut jobs = jobs.clone();
-        async move {
-            jobs.associations(as_user(who, pb::AssociationsRequest {}))
-                .await
-                .unwrap()
-                .into_inner()
-        }
-    };
-    let bobs = assocs("bob").await;
+}
+
+/// The associations (sacctmgr show) as `who` sees them.
+async fn associations(jobs: &mut JobsClient<Channel>, who: &str) -> pb::AssociationsResponse {
+    jobs.associations(as_user(who, pb::AssociationsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Checks bob's associations show his, not alice's, nor who administers or coordinates.
+async fn check_private_associations(jobs: &mut JobsClient<Channel>) {
+    let bobs = associations(jobs, "bob").await;
     assert!(bobs.assocs.iter().any(|a| a.user == "bob"), "{bobs:?}");
     assert!(!bobs.assocs.iter().any(|a| a.user == "alice"), "{bobs:?}");
     assert!(!bobs.users.iter().any(|u| u.name == "alice"), "{bobs:?}");
@@ -322,7 +320,10 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
         bobs.accounts.iter().all(|a| a.coordinators.is_empty()),
         "{bobs:?}"
     );
-    // The status page, which anyone reaching the HTTP port may read, lists no job.
+}
+
+/// Checks replica 1's status page, which anyone may read, lists no job.
+fn check_status_page_lists_no_job(cluster: &Cluster) {
     let page = cluster.http_get(1, "/");
     assert!(page.contains("Jobs are private"), "{page}");
     assert!(!page.contains("/jobs/"), "{page}");
@@ -331,7 +332,27 @@ async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first()
         "{page}"
     );
     assert!(!page.contains("PENDING "), "{page}");
-    let roots = assocs("root").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_data_shows_users_only_their_own_and_batches_are_bounded_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = site_with(
+        dir.path(),
+        "PrivateData = [\"jobs\", \"usage\"]\nMaxSubmitBatch = 2",
+    );
+    let cluster = Cluster::start_custom(1, site, &["--agent-fence-ms", "0"]).await;
+    let mut jobs = cluster.jobs(1).await;
+    let a = submit_held(&mut jobs, "alice", "a").await;
+    let b = submit_held(&mut jobs, "bob", "b").await;
+    let all = check_private_listings(&mut jobs, a, b).await;
+    // Priorities and accounting likewise.
+    check_private_priority_accounting_and_usage(&mut jobs, a, b).await;
+    // Associations (sacctmgr show) by the same rule: bob's, not alice's; root sees both.
+    check_private_associations(&mut jobs).await;
+    // The status page, which anyone reaching the HTTP port may read, lists no job.
+    check_status_page_lists_no_job(&cluster);
+    let roots = associations(&mut jobs, "root").await;
     assert!(roots.assocs.iter().any(|a| a.user == "alice"), "{roots:?}");
     assert!(roots.users.iter().any(|u| u.name == "alice"), "{roots:?}");
     // Over MaxSubmitBatch: refused whole, before any job is read, naming the limit.

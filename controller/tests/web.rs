@@ -35,6 +35,86 @@ fn get(addr: &str, path: &str, headers: &str) -> (u16, String) {
     (code, body)
 }
 
+/// GETs `/` from `addr` (each a 200 if `ok`) until the page links job `id`; the page.
+async fn page_listing(addr: &str, id: u64, ok: bool) -> String {
+    let start = Instant::now();
+    loop {
+        let (code, page) = get(addr, "/", "");
+        if ok {
+            assert_eq!(code, 200, "{page}");
+        }
+        if page.contains(&format!("/jobs/{id}")) {
+            break page;
+        }
+        assert!(start.elapsed() < DEADLINE, "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks `page` contains each of `parts`.
+fn assert_contains_all(page: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(page.contains(part), "no {part} in\n{page}");
+    }
+}
+
+/// GETs `/` from `addr` until the pending-jobs plot has at least two points.
+async fn wait_for_plot_points(addr: &str) {
+    let start = Instant::now();
+    loop {
+        let (_, page) = get(addr, "/", "");
+        let pending = page
+            .split("id=\"plot-pending\"")
+            .nth(1)
+            .and_then(|rest| rest.split("points=\"").nth(1))
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default()
+            .to_owned();
+        if pending.split(' ').count() >= 2 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{page}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks the queue at `addr` filters, and the partial refresh is the main part alone.
+fn check_filters_and_partial_refresh(addr: &str, id: u64) {
+    let (_, mine) = get(addr, "/?user=alice&state=pending", "");
+    assert!(mine.contains(&format!("/jobs/{id}")), "{mine}");
+    let (_, theirs) = get(addr, "/?user=bob", "");
+    assert!(!theirs.contains(&format!("/jobs/{id}")), "{theirs}");
+    let (code, part) = get(addr, "/", "X-Docket-Partial: 1\r\n");
+    assert_eq!(code, 200);
+    assert!(
+        part.contains("id=\"cluster\"") && !part.contains("<html"),
+        "{part}"
+    );
+}
+
+/// Checks `addr` serves the refresh script, and pages fresh, unsniffed and script-safe.
+fn check_script_and_headers(addr: &str) {
+    let (code, js) = get(addr, "/refresh.js", "");
+    assert_eq!(code, 200);
+    assert!(
+        js.contains("X-Docket-Partial") && js.contains("setInterval"),
+        "{js}"
+    );
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
+    for h in [
+        "cache-control: no-store",
+        "x-content-type-options: nosniff",
+        "content-security-policy: default-src 'self'; script-src 'self'",
+    ] {
+        assert!(head.contains(h), "no {h} in\n{head}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_replica_serves_the_status_page() {
     // Plots sampled every 200 ms instead of every minute.
@@ -58,53 +138,30 @@ async fn every_replica_serves_the_status_page() {
 
     // The leader's page, once the job has been applied there.
     let http = &cluster.http;
-    let start = Instant::now();
-    let page = loop {
-        let (code, page) = get(&http[&leader], "/", "");
-        assert_eq!(code, 200, "{page}");
-        if page.contains(&format!("/jobs/{id}")) {
-            break page;
-        }
-        assert!(start.elapsed() < DEADLINE, "{page}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let page = page_listing(&http[&leader], id, true).await;
     assert!(page.starts_with("<!doctype html>"), "{page}");
-    for part in [
-        "id=\"cluster\"",
-        "<b>leader</b>",
-        "id=\"nodes\"",
-        "class=\"node idle\"",
-        "n01",
-        "id=\"partitions\"",
-        "id=\"queue\"",
-        "alice",
-        "JobHeldUser",
-        "id=\"passes\"",
-        "<script src=\"/refresh.js\">",
-        "id=\"failovers\"",
-        "id=\"plot-utilization\"",
-        "id=\"plot-starts\"",
-        "<polyline",
-    ] {
-        assert!(page.contains(part), "no {part} in\n{page}");
-    }
+    assert_contains_all(
+        &page,
+        &[
+            "id=\"cluster\"",
+            "<b>leader</b>",
+            "id=\"nodes\"",
+            "class=\"node idle\"",
+            "n01",
+            "id=\"partitions\"",
+            "id=\"queue\"",
+            "alice",
+            "JobHeldUser",
+            "id=\"passes\"",
+            "<script src=\"/refresh.js\">",
+            "id=\"failovers\"",
+            "id=\"plot-utilization\"",
+            "id=\"plot-starts\"",
+            "<polyline",
+        ],
+    );
     // The plots have points once two samples exist.
-    let start = Instant::now();
-    loop {
-        let (_, page) = get(&http[&leader], "/", "");
-        let pending = page
-            .split("id=\"plot-pending\"")
-            .nth(1)
-            .and_then(|rest| rest.split("points=\"").nth(1))
-            .and_then(|rest| rest.split('"').next())
-            .unwrap_or_default()
-            .to_owned();
-        if pending.split(' ').count() >= 2 {
-            break;
-        }
-        assert!(start.elapsed() < DEADLINE, "{page}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for_plot_points(&http[&leader]).await;
     // What users name is escaped, never markup.
     assert!(
         page.contains("&#60;b&#62;bold&#60;/b&#62;") || page.contains("&lt;b&gt;bold"),
@@ -114,15 +171,7 @@ async fn every_replica_serves_the_status_page() {
     assert!(!page.contains("id=\"follower\""), "{page}");
 
     // A follower says so and names the leader.
-    let start = Instant::now();
-    let page = loop {
-        let (_, page) = get(&http[&follower], "/", "");
-        if page.contains(&format!("/jobs/{id}")) {
-            break page;
-        }
-        assert!(start.elapsed() < DEADLINE, "{page}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let page = page_listing(&http[&follower], id, false).await;
     assert!(page.contains("id=\"follower\""), "{page}");
     assert!(page.contains(&format!("replica {leader}")), "{page}");
     // ... and links to the leader's page, which the leader itself advertised.
@@ -130,48 +179,22 @@ async fn every_replica_serves_the_status_page() {
     assert!(page.contains(&link), "{link} not in {page}");
 
     // The queue filters; the partial refresh is the main part alone.
-    let (_, mine) = get(&http[&leader], "/?user=alice&state=pending", "");
-    assert!(mine.contains(&format!("/jobs/{id}")), "{mine}");
-    let (_, theirs) = get(&http[&leader], "/?user=bob", "");
-    assert!(!theirs.contains(&format!("/jobs/{id}")), "{theirs}");
-    let (code, part) = get(&http[&leader], "/", "X-Docket-Partial: 1\r\n");
-    assert_eq!(code, 200);
-    assert!(
-        part.contains("id=\"cluster\"") && !part.contains("<html"),
-        "{part}"
-    );
+    check_filters_and_partial_refresh(&http[&leader], id);
 
     // The job's page: its reason, priority factor by factor, its output paths.
     let (code, page) = get(&http[&leader], &format!("/jobs/{id}"), "");
     assert_eq!(code, 200, "{page}");
-    for part in [
-        "JobHeldUser",
-        "id=\"priority\"",
-        "<th>Factor</th>",
-        &format!("/tmp/out-{id}.log"),
-    ] {
-        assert!(page.contains(part), "no {part} in\n{page}");
-    }
-    // The script, from the page's own origin; every page fresh, unsniffed, script-safe.
-    let (code, js) = get(&http[&leader], "/refresh.js", "");
-    assert_eq!(code, 200);
-    assert!(
-        js.contains("X-Docket-Partial") && js.contains("setInterval"),
-        "{js}"
+    assert_contains_all(
+        &page,
+        &[
+            "JobHeldUser",
+            "id=\"priority\"",
+            "<th>Factor</th>",
+            &format!("/tmp/out-{id}.log"),
+        ],
     );
-    let mut s = std::net::TcpStream::connect(&http[&leader]).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET / HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let head = raw.split("\r\n\r\n").next().unwrap().to_ascii_lowercase();
-    for h in [
-        "cache-control: no-store",
-        "x-content-type-options: nosniff",
-        "content-security-policy: default-src 'self'; script-src 'self'",
-    ] {
-        assert!(head.contains(h), "no {h} in\n{head}");
-    }
+    // The script, from the page's own origin; every page fresh, unsniffed, script-safe.
+    check_script_and_headers(&http[&leader]);
     let (code, _) = get(&http[&leader], "/jobs/999999", "");
     assert_eq!(code, 404);
     let (code, _) = get(&http[&leader], "/jobs/not-a-number", "");

@@ -28,25 +28,26 @@ fn template() -> Job {
     state.jobs[&id].as_ref().clone()
 }
 
-/// A queue holding one job of alice's, cancelled at 1,700,000,000 s after the epoch.
-pub(crate) fn cancelled_job() -> (State, JobId) {
-    let mut state = State::new(SchedConfig::default());
-    let mut index = 0;
-    let mut ok = |state: &mut State, command: Command| -> Response {
-        index += 1;
-        state
-            .apply(
-                &Envelope::controller(command),
-                ApplyCtx {
-                    index,
-                    time_ms: TimeMs(1_700_000_000_000),
-                },
-            )
-            .expect("applied")
-    };
+/// Applies `command` as the controller at entry `index + 1` (advancing `index`), at 1.7e9 s.
+fn apply_next(state: &mut State, index: &mut u64, command: Command) -> Response {
+    *index += 1;
+    state
+        .apply(
+            &Envelope::controller(command),
+            ApplyCtx {
+                index: *index,
+                time_ms: TimeMs(1_700_000_000_000),
+            },
+        )
+        .expect("applied")
+}
+
+/// The commands setting up node n1, QoS normal, default partition work, and alice in proj.
+fn site_commands() -> Vec<Command> {
     let nodes: BTreeSet<NodeName> = [name("n1")].into();
-    ok(
-        &mut state,
+    let mut p = Partition::new(name("work"), nodes);
+    p.is_default = true;
+    vec![
         Command::UpsertNode(NodeSpec {
             name: name("n1"),
             cpus: 4,
@@ -55,16 +56,8 @@ pub(crate) fn cancelled_job() -> (State, JobId) {
             gpus: 0,
             features: BTreeSet::new(),
         }),
-    );
-    ok(
-        &mut state,
         Command::UpsertQos(Box::new(Qos::new(name("normal")))),
-    );
-    let mut p = Partition::new(name("work"), nodes);
-    p.is_default = true;
-    ok(&mut state, Command::UpsertPartition(Box::new(p)));
-    ok(
-        &mut state,
+        Command::UpsertPartition(Box::new(p)),
         Command::UpsertAccount {
             name: name("proj"),
             parent: name("root"),
@@ -72,9 +65,6 @@ pub(crate) fn cancelled_job() -> (State, JobId) {
             limits: AssocLimits::default(),
             grant: None,
         },
-    );
-    ok(
-        &mut state,
         Command::UpsertUser {
             user: User {
                 name: name("alice"),
@@ -90,11 +80,21 @@ pub(crate) fn cancelled_job() -> (State, JobId) {
                 },
             )],
         },
-    );
+    ]
+}
+
+/// A queue holding one job of alice's, cancelled at 1,700,000,000 s after the epoch.
+pub(crate) fn cancelled_job() -> (State, JobId) {
+    let mut state = State::new(SchedConfig::default());
+    let mut index = 0;
+    for command in site_commands() {
+        apply_next(&mut state, &mut index, command);
+    }
     let mut spec = JobSpec::simple(name("alice"), BlobId::of(b"#!/bin/sh\n"));
     spec.hold = true;
-    let id = match ok(
+    let id = match apply_next(
         &mut state,
+        &mut index,
         Command::SubmitJobs {
             blobs: vec![b"#!/bin/sh\n".to_vec()],
             jobs: vec![spec],
@@ -103,8 +103,9 @@ pub(crate) fn cancelled_job() -> (State, JobId) {
         Response::Submitted(mut r) => r.remove(0).expect("accepted"),
         other => panic!("{other:?}"),
     };
-    ok(
+    apply_next(
         &mut state,
+        &mut index,
         Command::CancelJobs {
             jobs: vec![JobRef {
                 job: id,
