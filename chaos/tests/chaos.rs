@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 fn bins() -> PathBuf {
     docket_deploy::testing::bin_dir(
@@ -151,18 +151,11 @@ fn the_operators_drills_report_the_recovery() {
     runtime
         .block_on(cluster.wait_ready(std::time::Duration::from_secs(60)))
         .unwrap();
-    let drill = |kind: &str| {
-        Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
-            .args(["drill", kind, "--pause-ms", "2000", "--state-dir"])
-            .arg(&state)
-            .output()
-            .unwrap()
-    };
-    let o = drill("pause");
+    let o = local_drill(&state, "pause");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let o3 = privileged().then(|| drill("partition"));
-    let o2 = drill("kill-leader");
+    let o3 = privileged().then(|| local_drill(&state, "partition"));
+    let o2 = local_drill(&state, "kill-leader");
     let out2 = String::from_utf8_lossy(&o2.stdout).into_owned();
     assert!(o.status.success(), "{out}{err}");
     assert!(out.contains("new leader"), "{out}");
@@ -183,9 +176,29 @@ fn the_operators_drills_report_the_recovery() {
     assert!(out2.contains("rejoined as follower"), "{out2}");
 
     // Any cluster: reached only by its addresses, its CA and this host's credentials, broken
-    // and healed by the operator's commands (here signals to the replica's process, found by
-    // its id and this test's state directory; `[-]` keeps the pattern from matching the shell
-    // that runs pkill).
+    // and healed by the operator's commands.
+    a_drill_on_any_cluster_reports_the_recovery(&cluster, &state);
+    // A fault command that fails is reported, not taken for a fault.
+    a_failing_fault_command_is_reported(&cluster, &state);
+}
+
+/// `docket-chaos drill kind` against the local cluster in `state` (2 s pauses).
+fn local_drill(state: &Path, kind: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
+        .args(["drill", kind, "--pause-ms", "2000", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap()
+}
+
+/// A pause drill given only `cluster`'s addresses, CA and credentials, with SIGSTOP and
+/// SIGCONT as its fault and heal commands, reports every recovery figure.
+fn a_drill_on_any_cluster_reports_the_recovery(
+    cluster: &docket_deploy::LocalCluster,
+    state: &Path,
+) {
+    // The commands signal the replica's process, found by its id and this test's state
+    // directory; `[-]` keeps the pattern from matching the shell that runs pkill.
     let ours = format!("[-]-id {{id}} .*{}", state.display());
     let o4 = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
         .args(["drill", "pause", "--hold-ms", "1000", "--addrs"])
@@ -197,7 +210,7 @@ fn the_operators_drills_report_the_recovery() {
         .arg("--heal-cmd")
         .arg(format!("pkill -CONT -f -- '{ours}'"))
         .arg("--work-dir")
-        .arg(&state)
+        .arg(state)
         .env("DOCKET_AUTH_SOCKET", cluster.auth_socket().unwrap())
         .env_remove("DOCKET_LOCAL_DIR")
         .output()
@@ -218,7 +231,10 @@ fn the_operators_drills_report_the_recovery() {
     ] {
         assert!(out4.contains(figure), "{figure}: {out4}");
     }
-    // A fault command that fails is reported, not taken for a fault.
+}
+
+/// A kill-leader drill whose fault command exits 3 fails, naming the exit status.
+fn a_failing_fault_command_is_reported(cluster: &docket_deploy::LocalCluster, state: &Path) {
     let o5 = Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
         .args(["drill", "kill-leader", "--addrs"])
         .arg(cluster.addrs().join(","))

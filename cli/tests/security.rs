@@ -224,26 +224,9 @@ fn an_unprivileged_user_cannot_act_as_anyone_else() {
     let o = as_nobody(&kit, "scancel", &[&mine], &env, None);
     assert!(o.status.success(), "{o:?}");
     // ... drains a node: refused.
-    let o = as_nobody(
-        &kit,
-        "scontrol",
-        &["update", "NodeName=n01", "State=DRAIN", "Reason=mine"],
-        &env,
-        None,
-    );
-    assert_eq!(o.status.code(), Some(1), "{o:?}");
-    assert!(stderr(&o).contains("admin role"), "{o:?}");
-    let o = run(d, &addr, "sinfo", &["-h", "-N", "-o", "%N %t"], None);
-    assert!(!text(&o).contains("drain"), "{}", text(&o));
+    nobody_cannot_drain_a_node(d, &addr, &kit, &env);
     // ... reads the cluster key to mint a credential of its own: the file is root's.
-    let who = nobody();
-    let o = Command::new("cat")
-        .arg(d.join("secrets").join("auth.key"))
-        .uid(who.uid.as_raw())
-        .gid(who.gid.as_raw())
-        .output()
-        .unwrap();
-    assert!(!o.status.success(), "nobody read the cluster key: {o:?}");
+    nobody_cannot_read_the_cluster_key(d);
 
     // A hand-written client: nobody's own credential (from the signer, as nobody), the old
     // header claiming root. The credential decides: nobody, not permitted.
@@ -253,79 +236,118 @@ fn an_unprivileged_user_cannot_act_as_anyone_else() {
     let id: u64 = job.parse().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let leader = {
-            // Any replica forwards writes; ask each until one answers.
-            let mut answer = None;
-            for a in addr.split(',') {
-                let mut c = jobs_client(&kit, a);
-                match c.cancel_jobs(cancel_request(id, Some(&credential))).await {
-                    Ok(r) => {
-                        answer = Some((a.to_owned(), r.into_inner()));
-                        break;
-                    }
-                    Err(s) if s.code() == tonic::Code::Unavailable => continue,
-                    Err(s) => panic!("{s:?}"),
-                }
-            }
-            let (a, r) = answer.expect("no replica answered");
-            assert!(
-                r.results[0].error.contains("nobody cannot cancel job"),
-                "{r:?}"
-            );
-            a
-        };
+        let leader = nobodys_credential_is_not_permitted(&kit, &addr, id, &credential).await;
         let mut c = jobs_client(&kit, &leader);
         // The same credential again: refused as a replay.
-        let e = c
-            .cancel_jobs(cancel_request(id, Some(&credential)))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        assert!(e.message().contains("already used"), "{e:?}");
+        let replayed = cancel_request(id, Some(&credential));
+        expect_unauthenticated(&mut c, replayed, "already used").await;
         // No credential, only the header: refused.
-        let e = c.cancel_jobs(cancel_request(id, None)).await.unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        assert!(e.message().contains("no credential"), "{e:?}");
+        expect_unauthenticated(&mut c, cancel_request(id, None), "no credential").await;
         // nobody's credential rewritten to say root (uid 0): the signature no longer
         // matches.
         let o = as_nobody(&kit, "docket", &["credential"], &env, None);
         let fresh = text(&o).trim().to_owned();
-        let forged = forge_as_root(&fresh);
-        let e = c
-            .cancel_jobs(cancel_request(id, Some(&forged)))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        assert!(e.message().contains("signature does not match"), "{e:?}");
+        let forged = cancel_request(id, Some(&forge_as_root(&fresh)));
+        expect_unauthenticated(&mut c, forged, "signature does not match").await;
         // A credential made with another cluster's key: unknown key.
-        let other = docket_auth::local::Minter::new(
-            docket_auth::KeyRing::new(vec![docket_auth::Key::generate().unwrap()]).unwrap(),
-            "elsewhere",
-        )
-        .credential(0, "root")
-        .unwrap();
-        let e = c
-            .cancel_jobs(cancel_request(id, Some(&other)))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        assert!(e.message().contains("does not hold"), "{e:?}");
+        let other = cancel_request(id, Some(&other_clusters_credential()));
+        expect_unauthenticated(&mut c, other, "does not hold").await;
         // A plain-text client (no TLS): no answer at all.
-        let plain = JobsClient::new(
-            tonic::transport::Endpoint::from_shared(format!("http://{leader}"))
-                .unwrap()
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(5))
-                .connect_lazy(),
-        );
-        let e = plain
-            .clone()
-            .cancel_jobs(cancel_request(id, Some(&fresh)))
-            .await
-            .unwrap_err();
-        assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
+        plain_text_gets_no_answer(&leader, cancel_request(id, Some(&fresh))).await;
     });
     assert_eq!(state_of(d, &addr, &job), "PD", "root's job is untouched");
+}
+
+/// nobody's `scontrol update ... State=DRAIN`: refused for want of the admin role, and no
+/// node drains.
+fn nobody_cannot_drain_a_node(d: &Path, addr: &str, kit: &Path, env: &[(&str, String)]) {
+    let o = as_nobody(
+        kit,
+        "scontrol",
+        &["update", "NodeName=n01", "State=DRAIN", "Reason=mine"],
+        env,
+        None,
+    );
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(stderr(&o).contains("admin role"), "{o:?}");
+    let o = run(d, addr, "sinfo", &["-h", "-N", "-o", "%N %t"], None);
+    assert!(!text(&o).contains("drain"), "{}", text(&o));
+}
+
+/// `cat` of the cluster key, run as nobody, fails.
+fn nobody_cannot_read_the_cluster_key(d: &Path) {
+    let who = nobody();
+    let o = Command::new("cat")
+        .arg(d.join("secrets").join("auth.key"))
+        .uid(who.uid.as_raw())
+        .gid(who.gid.as_raw())
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "nobody read the cluster key: {o:?}");
+}
+
+/// A cancel of root's job `id` with nobody's `credential` and the old header claiming root,
+/// sent to each replica in `addr` until one answers: refused because nobody may not cancel
+/// it; the address that answered.
+async fn nobodys_credential_is_not_permitted(
+    kit: &Path,
+    addr: &str,
+    id: u64,
+    credential: &str,
+) -> String {
+    // Any replica forwards writes; ask each until one answers.
+    let mut answer = None;
+    for a in addr.split(',') {
+        let mut c = jobs_client(kit, a);
+        match c.cancel_jobs(cancel_request(id, Some(credential))).await {
+            Ok(r) => {
+                answer = Some((a.to_owned(), r.into_inner()));
+                break;
+            }
+            Err(s) if s.code() == tonic::Code::Unavailable => continue,
+            Err(s) => panic!("{s:?}"),
+        }
+    }
+    let (a, r) = answer.expect("no replica answered");
+    assert!(
+        r.results[0].error.contains("nobody cannot cancel job"),
+        "{r:?}"
+    );
+    a
+}
+
+/// `request` sent through `c`: refused as unauthenticated, with `why` in the message.
+async fn expect_unauthenticated(
+    c: &mut JobsClient<tonic::transport::Channel>,
+    request: tonic::Request<pb::JobsRequest>,
+    why: &str,
+) {
+    let e = c.cancel_jobs(request).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    assert!(e.message().contains(why), "{e:?}");
+}
+
+/// A credential for root (uid 0) minted with a key of another cluster's.
+fn other_clusters_credential() -> String {
+    docket_auth::local::Minter::new(
+        docket_auth::KeyRing::new(vec![docket_auth::Key::generate().unwrap()]).unwrap(),
+        "elsewhere",
+    )
+    .credential(0, "root")
+    .unwrap()
+}
+
+/// `request` sent to `leader` in plain text (no TLS): no answer at all.
+async fn plain_text_gets_no_answer(leader: &str, request: tonic::Request<pb::JobsRequest>) {
+    let plain = JobsClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{leader}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect_lazy(),
+    );
+    let e = plain.clone().cancel_jobs(request).await.unwrap_err();
+    assert_ne!(e.code(), tonic::Code::Ok, "{e:?}");
 }
 
 /// `credential` with its claims changed to uid 0 and user root, the signature kept.
@@ -416,33 +438,28 @@ fn start_munged(dir: &Path) -> Option<(Munged, PathBuf)> {
     Some((munged, socket))
 }
 
-#[test]
-fn munge_credentials_from_a_real_munged_prove_users_too() {
-    if !privileged("running commands as nobody") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let Some((_munged, socket)) = start_munged(d) else {
-        return;
-    };
-    let (_procs, addr) = start_cluster_with(d, SITE, &Auth::Munge(socket.clone()));
-    let munge_env = |cmd: &mut Command| {
-        cmd.env("DOCKET_AUTH_TYPE", "auth/munge")
-            .env("DOCKET_AUTH_SOCKET", &socket);
-    };
-    // Root, through munge.
+/// `name` (a command in `d`) reaching the cluster at `addr` with munge credentials from
+/// the munged on `socket`.
+fn munge_command(d: &Path, name: &str, addr: &str, socket: &Path) -> Command {
+    let mut cmd = Command::new(d.join(name));
+    cmd.env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .env("DOCKET_AUTH_TYPE", "auth/munge")
+        .env("DOCKET_AUTH_SOCKET", socket);
+    cmd
+}
+
+/// Submits a held job as root through munge, retried until the first leader knows root;
+/// its id.
+fn roots_job_through_munge(d: &Path, addr: &str, socket: &Path) -> String {
     let start = Instant::now();
-    let job = loop {
-        let mut cmd = Command::new(d.join("sbatch"));
+    loop {
+        let mut cmd = munge_command(d, "sbatch", addr, socket);
         cmd.args(["--parsable", "-H", "-t", "10"])
             .current_dir(d)
-            .env("DOCKET_ADDR", &addr)
-            .envs(auth_env(d))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
-        munge_env(&mut cmd);
         let mut child = cmd.spawn().unwrap();
         {
             use std::io::Write;
@@ -455,11 +472,26 @@ fn munge_credentials_from_a_real_munged_prove_users_too() {
         }
         let o = child.wait_with_output().unwrap();
         if o.status.success() {
-            break text(&o).trim().to_owned();
+            return text(&o).trim().to_owned();
         }
         assert!(start.elapsed() < DEADLINE, "{o:?}");
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn munge_credentials_from_a_real_munged_prove_users_too() {
+    if !privileged("running commands as nobody") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some((_munged, socket)) = start_munged(d) else {
+        return;
     };
+    let (_procs, addr) = start_cluster_with(d, SITE, &Auth::Munge(socket.clone()));
+    // Root, through munge.
+    let job = roots_job_through_munge(d, &addr, &socket);
     // nobody, through munge: munged vouches for uid 65534, the controller resolves nobody.
     let kit = toolkit(d);
     let env = [
@@ -469,12 +501,10 @@ fn munge_credentials_from_a_real_munged_prove_users_too() {
         ("DOCKET_AUTH_SOCKET", socket.display().to_string()),
     ];
     let mine = nobody_is_held_to_itself(&kit, &env, &job);
-    let mut cmd = Command::new(d.join("squeue"));
-    cmd.args(["-h", "-o", "%u", "-j", &mine])
-        .env("DOCKET_ADDR", &addr)
-        .envs(auth_env(d));
-    munge_env(&mut cmd);
-    let o = cmd.output().unwrap();
+    let o = munge_command(d, "squeue", &addr, &socket)
+        .args(["-h", "-o", "%u", "-j", &mine])
+        .output()
+        .unwrap();
     assert_eq!(text(&o).trim(), "nobody", "{o:?}");
     // A munge credential replayed: munged refuses it.
     let o = as_nobody(&kit, "docket", &["credential"], &env, None);
@@ -497,11 +527,7 @@ fn munge_credentials_from_a_real_munged_prove_users_too() {
             "{r:?}"
         );
         // Again: munged refuses the replay.
-        let e = c
-            .cancel_jobs(cancel_request(id, Some(&credential)))
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
-        assert!(e.message().contains("already used"), "{e:?}");
+        let replayed = cancel_request(id, Some(&credential));
+        expect_unauthenticated(&mut c, replayed, "already used").await;
     });
 }

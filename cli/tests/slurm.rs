@@ -38,17 +38,48 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (_procs, addr) = start_cluster(dir.path(), SITE);
+    let d = dir.path();
+    let (_procs, addr) = start_cluster(d, SITE);
 
     // sbatch: directives, command line over directives, --parsable; retried through the
     // first election without the user noticing.
     let script = "#!/bin/sh\n#SBATCH -J hello\n#SBATCH --hold\n#SBATCH -t 10\necho hi\n";
-    std::fs::write(dir.path().join("job.sh"), script).unwrap();
+    std::fs::write(d.join("job.sh"), script).unwrap();
+    let id = sbatch_through_the_first_election(d, &addr);
+    let second = sbatch_second_from_stdin(d, &addr, script);
+
+    // squeue: Slurm's columns, pending with the hold reason.
+    squeue_shows_both_pending(d, &addr, id, second);
+    // The comment: squeue's %k (and "(null)" without one), scontrol show and update, sacct.
+    the_comment_is_shown_updated_and_accounted(d, &addr, id, second);
+    // scancel: by id; then it is gone from the queue and shown among the cancelled; and by
+    // filter.
+    scancel_by_id_and_by_filter(d, &addr, id, second);
+    // Errors: one line on stderr saying what is wrong; a non-zero exit.
+    errors_are_one_line_and_a_failure(d, &addr);
+    // sinfo: partitions with their nodes folded; -N one line per node.
+    sinfo_folds_nodes_and_lists_them(d, &addr);
+    // scontrol: ping in Slurm's words, show job, update, hold/release.
+    scontrol_pings_shows_updates_and_releases(d, &addr);
+    // sacct: Slurm's default columns, code:signal, -P.
+    sacct_shows_the_cancelled_job(d, &addr, id);
+    // PBS: qsub with #PBS directives and -l, qstat, qdel.
+    pbs_submits_lists_and_deletes(d, &addr);
+    // sprio: the pending jobs' priority, factor by factor.
+    sprio_shows_the_factors(d, &addr);
+    // docket cluster status: every replica, one leader.
+    cluster_status_shows_every_replica(d, &addr);
+    // install-aliases makes the links.
+    install_aliases_makes_the_links(d);
+}
+
+/// `sbatch --parsable job.sh`, retried until the first leader knows the user; the job's id.
+fn sbatch_through_the_first_election(d: &Path, addr: &str) -> u64 {
     let start = Instant::now();
-    let id: u64 = loop {
-        let o = run(dir.path(), &addr, "sbatch", &["--parsable", "job.sh"], None);
+    loop {
+        let o = run(d, addr, "sbatch", &["--parsable", "job.sh"], None);
         if o.status.success() {
-            break text(&o).trim().parse().unwrap();
+            return text(&o).trim().parse().unwrap();
         }
         // Before the first leader has applied the site, the user is unknown: wait.
         assert!(
@@ -57,24 +88,32 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
             String::from_utf8_lossy(&o.stderr)
         );
         std::thread::sleep(Duration::from_millis(200));
-    };
+    }
+}
+
+/// `script` on sbatch's stdin, its name and a comment on the command line; the job's id,
+/// read from Slurm's "Submitted batch job" words.
+fn sbatch_second_from_stdin(d: &Path, addr: &str, script: &str) -> u64 {
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "sbatch",
         &["-J", "second", "--comment", "sweep 3 of 12"],
         Some(script),
     );
     assert!(o.status.success(), "{o:?}");
-    let second: u64 = text(&o)
+    text(&o)
         .trim()
         .strip_prefix("Submitted batch job ")
         .expect("Slurm's words")
         .parse()
-        .unwrap();
+        .unwrap()
+}
 
-    // squeue: Slurm's columns, pending with the hold reason.
-    let o = run(dir.path(), &addr, "squeue", &[], None);
+/// squeue's header is Slurm's; `id` is pending and held; `second` is listed, and its name
+/// and comment are in `squeue --json`.
+fn squeue_shows_both_pending(d: &Path, addr: &str, id: u64, second: u64) {
+    let o = run(d, addr, "squeue", &[], None);
     assert!(o.status.success(), "{o:?}");
     let out = text(&o);
     let mut lines = out.lines();
@@ -103,8 +142,8 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     );
     assert!(out.contains("second"), "{out}");
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "squeue",
         &["--json", "-j", &second.to_string()],
         None,
@@ -112,15 +151,18 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     let v: serde_json::Value = serde_json::from_str(&text(&o)).unwrap();
     assert_eq!(v["jobs"][0]["name"], "second");
     assert_eq!(v["jobs"][0]["comment"], "sweep 3 of 12");
+}
 
-    // The comment: squeue's %k (and "(null)" without one), scontrol show and update, sacct.
-    let o = run(dir.path(), &addr, "squeue", &["-h", "-o", "%i|%k"], None);
+/// `second`'s comment in squeue's %k (`id` has none: "(null)") and scontrol show; changed by
+/// scontrol update, and the new one in sacct.
+fn the_comment_is_shown_updated_and_accounted(d: &Path, addr: &str, id: u64, second: u64) {
+    let o = run(d, addr, "squeue", &["-h", "-o", "%i|%k"], None);
     let out = text(&o);
     assert!(out.contains(&format!("{second}|sweep 3 of 12")), "{out}");
     assert!(out.contains(&format!("{id}|(null)")), "{out}");
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "scontrol",
         &["show", "job", &second.to_string()],
         None,
@@ -131,8 +173,8 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         text(&o)
     );
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "scontrol",
         &[
             "update",
@@ -143,8 +185,8 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     );
     assert!(o.status.success(), "{o:?}");
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "sacct",
         &[
             "-n",
@@ -158,45 +200,41 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         None,
     );
     assert_eq!(text(&o).trim(), format!("{second}|sweep 4 of 12"));
+}
 
-    // scancel: by id; then it is gone from the queue and shown among the cancelled.
-    let o = run(dir.path(), &addr, "scancel", &[&id.to_string()], None);
+/// The first column (the job ids) of each line of `o`'s output.
+fn first_columns(o: &Output) -> Vec<String> {
+    text(o)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
+
+/// scancel `id`: it leaves the queue and is listed among the cancelled (`-t CA`) and in
+/// `-t all` next to `second`; then `second` is cancelled by name and user.
+fn scancel_by_id_and_by_filter(d: &Path, addr: &str, id: u64, second: u64) {
+    let o = run(d, addr, "scancel", &[&id.to_string()], None);
     assert!(o.status.success(), "{o:?}");
-    let first_columns = |o: &Output| -> Vec<String> {
-        text(o)
-            .lines()
-            .filter_map(|l| l.split_whitespace().next().map(String::from))
-            .collect()
-    };
-    let o = run(dir.path(), &addr, "squeue", &["-h", "-t", "CA"], None);
+    let o = run(d, addr, "squeue", &["-h", "-t", "CA"], None);
     assert_eq!(first_columns(&o), vec![id.to_string()], "{}", text(&o));
-    let o = run(dir.path(), &addr, "squeue", &["-h", "-t", "all"], None);
+    let o = run(d, addr, "squeue", &["-h", "-t", "all"], None);
     let every = first_columns(&o);
     assert!(
         every.contains(&id.to_string()) && every.contains(&second.to_string()),
         "{}",
         text(&o)
     );
-    let o = run(dir.path(), &addr, "squeue", &["-h"], None);
+    let o = run(d, addr, "squeue", &["-h"], None);
     assert!(!first_columns(&o).contains(&id.to_string()), "{}", text(&o));
     // ... and by filter.
-    let o = run(
-        dir.path(),
-        &addr,
-        "scancel",
-        &["-n", "second", "-u", "root"],
-        None,
-    );
+    let o = run(d, addr, "scancel", &["-n", "second", "-u", "root"], None);
     assert!(o.status.success(), "{o:?}");
+}
 
-    // Errors: one line on stderr saying what is wrong; a non-zero exit.
-    let o = run(
-        dir.path(),
-        &addr,
-        "sbatch",
-        &["-t", "5 days", "job.sh"],
-        None,
-    );
+/// A bad --time and an unknown job: a non-zero exit and one line on stderr naming what is
+/// wrong.
+fn errors_are_one_line_and_a_failure(d: &Path, addr: &str) {
+    let o = run(d, addr, "sbatch", &["-t", "5 days", "job.sh"], None);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -204,35 +242,40 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         "{err}"
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    let o = run(dir.path(), &addr, "scancel", &["999999"], None);
+    let o = run(d, addr, "scancel", &["999999"], None);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("999999"));
+}
 
-    // sinfo: partitions with their nodes folded; -N one line per node.
-    let o = run(dir.path(), &addr, "sinfo", &[], None);
+/// sinfo folds the partition's nodes into `n[01-02]`; `sinfo -N` has a line per node.
+fn sinfo_folds_nodes_and_lists_them(d: &Path, addr: &str) {
+    let o = run(d, addr, "sinfo", &[], None);
     assert!(o.status.success(), "{o:?}");
     let out = text(&o);
     assert!(out.starts_with("PARTITION"), "{out}");
     assert!(out.contains("n[01-02]"), "{out}");
-    let o = run(dir.path(), &addr, "sinfo", &["-N", "-h"], None);
+    let o = run(d, addr, "sinfo", &["-N", "-h"], None);
     assert_eq!(text(&o).lines().count(), 2, "{}", text(&o));
+}
 
-    // scontrol: ping in Slurm's words, show job, update, hold/release.
-    let o = run(dir.path(), &addr, "scontrol", &["ping"], None);
+/// scontrol ping names one primary and three replicas up; a held job's limit and name are
+/// updated (and shown so), then it is released.
+fn scontrol_pings_shows_updates_and_releases(d: &Path, addr: &str) {
+    let o = run(d, addr, "scontrol", &["ping"], None);
     let out = text(&o);
     assert_eq!(out.matches("Slurmctld(primary) at ").count(), 1, "{out}");
     assert_eq!(out.matches("is UP").count(), 3, "{out}");
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "sbatch",
         &["--parsable", "-t", "30", "job.sh"],
         None,
     );
     let third = text(&o).trim().to_owned();
     let o = run(
-        dir.path(),
-        &addr,
+        d,
+        addr,
         "scontrol",
         &[
             "update",
@@ -243,29 +286,19 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         None,
     );
     assert!(o.status.success(), "{o:?}");
-    let o = run(
-        dir.path(),
-        &addr,
-        "scontrol",
-        &["show", "job", &third],
-        None,
-    );
+    let o = run(d, addr, "scontrol", &["show", "job", &third], None);
     let out = text(&o);
     assert!(
         out.contains("JobName=renamed") && out.contains("TimeLimit=20:00"),
         "{out}"
     );
-    let o = run(dir.path(), &addr, "scontrol", &["release", &third], None);
+    let o = run(d, addr, "scontrol", &["release", &third], None);
     assert!(o.status.success(), "{o:?}");
+}
 
-    // sacct: Slurm's default columns, code:signal, -P.
-    let o = run(
-        dir.path(),
-        &addr,
-        "sacct",
-        &["-P", "-j", &id.to_string()],
-        None,
-    );
+/// `sacct -P -j id`: Slurm's default columns, and the cancelled job with exit code 0:0.
+fn sacct_shows_the_cancelled_job(d: &Path, addr: &str, id: u64) {
+    let o = run(d, addr, "sacct", &["-P", "-j", &id.to_string()], None);
     let out = text(&o);
     let mut lines = out.lines();
     assert_eq!(
@@ -276,15 +309,18 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         lines.next(),
         Some(format!("{id}|hello|batch|ops|0|CANCELLED|0:0").as_str())
     );
+}
 
-    // PBS: qsub with #PBS directives and -l, qstat, qdel.
+/// qsub of a held script with #PBS directives; qstat lists it held; qdel ends it and
+/// `qstat -x` shows it finished.
+fn pbs_submits_lists_and_deletes(d: &Path, addr: &str) {
     let pbs_script = "#PBS -N pbsjob -h\n#PBS -l select=1:ncpus=2,walltime=00:10:00\necho hi\n";
-    std::fs::write(dir.path().join("pbs.sh"), pbs_script).unwrap();
-    let o = run(dir.path(), &addr, "qsub", &["pbs.sh"], None);
+    std::fs::write(d.join("pbs.sh"), pbs_script).unwrap();
+    let o = run(d, addr, "qsub", &["pbs.sh"], None);
     assert!(o.status.success(), "{o:?}");
     let pbs_id = text(&o).trim().to_owned();
     assert!(pbs_id.ends_with(".docket"), "{pbs_id}");
-    let o = run(dir.path(), &addr, "qstat", &[], None);
+    let o = run(d, addr, "qstat", &[], None);
     let out = text(&o);
     let row = out
         .lines()
@@ -292,9 +328,9 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         .unwrap_or_else(|| panic!("{out}"));
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cols[1..], ["pbsjob", "root", "0", "H", "batch"], "{row}");
-    let o = run(dir.path(), &addr, "qdel", &[&pbs_id], None);
+    let o = run(d, addr, "qdel", &[&pbs_id], None);
     assert!(o.status.success(), "{o:?}");
-    let o = run(dir.path(), &addr, "qstat", &["-x", &pbs_id], None);
+    let o = run(d, addr, "qstat", &["-x", &pbs_id], None);
     assert!(
         text(&o)
             .lines()
@@ -302,11 +338,13 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
         "{}",
         text(&o)
     );
+}
 
-    // sprio: the pending jobs' priority, factor by factor.
-    let o = run(dir.path(), &addr, "sbatch", &["--parsable", "job.sh"], None);
+/// sprio lists a newly submitted pending job with its priority and factor columns.
+fn sprio_shows_the_factors(d: &Path, addr: &str) {
+    let o = run(d, addr, "sbatch", &["--parsable", "job.sh"], None);
     let fourth = text(&o).trim().to_owned();
-    let o = run(dir.path(), &addr, "sprio", &[], None);
+    let o = run(d, addr, "sprio", &[], None);
     assert!(o.status.success(), "{o:?}");
     let out = text(&o);
     let head: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
@@ -317,15 +355,18 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
             .any(|l| l.split_whitespace().next() == Some(fourth.as_str())),
         "{out}"
     );
+}
 
-    // docket cluster status: every replica, one leader (asked again for a few seconds: on
-    // two busy cores a replica may be between terms when first asked).
+/// `docket cluster status` lists the three replicas, one leader and two followers (asked
+/// again for a few seconds: on two busy cores a replica may be between terms when first
+/// asked).
+fn cluster_status_shows_every_replica(d: &Path, addr: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let out = loop {
         let o = Command::new(env!("CARGO_BIN_EXE_docket"))
             .args(["cluster", "status"])
-            .env("DOCKET_ADDR", &addr)
-            .envs(auth_env(dir.path()))
+            .env("DOCKET_ADDR", addr)
+            .envs(auth_env(d))
             .output()
             .unwrap();
         assert!(o.status.success(), "{o:?}");
@@ -341,9 +382,11 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     assert_eq!(out.lines().count(), 4, "{out}");
     assert_eq!(out.matches(" leader ").count(), 1, "{out}");
     assert_eq!(out.matches(" follower ").count(), 2, "{out}");
+}
 
-    // install-aliases makes the links.
-    let links = dir.path().join("bin");
+/// `docket install-aliases d/bin` links every command name there.
+fn install_aliases_makes_the_links(d: &Path) {
+    let links = d.join("bin");
     let o = Command::new(env!("CARGO_BIN_EXE_docket"))
         .arg("install-aliases")
         .arg(&links)
@@ -388,6 +431,7 @@ Name = "root"
 DefaultAccount = "ops"
 "#;
 
+/// Waits (up to [`DEADLINE`]) until a leader has applied the site: sshare lists ops with root.
 fn wait_for_leader(dir: &Path, addr: &str) {
     let start = Instant::now();
     loop {
@@ -405,6 +449,7 @@ fn wait_for_leader(dir: &Path, addr: &str) {
     }
 }
 
+/// The standard output of `o`, after checking that it succeeded.
 fn ok(o: Output) -> String {
     assert!(o.status.success(), "{o:?}");
     text(&o)
@@ -422,240 +467,38 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     wait_for_leader(d, &addr);
 
     // sshare: the tree with the account and its user.
-    let out = ok(run(d, &addr, "sshare", &["-a", "-l"], None));
-    assert!(out.starts_with("Account "), "{out}");
-    assert!(out.contains("LevelFS"), "{out}");
-    assert!(
-        out.lines()
-            .any(|l| l.trim_start().starts_with("ops") && l.contains(" root ")),
-        "{out}"
-    );
-
+    sshare_shows_the_tree(d, &addr);
     // scontrol show: nodes, partitions and config as Key=Value; -o one line each.
-    let out = ok(run(d, &addr, "scontrol", &["show", "node", "n01"], None));
-    assert!(
-        out.starts_with("NodeName=n01\n   CPUAlloc=0 CPUTot=4"),
-        "{out}"
-    );
-    let out = ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["-o", "show", "partition"],
-        None,
-    ));
-    assert_eq!(out.lines().count(), 2, "{out}");
-    assert!(
-        out.contains("PartitionName=batch ") && out.contains("Default=YES"),
-        "{out}"
-    );
-    assert!(out.contains("MaxTime=1-00:00:00"), "{out}");
-    let out = ok(run(d, &addr, "scontrol", &["show", "config"], None));
-    assert!(out.starts_with("Configuration data as of"), "{out}");
-    let out = ok(run(d, &addr, "scontrol", &["--json", "show", "node"], None));
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
-
+    scontrol_shows_nodes_partitions_and_config(d, &addr);
     // Drain with a reason, see it in sinfo -R and pbsnodes, resume.
-    let o = run(
-        d,
-        &addr,
-        "scontrol",
-        &["update", "NodeName=n02", "State=DRAIN"],
-        None,
-    );
-    assert_eq!(o.status.code(), Some(2), "a drain needs a reason: {o:?}");
-    ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["update", "NodeName=n02", "State=DRAIN", "Reason=new dimm"],
-        None,
-    ));
-    let out = ok(run(d, &addr, "sinfo", &["-R", "-h"], None));
-    assert!(out.starts_with("new dimm") && out.contains("n02"), "{out}");
-    let out = ok(run(d, &addr, "pbsnodes", &["-a", "n02"], None));
-    assert!(out.contains("     state = offline"), "{out}");
-    assert!(out.contains("     comment = new dimm"), "{out}");
-    ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["update", "NodeName=n02", "State=RESUME"],
-        None,
-    ));
-    let out = ok(run(d, &addr, "sinfo", &["-R", "-h"], None));
-    assert!(out.is_empty(), "{out}");
-
+    drain_with_a_reason_and_resume(d, &addr);
     // Reservations: create, show, delete.
-    ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &[
-            "create",
-            "reservation",
-            "ReservationName=maint",
-            "Nodes=n01",
-            "StartTime=now+2hours",
-            "Duration=60",
-            "Users=root",
-        ],
-        None,
-    ));
-    let out = ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["show", "reservation", "maint"],
-        None,
-    ));
-    assert!(out.contains("Nodes=n01 NodeCnt=1"), "{out}");
-    assert!(
-        out.contains("Duration=1:00:00") && out.contains("State=INACTIVE"),
-        "{out}"
-    );
-    ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["delete", "ReservationName=maint"],
-        None,
-    ));
-    let out = ok(run(d, &addr, "scontrol", &["show", "reservation"], None));
-    assert_eq!(out.trim(), "No reservations in the system");
+    reservations_are_created_shown_and_deleted(d, &addr);
 
     // A job takes every cpu; two more wait, the older first.
-    let job = "#!/bin/sh\nsleep 1000\n";
-    std::fs::write(d.join("job.sh"), job).unwrap();
-    let submit = |args: &[&str]| -> String {
-        let mut all = vec!["--parsable", "-t", "10", "--mem-per-cpu=100M"];
-        all.extend_from_slice(args);
-        all.push("job.sh");
-        ok(run(d, &addr, "sbatch", &all, None)).trim().to_owned()
-    };
-    let big = submit(&["-N", "2", "-n", "8", "-J", "big"]);
-    let older = submit(&["-J", "older"]);
-    let newer = submit(&["-J", "newer", "-p", "high"]);
-    let start = Instant::now();
-    loop {
-        let out = ok(run(
-            d,
-            &addr,
-            "squeue",
-            &["-h", "-o", "%i %T", "-j", &big],
-            None,
-        ));
-        if out.trim() == format!("{big} RUNNING") {
-            break;
-        }
-        assert!(start.elapsed() < DEADLINE, "{out}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    std::fs::write(d.join("job.sh"), "#!/bin/sh\nsleep 1000\n").unwrap();
+    let big = submit_sleeper(d, &addr, &["-N", "2", "-n", "8", "-J", "big"]);
+    let older = submit_sleeper(d, &addr, &["-J", "older"]);
+    let newer = submit_sleeper(d, &addr, &["-J", "newer", "-p", "high"]);
+    wait_until_running(d, &addr, &big);
 
     // squeue -o and -O.
-    let out = ok(run(
-        d,
-        &addr,
-        "squeue",
-        &["-o", "%i|%j|%t|%C", "-j", &big],
-        None,
-    ));
-    assert_eq!(out, format!("JOBID|NAME|ST|CPUS\n{big}|big|R|8\n"));
-    let out = ok(run(
-        d,
-        &addr,
-        "squeue",
-        &["-h", "-O", "JobID:8,Name:.8,Partition", "-j", &newer],
-        None,
-    ));
-    assert_eq!(out, format!("{newer:<8}    newer high\n"));
-
+    squeue_formats_chosen_columns(d, &addr, &big, &newer);
     // A dry run of raising `high`'s tier shows the new order and changes nothing.
-    let raised = TWO_PARTITIONS.replace(
-        "PartitionName = \"high\"\n",
-        "PartitionName = \"high\"\nPriorityTier = 10\n",
-    );
-    std::fs::write(d.join("raised.toml"), raised).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
-        .args(["config", "apply", "--dry-run", "raised.toml"])
-        .current_dir(d)
-        .env("DOCKET_ADDR", &addr)
-        .envs(auth_env(d))
-        .output()
-        .unwrap();
-    let out = ok(o);
-    assert!(out.contains("  would    upsert partition high"), "{out}");
-    assert!(out.contains(&format!("job {newer}: 2 -> 1")), "{out}");
-    assert!(out.contains(&format!("job {older}: 1 -> 2")), "{out}");
-    assert!(out.ends_with("dry run: nothing was changed\n"), "{out}");
-    let out = ok(run(
-        d,
-        &addr,
-        "scontrol",
-        &["show", "partition", "high"],
-        None,
-    ));
-    assert!(out.contains("PriorityTier=1 "), "{out}");
-
+    a_dry_run_shows_the_new_order_and_changes_nothing(d, &addr, &older, &newer);
     // sinfo -l and pbsnodes see the busy nodes; no agent runs here, so they do not respond.
     let out = ok(run(d, &addr, "sinfo", &["-l", "-p", "batch"], None));
     assert!(out.contains("allocated*"), "{out}");
     let out = ok(run(d, &addr, "pbsnodes", &["-a"], None));
     assert!(out.contains("state = job-busy,state-unknown"), "{out}");
-
     // scontrol suspend and resume (root is the operator here).
     ok(run(d, &addr, "scontrol", &["suspend", &big], None));
-    let out = ok(run(
-        d,
-        &addr,
-        "squeue",
-        &["-h", "-o", "%t", "-j", &big],
-        None,
-    ));
-    assert_eq!(out.trim(), "S");
+    assert_eq!(state_code(d, &addr, &big), "S");
     ok(run(d, &addr, "scontrol", &["resume", &big], None));
-    let out = ok(run(
-        d,
-        &addr,
-        "squeue",
-        &["-h", "-o", "%t", "-j", &big],
-        None,
-    ));
-    assert_eq!(out.trim(), "R");
+    assert_eq!(state_code(d, &addr, &big), "R");
 
     // sbatch -W waits for its job and exits with its outcome (cancelled: 1).
-    let mut waiting = Command::new(d.join("sbatch"))
-        .args(["-W", "--parsable", "-t", "5", "job.sh"])
-        .current_dir(d)
-        .env("DOCKET_ADDR", &addr)
-        .envs(auth_env(d))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(waiting.stdout.take().unwrap()),
-        &mut first,
-    )
-    .unwrap();
-    let waited = first.trim().to_owned();
-    assert!(
-        waiting.try_wait().unwrap().is_none(),
-        "sbatch -W returned early"
-    );
-    ok(run(d, &addr, "scancel", &[&waited], None));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = waiting.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < DEADLINE, "sbatch -W did not return");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(status.code(), Some(1));
-
+    let waited = sbatch_wait_exits_with_the_outcome(d, &addr);
     // sacct: chosen fields over a window.
     let out = ok(run(
         d,
@@ -676,9 +519,249 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     assert_eq!(out, format!("{waited}|job.sh|CANCELLED\n"));
 
     // Exit statuses: refused 1, usage 2, no controller 3.
-    let o = run(d, &addr, "scancel", &["999999"], None);
+    exit_statuses_say_what_went_wrong(d, &addr);
+    // A first endpoint that never answers is passed over, by reads and writes.
+    a_silent_endpoint_is_passed_over(d, &addr);
+}
+
+/// sshare -a -l: the long header, and the account ops with its user root.
+fn sshare_shows_the_tree(d: &Path, addr: &str) {
+    let out = ok(run(d, addr, "sshare", &["-a", "-l"], None));
+    assert!(out.starts_with("Account "), "{out}");
+    assert!(out.contains("LevelFS"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("ops") && l.contains(" root ")),
+        "{out}"
+    );
+}
+
+/// scontrol show node, partition (-o: one line each), config, and node in JSON.
+fn scontrol_shows_nodes_partitions_and_config(d: &Path, addr: &str) {
+    let out = ok(run(d, addr, "scontrol", &["show", "node", "n01"], None));
+    assert!(
+        out.starts_with("NodeName=n01\n   CPUAlloc=0 CPUTot=4"),
+        "{out}"
+    );
+    let out = ok(run(d, addr, "scontrol", &["-o", "show", "partition"], None));
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(
+        out.contains("PartitionName=batch ") && out.contains("Default=YES"),
+        "{out}"
+    );
+    assert!(out.contains("MaxTime=1-00:00:00"), "{out}");
+    let out = ok(run(d, addr, "scontrol", &["show", "config"], None));
+    assert!(out.starts_with("Configuration data as of"), "{out}");
+    let out = ok(run(d, addr, "scontrol", &["--json", "show", "node"], None));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+}
+
+/// A drain without a reason is a usage error; with one, sinfo -R and pbsnodes show it; a
+/// resume clears it.
+fn drain_with_a_reason_and_resume(d: &Path, addr: &str) {
+    let o = run(
+        d,
+        addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=DRAIN"],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(2), "a drain needs a reason: {o:?}");
+    ok(run(
+        d,
+        addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=DRAIN", "Reason=new dimm"],
+        None,
+    ));
+    let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
+    assert!(out.starts_with("new dimm") && out.contains("n02"), "{out}");
+    let out = ok(run(d, addr, "pbsnodes", &["-a", "n02"], None));
+    assert!(out.contains("     state = offline"), "{out}");
+    assert!(out.contains("     comment = new dimm"), "{out}");
+    ok(run(
+        d,
+        addr,
+        "scontrol",
+        &["update", "NodeName=n02", "State=RESUME"],
+        None,
+    ));
+    let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
+    assert!(out.is_empty(), "{out}");
+}
+
+/// A reservation created with scontrol is shown with its nodes, duration and state, and is
+/// gone once deleted.
+fn reservations_are_created_shown_and_deleted(d: &Path, addr: &str) {
+    ok(run(
+        d,
+        addr,
+        "scontrol",
+        &[
+            "create",
+            "reservation",
+            "ReservationName=maint",
+            "Nodes=n01",
+            "StartTime=now+2hours",
+            "Duration=60",
+            "Users=root",
+        ],
+        None,
+    ));
+    let out = ok(run(
+        d,
+        addr,
+        "scontrol",
+        &["show", "reservation", "maint"],
+        None,
+    ));
+    assert!(out.contains("Nodes=n01 NodeCnt=1"), "{out}");
+    assert!(
+        out.contains("Duration=1:00:00") && out.contains("State=INACTIVE"),
+        "{out}"
+    );
+    ok(run(
+        d,
+        addr,
+        "scontrol",
+        &["delete", "ReservationName=maint"],
+        None,
+    ));
+    let out = ok(run(d, addr, "scontrol", &["show", "reservation"], None));
+    assert_eq!(out.trim(), "No reservations in the system");
+}
+
+/// `sbatch --parsable -t 10 --mem-per-cpu=100M args job.sh`; the job's id.
+fn submit_sleeper(d: &Path, addr: &str, args: &[&str]) -> String {
+    let mut all = vec!["--parsable", "-t", "10", "--mem-per-cpu=100M"];
+    all.extend_from_slice(args);
+    all.push("job.sh");
+    ok(run(d, addr, "sbatch", &all, None)).trim().to_owned()
+}
+
+/// Waits (up to [`DEADLINE`]) until `job` runs.
+fn wait_until_running(d: &Path, addr: &str, job: &str) {
+    let start = Instant::now();
+    loop {
+        let out = ok(run(
+            d,
+            addr,
+            "squeue",
+            &["-h", "-o", "%i %T", "-j", job],
+            None,
+        ));
+        if out.trim() == format!("{job} RUNNING") {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `job`'s compact state code (`squeue -o %t`).
+fn state_code(d: &Path, addr: &str, job: &str) -> String {
+    let out = ok(run(d, addr, "squeue", &["-h", "-o", "%t", "-j", job], None));
+    out.trim().to_owned()
+}
+
+/// squeue -o with a header and -O with widths and alignment, on the running `big` and the
+/// pending `newer`.
+fn squeue_formats_chosen_columns(d: &Path, addr: &str, big: &str, newer: &str) {
+    let out = ok(run(
+        d,
+        addr,
+        "squeue",
+        &["-o", "%i|%j|%t|%C", "-j", big],
+        None,
+    ));
+    assert_eq!(out, format!("JOBID|NAME|ST|CPUS\n{big}|big|R|8\n"));
+    let out = ok(run(
+        d,
+        addr,
+        "squeue",
+        &["-h", "-O", "JobID:8,Name:.8,Partition", "-j", newer],
+        None,
+    ));
+    assert_eq!(out, format!("{newer:<8}    newer high\n"));
+}
+
+/// `docket config apply --dry-run` of `high` with a higher tier: `newer` would go first and
+/// `older` second, and the partition keeps its tier.
+fn a_dry_run_shows_the_new_order_and_changes_nothing(
+    d: &Path,
+    addr: &str,
+    older: &str,
+    newer: &str,
+) {
+    let raised = TWO_PARTITIONS.replace(
+        "PartitionName = \"high\"\n",
+        "PartitionName = \"high\"\nPriorityTier = 10\n",
+    );
+    std::fs::write(d.join("raised.toml"), raised).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["config", "apply", "--dry-run", "raised.toml"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .output()
+        .unwrap();
+    let out = ok(o);
+    assert!(out.contains("  would    upsert partition high"), "{out}");
+    assert!(out.contains(&format!("job {newer}: 2 -> 1")), "{out}");
+    assert!(out.contains(&format!("job {older}: 1 -> 2")), "{out}");
+    assert!(out.ends_with("dry run: nothing was changed\n"), "{out}");
+    let out = ok(run(
+        d,
+        addr,
+        "scontrol",
+        &["show", "partition", "high"],
+        None,
+    ));
+    assert!(out.contains("PriorityTier=1 "), "{out}");
+}
+
+/// `sbatch -W` prints its job's id, keeps waiting while it is queued, and exits 1 once the
+/// job is cancelled; the job's id.
+fn sbatch_wait_exits_with_the_outcome(d: &Path, addr: &str) -> String {
+    let mut waiting = Command::new(d.join("sbatch"))
+        .args(["-W", "--parsable", "-t", "5", "job.sh"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(waiting.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let waited = first.trim().to_owned();
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "sbatch -W returned early"
+    );
+    ok(run(d, addr, "scancel", &[&waited], None));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = waiting.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < DEADLINE, "sbatch -W did not return");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(1));
+    waited
+}
+
+/// Refused: exit 1; a usage error: 2; no controller answering: 3, saying so.
+fn exit_statuses_say_what_went_wrong(d: &Path, addr: &str) {
+    let o = run(d, addr, "scancel", &["999999"], None);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
-    let o = run(d, &addr, "scontrol", &["frobnicate"], None);
+    let o = run(d, addr, "scontrol", &["frobnicate"], None);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
     let o = Command::new(d.join("squeue"))
         .env("DOCKET_ADDR", free_addr())
@@ -689,9 +772,12 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no controller answered"), "{err}");
+}
 
-    // A first endpoint that accepts connections but never answers (a stopped replica: the
-    // kernel completes the handshake) is passed over by a read, which the next one answers.
+/// A first endpoint that accepts connections but never answers (a stopped replica: the
+/// kernel completes the handshake) is passed over by a read, which the next one answers, and
+/// by a write, which finds the leader.
+fn a_silent_endpoint_is_passed_over(d: &Path, addr: &str) {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let through_silent = format!("{},{addr}", silent.local_addr().unwrap());
     let o = Command::new(d.join("squeue"))

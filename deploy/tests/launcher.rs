@@ -55,37 +55,9 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
     let _down = Down(&state);
 
     // A mistyped --state-dir naming someone's directory is refused, never emptied.
-    let theirs = dir.path().join("someones-home");
-    std::fs::create_dir(&theirs).unwrap();
-    std::fs::write(theirs.join("notes.txt"), "keep me").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
-        .arg("--state-dir")
-        .arg(&theirs)
-        .args(["up", "--bin-dir"])
-        .arg(&bins)
-        .output()
-        .unwrap();
-    let out = text(&o);
-    assert!(!o.status.success() && out.contains("refusing"), "{out}");
-    assert_eq!(
-        std::fs::read_to_string(theirs.join("notes.txt")).unwrap(),
-        "keep me"
-    );
+    up_refuses_someone_elses_directory(dir.path(), &bins);
 
-    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["up", "--bin-dir"])
-        .arg(&bins)
-        .output()
-        .unwrap();
-    let out = text(&o);
-    assert!(o.status.success(), "{out}");
-    assert!(out.contains("export DOCKET_ADDR=127.0.0.1:"), "{out}");
-    assert_eq!(out.matches("  controller ").count(), 3, "{out}");
-    assert_eq!(out.matches("  agent n0").count(), 4, "{out}");
-    assert!(state.join("bin/sbatch").exists());
-
+    up_starts_three_controllers_and_four_agents(&state, &bins);
     let o = local(&state, &["up"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("already runs"), "{}", text(&o));
@@ -107,7 +79,72 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
     assert!(out.contains("jobs lost:                 0"), "{out}");
 
     // The lifecycle benchmark, small: real sbatch processes and an array, to their end.
-    let o = local(&state, &["bench", "--jobs", "20", "--loops", "4"]);
+    the_lifecycle_benchmark_runs_to_the_end(&state);
+
+    let o = local(&state, &["logs", "controller-1", "-n", "5"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("controller-1.log"));
+    assert!(!text(&o).contains('\u{1b}'), "no colour codes in log files");
+
+    let cgroups = agent_cgroups(&state);
+    let o = local(&state, &["down"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let left = docket_deploy::cleanup::processes_naming(&state);
+    assert!(left.is_empty(), "processes left: {left:?}");
+    assert!(docket_deploy::cleanup::mounts_under(&state).is_empty());
+    for c in cgroups {
+        assert!(!c.exists(), "cgroup left: {}", c.display());
+    }
+    let o = local(&state, &["status"]);
+    assert!(
+        text(&o).contains("false") && !text(&o).contains("true "),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `up` with a --state-dir naming an existing directory of someone's (under `dir`): refused,
+/// and the directory's file kept.
+fn up_refuses_someone_elses_directory(dir: &Path, bins: &Path) {
+    let theirs = dir.join("someones-home");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::write(theirs.join("notes.txt"), "keep me").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
+        .arg("--state-dir")
+        .arg(&theirs)
+        .args(["up", "--bin-dir"])
+        .arg(bins)
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(!o.status.success() && out.contains("refusing"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("notes.txt")).unwrap(),
+        "keep me"
+    );
+}
+
+/// `up` in `state`: it succeeds, prints DOCKET_ADDR, 3 controllers and 4 agents, and links
+/// the commands.
+fn up_starts_three_controllers_and_four_agents(state: &Path, bins: &Path) {
+    let o = Command::new(env!("CARGO_BIN_EXE_docket-local"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(["up", "--bin-dir"])
+        .arg(bins)
+        .output()
+        .unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("export DOCKET_ADDR=127.0.0.1:"), "{out}");
+    assert_eq!(out.matches("  controller ").count(), 3, "{out}");
+    assert_eq!(out.matches("  agent n0").count(), 4, "{out}");
+    assert!(state.join("bin/sbatch").exists());
+}
+
+/// `bench --jobs 20 --loops 4`: every figure is printed and every job completed.
+fn the_lifecycle_benchmark_runs_to_the_end(state: &Path) {
+    let o = local(state, &["bench", "--jobs", "20", "--loops", "4"]);
     let out = text(&o);
     println!("{out}");
     assert!(o.status.success(), "{out}");
@@ -125,38 +162,20 @@ fn the_launcher_runs_the_demo_and_leaves_nothing_behind() {
         );
     }
     assert!(!out.contains("NOT COMPLETED"), "{out}");
+}
 
-    let o = local(&state, &["logs", "controller-1", "-n", "5"]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("controller-1.log"));
-    assert!(!text(&o).contains('\u{1b}'), "no colour codes in log files");
-
-    let cgroups: Vec<PathBuf> = {
-        let record: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(state.join("cluster.json")).unwrap())
-                .unwrap();
-        record["agents"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|a| a["cgroups"].as_array().cloned().unwrap_or_default())
-            .map(|c| PathBuf::from(c.as_str().unwrap()))
-            .collect()
-    };
-    let o = local(&state, &["down"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let left = docket_deploy::cleanup::processes_naming(&state);
-    assert!(left.is_empty(), "processes left: {left:?}");
-    assert!(docket_deploy::cleanup::mounts_under(&state).is_empty());
-    for c in cgroups {
-        assert!(!c.exists(), "cgroup left: {}", c.display());
-    }
-    let o = local(&state, &["status"]);
-    assert!(
-        text(&o).contains("false") && !text(&o).contains("true "),
-        "{}",
-        text(&o)
-    );
+/// The cgroups of every agent, from the cluster record in `state`.
+fn agent_cgroups(state: &Path) -> Vec<PathBuf> {
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state.join("cluster.json")).unwrap())
+            .unwrap();
+    record["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["cgroups"].as_array().cloned().unwrap_or_default())
+        .map(|c| PathBuf::from(c.as_str().unwrap()))
+        .collect()
 }
 
 /// The scale benchmark on a small scale: simulated agents, each its own process, run

@@ -304,27 +304,12 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     let Some(site) = Site::start(3) else {
         return;
     };
-    let (state, work, nobody) = (site.state(), site.work(), &site.nobody);
+    let (state, work) = (site.state(), site.work());
     site.write("steps.sh", SCRIPT);
     let (job, job_out) = site.run(&["-N", "2", "-n", "2", "-t", "5", "steps.sh"], "job.out");
 
     // Step 0: both nodes, one task each, labelled, with Slurm's variables, in step cgroups.
-    for task in [0, 1] {
-        let line = format!(
-            "{task}: vars task={task} local=0 node={task} ntasks=2 nnodes=2 step=0 \
-             nodes=n[01-02] tasks=2 tpn=1(x2)"
-        );
-        assert!(
-            job_out.contains(&line),
-            "missing {line:?} in\n{job_out}\n{}",
-            text(&local(&state, &["logs", "-n", "80"]))
-        );
-        assert!(
-            job_out.contains(&format!("{task}: cgroup=step")),
-            "task {task} is not in its step cgroup:\n{job_out}"
-        );
-    }
-    assert!(job_out.contains("step0=0\n"), "{job_out}");
+    step0_ran_on_both_nodes_in_step_cgroups(&state, &job_out);
     // Step 1: the highest task exit code, and Slurm's report of each failed task.
     assert!(job_out.contains("step1=4\n"), "{job_out}");
     assert!(
@@ -334,16 +319,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     // Step 2: stdin reaches task 0.
     assert!(job_out.contains("piped-in\nstep2=0\n"), "{job_out}");
     // Step 3: -o patterns, one file per task.
-    assert!(job_out.contains("step3=0\n"), "{job_out}");
-    for (task, node) in [(0, "n01"), (1, "n02")] {
-        let file = work.join(format!("task-{task}-{node}-{job}.3.out"));
-        let content = std::fs::read_to_string(&file)
-            .unwrap_or_else(|e| panic!("{}: {e}\n{job_out}", file.display()));
-        assert_eq!(content, format!("file {task} {task}\n"));
-        let meta = std::fs::metadata(&file).unwrap();
-        use std::os::unix::fs::MetadataExt;
-        assert_eq!(meta.uid(), nobody.uid.as_raw(), "written as the user");
-    }
+    step3_wrote_one_file_per_task_as_the_user(&site, &job, &job_out);
     // Step 4: the step's time limit ends it, and srun says it failed.
     let step4 = line_value(&job_out, "step4=");
     assert_ne!(step4, "0", "{job_out}");
@@ -359,13 +335,70 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     }
     assert!(job_out.contains("step7=0\n"), "{job_out}");
     // sacct: the allocation, the batch script and every step, each with its own outcome.
+    sacct_lists_every_step_with_its_outcome(&site, &job);
+
+    // A second job whose step stays up on both nodes, for the attacks.
+    let live = start_a_live_two_node_step(&site);
+    attack_the_step_port(&state, &live);
+    // Nothing the attacks did ended the step: both tasks still run.
+    let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();
+    assert!(live_out.is_empty(), "{live_out}");
+    let o = site.command("scancel", &[&live]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    interactive_allocations(&site);
+    terminals(&site);
+    pbs_interactive_and_pbsdsh(&site);
+    steps_across_an_agent_restart(&site);
+    steps_survive_a_failover(&site);
+    flood_the_step_port(&state);
+}
+
+/// Step 0 of [`SCRIPT`]: a labelled task on each node with Slurm's step variables, each in
+/// its step's cgroup.
+fn step0_ran_on_both_nodes_in_step_cgroups(state: &Path, job_out: &str) {
+    for task in [0, 1] {
+        let line = format!(
+            "{task}: vars task={task} local=0 node={task} ntasks=2 nnodes=2 step=0 \
+             nodes=n[01-02] tasks=2 tpn=1(x2)"
+        );
+        assert!(
+            job_out.contains(&line),
+            "missing {line:?} in\n{job_out}\n{}",
+            text(&local(state, &["logs", "-n", "80"]))
+        );
+        assert!(
+            job_out.contains(&format!("{task}: cgroup=step")),
+            "task {task} is not in its step cgroup:\n{job_out}"
+        );
+    }
+    assert!(job_out.contains("step0=0\n"), "{job_out}");
+}
+
+/// Step 3 of [`SCRIPT`]: `-o` patterns expanded into one file per task, written as the user.
+fn step3_wrote_one_file_per_task_as_the_user(site: &Site, job: &str, job_out: &str) {
+    assert!(job_out.contains("step3=0\n"), "{job_out}");
+    for (task, node) in [(0, "n01"), (1, "n02")] {
+        let file = site.work().join(format!("task-{task}-{node}-{job}.3.out"));
+        let content = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{job_out}", file.display()));
+        assert_eq!(content, format!("file {task} {task}\n"));
+        let meta = std::fs::metadata(&file).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(meta.uid(), site.nobody.uid.as_raw(), "written as the user");
+    }
+}
+
+/// `sacct -j job`: the allocation, the batch script and each step of [`SCRIPT`], each with
+/// its node count, state and exit code.
+fn sacct_lists_every_step_with_its_outcome(site: &Site, job: &str) {
     let o = site.command(
         "sacct",
         &[
             "-P",
             "-n",
             "-j",
-            &job,
+            job,
             "-o",
             "JobID,JobName,NNodes,State,ExitCode",
         ],
@@ -391,8 +424,11 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
             "{want:?} expected in\n{out}"
         );
     }
+}
 
-    // A second job whose step stays up on both nodes, for the attacks.
+/// Submits a two-node job whose step 0 sleeps on both nodes, waits until both tasks run,
+/// and checks that `squeue -s` lists the step on both nodes; the job's id.
+fn start_a_live_two_node_step(site: &Site) -> String {
     let live = site.submit(&[
         "-N",
         "2",
@@ -408,7 +444,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
     site.wait_for_files(&["up.0", "up.1"], || {
         format!(
             "the live step never started: {}",
-            std::fs::read_to_string(work.join("live.out")).unwrap_or_default()
+            std::fs::read_to_string(site.work().join("live.out")).unwrap_or_default()
         )
     });
     // squeue -s lists the running step on both nodes.
@@ -423,19 +459,7 @@ fn srun_runs_steps_across_the_allocation_and_the_step_port_refuses_strangers() {
             .any(|l| l.trim_start().starts_with(&format!("{live}.0 ")) && l.ends_with(" n[01-02]")),
         "{out}"
     );
-    attack_the_step_port(&state, &live);
-    // Nothing the attacks did ended the step: both tasks still run.
-    let live_out = std::fs::read_to_string(work.join("live.out")).unwrap_or_default();
-    assert!(live_out.is_empty(), "{live_out}");
-    let o = site.command("scancel", &[&live]);
-    assert!(o.status.success(), "{}", text(&o));
-
-    interactive_allocations(&site);
-    terminals(&site);
-    pbs_interactive_and_pbsdsh(&site);
-    steps_across_an_agent_restart(&site);
-    steps_survive_a_failover(&site);
-    flood_the_step_port(&state);
+    live
 }
 
 fn line_value<'a>(out: &'a str, key: &str) -> &'a str {

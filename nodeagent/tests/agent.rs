@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -28,16 +29,98 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
         &dir.path().join("state"),
         &["--cpus", "2", "--memory-mib", "1024", "--kill-grace-s", "1"],
     );
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
 
     // 1. A job runs in its directory with the scheduler's environment; its output goes to
     //    slurm-%j.out; exit 0 is completed.
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
+    runs_with_the_schedulers_environment(&leader, &work).await;
+
+    // 2. A failing script: failed, with its exit code.
+    leader
+        .send(launch(2, 1, &work, "#!/bin/sh\nexit 3\n", 60))
+        .await;
+    let (_, end) = leader.ended(2).await;
+    assert_eq!((cause(&end), end.exit_code), ("failed", 3));
+
+    // 3. Walltime: SIGTERM at the limit (the script ignores nothing): timeout.
+    leader
+        .send(launch(3, 1, &work, "#!/bin/sh\nsleep 30\n", 1))
+        .await;
+    let (_, end) = leader.ended(3).await;
+    assert_eq!(cause(&end), "timeout", "{end:?}");
+
+    // 4. Kill: cancelled, the whole process group (a child that ignores SIGTERM dies by the
+    //    SIGKILL after the grace); a stale kill (older epoch) is refused.
+    kill_ends_the_group_and_refuses_a_stale_epoch(&leader, &work).await;
+
+    // 5. Suspend stops the clock: a 2 s limit survives 3 s of suspension.
+    suspend_stops_the_clock(&leader, &work).await;
+
+    // 6. A kill for a run this node never had is reported as cancelled at once.
+    leader
+        .send(pb::instruction::Kind::Kill(control(99, 7)))
+        .await;
+    let (epoch, end) = leader.ended(99).await;
+    assert_eq!((epoch, cause(&end)), (7, "cancelled"));
+
+    // 7. A second launch of a run already held does nothing.
+    a_second_launch_of_a_held_run_does_nothing(&leader, &work).await;
+
+    // 8. Confinement (cgroups; v1 on the build machine): the job's cgroup exists while it
+    //    runs, with its exclusive cpuset, memory limit and pids limit, and is gone after.
+    the_job_is_confined_in_its_cgroup(&leader, &work).await;
+
+    // 9. Over its memory: killed by the OOM killer, reported as out of memory.
+    let mut l = launch(
+        9,
+        1,
+        &work,
+        "#!/bin/sh
+dd if=/dev/zero of=/dev/null bs=300M count=1
+",
+        60,
+    );
+    if let pb::instruction::Kind::Launch(x) = &mut l {
+        x.cpus = 1;
+        x.memory_mib = 64;
+    }
+    leader.send(l).await;
+    let (_, end) = leader.ended(9).await;
+    assert_eq!(cause(&end), "out_of_memory", "{end:?}");
+    assert!(end.max_rss_mib <= 64, "{end:?}");
+
+    // 10. jobfs: a 16 MiB scratch exported as TMPDIR/PBS_JOBFS; 8 MiB fit, filling it fails
+    //     with ENOSPC and the job is reported as jobfs exceeded; the mount is gone after.
+    jobfs_is_a_capped_scratch_removed_after(&leader, &work).await;
+
+    // 11. The job runs as its user, not as the agent's root, in a directory of its user's
+    //     (it reaches its script through the state directory, which lets others pass).
+    runs_as_its_user(&leader, dir.path()).await;
+    server.abort();
+    drop(_agent);
+    remove_agent_cgroups("n01");
+}
+
+/// Whether the agent has reported an end of `job`.
+fn has_ended(leader: &FakeLeader, job: u64) -> bool {
+    leader
+        .0
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .any(|e| e.job_id == job && matches!(e.event, Some(pb::job_event::Event::Ended(_))))
+}
+
+/// Job 1 (epoch 5) in `work` sees Slurm's and PBS's variables and its directory, writes
+/// slurm-1.out, and completes; the agent registered as n01.
+async fn runs_with_the_schedulers_environment(leader: &FakeLeader, work: &Path) {
     leader
         .send(launch(
             1,
             5,
-            &work,
+            work,
             "#!/bin/sh\necho \"id=$SLURM_JOB_ID pbs=$PBS_JOBID cpus=$SLURM_CPUS_ON_NODE nodes=$SLURM_JOB_NODELIST pwd=$(pwd)\"\ncat \"$PBS_NODEFILE\" | wc -l\n",
             60,
         ))
@@ -59,28 +142,16 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
     );
     assert!(out.contains('2'), "{out}");
     assert_eq!(leader.0.lock().unwrap().registered[0].node, "n01");
+}
 
-    // 2. A failing script: failed, with its exit code.
-    leader
-        .send(launch(2, 1, &work, "#!/bin/sh\nexit 3\n", 60))
-        .await;
-    let (_, end) = leader.ended(2).await;
-    assert_eq!((cause(&end), end.exit_code), ("failed", 3));
-
-    // 3. Walltime: SIGTERM at the limit (the script ignores nothing): timeout.
-    leader
-        .send(launch(3, 1, &work, "#!/bin/sh\nsleep 30\n", 1))
-        .await;
-    let (_, end) = leader.ended(3).await;
-    assert_eq!(cause(&end), "timeout", "{end:?}");
-
-    // 4. Kill: cancelled, the whole process group (a child that ignores SIGTERM dies by the
-    //    SIGKILL after the grace).
+/// Job 4 (epoch 2) with a child that ignores SIGTERM: a kill at epoch 1 does nothing, the
+/// one at epoch 2 cancels it.
+async fn kill_ends_the_group_and_refuses_a_stale_epoch(leader: &FakeLeader, work: &Path) {
     leader
         .send(launch(
             4,
             2,
-            &work,
+            work,
             "#!/bin/sh\n(trap '' TERM; sleep 30) &\nwait\n",
             60,
         ))
@@ -95,59 +166,40 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
         .send(pb::instruction::Kind::Kill(control(4, 1)))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !leader
-            .0
-            .lock()
-            .unwrap()
-            .events
-            .iter()
-            .any(|e| e.job_id == 4 && matches!(e.event, Some(pb::job_event::Event::Ended(_))))
-    );
+    assert!(!has_ended(leader, 4));
     leader
         .send(pb::instruction::Kind::Kill(control(4, 2)))
         .await;
     let (_, end) = leader.ended(4).await;
     assert_eq!(cause(&end), "cancelled");
+}
 
-    // 5. Suspend stops the clock: a 2 s limit survives 3 s of suspension.
+/// Job 5 (a 2 s limit, 1 s of work) suspended for 3 s neither ends nor times out, and
+/// completes once resumed.
+async fn suspend_stops_the_clock(leader: &FakeLeader, work: &Path) {
     leader
-        .send(launch(5, 1, &work, "#!/bin/sh\nsleep 1\necho done\n", 2))
+        .send(launch(5, 1, work, "#!/bin/sh\nsleep 1\necho done\n", 2))
         .await;
     leader
         .send(pb::instruction::Kind::Suspend(control(5, 1)))
         .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        !leader
-            .0
-            .lock()
-            .unwrap()
-            .events
-            .iter()
-            .any(|e| e.job_id == 5 && matches!(e.event, Some(pb::job_event::Event::Ended(_)))),
-        "ran or timed out while suspended"
-    );
+    assert!(!has_ended(leader, 5), "ran or timed out while suspended");
     leader
         .send(pb::instruction::Kind::Resume(control(5, 1)))
         .await;
     let (_, end) = leader.ended(5).await;
     assert_eq!(cause(&end), "completed", "{end:?}");
+}
 
-    // 6. A kill for a run this node never had is reported as cancelled at once.
-    leader
-        .send(pb::instruction::Kind::Kill(control(99, 7)))
-        .await;
-    let (epoch, end) = leader.ended(99).await;
-    assert_eq!((epoch, cause(&end)), (7, "cancelled"));
-
-    // 7. A second launch of a run already held does nothing.
+/// Launches of job 1 again (its epoch and an older one) report nothing of job 1.
+async fn a_second_launch_of_a_held_run_does_nothing(leader: &FakeLeader, work: &Path) {
     let before = leader.0.lock().unwrap().events.len();
     leader
-        .send(launch(1, 5, &work, "#!/bin/sh\nexit 0\n", 60))
+        .send(launch(1, 5, work, "#!/bin/sh\nexit 0\n", 60))
         .await;
     leader
-        .send(launch(1, 4, &work, "#!/bin/sh\nexit 0\n", 60))
+        .send(launch(1, 4, work, "#!/bin/sh\nexit 0\n", 60))
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after: BTreeMap<u64, usize> =
@@ -158,14 +210,16 @@ async fn the_agent_runs_reports_and_controls_real_jobs() {
                 m
             });
     assert!(!after.contains_key(&1), "relaunched: {after:?}");
+}
 
-    // 8. Confinement (cgroups; v1 on the build machine): the job's cgroup exists while it
-    //    runs, with its exclusive cpuset, memory limit and pids limit, and is gone after.
+/// Job 8 (1 cpu, 256 MiB): its cgroup appears with the memory limit, the job sees only cpu
+/// 0, completes, and the cgroup is removed.
+async fn the_job_is_confined_in_its_cgroup(leader: &FakeLeader, work: &Path) {
     let (memory_base, limit_file) = memory_cgroup_base();
     let mut l = launch(
         8,
         1,
-        &work,
+        work,
         "#!/bin/sh
 grep Cpus_allowed_list /proc/self/status
 sleep 2
@@ -208,35 +262,18 @@ sleep 2
     assert!(out.contains("Cpus_allowed_list:\t0\n"), "{out:?}");
     assert!(!job_dir.exists(), "the job's cgroup was not removed");
     assert!(end.cpu_time_ms < 60_000);
+}
 
-    // 9. Over its memory: killed by the OOM killer, reported as out of memory.
-    let mut l = launch(
-        9,
-        1,
-        &work,
-        "#!/bin/sh
-dd if=/dev/zero of=/dev/null bs=300M count=1
-",
-        60,
-    );
-    if let pb::instruction::Kind::Launch(x) = &mut l {
-        x.cpus = 1;
-        x.memory_mib = 64;
-    }
-    leader.send(l).await;
-    let (_, end) = leader.ended(9).await;
-    assert_eq!(cause(&end), "out_of_memory", "{end:?}");
-    assert!(end.max_rss_mib <= 64, "{end:?}");
-
-    // 10. jobfs: a 16 MiB scratch exported as TMPDIR/PBS_JOBFS; 8 MiB fit, filling it fails
-    //     with ENOSPC and the job is reported as jobfs exceeded; the mount is gone after.
+/// Job 10 with a 16 MiB jobfs: TMPDIR and PBS_JOBFS name it, 8 MiB fit, more ends the job
+/// as jobfs exceeded, and the mount is gone after.
+async fn jobfs_is_a_capped_scratch_removed_after(leader: &FakeLeader, work: &Path) {
     let script = "#!/bin/sh
 [ \"$TMPDIR\" = \"$PBS_JOBFS\" ] || exit 9
 echo \"jobfs=$TMPDIR\"
 dd if=/dev/zero of=$TMPDIR/a bs=1M count=8 2>/dev/null || exit 8
 dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
 ";
-    let mut l = launch(10, 1, &work, script, 60);
+    let mut l = launch(10, 1, work, script, 60);
     if let pb::instruction::Kind::Launch(x) = &mut l {
         x.cpus = 1;
         x.jobfs_mib = 16;
@@ -254,11 +291,13 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&mount), "jobfs {mount} still mounted");
     assert!(!std::path::Path::new(&mount).exists());
+}
 
-    // 11. The job runs as its user, not as the agent's root, in a directory of its user's
-    //     (it reaches its script through the state directory, which lets others pass).
+/// Job 11 of nobody's, in a directory of nobody's under `tmp`, runs with nobody's uid and
+/// USER.
+async fn runs_as_its_user(leader: &FakeLeader, tmp: &Path) {
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
-    let theirs = user_dir(dir.path(), "theirs", &nobody);
+    let theirs = user_dir(tmp, "theirs", &nobody);
     let mut l = launch(
         11,
         1,
@@ -278,9 +317,6 @@ dd if=/dev/zero of=$TMPDIR/b bs=1M count=32 2>/dev/null
         out.contains(&format!("uid={} user=nobody", nobody.uid)),
         "{out}"
     );
-    server.abort();
-    drop(_agent);
-    remove_agent_cgroups("n01");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

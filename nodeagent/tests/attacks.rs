@@ -77,27 +77,7 @@ async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_rega
     let marks = dir.path().join("marks");
     std::fs::create_dir(&marks).unwrap();
     std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let source = dir.path().join("evil.c");
-    std::fs::write(
-        &source,
-        format!(
-            "#include <stdio.h>\n#include <unistd.h>\n#include <fcntl.h>\n\
-             __attribute__((constructor)) static void evil(void) {{\n\
-               char p[4096]; snprintf(p, sizeof p, \"{}/loaded-by-%d\", (int)geteuid());\n\
-               close(open(p, O_CREAT | O_WRONLY, 0644));\n}}\n",
-            marks.display()
-        ),
-    )
-    .unwrap();
-    let library = dir.path().join("evil.so");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&library)
-        .arg(&source)
-        .output()
-        .unwrap();
-    assert!(built.status.success(), "{built:?}");
-    std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let library = build_marking_library(dir.path(), &marks);
 
     let script = "#!/bin/sh\ngrep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status\n";
     let lib = library.display().to_string();
@@ -128,6 +108,42 @@ async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_rega
         "a root process ran the job's LD_PRELOAD: {loaded:?}"
     );
     let out = std::fs::read_to_string(work.join("slurm-21.out")).unwrap();
+    assert_never_regained_root(&out, uid);
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a01");
+}
+
+/// Builds `dir/evil.so` (mode 0755) with cc: a library whose constructor creates
+/// `marks/loaded-by-EUID` in every process that loads it; its path.
+fn build_marking_library(dir: &Path, marks: &Path) -> std::path::PathBuf {
+    let source = dir.join("evil.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include <stdio.h>\n#include <unistd.h>\n#include <fcntl.h>\n\
+             __attribute__((constructor)) static void evil(void) {{\n\
+               char p[4096]; snprintf(p, sizeof p, \"{}/loaded-by-%d\", (int)geteuid());\n\
+               close(open(p, O_CREAT | O_WRONLY, 0644));\n}}\n",
+            marks.display()
+        ),
+    )
+    .unwrap();
+    let library = dir.join("evil.so");
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(built.status.success(), "{built:?}");
+    std::fs::set_permissions(&library, std::fs::Permissions::from_mode(0o755)).unwrap();
+    library
+}
+
+/// The job's /proc/self/status lines in `out`: every uid is `uid`, no new privileges, and
+/// root's group is not among its groups.
+fn assert_never_regained_root(out: &str, uid: u32) {
     assert!(
         out.contains(&format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}")),
         "{out}"
@@ -141,9 +157,6 @@ async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_rega
         !groups.split_whitespace().any(|g| g == "0"),
         "the job kept root's group: {out}"
     );
-    drop(agent);
-    server.abort();
-    remove_agent_cgroups("a01");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

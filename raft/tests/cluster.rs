@@ -237,23 +237,7 @@ async fn membership_goes_from_three_to_five_voters_and_back() {
     assert!(!learner.voter);
     assert_eq!(cluster.replica(4).status().role, Role::Learner);
     // The leader reports the learner's lag; it reaches zero.
-    let start = std::time::Instant::now();
-    loop {
-        let status = cluster.replica(leader).status();
-        let learner = status
-            .members
-            .iter()
-            .find(|m| m.id == ReplicaId(4))
-            .unwrap();
-        if learner.lag == Some(0) {
-            break;
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "learner never caught up: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_caught_up(&cluster, leader, 4).await;
 
     cluster
         .replica(leader)
@@ -265,13 +249,9 @@ async fn membership_goes_from_three_to_five_voters_and_back() {
         .set_voters(BTreeSet::from([1, 2, 3, 4, 5].map(ReplicaId)))
         .await
         .unwrap();
-    let voters: BTreeSet<u64> = cluster
-        .replica(leader)
-        .status()
-        .members
-        .iter()
-        .filter(|m| m.voter)
-        .map(|m| m.id.0)
+    let voters: BTreeSet<u64> = members_of(&cluster, leader)
+        .into_iter()
+        .filter_map(|(id, voter)| voter.then_some(id))
         .collect();
     assert_eq!(voters, BTreeSet::from([1, 2, 3, 4, 5]));
     cluster.converge().await;
@@ -290,13 +270,7 @@ async fn membership_goes_from_three_to_five_voters_and_back() {
             .await
             .unwrap();
     }
-    let members: BTreeMap<u64, bool> = cluster
-        .replica(leader)
-        .status()
-        .members
-        .iter()
-        .map(|m| (m.id.0, m.voter))
-        .collect();
+    let members = members_of(&cluster, leader);
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(members.values().all(|voter| *voter));
     for id in &removed {
@@ -308,6 +282,38 @@ async fn membership_goes_from_three_to_five_voters_and_back() {
     let (a2, _) = write_many(&cluster, &survivors, "k", "after", 10).await;
     assert_eq!(a2.len(), 10);
     cluster.shutdown().await;
+}
+
+/// Waits (up to [`DEADLINE`]) until `leader` reports a lag of zero for member `id`.
+async fn wait_until_caught_up(cluster: &TestCluster, leader: u64, id: u64) {
+    let start = std::time::Instant::now();
+    loop {
+        let status = cluster.replica(leader).status();
+        let learner = status
+            .members
+            .iter()
+            .find(|m| m.id == ReplicaId(id))
+            .unwrap();
+        if learner.lag == Some(0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "learner never caught up: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The members in `leader`'s status, each with whether it votes.
+fn members_of(cluster: &TestCluster, leader: u64) -> BTreeMap<u64, bool> {
+    cluster
+        .replica(leader)
+        .status()
+        .members
+        .iter()
+        .map(|m| (m.id.0, m.voter))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

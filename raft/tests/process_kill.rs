@@ -97,45 +97,13 @@ async fn killing_the_leader_mid_write_loses_no_acknowledged_write() {
 
     // Eight clients, 60 writes each, always to whoever leads now.
     let acked_total = Arc::new(AtomicUsize::new(0));
-    let mut writers = Vec::new();
-    for w in 0..8 {
-        let channels = channels.clone();
-        let addrs = addrs.clone();
-        let acked_total = acked_total.clone();
-        writers.push(tokio::spawn(async move {
-            let (mut acked, mut written) = (Vec::new(), Vec::new());
-            for i in 0..60 {
-                let value = format!("w{w}-{i}");
-                written.push(value.clone());
-                let begin = Instant::now();
-                loop {
-                    let Some(leader) = leader_addr(&channels, &addrs).await else {
-                        assert!(begin.elapsed() < DEADLINE, "no leader for {value}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    };
-                    let command = KvCommand::Append {
-                        key: "k".into(),
-                        value: value.clone(),
-                    };
-                    match channels.forward::<KvMachine>(&leader, vec![command]).await {
-                        Ok(_) => {
-                            acked.push(value.clone());
-                            acked_total.fetch_add(1, Ordering::SeqCst);
-                            break;
-                        }
-                        // Not applied: safe to send again.
-                        Err(e) if e.certainly_not_applied() && begin.elapsed() < DEADLINE => {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        // Unknown outcome: never resend, or it could be applied twice.
-                        Err(_) => break,
-                    }
-                }
-            }
-            (acked, written)
-        }));
-    }
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (channels, addrs, acked_total) =
+                (channels.clone(), addrs.clone(), acked_total.clone());
+            tokio::spawn(async move { write_sixty(w, &channels, &addrs, &acked_total).await })
+        })
+        .collect();
 
     // Kill the leader once a quarter of the writes are acknowledged.
     let start = Instant::now();
@@ -163,6 +131,64 @@ async fn killing_the_leader_mid_write_loses_no_acknowledged_write() {
     procs
         .0
         .insert(killed, spawn(killed, &addrs[&killed], &data(killed), None));
+    wait_until_every_replica_applied_everything(&channels, &addrs).await;
+
+    // Stop everyone gracefully, then read each data directory.
+    stop_gracefully(&mut procs);
+    let mut maps = Vec::new();
+    for id in addrs.keys() {
+        maps.push(applied_exactly_once(*id, &data(*id), &acked, &written).await);
+    }
+    assert!(maps.windows(2).all(|w| w[0] == w[1]), "replicas diverged");
+}
+
+/// Client `w`: appends `w{w}-0` to `w{w}-59` under `k`, each to whoever leads at the time,
+/// resent only while certainly not applied; (acknowledged, attempted).
+async fn write_sixty(
+    w: usize,
+    channels: &Channels,
+    addrs: &BTreeMap<u64, String>,
+    acked_total: &AtomicUsize,
+) -> (Vec<String>, Vec<String>) {
+    let (mut acked, mut written) = (Vec::new(), Vec::new());
+    for i in 0..60 {
+        let value = format!("w{w}-{i}");
+        written.push(value.clone());
+        let begin = Instant::now();
+        loop {
+            let Some(leader) = leader_addr(channels, addrs).await else {
+                assert!(begin.elapsed() < DEADLINE, "no leader for {value}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let command = KvCommand::Append {
+                key: "k".into(),
+                value: value.clone(),
+            };
+            match channels.forward::<KvMachine>(&leader, vec![command]).await {
+                Ok(_) => {
+                    acked.push(value.clone());
+                    acked_total.fetch_add(1, Ordering::SeqCst);
+                    break;
+                }
+                // Not applied: safe to send again.
+                Err(e) if e.certainly_not_applied() && begin.elapsed() < DEADLINE => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // Unknown outcome: never resend, or it could be applied twice.
+                Err(_) => break,
+            }
+        }
+    }
+    (acked, written)
+}
+
+/// Waits (up to [`DEADLINE`]) until all three replicas answer and each has applied the
+/// longest log any of them holds.
+async fn wait_until_every_replica_applied_everything(
+    channels: &Channels,
+    addrs: &BTreeMap<u64, String>,
+) {
     let start = Instant::now();
     loop {
         let mut applied = Vec::new();
@@ -181,8 +207,10 @@ async fn killing_the_leader_mid_write_loses_no_acknowledged_write() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
 
-    // Stop everyone gracefully, then read each data directory.
+/// SIGTERM to every replica, then waits for each to exit (SIGKILL past [`DEADLINE`]).
+fn stop_gracefully(procs: &mut Procs) {
     for child in procs.0.values_mut() {
         let pid = child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
@@ -196,31 +224,37 @@ async fn killing_the_leader_mid_write_loses_no_acknowledged_write() {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let mut maps = Vec::new();
-    for id in addrs.keys() {
-        let config = ReplicaConfig::new(*id, free_addr(), data(*id));
-        let replica = Replica::open(config, KvMachine::default()).await.unwrap();
-        let values = replica.read_stale(|a| a.machine.map.get("k").cloned().unwrap_or_default());
-        replica.shutdown().await;
-        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-        for v in &values {
-            *counts.entry(v.as_str()).or_default() += 1;
-        }
-        for v in &acked {
-            assert_eq!(
-                counts.get(v.as_str()),
-                Some(&1),
-                "replica {id}: acknowledged {v}"
-            );
-        }
-        for (v, n) in &counts {
-            assert_eq!(*n, 1, "replica {id}: {v} applied {n} times");
-            assert!(
-                written.iter().any(|w| w == v),
-                "replica {id}: {v} never written"
-            );
-        }
-        maps.push(values);
+}
+
+/// Opens replica `id`'s stopped data directory `data` and checks that it applied every
+/// acknowledged value exactly once and nothing never written; its values under `k`.
+async fn applied_exactly_once(
+    id: u64,
+    data: &Path,
+    acked: &[String],
+    written: &[String],
+) -> Vec<String> {
+    let config = ReplicaConfig::new(id, free_addr(), data.to_path_buf());
+    let replica = Replica::open(config, KvMachine::default()).await.unwrap();
+    let values = replica.read_stale(|a| a.machine.map.get("k").cloned().unwrap_or_default());
+    replica.shutdown().await;
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in &values {
+        *counts.entry(v.as_str()).or_default() += 1;
     }
-    assert!(maps.windows(2).all(|w| w[0] == w[1]), "replicas diverged");
+    for v in acked {
+        assert_eq!(
+            counts.get(v.as_str()),
+            Some(&1),
+            "replica {id}: acknowledged {v}"
+        );
+    }
+    for (v, n) in &counts {
+        assert_eq!(*n, 1, "replica {id}: {v} applied {n} times");
+        assert!(
+            written.iter().any(|w| w == v),
+            "replica {id}: {v} never written"
+        );
+    }
+    values
 }
