@@ -16,52 +16,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut};
 use common::{Cluster, credential, job, secrets};
 use docket_auth::tls::{Role, TlsContext};
+use docket_proto::raw::RawCodec;
 use docket_proto::v1 as pb;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
-
-/// Sends and receives message bodies as they are.
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let out = src.chunk().to_vec();
-        src.advance(out.len());
-        Ok(Some(out))
-    }
-}
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
 
 /// Who calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -487,8 +487,9 @@ fn agents(state: &Path) -> Vec<(String, String)> {
 }
 
 /// With only what every user has (the CA certificate), the step port of an agent refuses a
-/// launch into the running step 0 of `job` without its secret, and refuses an absurd launch
-/// naming the field and its limit.
+/// launch into the running step 0 of `job` without its secret, refuses an absurd launch
+/// naming the field and its limit, and answers bytes that are no message as the caller's
+/// error (not as a fault of its own).
 fn attack_the_step_port(state: &Path, job: &str) {
     let agents = agents(state);
     assert_eq!(agents.len(), 2, "{agents:?}");
@@ -529,8 +530,48 @@ fn attack_the_step_port(state: &Path, job: &str) {
                 "{node}: {status:?}"
             );
             assert!(status.message().contains("argv"), "{status:?}");
+            // Bytes that decode to no StepInput: INVALID_ARGUMENT, and the port goes on.
+            let status = attach_raw(addr, node, &tls, vec![0xff; 16]).await;
+            assert_eq!(
+                status.code(),
+                tonic::Code::InvalidArgument,
+                "{node}: {status:?}"
+            );
+            let status = attach(addr, node, &tls, launch(vec![7; 32], vec!["id".into()]))
+                .await
+                .unwrap_err();
+            assert_eq!(status.code(), tonic::Code::PermissionDenied, "{node}");
         }
     });
+}
+
+/// One Attach call whose first message is `bytes` as they are; how it was refused.
+async fn attach_raw(
+    addr: &str,
+    node: &str,
+    tls: &docket_auth::tls::TlsContext,
+    bytes: Vec<u8>,
+) -> tonic::Status {
+    let channel =
+        docket_auth::tls::connect::node_channel(addr, node, tls, Duration::from_secs(5)).unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let call = grpc.streaming(
+        tonic::Request::new(tokio_stream::iter(vec![bytes])),
+        tonic::codegen::http::uri::PathAndQuery::from_static("/docket.v1.StepIo/Attach"),
+        docket_proto::raw::RawCodec,
+    );
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(Ok(response)) => {
+            let mut stream = response.into_inner();
+            match stream.message().await {
+                Err(status) => status,
+                Ok(answer) => panic!("{node} answered bytes that are no message: {answer:?}"),
+            }
+        }
+        Ok(Err(status)) => status,
+        Err(_) => panic!("{node} did not answer in 10 s"),
+    }
 }
 
 /// One Attach call carrying `first`; the agent's first answer, or its refusal.

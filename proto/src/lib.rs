@@ -21,6 +21,7 @@ pub mod v1 {
 pub mod endpoints;
 pub mod malformed;
 pub mod metadata;
+pub mod raw;
 pub mod states;
 
 mod clock;
