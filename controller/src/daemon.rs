@@ -339,6 +339,7 @@ fn serve_http(
     ));
     let router = crate::http::router(crate::http::HttpState {
         replica: replica.clone(),
+        archive: shared.archive.clone(),
         stats: shared.stats.clone(),
         inflight: shared.inflight.clone(),
         prometheus: crate::http::install_recorder(),

@@ -24,6 +24,8 @@ use crate::stats::LoopStats;
 #[derive(Clone)]
 pub struct HttpState {
     pub replica: Replica<CoreMachine>,
+    /// This replica's accounting archive (its RocksDB memory is reported).
+    pub archive: Arc<crate::archive::Archive>,
     pub stats: Arc<std::sync::Mutex<LoopStats>>,
     pub inflight: Arc<AtomicUsize>,
     pub prometheus: Option<PrometheusHandle>,
@@ -89,6 +91,12 @@ fn describe_metrics() {
     describe_gauge!(
         "docket_raft_replica_lag_entries",
         "On the leader: how many entries each replica is behind."
+    );
+    describe_gauge!(
+        "docket_rocksdb_memory_bytes",
+        metrics::Unit::Bytes,
+        "What RocksDB holds in memory, by database (log, archive) and kind (memtables, \
+         table_readers, block_cache)."
     );
     describe_scheduler_and_rpc_metrics();
 }
@@ -236,12 +244,26 @@ async fn metrics(AxumState(state): AxumState<HttpState>) -> axum::response::Resp
         }
     }
     metrics::gauge!("docket_rpcs_in_flight").set(state.inflight.load(Ordering::Relaxed) as f64);
+    set_rocks_memory(&state);
     state
         .prometheus
         .as_ref()
         .map(|p| p.render())
         .unwrap_or_default()
         .into_response()
+}
+
+/// RocksDB's own memory for the log and the archive (property reads, no I/O).
+fn set_rocks_memory(state: &HttpState) {
+    for (db, memory) in [
+        ("log", state.replica.rocks_memory()),
+        ("archive", state.archive.memory()),
+    ] {
+        for (kind, bytes) in memory.by_kind() {
+            metrics::gauge!("docket_rocksdb_memory_bytes", "db" => db, "kind" => kind)
+                .set(bytes as f64);
+        }
+    }
 }
 
 async fn status(AxumState(state): AxumState<HttpState>) -> axum::response::Response {

@@ -144,6 +144,13 @@ impl DataDir {
         self.format_version
     }
 
+    /// What RocksDB holds in memory for this database, over every column family.
+    pub fn memory(&self) -> crate::rocks_memory::RocksMemory {
+        let mut names = vec![rocksdb::DEFAULT_COLUMN_FAMILY_NAME];
+        names.extend(cf::ALL);
+        crate::rocks_memory::RocksMemory::of(&self.db, &names)
+    }
+
     /// The fault switch of this directory.
     pub fn faults(&self) -> &FaultInjection {
         &self.faults

@@ -29,7 +29,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::encode;
-use crate::ids::ReplicaAddr;
+use crate::ids::{ReplicaAddr, ReplicaId};
+use crate::leader_contact::LeaderContact;
 use crate::machine::StateMachine;
 use crate::network::Channels;
 use crate::types::{Batch, Raft};
@@ -126,10 +127,16 @@ impl<M: StateMachine> std::fmt::Debug for Proposer<M> {
 
 impl<M: StateMachine> Proposer<M> {
     /// Starts the proposer task of a replica. It ends when every handle is dropped.
-    pub fn start(raft: Raft<M>, channels: Channels, config: ProposerConfig) -> Self {
+    /// `contact` tells it when the leader is lost ([`crate::leader_contact`]).
+    pub fn start(
+        raft: Raft<M>,
+        channels: Channels,
+        config: ProposerConfig,
+        contact: LeaderContact,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let max_batch_bytes = config.max_batch_bytes;
-        tokio::spawn(run(raft, channels, config, rx));
+        tokio::spawn(run(raft, channels, config, contact, rx));
         Proposer {
             tx,
             max_batch_bytes,
@@ -186,6 +193,7 @@ async fn run<M: StateMachine>(
     raft: Raft<M>,
     channels: Channels,
     config: ProposerConfig,
+    contact: LeaderContact,
     mut rx: mpsc::UnboundedReceiver<Pending<M>>,
 ) {
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight.max(1)));
@@ -220,18 +228,21 @@ async fn run<M: StateMachine>(
         }
         let raft = raft.clone();
         let channels = channels.clone();
+        let contact = contact.clone();
         tokio::spawn(async move {
-            propose(&raft, &channels, group, permit).await;
+            propose(&raft, &channels, &contact, group, permit).await;
         });
     }
 }
 
 /// Proposes one group as one entry and answers each member. `permit` is its place among the
 /// entries in flight, given up when the write ends or this replica stops leading the term
-/// it was proposed in, whichever comes first.
+/// it was proposed in, whichever comes first. While the leader is lost
+/// ([`crate::leader_contact`]) the group is refused with `NoLeader` instead.
 async fn propose<M: StateMachine>(
     raft: &Raft<M>,
     channels: &Channels,
+    contact: &LeaderContact,
     group: Vec<Pending<M>>,
     permit: OwnedSemaphorePermit,
 ) {
@@ -245,15 +256,19 @@ async fn propose<M: StateMachine>(
         replies.push(p.reply);
         forwarded.push(p.forwarded);
     }
+    if contact.lost_now(&raft.metrics().borrow()) {
+        return answer_all(replies, WriteError::NoLeader);
+    }
     let batch = Batch {
         time_ms: docket_proto::unix_ms(),
         commands,
     };
-    let outcome = match write_while_leading(raft, batch.clone(), &mut permit).await {
+    let term = raft.metrics().borrow().current_term;
+    let outcome = match write_while_leading(raft, contact, batch.clone(), &mut permit).await {
         Ok(response) => Ok(response.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
             // Not proposed here, or truncated away: either way not applied.
-            Err(to_leader.leader_node)
+            Err((to_leader.leader_id, to_leader.leader_node))
         }
         Err(RaftError::APIError(e)) => {
             return answer_all(replies, WriteError::Indeterminate(e.to_string()));
@@ -264,7 +279,7 @@ async fn propose<M: StateMachine>(
     };
     match outcome {
         Ok(responses) => split(replies, &sizes, responses),
-        Err(leader) => {
+        Err((leader_id, leader)) => {
             // Forwarded writes go back to their follower; local ones go to the leader.
             let mut local = Vec::new();
             let mut offset = 0;
@@ -281,7 +296,12 @@ async fn propose<M: StateMachine>(
             }
             debug_assert_eq!(offset, sizes.iter().sum::<usize>());
             if let (Some(leader), false) = (leader, local.is_empty()) {
-                forward::<M>(channels, &leader, local).await;
+                let to = ForwardTo {
+                    addr: &leader,
+                    id: leader_id,
+                    term,
+                };
+                forward(raft, channels, contact, to, local).await;
             }
         }
     }
@@ -293,6 +313,7 @@ async fn propose<M: StateMachine>(
 /// stays, bounding the forwards in flight as it bounds the leader's entries.
 async fn write_while_leading<M: StateMachine>(
     raft: &Raft<M>,
+    contact: &LeaderContact,
     batch: Batch<M::Command>,
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<
@@ -312,7 +333,7 @@ async fn write_while_leading<M: StateMachine>(
             changed = metrics.changed(), if leading && permit.is_some() => {
                 let deposed = changed.is_err() || {
                     let m = metrics.borrow_and_update();
-                    m.state != ServerState::Leader || m.current_term != term
+                    m.state != ServerState::Leader || m.current_term != term || contact.lost_now(&m)
                 };
                 if deposed {
                     *permit = None;
@@ -322,10 +343,20 @@ async fn write_while_leading<M: StateMachine>(
     }
 }
 
-/// Sends local writes to the leader at `leader` in one forwarded batch.
+/// The leader a follower forwards to, as openraft named it in `term`.
+struct ForwardTo<'a> {
+    addr: &'a ReplicaAddr,
+    id: Option<ReplicaId>,
+    term: u64,
+}
+
+/// Sends local writes to the leader `to` in one forwarded batch, given up (outcome unknown)
+/// once that leader is lost or replaced.
 async fn forward<M: StateMachine>(
+    raft: &Raft<M>,
     channels: &Channels,
-    leader: &ReplicaAddr,
+    contact: &LeaderContact,
+    to: ForwardTo<'_>,
     local: Vec<(Reply<M>, Vec<M::Command>)>,
 ) {
     let sizes: Vec<usize> = local.iter().map(|(_, c)| c.len()).collect();
@@ -335,7 +366,16 @@ async fn forward<M: StateMachine>(
         replies.push(reply);
         commands.extend(mine);
     }
-    match channels.forward::<M>(&leader.addr, commands).await {
+    let answer = tokio::select! {
+        answer = channels.forward::<M>(&to.addr.addr, commands) => answer,
+        why = contact.forward_abandoned(raft, to.id, to.term) => {
+            Err(WriteError::Indeterminate(format!(
+                "forwarded to the leader at {}, given up because {why}",
+                to.addr
+            )))
+        }
+    };
+    match answer {
         Ok(responses) => split(replies, &sizes, responses),
         Err(e) => answer_all(replies, e),
     }

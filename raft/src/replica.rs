@@ -199,6 +199,7 @@ pub struct Replica<M: StateMachine> {
     proposer: Proposer<M>,
     channels: Channels,
     faults: FaultInjection,
+    db: Arc<DataDir>,
     max_message_bytes: usize,
     status_page: Option<String>,
     app_version: Option<u16>,
@@ -215,6 +216,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             proposer: self.proposer.clone(),
             channels: self.channels.clone(),
             faults: self.faults.clone(),
+            db: self.db.clone(),
             max_message_bytes: self.max_message_bytes,
             status_page: self.status_page.clone(),
             app_version: self.app_version,
@@ -251,13 +253,22 @@ impl<M: StateMachine> Replica<M> {
         let db = Arc::new(DataDir::open(&config.data_dir)?);
         let faults = db.faults().clone();
         let log = LogStore::<M>::new(db.clone()).map_err(ReplicaError::Thread)?;
-        let machine = MachineStore::open(db, fresh)?;
+        let machine = MachineStore::open(db.clone(), fresh)?;
         let network = NetworkFactory::new(config.id, channels.clone());
         let raft = openraft::Raft::new(config.id, raft_config, network, log, machine.clone())
             .await
             .map_err(|e| ReplicaError::Raft(e.to_string()))?;
-        let proposer = Proposer::start(raft.clone(), channels.clone(), config.proposer.clone());
         let commit_seen = CommitSeen::default();
+        let contact = crate::leader_contact::LeaderContact {
+            seen: commit_seen.clone(),
+            lease: config.tuning.election_timeout_max,
+        };
+        let proposer = Proposer::start(
+            raft.clone(),
+            channels.clone(),
+            config.proposer.clone(),
+            contact,
+        );
         crate::election_gate::spawn(
             raft.clone(),
             commit_seen.clone(),
@@ -281,6 +292,7 @@ impl<M: StateMachine> Replica<M> {
             proposer,
             channels,
             faults,
+            db,
             max_message_bytes: config.network.max_message_bytes,
             status_page: config.status_page,
             app_version: config.app_version,
@@ -303,6 +315,11 @@ impl<M: StateMachine> Replica<M> {
     }
 
     /// The fault switch of this replica's data directory (tests only).
+    /// What RocksDB holds in memory for this replica's log and metadata.
+    pub fn rocks_memory(&self) -> crate::rocks_memory::RocksMemory {
+        self.db.memory()
+    }
+
     pub fn faults(&self) -> &FaultInjection {
         &self.faults
     }

@@ -195,6 +195,11 @@ impl Archive {
         Ok(archive)
     }
 
+    /// What RocksDB holds in memory for the archive.
+    pub fn memory(&self) -> docket_raft::rocks_memory::RocksMemory {
+        docket_raft::rocks_memory::RocksMemory::of(&self.db, &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME])
+    }
+
     /// Rewrites records of an older format in the current one, as one replacement (so a
     /// crash midway leaves the old records current, to be upgraded at the next open). Every
     /// other read then decodes the current layout only.
