@@ -214,8 +214,53 @@ pub fn uid_for(user: &str) -> u32 {
 /// A free loopback address (`127.0.0.1:PORT`) below the kernel's ephemeral range, so that no
 /// outgoing connection (of this or any other process) can take the port between our check
 /// and the daemon's bind, as can happen with a port the kernel handed out for port 0. For the
-/// daemons of a cluster on one host.
+/// daemons of a cluster on one host. The port is reserved for a while ([`reserve_in`]), so two
+/// processes picking ports at once (test binaries run in parallel, two local clusters) do not
+/// both hand it out before either daemon binds it.
 pub fn free_loopback_addr() -> Result<String, String> {
+    free_port_from(&port_reservations())
+}
+
+/// How long a port handed out by [`free_loopback_addr`] is not handed out again, by any
+/// process: long enough for the daemon it was meant for to start and bind it (after that,
+/// binding it fails anyway).
+const RESERVATION: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Where the reservations are: one empty file per port, in the host's temporary directory.
+fn port_reservations() -> std::path::PathBuf {
+    std::env::temp_dir().join("docket-loopback-ports")
+}
+
+/// Claims `port` in `dir` unless another process claimed it within [`RESERVATION`]: the file
+/// is created exclusively (`O_EXCL`, which also refuses a symlink planted in its place), and a
+/// stale one is removed and claimed afresh (by whichever process creates it first). Best
+/// effort: a directory that cannot be written leaves every port claimable, as before.
+fn reserve_in(dir: &std::path::Path, port: u16) -> bool {
+    use std::fs::OpenOptions;
+    if std::fs::create_dir_all(dir).is_err() {
+        return true;
+    }
+    let path = dir.join(port.to_string());
+    let claim = || OpenOptions::new().write(true).create_new(true).open(&path);
+    match claim() {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let age = std::fs::symlink_metadata(&path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            if age.is_none_or(|age| age < RESERVATION) {
+                return false;
+            }
+            let _ = std::fs::remove_file(&path);
+            claim().is_ok()
+        }
+        Err(_) => true,
+    }
+}
+
+/// A free loopback port between 10,000 and the ephemeral range, claimed in `reservations`.
+fn free_port_from(reservations: &std::path::Path) -> Result<String, String> {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
@@ -233,9 +278,42 @@ pub fn free_loopback_addr() -> Result<String, String> {
     let span = u32::from(to - from);
     for k in 0..span {
         let port = from + ((salt.wrapping_add(k)) % span) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && reserve_in(reservations, port)
+        {
             return Ok(format!("127.0.0.1:{port}"));
         }
     }
     Err(format!("no free loopback port between {from} and {to}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_handed_out_is_not_handed_out_again_until_its_reservation_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(reserve_in(dir.path(), 12_345));
+        assert!(!reserve_in(dir.path(), 12_345), "claimed twice");
+        assert!(reserve_in(dir.path(), 12_346));
+        // A reservation older than its time is claimed afresh.
+        let file = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("12345"))
+            .unwrap();
+        let old = std::time::SystemTime::now() - RESERVATION - std::time::Duration::from_secs(1);
+        file.set_modified(old).unwrap();
+        assert!(reserve_in(dir.path(), 12_345));
+        assert!(!reserve_in(dir.path(), 12_345));
+    }
+
+    #[test]
+    fn a_symlink_planted_for_a_port_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("victim");
+        std::os::unix::fs::symlink(&target, dir.path().join("23456")).unwrap();
+        assert!(!reserve_in(dir.path(), 23_456));
+        assert!(!target.exists(), "the reservation followed a symlink");
+    }
 }

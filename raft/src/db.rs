@@ -20,10 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rocksdb::{
-    ColumnFamilyDescriptor, DB, DBCompressionType, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions,
-};
+use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, WriteBatch, WriteOptions};
 
 /// The layout version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -39,6 +36,13 @@ pub mod cf {
     /// Every column family this layout has, in creation order.
     pub const ALL: [&str; 3] = [LOGS, META, STATE];
 }
+
+/// The log column family's write buffer: it takes every entry, so it fills; bounded, its
+/// memtables cost at most twice this ([`crate::rocks_memory`]).
+const LOG_WRITE_BUFFER_BYTES: usize = 8 << 20;
+
+/// The other column families' write buffers: a vote, a few ids, a membership.
+const SMALL_WRITE_BUFFER_BYTES: usize = 1 << 20;
 
 /// Key in [`cf::META`] holding the format version as a big-endian u32.
 const FORMAT_KEY: &[u8] = b"format_version";
@@ -111,13 +115,18 @@ impl DataDir {
     /// layout, and checks or stamps its format version.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DbError> {
         let path = path.as_ref().to_path_buf();
-        let mut opts = Options::default();
+        let cache = crate::rocks_memory::block_cache();
+        let mut opts = crate::rocks_memory::bounded_cf_options(SMALL_WRITE_BUFFER_BYTES, &cache);
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        opts.set_compression_type(DBCompressionType::Lz4);
+        opts.set_max_total_wal_size(crate::rocks_memory::MAX_TOTAL_WAL_BYTES);
         let cfs = cf::ALL.map(|name| {
-            let mut cf_opts = Options::default();
-            cf_opts.set_compression_type(DBCompressionType::Lz4);
+            let buffer = if name == cf::LOGS {
+                LOG_WRITE_BUFFER_BYTES
+            } else {
+                SMALL_WRITE_BUFFER_BYTES
+            };
+            let cf_opts = crate::rocks_memory::bounded_cf_options(buffer, &cache);
             ColumnFamilyDescriptor::new(name, cf_opts)
         });
         let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|source| DbError::Rocks {

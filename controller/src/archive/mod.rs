@@ -116,6 +116,11 @@ const RECORD: u8 = b'r';
 const BY_END: u8 = b'e';
 /// Records written per batch while importing a snapshot's archive.
 const IMPORT_BATCH: usize = 4096;
+
+/// The archive's write buffer: records arrive a few per finished job and are read back by
+/// `sacct` from the block cache or the files, so a small memtable costs nothing
+/// ([`docket_raft::rocks_memory`]).
+const WRITE_BUFFER_BYTES: usize = 4 << 20;
 /// The most records one tick expires: the first tick after `PurgeJobAfter` is set on a long
 /// history would otherwise hold applies while it exported and deleted all of it; the ticks
 /// after it go on (the same bound on every replica, so they stay alike).
@@ -168,9 +173,10 @@ impl Archive {
     /// snapshot left behind.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, ArchiveError> {
         let path = path.as_ref().to_path_buf();
-        let mut opts = Options::default();
+        let cache = docket_raft::rocks_memory::block_cache();
+        let mut opts = docket_raft::rocks_memory::bounded_cf_options(WRITE_BUFFER_BYTES, &cache);
         opts.create_if_missing(true);
-        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.set_max_total_wal_size(docket_raft::rocks_memory::MAX_TOTAL_WAL_BYTES);
         let db = DB::open(&opts, &path).map_err(|source| ArchiveError::Rocks {
             path: path.clone(),
             source,

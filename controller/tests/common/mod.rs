@@ -169,13 +169,51 @@ impl Cluster {
         // A leader is elected by a majority: the last replica may not listen yet. Tests
         // talk to any replica, so wait for every one (gRPC and HTTP).
         let start = Instant::now();
-        for addr in cluster.addrs.values().chain(cluster.http.values()) {
+        let every: Vec<String> = cluster
+            .addrs
+            .values()
+            .chain(cluster.http.values())
+            .cloned()
+            .collect();
+        for addr in &every {
             while std::net::TcpStream::connect(addr).is_err() {
-                assert!(start.elapsed() < DEADLINE, "{addr} never listened");
+                if start.elapsed() > DEADLINE {
+                    let why = cluster.why_silent(addr);
+                    panic!("{addr} never listened: {why}");
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         cluster
+    }
+
+    /// What became of the replica that should listen at `addr`: whether its process is
+    /// still running, and the end of what it wrote on stderr.
+    pub fn why_silent(&mut self, addr: &str) -> String {
+        let id = self
+            .addrs
+            .iter()
+            .chain(self.http.iter())
+            .find(|(_, a)| *a == addr)
+            .map(|(id, _)| *id);
+        let Some(id) = id else {
+            return "no replica of this cluster has that address".into();
+        };
+        let process = match self.procs.get_mut(&id).map(Child::try_wait) {
+            Some(Ok(Some(status))) => format!("replica {id} exited ({status})"),
+            Some(Ok(None)) => format!("replica {id} is still running"),
+            Some(Err(e)) => format!("replica {id}: {e}"),
+            None => format!("replica {id} was not started"),
+        };
+        let stderr = std::fs::read_to_string(self.stderr_path(id)).unwrap_or_default();
+        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!("{process}; its stderr ends:\n{}", tail.join("\n"))
+    }
+
+    /// Where replica `id`'s stderr goes (unless `DOCKET_TEST_LOG` sends it to the test's).
+    pub fn stderr_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("r{id}.stderr"))
     }
 
     /// Starts replica `id` on a fresh address, not yet a member (for membership changes).
@@ -203,7 +241,12 @@ impl Cluster {
             .stderr(if std::env::var_os("DOCKET_TEST_LOG").is_some() {
                 Stdio::inherit()
             } else {
-                Stdio::null()
+                // Kept, so a replica that fails to start says why (see `why_silent`).
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.stderr_path(id))
+                    .map_or_else(|_| Stdio::null(), Stdio::from)
             });
         if let Some(b) = bootstrap {
             cmd.args(["--bootstrap", b]);
