@@ -182,42 +182,11 @@ impl StateMachine for CoreMachine {
     }
 
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        let invalid = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
-        let mut magic = [0u8; 4];
-        input.read_exact(&mut magic)?;
-        if &magic != MAGIC {
-            return Err(invalid(format!(
-                "not a Docket controller snapshot (magic {magic:?}, expected {MAGIC:?})"
-            )));
-        }
-        let mut header = [0u8; 10];
-        input.read_exact(&mut header)?;
-        let format = u16::from_be_bytes([header[0], header[1]]);
-        if format != FORMAT {
-            return Err(invalid(format!(
-                "controller snapshot format {format}; this build reads format {FORMAT}"
-            )));
-        }
-        let len = u64::from_be_bytes(header[2..].try_into().unwrap_or_default());
-        let mut bytes = Vec::new();
-        input.take(len).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 != len {
-            return Err(invalid("controller snapshot cut short in the queue".into()));
-        }
-        let state = State::from_snapshot(&bytes).map_err(|e| invalid(e.to_string()))?;
-        drop(bytes);
-        let mut flag = [0u8; 1];
-        input.read_exact(&mut flag)?;
-        if flag[0] == 1
+        let state = read_queue(input)?;
+        if read_archive_flag(input)?
             && let Some(sink) = &self.archive
         {
-            let records = crate::archive::stream::Reader::new(input)?;
-            if records.position != state.applied.index {
-                return Err(invalid(format!(
-                    "archive section through position {} in a snapshot of position {}",
-                    records.position, state.applied.index
-                )));
-            }
+            let records = archive_records(input, state.applied.index)?;
             // Restoring its own snapshot at start: the archive already reflects it (and
             // perhaps later applies, which the replay then leaves alone).
             if sink.archive.applied() < Some(records.position) {
@@ -232,15 +201,78 @@ impl StateMachine for CoreMachine {
                     "accounting archive installed from a snapshot"
                 );
             }
-        } else if flag[0] > 1 {
-            return Err(invalid(format!(
-                "archive flag {} is neither 0 nor 1",
-                flag[0]
-            )));
         }
         self.state = state;
         Ok(())
     }
+
+    fn check_snapshot(input: &mut dyn io::Read) -> io::Result<()> {
+        let state = read_queue(input)?;
+        let position = state.applied.index;
+        drop(state);
+        if read_archive_flag(input)? {
+            for record in archive_records(input, position)? {
+                record.map_err(|e| invalid(format!("archive section: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn invalid(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// The queue a snapshot holds: its magic, format and length, then the state.
+fn read_queue(input: &mut dyn io::Read) -> io::Result<State> {
+    let mut magic = [0u8; 4];
+    input.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(invalid(format!(
+            "not a Docket controller snapshot (magic {magic:?}, expected {MAGIC:?})"
+        )));
+    }
+    let mut header = [0u8; 10];
+    input.read_exact(&mut header)?;
+    let format = u16::from_be_bytes([header[0], header[1]]);
+    if format != FORMAT {
+        return Err(invalid(format!(
+            "controller snapshot format {format}; this build reads format {FORMAT}"
+        )));
+    }
+    let len = u64::from_be_bytes(header[2..].try_into().unwrap_or_default());
+    let mut bytes = Vec::new();
+    input.take(len).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 != len {
+        return Err(invalid("controller snapshot cut short in the queue".into()));
+    }
+    State::from_snapshot(&bytes).map_err(|e| invalid(e.to_string()))
+}
+
+/// Whether an archive section follows the queue.
+fn read_archive_flag(input: &mut dyn io::Read) -> io::Result<bool> {
+    let mut flag = [0u8; 1];
+    input.read_exact(&mut flag)?;
+    match flag[0] {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(invalid(format!("archive flag {other} is neither 0 nor 1"))),
+    }
+}
+
+/// The archive section's records, which must run through the queue's `position`.
+fn archive_records(
+    input: &mut dyn io::Read,
+    position: u64,
+) -> io::Result<crate::archive::stream::Reader<'_>> {
+    let records = crate::archive::stream::Reader::new(input)?;
+    if records.position != position {
+        return Err(invalid(format!(
+            "archive section through position {} in a snapshot of position {position}",
+            records.position
+        )));
+    }
+    Ok(records)
 }
 
 #[cfg(test)]
@@ -392,6 +424,50 @@ mod tests {
         assert!(fresh.restore(&mut &bytes[..bytes.len() - 3]).is_err());
         assert_eq!(fresh.state.to_snapshot().unwrap(), before);
         assert!(ids(&fresh.archive.clone().unwrap().archive).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_is_checked_as_restore_would_read_it() {
+        use crate::archive::tests::finished;
+        let dir = tempfile::tempdir().unwrap();
+        let mut m =
+            CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "a"));
+        m.apply(ctx(1, 0), Envelope::controller(Command::Tick))
+            .unwrap();
+        m.archive
+            .clone()
+            .unwrap()
+            .archive
+            .put(1, &finished([1, 2, 3]))
+            .unwrap();
+        let bytes = snapshot_of(&m);
+        CoreMachine::check_snapshot(&mut bytes.as_slice()).unwrap();
+        // Garbage, a snapshot cut in its queue or in its archive section, a bad flag: each
+        // refused with what is wrong, as restore would refuse it.
+        let refused = |bytes: &[u8]| CoreMachine::check_snapshot(&mut &bytes[..]).unwrap_err();
+        assert!(refused(b"nonsense").to_string().contains("magic"));
+        let queue_end = 14 + u64::from_be_bytes(bytes[6..14].try_into().unwrap()) as usize;
+        assert!(
+            refused(&bytes[..queue_end - 1])
+                .to_string()
+                .contains("cut short")
+        );
+        refused(&bytes[..bytes.len() - 3]);
+        let mut flag = bytes[..=queue_end].to_vec();
+        flag[queue_end] = 7;
+        assert!(refused(&flag).to_string().contains("archive flag 7"));
+        // A record that does not decode, inside an archive section of the right length.
+        let mut corrupt = bytes.clone();
+        let last = corrupt.len() - 20;
+        corrupt[last..].fill(0xff);
+        let mut restored =
+            CoreMachine::with_archive(State::new(SchedConfig::default()), sink(dir.path(), "b"));
+        let restore_error = restored.restore(&mut corrupt.as_slice()).is_err();
+        assert_eq!(
+            CoreMachine::check_snapshot(&mut corrupt.as_slice()).is_err(),
+            restore_error,
+            "check and restore disagree on a corrupt archive record"
+        );
     }
 
     #[test]

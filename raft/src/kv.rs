@@ -66,10 +66,19 @@ impl StateMachine for KvMachine {
     }
 
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()> {
-        let mut bytes = Vec::new();
-        input.read_to_end(&mut bytes)?;
-        self.map = postcard::from_bytes(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("kv snapshot: {e}")))?;
+        self.map = read_map(input)?;
         Ok(())
     }
+
+    fn check_snapshot(input: &mut dyn io::Read) -> io::Result<()> {
+        read_map(input).map(drop)
+    }
+}
+
+/// The map a snapshot holds.
+fn read_map(input: &mut dyn io::Read) -> io::Result<BTreeMap<String, Vec<String>>> {
+    let mut bytes = Vec::new();
+    input.read_to_end(&mut bytes)?;
+    postcard::from_bytes(&bytes)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("kv snapshot: {e}")))
 }

@@ -68,4 +68,12 @@ pub trait StateMachine: Send + Sync + 'static {
     /// Replaces the whole state with the one `input` holds (written by `write_snapshot`).
     /// On error the state must be left as it was.
     fn restore(&mut self, input: &mut dyn io::Read) -> io::Result<()>;
+
+    /// Reads a snapshot as [`StateMachine::restore`] would, changing nothing, and fails as
+    /// it would fail. A received snapshot is checked so before openraft installs it: a failed
+    /// install is fatal to openraft (the replica's Raft stops for good), a refused chunk is
+    /// not.
+    fn check_snapshot(input: &mut dyn io::Read) -> io::Result<()>
+    where
+        Self: Sized;
 }

@@ -12,6 +12,7 @@
 
 use std::fmt::Debug;
 use std::io::{self, BufReader, BufWriter, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -67,6 +68,8 @@ struct Shared<M> {
     /// Suffix that keeps snapshot ids unique (seeded from the clock at open, so unique across
     /// restarts too).
     next_snapshot: AtomicU64,
+    /// The file the snapshot being received goes to (openraft receives one at a time).
+    receiving: Mutex<Option<PathBuf>>,
 }
 
 /// The state-machine side of a replica's storage. Clones share the machine.
@@ -91,6 +94,28 @@ impl<M> Debug for MachineStore<M> {
 }
 
 impl<M: StateMachine> MachineStore<M> {
+    /// Checks the snapshot received so far (every chunk openraft took) as the machine would
+    /// restore it ([`StateMachine::check_snapshot`]), on the blocking pool.
+    pub async fn check_received(&self) -> io::Result<()> {
+        let path = self
+            .lock_receiving()
+            .clone()
+            .ok_or_else(|| io::Error::other("no snapshot is being received"))?;
+        tokio::task::spawn_blocking(move || {
+            let mut input = BufReader::new(std::fs::File::open(&path)?);
+            M::check_snapshot(&mut input)
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    fn lock_receiving(&self) -> std::sync::MutexGuard<'_, Option<PathBuf>> {
+        self.shared
+            .receiving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Opens the store over `db`, keeping snapshot files in `<db path>/snapshots`. `fresh` is
     /// the machine's empty state; if a snapshot exists it is restored into it.
     pub fn open(db: Arc<DataDir>, mut fresh: M) -> Result<Self, OpenError> {
@@ -138,6 +163,7 @@ impl<M: StateMachine> MachineStore<M> {
                 snapshots,
                 current: Mutex::new(meta),
                 next_snapshot: AtomicU64::new(seed),
+                receiving: Mutex::new(None),
             }),
         })
     }
@@ -354,9 +380,10 @@ impl<M: StateMachine> RaftStateMachine<TypeConfig<M>> for MachineStore<M> {
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
         let path = self.shared.snapshots.temp_path();
-        let file = SnapshotFile::create(path)
+        let file = SnapshotFile::create(path.clone())
             .await
             .map_err(|e| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, &e))?;
+        *self.lock_receiving() = Some(path);
         Ok(Box::new(file))
     }
 

@@ -339,15 +339,16 @@ impl<M: StateMachine> Replica<M> {
     /// The Raft service for a transport that proves which replica calls
     /// ([`crate::network::PeerProof`]) or not.
     fn service_with(&self, proof: crate::network::PeerProof) -> RaftServer<RaftGrpc<M>> {
-        RaftGrpc::server(
-            self.raft.clone(),
-            self.proposer.clone(),
-            self.max_message_bytes,
-            self.status_page.clone(),
-            self.app_version,
-            self.commit_seen.clone(),
-            proof,
-        )
+        let parts = crate::network::service::ServiceParts {
+            raft: self.raft.clone(),
+            proposer: self.proposer.clone(),
+            machine: self.machine.clone(),
+            max_message_bytes: self.max_message_bytes,
+            status_page: self.status_page.clone(),
+            app_version: self.app_version,
+            commit_seen: self.commit_seen.clone(),
+        };
+        RaftGrpc::server(parts, proof)
     }
 
     /// Serves this replica's Raft service alone on `listener`, over plain TCP that proves no

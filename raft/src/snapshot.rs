@@ -25,13 +25,19 @@ use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
 pub struct SnapshotFile {
     file: tokio::fs::File,
     path: PathBuf,
+    /// Bytes a write handed to the file whose flush has not finished yet (see `poll_write`).
+    unflushed: Option<usize>,
 }
 
 impl SnapshotFile {
     /// Opens an existing snapshot for reading.
     pub async fn open(path: PathBuf) -> io::Result<Self> {
         let file = tokio::fs::File::open(&path).await?;
-        Ok(SnapshotFile { file, path })
+        Ok(SnapshotFile {
+            file,
+            path,
+            unflushed: None,
+        })
     }
 
     /// Wraps an already open file.
@@ -39,6 +45,7 @@ impl SnapshotFile {
         SnapshotFile {
             file: tokio::fs::File::from_std(file),
             path,
+            unflushed: None,
         }
     }
 
@@ -51,7 +58,11 @@ impl SnapshotFile {
             .truncate(true)
             .open(&path)
             .await?;
-        Ok(SnapshotFile { file, path })
+        Ok(SnapshotFile {
+            file,
+            path,
+            unflushed: None,
+        })
     }
 
     /// Where the file is.
@@ -79,12 +90,27 @@ impl AsyncRead for SnapshotFile {
 }
 
 impl AsyncWrite for SnapshotFile {
+    /// Writes through: a write is done once its bytes are in the file, not in tokio's
+    /// buffer, because a received snapshot is read back through another handle to be
+    /// checked before openraft installs it ([`crate::machine_store::MachineStore::check_received`]).
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.file).poll_write(cx, buf)
+        let n = match self.unflushed {
+            Some(n) => n,
+            None => {
+                let n = std::task::ready!(Pin::new(&mut self.file).poll_write(cx, buf))?;
+                self.unflushed = Some(n);
+                n
+            }
+        };
+        let flushed = Pin::new(&mut self.file).poll_flush(cx);
+        if flushed.is_ready() {
+            self.unflushed = None;
+        }
+        flushed.map_ok(|()| n)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::codec::{decode, encode};
 use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
+use crate::machine_store::MachineStore;
 use crate::proposer::Proposer;
 use crate::read::ReadError;
 use crate::status::ReplicaStatus;
@@ -28,6 +29,8 @@ use crate::types::Raft;
 pub struct RaftGrpc<M: StateMachine> {
     raft: Raft<M>,
     proposer: Proposer<M>,
+    /// Checks a received snapshot before openraft installs it.
+    machine: MachineStore<M>,
     /// Reported in this replica's status.
     status_page: Option<String>,
     app_version: Option<u16>,
@@ -38,6 +41,28 @@ pub struct RaftGrpc<M: StateMachine> {
     /// The snapshot being received and how many of its bytes arrived, so a chunk past them
     /// is refused ([`RaftGrpc::check_chunk`]).
     receiving: Arc<Mutex<Option<(String, u64)>>>,
+}
+
+/// What a replica's Raft service serves from.
+pub struct ServiceParts<M: StateMachine> {
+    pub raft: Raft<M>,
+    /// Where forwarded writes go.
+    pub proposer: Proposer<M>,
+    pub machine: MachineStore<M>,
+    pub max_message_bytes: usize,
+    /// Reported in this replica's status.
+    pub status_page: Option<String>,
+    pub app_version: Option<u16>,
+    /// Commit indexes of accepted appends, for [`crate::election_gate`].
+    pub commit_seen: CommitSeen,
+}
+
+impl<M: StateMachine> std::fmt::Debug for ServiceParts<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceParts")
+            .field("max_message_bytes", &self.max_message_bytes)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the transport under a Raft service proves of its callers.
@@ -59,23 +84,17 @@ impl<M: StateMachine> std::fmt::Debug for RaftGrpc<M> {
 }
 
 impl<M: StateMachine> RaftGrpc<M> {
-    /// The service over `raft`, forwarding writes into `proposer`, as a tonic server that
-    /// refuses messages over `max_message_bytes`.
-    pub fn server(
-        raft: Raft<M>,
-        proposer: Proposer<M>,
-        max_message_bytes: usize,
-        status_page: Option<String>,
-        app_version: Option<u16>,
-        commit_seen: CommitSeen,
-        proof: PeerProof,
-    ) -> RaftServer<Self> {
+    /// The service over `parts`, as a tonic server that refuses messages over
+    /// `parts.max_message_bytes`.
+    pub fn server(parts: ServiceParts<M>, proof: PeerProof) -> RaftServer<Self> {
+        let max_message_bytes = parts.max_message_bytes;
         RaftServer::new(RaftGrpc {
-            raft,
-            proposer,
-            status_page,
-            app_version,
-            commit_seen,
+            raft: parts.raft,
+            proposer: parts.proposer,
+            machine: parts.machine,
+            status_page: parts.status_page,
+            app_version: parts.app_version,
+            commit_seen: parts.commit_seen,
             proof,
             receiving: Arc::default(),
         })
@@ -144,6 +163,42 @@ impl<M: StateMachine> RaftGrpc<M> {
             )));
         }
         Ok(())
+    }
+
+    /// The last chunk of a snapshot: openraft takes its bytes as one more chunk, the whole
+    /// snapshot is checked as the machine would restore it, and only then is it finished
+    /// (an empty last chunk), which installs it. A snapshot that would not restore is refused
+    /// here (`InvalidArgument`, naming why) rather than failing openraft's install, which is
+    /// fatal: the replica's Raft would stop for good.
+    async fn install_checked(
+        &self,
+        mut rpc: openraft::raft::InstallSnapshotRequest<crate::TypeConfig<M>>,
+        end: u64,
+    ) -> Result<
+        Result<
+            openraft::raft::InstallSnapshotResponse<crate::ReplicaId>,
+            crate::types::RaftError<openraft::error::InstallSnapshotError>,
+        >,
+        Status,
+    > {
+        let vote = rpc.vote;
+        let mut last = rpc.clone();
+        rpc.done = false;
+        let taken = self.raft.install_snapshot(rpc).await;
+        if !taken.as_ref().is_ok_and(|r| r.vote == vote) {
+            return Ok(taken);
+        }
+        if let Err(e) = self.machine.check_received().await {
+            // Starts over at 0 (openraft's stream of this id is overwritten from there).
+            self.chunk_taken(last.meta.snapshot_id.clone(), 0, true);
+            return Err(Status::invalid_argument(format!(
+                "InstallSnapshot: snapshot {:?} ({end} bytes) would not restore: {e}",
+                last.meta.snapshot_id
+            )));
+        }
+        last.offset = end;
+        last.data = Vec::new();
+        Ok(self.raft.install_snapshot(last).await)
     }
 
     /// Notes a chunk openraft took: `end` bytes of snapshot `id` arrived (none after the
@@ -254,7 +309,11 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
             rpc.offset.saturating_add(rpc.data.len() as u64),
             rpc.done,
         );
-        let answer = self.raft.install_snapshot(rpc).await;
+        let answer = if done {
+            self.install_checked(rpc, end).await?
+        } else {
+            self.raft.install_snapshot(rpc).await
+        };
         // A chunk from the leader of this replica's vote (answered with that same vote): the
         // leader is alive. A large snapshot sends no appends while it streams, and must not
         // make the replica receiving it campaign ([`crate::election_gate`]).
