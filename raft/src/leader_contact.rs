@@ -17,8 +17,9 @@
 //! From then on the proposer refuses new writes with `NoLeader`. They were never proposed,
 //! so they are safe to retry anywhere, and clients retry at once. A write already proposed on
 //! such a leader gives up its place in flight; its own outcome still waits, because it may
-//! yet commit. A forward in flight is given up as soon as its leader is lost or replaced.
-//! Its outcome is unknown, because the old leader may have appended it before it went.
+//! yet commit. A forward in flight is given up as soon as the term or the leader changes (an
+//! election, which follows a real loss). Its outcome is unknown, because the old leader may
+//! have appended it before it went.
 //!
 //! Only liveness changes: refusing a write that was never proposed is always safe. The price
 //! is that a leader or follower whose heartbeats stall for longer than the lease (an
@@ -85,46 +86,35 @@ impl LeaderContact {
     pub fn lost_now(&self, metrics: &RaftMetrics) -> bool {
         lost(self.view(metrics), self.lease)
     }
+}
 
-    /// Returns once a forward to `leader`, sent in `term`, should be given up: the term
-    /// moved on, another leader is known, or the leader is lost. Checked on every change of
-    /// the metrics and at least four times a lease.
-    pub async fn forward_abandoned(
-        &self,
-        raft: &Raft<impl crate::machine::StateMachine>,
-        leader: Option<ReplicaId>,
-        term: u64,
-    ) -> String {
-        let mut metrics = raft.metrics();
-        let every = (self.lease / 4).max(Duration::from_millis(10));
-        loop {
-            {
-                let m = metrics.borrow_and_update();
-                if m.current_term != term {
-                    return format!("the term moved on from {term} to {}", m.current_term);
-                }
-                if m.current_leader != leader {
-                    return format!(
-                        "the leader changed from {} to {}",
-                        shown(leader),
-                        shown(m.current_leader)
-                    );
-                }
-                if self.lost_now(&m) {
-                    return format!(
-                        "the leader was silent for more than the {} ms lease",
-                        self.lease.as_millis()
-                    );
-                }
+/// Returns once a forward to `leader`, sent in `term`, should be given up: the term
+/// moved on or another leader is known. Checked on every change of the metrics. Silence
+/// alone is no reason: on a host too loaded to deliver heartbeats in time the forward
+/// would most likely still succeed, and giving it up leaves its client an unknown
+/// outcome; an election, which does follow a real loss, changes the term.
+pub async fn forward_abandoned(
+    raft: &Raft<impl crate::machine::StateMachine>,
+    leader: Option<ReplicaId>,
+    term: u64,
+) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        {
+            let m = metrics.borrow_and_update();
+            if m.current_term != term {
+                return format!("the term moved on from {term} to {}", m.current_term);
             }
-            tokio::select! {
-                changed = metrics.changed() => {
-                    if changed.is_err() {
-                        return "this replica stopped".into();
-                    }
-                }
-                () = tokio::time::sleep(every) => {}
+            if m.current_leader != leader {
+                return format!(
+                    "the leader changed from {} to {}",
+                    shown(leader),
+                    shown(m.current_leader)
+                );
             }
+        }
+        if metrics.changed().await.is_err() {
+            return "this replica stopped".into();
         }
     }
 }

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::encode;
-use crate::ids::{ReplicaAddr, ReplicaId};
+use crate::ids::ReplicaAddr;
 use crate::leader_contact::LeaderContact;
 use crate::machine::StateMachine;
 use crate::network::Channels;
@@ -263,12 +263,11 @@ async fn propose<M: StateMachine>(
         time_ms: docket_proto::unix_ms(),
         commands,
     };
-    let term = raft.metrics().borrow().current_term;
     let outcome = match write_while_leading(raft, contact, batch.clone(), &mut permit).await {
         Ok(response) => Ok(response.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
             // Not proposed here, or truncated away: either way not applied.
-            Err((to_leader.leader_id, to_leader.leader_node))
+            Err(to_leader.leader_node)
         }
         Err(RaftError::APIError(e)) => {
             return answer_all(replies, WriteError::Indeterminate(e.to_string()));
@@ -279,7 +278,7 @@ async fn propose<M: StateMachine>(
     };
     match outcome {
         Ok(responses) => split(replies, &sizes, responses),
-        Err((leader_id, leader)) => {
+        Err(leader) => {
             // Forwarded writes go back to their follower; local ones go to the leader.
             let mut local = Vec::new();
             let mut offset = 0;
@@ -296,12 +295,7 @@ async fn propose<M: StateMachine>(
             }
             debug_assert_eq!(offset, sizes.iter().sum::<usize>());
             if let (Some(leader), false) = (leader, local.is_empty()) {
-                let to = ForwardTo {
-                    addr: &leader,
-                    id: leader_id,
-                    term,
-                };
-                forward(raft, channels, contact, to, local).await;
+                forward(raft, channels, &leader, local).await;
             }
         }
     }
@@ -343,20 +337,13 @@ async fn write_while_leading<M: StateMachine>(
     }
 }
 
-/// The leader a follower forwards to, as openraft named it in `term`.
-struct ForwardTo<'a> {
-    addr: &'a ReplicaAddr,
-    id: Option<ReplicaId>,
-    term: u64,
-}
-
-/// Sends local writes to the leader `to` in one forwarded batch, given up (outcome unknown)
-/// once that leader is lost or replaced.
+/// Sends local writes to the leader at `leader` in one forwarded batch, given up (outcome
+/// unknown) once the term or the leader this replica knows changes after the batch is sent
+/// (changes before are no reason: openraft named `leader` then).
 async fn forward<M: StateMachine>(
     raft: &Raft<M>,
     channels: &Channels,
-    contact: &LeaderContact,
-    to: ForwardTo<'_>,
+    leader: &ReplicaAddr,
     local: Vec<(Reply<M>, Vec<M::Command>)>,
 ) {
     let sizes: Vec<usize> = local.iter().map(|(_, c)| c.len()).collect();
@@ -366,12 +353,16 @@ async fn forward<M: StateMachine>(
         replies.push(reply);
         commands.extend(mine);
     }
+    let metrics = raft.metrics();
+    let known = {
+        let m = metrics.borrow();
+        (m.current_term, m.current_leader)
+    };
     let answer = tokio::select! {
-        answer = channels.forward::<M>(&to.addr.addr, commands) => answer,
-        why = contact.forward_abandoned(raft, to.id, to.term) => {
+        answer = channels.forward::<M>(&leader.addr, commands) => answer,
+        why = crate::leader_contact::forward_abandoned(raft, known.1, known.0) => {
             Err(WriteError::Indeterminate(format!(
-                "forwarded to the leader at {}, given up because {why}",
-                to.addr
+                "forwarded to the leader at {leader}, given up because {why}"
             )))
         }
     };
