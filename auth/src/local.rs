@@ -214,7 +214,7 @@ pub fn uid_for(user: &str) -> u32 {
 /// A free loopback address (`127.0.0.1:PORT`) below the kernel's ephemeral range, so that no
 /// outgoing connection (of this or any other process) can take the port between our check
 /// and the daemon's bind, as can happen with a port the kernel handed out for port 0. For the
-/// daemons of a cluster on one host. The port is reserved for a while ([`reserve_in`]), so two
+/// daemons of a cluster on one host. The port is reserved for a while (see `reserve_in`), so two
 /// processes picking ports at once (test binaries run in parallel, two local clusters) do not
 /// both hand it out before either daemon binds it.
 pub fn free_loopback_addr() -> Result<String, String> {
