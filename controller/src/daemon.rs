@@ -29,6 +29,9 @@ use crate::loops::{self, LoopContext};
 use crate::machine::{CoreMachine, MAX_BATCH_COMMANDS};
 use crate::stats::LoopStats;
 
+/// How often glibc's free heap pages go back to the kernel ([`crate::native_heap`]).
+pub const NATIVE_HEAP_TRIM_PERIOD: Duration = Duration::from_secs(30);
+
 /// Why a replica could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -203,14 +206,14 @@ pub async fn run(
         stats: shared.stats.clone(),
     }));
     let ready_task = ready_once_led(&replica, &shared.readiness);
+    let trim_task = tokio::spawn(crate::native_heap::trim_every(NATIVE_HEAP_TRIM_PERIOD));
 
     shutdown.await;
-    tracing::info!("shutting down");
-    shared.readiness.set_serving(false);
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    stopping(&shared.readiness);
     let tasks = [
         Some(ready_task),
         Some(loop_task),
+        Some(trim_task),
         Some(agents_task),
         Some(tls_watch),
         key_reload,
@@ -223,6 +226,13 @@ pub async fn run(
     replica.shutdown().await;
     grpc.stop().await;
     Ok(())
+}
+
+/// Tells the log, the readiness probe and systemd that this replica is stopping.
+fn stopping(readiness: &Readiness) {
+    tracing::info!("shutting down");
+    readiness.set_serving(false);
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
 }
 
 /// What the services, the loops and the status page share.

@@ -25,6 +25,7 @@ pub mod inflight;
 pub mod jobs;
 pub mod loops;
 pub mod machine;
+pub mod native_heap;
 pub mod stats;
 pub mod step_grants;
 pub mod steps;

@@ -499,6 +499,13 @@ fn run(args: RunArgs) -> Result<()> {
         // Colours only on a terminal, not in log files and journals.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let refused = docket_controller::native_heap::bound();
+    if !refused.is_empty() {
+        tracing::warn!(
+            ?refused,
+            "glibc refused malloc parameters; RocksDB's heap may grow"
+        );
+    }
     let config = daemon_config(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

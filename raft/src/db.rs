@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rocksdb::{ColumnFamilyDescriptor, DB, Direction, IteratorMode, WriteBatch, WriteOptions};
+use rocksdb::{
+    ColumnFamilyDescriptor, DB, Direction, FlushOptions, IteratorMode, WriteBatch, WriteOptions,
+};
 
 /// The layout version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -215,6 +217,29 @@ impl DataDir {
         self.db
             .write_opt(batch, &write_opts)
             .map_err(|source| self.rocks(source))
+    }
+
+    /// Asks RocksDB to flush `cf`'s memtable in the background, if it holds at least
+    /// `min_bytes`, and returns at once. Used after the log is purged behind a snapshot: the
+    /// purged entries stay in memory until the memtable holding them is flushed, and a quiet
+    /// cluster may take hours to fill it. Each flush also starts a new WAL file and an SST,
+    /// hence the floor. Returns whether a flush was asked for.
+    pub fn start_flush(&self, cf: &str, min_bytes: u64) -> Result<bool, DbError> {
+        let handle = self.cf(cf)?;
+        let active = self
+            .db
+            .property_int_value_cf(handle, "rocksdb.cur-size-active-mem-table")
+            .map_err(|source| self.rocks(source))?
+            .unwrap_or(0);
+        if active < min_bytes {
+            return Ok(false);
+        }
+        let mut opts = FlushOptions::default();
+        opts.set_wait(false);
+        self.db
+            .flush_cf_opt(handle, &opts)
+            .map_err(|source| self.rocks(source))?;
+        Ok(true)
     }
 
     /// Syncs the write-ahead log: every write made before the call is durable when it returns.

@@ -37,6 +37,11 @@ const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const LAST_PURGED_KEY: &[u8] = b"last_purged";
 
+/// After a purge, the log's memtable is flushed if it holds at least this much: the log then
+/// keeps in memory about what was appended since the last snapshot, not 8 MiB of entries
+/// already purged.
+pub const FLUSH_AFTER_PURGE_BYTES: u64 = 1 << 20;
+
 /// The key of log index `index`.
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
@@ -286,7 +291,14 @@ impl<M: StateMachine> RaftLogStorage<TypeConfig<M>> for LogStore<M> {
                 &index_key(log_id.index.saturating_add(1)),
             )
             .map_err(|e| write_err(&e))?;
-        self.db.write(batch, false).map_err(|e| write_err(&e))
+        self.db.write(batch, false).map_err(|e| write_err(&e))?;
+        // What was purged leaves memory only with the memtable that holds it; without a
+        // flush the log's memtable fills to its write buffer (8 MiB) before anything of a
+        // purged entry is freed. A failed request costs memory, not correctness: logged.
+        if let Err(e) = self.db.start_flush(cf::LOGS, FLUSH_AFTER_PURGE_BYTES) {
+            tracing::warn!(error = %e, "could not flush the log after a purge");
+        }
+        Ok(())
     }
 }
 

@@ -14,7 +14,8 @@
 //! nothing wrong. [`bounded_cf_options`] keeps every column family to a write buffer sized for
 //! what it holds and one shared, bounded block cache per database; the write-ahead log is
 //! bounded too ([`MAX_TOTAL_WAL_BYTES`]) so a column family with few writes is flushed rather
-//! than keeping old log files alive.
+//! than keeping old log files alive. The log store also flushes the log's memtable after
+//! each purge (`log_store.rs`), so purged entries do not wait for 8 MiB of new ones.
 
 use rocksdb::{BlockBasedOptions, Cache, DB, DBCompressionType, Options};
 

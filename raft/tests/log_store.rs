@@ -88,3 +88,47 @@ async fn after_a_failed_sync_nothing_is_acknowledged_and_writes_are_refused() {
     let entries = log.try_get_log_entries(1..2).await.unwrap();
     assert_eq!(entries, vec![entry(1, 1)]);
 }
+
+/// An entry whose command carries `bytes` of value.
+fn big_entry(term: u64, index: u64, bytes: usize) -> Entry<TypeConfig<KvMachine>> {
+    let mut e = entry(term, index);
+    if let EntryPayload::Normal(batch) = &mut e.payload {
+        batch.commands = vec![KvCommand::Set {
+            key: format!("k{index}"),
+            value: "v".repeat(bytes),
+        }];
+    }
+    e
+}
+
+#[tokio::test]
+async fn purged_entries_leave_memory_with_their_memtable() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(DataDir::open(dir.path()).unwrap());
+    let mut log = LogStore::<KvMachine>::new(db.clone()).unwrap();
+    // 3 MiB of entries: more than the flush floor, less than the log's 8 MiB write buffer,
+    // so only the purge's flush frees them.
+    log.blocking_append((1..=96).map(|i| big_entry(1, i, 32 << 10)))
+        .await
+        .unwrap();
+    let before = db.memory().memtables;
+    assert!(before >= 3 << 20, "{before} bytes in memtables");
+    log.purge(LogId::new(CommittedLeaderId::new(1, ReplicaId(1)), 95))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while db.memory().memtables > 1 << 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} bytes still in memtables 20 s after the purge",
+            db.memory().memtables
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // What was not purged is still there, from the flushed table.
+    let kept = log.try_get_log_entries(0..200).await.unwrap();
+    assert_eq!(
+        kept.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+        [96]
+    );
+}
