@@ -495,6 +495,12 @@ async fn raise_command_version(ctx: &LoopContext) {
 
 /// Proposes the site's commands if the replicated state was never configured. Returns false
 /// if leadership was lost meanwhile.
+///
+/// The commands go in one write, so in one log entry: one commit instead of one per node
+/// (a thousand-node site waited for a thousand commits, 11 minutes on a starved host before
+/// its agents could register), and a leader lost halfway cannot leave a cluster configured
+/// with half its nodes, which the next leader would take for configured. Only a site too
+/// large for one entry goes in chunks, without that guarantee.
 async fn configure_site(ctx: &LoopContext) -> bool {
     if ctx.site.is_empty() {
         return true;
@@ -510,11 +516,38 @@ async fn configure_site(ctx: &LoopContext) -> bool {
         commands = ctx.site.len(),
         "configuring the new cluster from the site file"
     );
+    let mut envelopes = Vec::with_capacity(ctx.site.len());
     for command in &ctx.site {
+        match crate::write::stamp(&ctx.replica, Envelope::controller(command.clone())) {
+            Ok(envelope) => envelopes.push(envelope),
+            Err(status) => {
+                tracing::warn!(why = status.message(), "the site cannot be written yet");
+                return false;
+            }
+        }
+    }
+    let mut chunk = envelopes.len();
+    let mut rest = envelopes.as_slice();
+    while !rest.is_empty() {
         if ctx.replica.status().role != Role::Leader {
             return false;
         }
-        propose(ctx, command.clone()).await;
+        let (now, later) = rest.split_at(chunk.min(rest.len()));
+        match ctx.replica.write(now.to_vec()).await {
+            Ok(responses) => {
+                for rejection in responses.into_iter().filter_map(Result::err) {
+                    tracing::warn!(%rejection, "a command of the site file was refused");
+                }
+                rest = later;
+            }
+            Err(docket_raft::proposer::WriteError::TooLarge { .. }) if chunk > 1 => {
+                chunk = chunk.div_ceil(2)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "configuring the cluster failed; the next pass retries");
+                return false;
+            }
+        }
     }
     true
 }
