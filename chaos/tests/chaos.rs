@@ -151,7 +151,9 @@ fn the_operators_drills_report_the_recovery() {
     runtime
         .block_on(cluster.wait_ready(std::time::Duration::from_secs(60)))
         .unwrap();
-    let o = local_drill(&state, "pause");
+    // Stopped for 5 s: its agents must find the new leader while it is still stopped (they
+    // hold a connection to it that only silence betrays).
+    let o = local_drill_for(&state, "pause", 5_000);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     let o3 = privileged().then(|| local_drill(&state, "partition"));
@@ -160,6 +162,12 @@ fn the_operators_drills_report_the_recovery() {
     assert!(o.status.success(), "{out}{err}");
     assert!(out.contains("new leader"), "{out}");
     assert!(out.contains("rejoined as follower"), "{out}");
+    println!("{out}");
+    let started = figure(&out, "first scheduling decision after ");
+    assert!(
+        started.is_some_and(|ms| ms < 4_000),
+        "a job started only when the stopped leader came back (5 s), or never:\n{out}"
+    );
     assert!(o2.status.success(), "{out2}");
     if let Some(o3) = o3 {
         let out3 = String::from_utf8_lossy(&o3.stdout);
@@ -184,11 +192,30 @@ fn the_operators_drills_report_the_recovery() {
 
 /// `docket-chaos drill kind` against the local cluster in `state` (2 s pauses).
 fn local_drill(state: &Path, kind: &str) -> Output {
+    local_drill_for(state, kind, 2_000)
+}
+
+/// `docket-chaos drill kind` against the local cluster in `state`, the fault held `hold_ms`.
+fn local_drill_for(state: &Path, kind: &str, hold_ms: u64) -> Output {
     Command::new(env!("CARGO_BIN_EXE_docket-chaos"))
-        .args(["drill", kind, "--pause-ms", "2000", "--state-dir"])
+        .args([
+            "drill",
+            kind,
+            "--pause-ms",
+            &hold_ms.to_string(),
+            "--state-dir",
+        ])
         .arg(state)
         .output()
         .unwrap()
+}
+
+/// The milliseconds a drill's report gives after `label` ("... after 812 ms").
+fn figure(report: &str, label: &str) -> Option<u64> {
+    report.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix(label)?;
+        rest.strip_suffix(" ms")?.parse().ok()
+    })
 }
 
 /// A pause drill given only `cluster`'s addresses, CA and credentials, with SIGSTOP and
@@ -250,4 +277,78 @@ fn a_failing_fault_command_is_reported(cluster: &docket_deploy::LocalCluster, st
         "{}",
         String::from_utf8_lossy(&o5.stderr)
     );
+}
+
+/// A leader stopped with SIGSTOP holds its agents' connections open; they notice its silence
+/// and register with the new leader while it is still stopped, so jobs can start again
+/// before it comes back. (They waited for it to come back, or for their calls' 10 s deadline.)
+#[test]
+fn agents_leave_a_stopped_leader_for_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("local");
+    let layout = docket_deploy::Layout::new(3, 2, 0, state.clone(), bins());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut cluster = docket_deploy::LocalCluster::start(&layout).unwrap();
+    let _down = Down(state.clone());
+    let (old, old_addr) = runtime
+        .block_on(cluster.wait_ready(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let agents: Vec<String> = cluster
+        .record
+        .agents
+        .iter()
+        .map(|a| a.spec.name.clone())
+        .collect();
+    // The replica among `addrs` that leads with every agent responding (only the leader
+    // fills `responding`; nothing is asked of the stopped replica, whose silence would
+    // hold the question up).
+    let all_responding = |addrs: &[String]| {
+        runtime.block_on(async {
+            for addr in addrs {
+                let Ok(Ok(nodes)) = tokio::time::timeout(
+                    std::time::Duration::from_secs(1),
+                    docket_deploy::rpc::nodes(addr),
+                )
+                .await
+                else {
+                    continue;
+                };
+                let every = agents.iter().all(|a| {
+                    nodes
+                        .iter()
+                        .any(|n| &n.name == a && n.responding == Some(true))
+                });
+                if every {
+                    return Some(addr.clone());
+                }
+            }
+            None
+        })
+    };
+    let start = std::time::Instant::now();
+    while all_responding(std::slice::from_ref(&old_addr)).is_none() {
+        assert!(start.elapsed().as_secs() < 30, "agents never all responded");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let others = cluster.addrs_except(old);
+
+    cluster.pause_replica(old, true).unwrap();
+    let stopped_at = std::time::Instant::now();
+    let new = loop {
+        if let Some(new) = all_responding(&others) {
+            break new;
+        }
+        if stopped_at.elapsed().as_secs() >= 8 {
+            cluster.pause_replica(old, false).unwrap();
+            panic!(
+                "8 s after the leader (replica {old}) was stopped, its agents had not all registered with a new leader"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    println!(
+        "every agent registered with the replica at {new} {} ms after replica {old} was stopped",
+        stopped_at.elapsed().as_millis()
+    );
+    cluster.pause_replica(old, false).unwrap();
 }

@@ -122,7 +122,8 @@ struct Session {
 #[derive(Debug, Default)]
 struct Hub {
     sessions: BTreeMap<NodeName, Session>,
-    /// When this replica last became leader (None while not leading).
+    /// When this replica last became leader, or last found itself lost while leading
+    /// ([`AgentHub::run`]): silent agents are counted from then (None while not leading).
     leader_since: Option<Instant>,
     next_session: u64,
     /// Nodes already declared down by this leader (not declared twice).
@@ -253,6 +254,13 @@ impl AgentHub {
     pub fn require_leader_to(&self, purpose: &str) -> Result<(), Status> {
         let status = self.replica.status();
         match (status.role, status.leader_addr) {
+            // Cut off from the other replicas: they are electing another leader, which the
+            // agents must find (a follower names it once it is elected).
+            (Role::Leader, _) if self.replica.leader_lost() => Err(Status::unavailable(format!(
+                "replica {} leads but no quorum has acknowledged it for the election timeout: \
+                 it is cut off and another is being elected; ask the other controllers",
+                status.id
+            ))),
             (Role::Leader, _) => Ok(()),
             (_, Some(addr)) => {
                 let mut s = Status::failed_precondition(format!(
@@ -336,9 +344,33 @@ impl AgentHub {
                         continue;
                     }
                 }
+                if self.replica.leader_lost() {
+                    self.end_sessions_of_lost_leadership();
+                    continue;
+                }
                 self.tick().await;
             }
         }
+    }
+
+    /// Ends every agent's session while this leader is lost (no quorum has acknowledged it
+    /// for the election timeout: the others are electing another). Its agents find the new
+    /// leader through the other controllers instead of waiting on one that can start nothing;
+    /// until its quorum is back it refuses them ([`AgentHub::require_leader`]). Should the
+    /// quorum come back with this replica still leading, the agents get the whole fence
+    /// timeout from then to register again before a node is declared down.
+    fn end_sessions_of_lost_leadership(&self) {
+        let mut hub = self.lock();
+        hub.leader_since = Some(Instant::now());
+        if hub.sessions.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            sessions = hub.sessions.len(),
+            "no quorum has acknowledged this leader for the election timeout: ending the \
+             agents' sessions so that they find the next leader"
+        );
+        hub.sessions.clear();
     }
 
     /// One round: drive every registered agent toward the state; declare silent nodes down;

@@ -6,6 +6,15 @@
 //! heartbeat fails it starts over. If it reaches no leader for longer than the fence timeout
 //! the leader gave it, it stops every job itself, so that when the controller declares the node
 //! down (after that timeout plus a margin) nothing of it still runs.
+//!
+//! Noticing a lost leader quickly: no job starts on a node until its agent has found the new
+//! leader. A leader that dies closes its connections, but one that is stopped (SIGSTOP, a hung
+//! host) or cut off holds them, and a call to it waits out its whole deadline. So the channel
+//! to a controller pings whenever nothing has arrived for [`PING`], and a ping unanswered for as
+//! long fails the session; a leader cut off from the other replicas ends its agents' sessions
+//! itself. The controller a session was lost with is then passed over for [`AVOID_SILENT`]
+//! while another controller answers: until the others have elected a new leader they still
+//! name the lost one, and asking it would wait out a registration's deadline.
 
 use std::time::{Duration, Instant};
 
@@ -31,12 +40,30 @@ pub struct SessionConfig {
     pub step_address: String,
 }
 
+/// How long the channel to a controller may carry nothing before it pings, and how long the
+/// ping may go unanswered before the controller is taken for gone. About a second to notice a
+/// stopped leader, against the 2 s the first job start after a failover may take; the cost is
+/// a ping (a few dozen bytes each way) per agent per half second while nothing else arrives.
+pub const PING: Duration = Duration::from_millis(500);
+
+/// How long one registration attempt may take before the next controller is asked: long
+/// enough for a leader that a thousand agents register with at once (the TLS handshake is
+/// part of it), short against the fence timeout.
+const REGISTER_ATTEMPT: Duration = Duration::from_secs(3);
+
+/// How long the controller a session was lost with is passed over while another answers.
+/// The others elect a new leader within about a second of losing the old one (the lease and
+/// a heartbeat or two); past this the lost one is asked like any other, since a leader that
+/// was only slow leads still.
+pub const AVOID_SILENT: Duration = Duration::from_secs(2);
+
 fn client(addr: &str, tls: &docket_auth::tls::TlsContext) -> Option<AgentsClient<Channel>> {
-    let channel = docket_auth::tls::connect::channel(
+    let channel = docket_auth::tls::connect::pinged_channel(
         addr,
         tls,
         Duration::from_millis(500),
         Some(Duration::from_secs(10)),
+        PING,
     )
     .map_err(|e| tracing::warn!(controller = %addr, error = %e, "not a controller address"))
     .ok()?;
@@ -44,20 +71,34 @@ fn client(addr: &str, tls: &docket_auth::tls::TlsContext) -> Option<AgentsClient
 }
 
 struct Live {
+    /// The controller this session is with.
+    addr: String,
     client: AgentsClient<Channel>,
     session: String,
     heartbeat: Duration,
     fence: Duration,
 }
 
-/// Registers with whichever controller leads; None when none could be reached.
-async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
-    let mut endpoints = docket_proto::endpoints::Endpoints::new(config.controllers.clone());
+/// Registers with whichever controller leads, asking them in `endpoints`' order; None when
+/// none could be reached. `avoid` (the controller a session was just lost with) is asked only
+/// if no other answered, and a refusal naming it as the leader is not followed.
+async fn register(
+    config: &SessionConfig,
+    runner: &Runner,
+    endpoints: &mut docket_proto::endpoints::Endpoints,
+    avoid: Option<&str>,
+) -> Option<Live> {
+    endpoints.next_round();
     let mut tried = 0;
+    let mut another_answered = false;
     while let Some(addr) = endpoints.next_to_ask() {
         tried += 1;
         if tried > 16 {
             break;
+        }
+        let avoided = avoid == Some(addr.as_str());
+        if avoided && another_answered {
+            continue;
         }
         let Some(mut c) = client(&addr, &config.tls) else {
             continue;
@@ -71,32 +112,49 @@ async fn register(config: &SessionConfig, runner: &Runner) -> Option<Live> {
             jobs: runner.held(),
             step_address: config.step_address.clone(),
         };
-        match c.register(request).await {
-            Ok(r) => {
+        let status = match tokio::time::timeout(REGISTER_ATTEMPT, c.register(request)).await {
+            Ok(Ok(r)) => {
                 let r = r.into_inner();
                 tracing::info!(controller = %addr, session = %r.session, "registered with the leader");
                 return Some(Live {
+                    addr,
                     client: c,
                     session: r.session,
                     heartbeat: Duration::from_millis(r.heartbeat_ms.max(50)),
                     fence: Duration::from_millis(r.fence_timeout_ms),
                 });
             }
-            Err(status) => {
-                if !endpoints.follow(&status, &addr)
-                    && matches!(
-                        status.code(),
-                        tonic::Code::NotFound
-                            | tonic::Code::PermissionDenied
-                            | tonic::Code::Unauthenticated
-                    )
-                {
-                    tracing::error!(node = %config.node, "{}", status.message());
-                }
+            Ok(Err(status)) => status,
+            Err(_) => {
+                tracing::warn!(controller = %addr, "no answer to the registration within {REGISTER_ATTEMPT:?}");
+                endpoints.ask_last(&addr);
+                continue;
             }
+        };
+        another_answered |= !avoided && answered(&status);
+        if avoid.is_some() && docket_proto::endpoints::leader_hint(&status) == avoid {
+            // The others have not elected a new leader yet: ask again next round.
+            continue;
+        }
+        if !endpoints.follow(&status, &addr)
+            && matches!(
+                status.code(),
+                tonic::Code::NotFound
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::Unauthenticated
+            )
+        {
+            tracing::error!(node = %config.node, "{}", status.message());
         }
     }
     None
+}
+
+/// Whether `status` came from a controller rather than from the transport: tonic makes the
+/// status of a failed connection from the transport's error, which it keeps as the source,
+/// while a controller's own refusal has none.
+fn answered(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_none()
 }
 
 /// The first pause between rounds of registration attempts, and the longest.
@@ -122,11 +180,18 @@ pub async fn run(
     let mut fence = Duration::ZERO;
     let mut fenced = false;
     let mut retry = RETRY_FIRST;
+    let mut endpoints = docket_proto::endpoints::Endpoints::new(config.controllers.clone());
+    // The controller the last session was lost with, and when.
+    let mut lost: Option<(String, Instant)> = None;
     loop {
         // Past this, with no leader, the agent stops its jobs: it must not wait for a slow
         // registration round or a long pause to do so.
         let fence_at = (!fence.is_zero() && !fenced).then(|| last_contact + fence);
-        let attempt = register(&config, &runner);
+        let avoid = lost
+            .as_ref()
+            .filter(|(_, at)| at.elapsed() < AVOID_SILENT)
+            .map(|(addr, _)| addr.clone());
+        let attempt = register(&config, &runner, &mut endpoints, avoid.as_deref());
         let registered = match fence_at {
             Some(at) => tokio::time::timeout_at(tokio::time::Instant::from_std(at), attempt)
                 .await
@@ -155,7 +220,10 @@ pub async fn run(
         last_contact = Instant::now();
         fence = live.fence;
         fenced = false;
+        let addr = live.addr.clone();
         serve(&config, &runner, live, &mut events, &mut last_contact).await;
+        endpoints.ask_last(&addr);
+        lost = Some((addr, Instant::now()));
     }
 }
 

@@ -6,19 +6,26 @@
 //! anyone stands, although the other voters would grant a vote as soon as the lease ends: the
 //! random part is there for a follower that cannot tell a dead leader from a slow one.
 //!
-//! A follower can tell, when the leader's process or host is gone. When no append has come
-//! for two heartbeats it asks the leader for its status. A refused or unreachable connection
-//! (the process died, the host is down) makes it stand the moment the lease it and the other
-//! voters last renewed has run out, plus a margin — staggered by its rank among the voters,
-//! one heartbeat apart, so two followers do not split the vote (voters ahead of it whose own
-//! process is gone too are not counted) — instead of waiting out its
-//! random timeout as well; first it asks the other voters for their logs and leaves the
-//! election to one with a longer log (it would refuse this replica, and the term spent would
-//! block its own campaign). An answer, or no answer at all (a slow, stopped or cut-off leader,
-//! which a follower cannot tell from one cut off from it alone), leaves it to openraft's
-//! timer. It stands once per silence; openraft's own timer goes on as before if that election
-//! fails. The lease is counted from the later of the leader's last append and the moment this
-//! replica began following it.
+//! A follower can tell, when the leader's process or host is gone, or when the leader no longer
+//! answers at all. When no append has come for two heartbeats it asks the leader for its
+//! status. A refused or unreachable connection (the process died, the host is down), or no
+//! answer within three heartbeats (the process is stopped, or cut off: it still holds its
+//! TCP connections, so only silence tells), makes it stand the moment the lease it and the
+//! other voters last renewed has run out, plus a margin — staggered by its rank among the
+//! voters, one heartbeat apart, so two followers do not split the vote (voters ahead of it
+//! whose own process is gone too are not counted) — instead of waiting out its random
+//! timeout as well; first it asks the other voters for their logs and leaves the election to
+//! one with a longer log (it would refuse this replica, and the term spent would block its
+//! own campaign). A leader that answers is left to openraft's timer: it is alive and reaches
+//! this replica, so its appends are only late. It stands once per silence; openraft's own
+//! timer goes on as before if that election fails. The lease is counted from the later of
+//! the leader's last append and the moment this replica began following it.
+//!
+//! Standing against a silent leader costs nothing openraft's timer would not: the timer
+//! stands against it too, a random timeout later, and no voter grants a vote before the lease
+//! ends. A follower cut off from the leader alone (the others still hear it) stands and is
+//! refused, as it would be on its timer. What the rank buys over the random timeout is that
+//! two followers that lost the leader together do not split the vote.
 //!
 //! Only liveness changes: an election is safe whenever it starts. A follower the election gate
 //! keeps out ([`crate::election_gate`]) does not stand. The cost is a status request to the
@@ -34,6 +41,7 @@ use crate::ReplicaId;
 use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
 use crate::network::Channels;
+use crate::network::client::Probe;
 use crate::types::{Raft, RaftMetrics};
 
 /// When a follower of rank `rank` among the voters that may stand does so, having last heard
@@ -154,7 +162,7 @@ impl<M: StateMachine> Watch<M> {
         }
     }
 
-    /// One look: stands for election if the leader is certainly gone, once per silence.
+    /// One look: stands for election if the leader is gone or silent, once per silence.
     async fn look(&mut self, view: View) {
         let since = self.follow(view.term, view.vote);
         let (Some(heard_at), Some(leader), Some(addr), Some(_)) =
@@ -172,9 +180,10 @@ impl<M: StateMachine> Watch<M> {
             return;
         }
         let patience = (self.heartbeat * 3).min(self.lease / 2);
-        // Only a leader certainly gone (its port refuses, its host is unreachable) is
-        // stood against early; a slow or silent one is left to openraft's own timer.
-        if !self.channels.certainly_gone(&addr, patience).await {
+        // A leader gone (its port refuses, its host is unreachable) or silent (stopped, cut
+        // off) is stood against as its lease ends; one that answers is only late.
+        let probe = self.channels.probe(&addr, patience).await;
+        if !matches!(probe, Probe::Gone | Probe::Silent) {
             return;
         }
         // Ranked among the voters ahead that are still there: one whose process is gone too
@@ -187,7 +196,7 @@ impl<M: StateMachine> Watch<M> {
         if !self.still_silent(leader, heard_at, since) {
             return;
         }
-        self.stand(leader, heard_at, &view.others, view.last, patience)
+        self.stand(leader, heard_at, probe, &view.others, view.last, patience)
             .await;
     }
 
@@ -221,6 +230,7 @@ impl<M: StateMachine> Watch<M> {
         &self,
         leader: ReplicaId,
         heard_at: Instant,
+        probe: Probe,
         others: &[String],
         last: Option<u64>,
         patience: Duration,
@@ -235,8 +245,9 @@ impl<M: StateMachine> Watch<M> {
         }
         tracing::info!(
             leader = %leader,
+            leader_probe = ?probe,
             silent_ms = heard_at.elapsed().as_millis() as u64,
-            "the leader is gone; standing for election as its lease ends"
+            "the leader is gone or silent; standing for election as its lease ends"
         );
         if let Err(e) = self.raft.trigger().elect().await {
             tracing::debug!(error = %e, "standing for election");

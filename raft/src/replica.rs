@@ -204,6 +204,8 @@ pub struct Replica<M: StateMachine> {
     status_page: Option<String>,
     app_version: Option<u16>,
     commit_seen: CommitSeen,
+    /// Whether this replica's leader is lost ([`Replica::leader_lost`]).
+    contact: crate::leader_contact::LeaderContact,
 }
 
 impl<M: StateMachine> Clone for Replica<M> {
@@ -221,6 +223,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             status_page: self.status_page.clone(),
             app_version: self.app_version,
             commit_seen: self.commit_seen.clone(),
+            contact: self.contact.clone(),
         }
     }
 }
@@ -267,7 +270,7 @@ impl<M: StateMachine> Replica<M> {
             raft.clone(),
             channels.clone(),
             config.proposer.clone(),
-            contact,
+            contact.clone(),
         );
         crate::election_gate::spawn(
             raft.clone(),
@@ -297,6 +300,7 @@ impl<M: StateMachine> Replica<M> {
             status_page: config.status_page,
             app_version: config.app_version,
             commit_seen,
+            contact,
         })
     }
 
@@ -478,6 +482,14 @@ impl<M: StateMachine> Replica<M> {
         status.status_page.clone_from(&self.status_page);
         status.app_version = self.app_version;
         status
+    }
+
+    /// Whether the leader a write through this replica would go to is lost
+    /// ([`crate::leader_contact`]): leading, no quorum has acknowledged this replica for
+    /// openraft's lease; following, it has not heard from its leader for as long. The others
+    /// elect a new leader then; what serves only the leader should stop serving.
+    pub fn leader_lost(&self) -> bool {
+        self.contact.lost_now(&self.raft.metrics().borrow())
     }
 
     /// Waits until some replica is known to lead, and returns its id.

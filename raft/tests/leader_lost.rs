@@ -258,3 +258,37 @@ async fn a_cut_off_leader_refuses_writes_and_a_forward_to_it_is_given_up() {
     assert_eq!(values.iter().filter(|v| *v == "before").count(), 1);
     assert_eq!(values.iter().filter(|v| *v == "after").count(), 1);
 }
+
+/// A leader cut off (or stopped: it holds its connections and never answers) is replaced as
+/// its lease ends. The followers' status requests to it go unanswered, so the first of them
+/// stands then, instead of a random election timeout later: the earliest openraft's own timer
+/// lets a follower stand is the lease plus the election timeout's minimum after the leader was
+/// last heard, at most a heartbeat before the cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_leader_is_replaced_as_its_lease_ends() {
+    let cluster = LinkedCluster::start().await;
+    let old = cluster.leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    cluster.replicas[&others[0]]
+        .write_one(append("before"))
+        .await
+        .unwrap();
+
+    let t = tuning(1_000);
+    let cut_at = Instant::now();
+    cluster.cut(old, true);
+    let new = cluster.leader(&others).await;
+    let took = cut_at.elapsed();
+    assert_ne!(new, old);
+    let openraft_earliest = t.election_timeout_max + t.election_timeout_min - t.heartbeat;
+    assert!(
+        took < openraft_earliest - t.heartbeat,
+        "a new leader {took:?} after the cut; openraft's own timer alone stands after \
+         {openraft_earliest:?} at the earliest"
+    );
+
+    // Healed, the old leader follows the new one.
+    cluster.cut(old, false);
+    let leader = cluster.leader(&[1, 2, 3]).await;
+    assert_ne!(leader, old);
+}

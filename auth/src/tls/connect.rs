@@ -134,6 +134,30 @@ pub fn channel_with_keepalive(
     Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
 }
 
+/// Like [`channel`], with an HTTP/2 ping whenever nothing has arrived for `ping`: when one is
+/// not answered within `ping`, the peer is taken for gone and every call on the connection
+/// fails at once. A stopped process (SIGSTOP, a hung host) holds its TCP connections, so only
+/// silence tells; this is for a node agent's channel to its leader, which must notice such a
+/// leader within a second or two to find the new one.
+pub fn pinged_channel(
+    addr: &str,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+    timeout: Option<Duration>,
+    ping: Duration,
+) -> Result<Channel, String> {
+    let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("{addr:?} is not host:port: {e}"))?
+        .connect_timeout(connect_timeout)
+        .http2_keep_alive_interval(ping)
+        .keep_alive_timeout(ping)
+        .keep_alive_while_idle(true);
+    if let Some(t) = timeout {
+        endpoint = endpoint.timeout(t);
+    }
+    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}
+
 /// An endpoint for a long-lived channel: HTTP/2 pings every 10 s, the peer dead after
 /// `keep_alive_timeout` without an answer.
 fn keepalive_endpoint(

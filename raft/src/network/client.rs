@@ -162,15 +162,22 @@ impl Channels {
     /// Whether the replica at `addr` is certainly gone: a connection to it is refused or
     /// unreachable (its process or host is down), as opposed to slow or silent.
     pub async fn certainly_gone(&self, addr: &str, ttl: Duration) -> bool {
+        self.probe(addr, ttl).await == Probe::Gone
+    }
+
+    /// Asks the replica at `addr` for its status, waiting at most `ttl`, and tells only how
+    /// it answered (see [`Probe`]).
+    pub async fn probe(&self, addr: &str, ttl: Duration) -> Probe {
         let Ok(mut client) = self.client(addr) else {
-            return false;
+            return Probe::Unknown;
         };
         let Ok(data) = encode(&()) else {
-            return false;
+            return Probe::Unknown;
         };
         match tokio::time::timeout(ttl, client.status(RaftPayload { data })).await {
-            Ok(Err(status)) => connect_failed(&status),
-            _ => false,
+            Err(_) => Probe::Silent,
+            Ok(Err(status)) if connect_failed(&status) => Probe::Gone,
+            Ok(_) => Probe::Answered,
         }
     }
 
@@ -185,6 +192,19 @@ impl Channels {
         };
         decode(&reply.data).map_err(|e| format!("{addr}: malformed status: {e}"))
     }
+}
+
+/// How a replica answered a status request ([`Channels::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// It answered, with its status or an error of its own: its process runs and reads.
+    Answered,
+    /// No connection could be made (refused, unreachable): its process or host is gone.
+    Gone,
+    /// Nothing came back in time: it is stopped, cut off, or too loaded to answer.
+    Silent,
+    /// It could not be asked (its address is not one): nothing is known.
+    Unknown,
 }
 
 /// True when `status` reports that no connection could be made (refused, unreachable, timed
