@@ -139,10 +139,8 @@ pub struct AgentHub {
     wake: Arc<Notify>,
 }
 
-fn held_map(jobs: &[pb::HeldJob]) -> BTreeMap<JobId, (u64, bool)> {
-    jobs.iter()
-        .map(|j| (JobId(j.job_id), (j.epoch, j.running)))
-        .collect()
+fn held_map(jobs: &[pb::HeldJob]) -> BTreeMap<JobId, crate::dispatch::Held> {
+    jobs.iter().map(crate::dispatch::Held::of).collect()
 }
 
 fn end_cause(cause: i32) -> Result<EndCause, String> {

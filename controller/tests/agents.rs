@@ -352,6 +352,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         job_id: 9999,
         epoch: 1,
         running: true,
+        suspended: false,
     };
     let mut agent = FakeAgent::register(&cluster, "g01", vec![stale]).await;
     let k = expect_kill(&mut agent, "the stale run was not killed").await;
@@ -374,6 +375,7 @@ async fn agents_get_launches_with_epochs_report_ends_and_survive_a_failover() {
         job_id: id,
         epoch,
         running: true,
+        suspended: false,
     }];
     agent.heartbeat(held.clone()).await;
 
@@ -671,6 +673,55 @@ async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
     };
     assert_eq!(next.job_id, second);
     wait_state(&cluster, second, "RUNNING").await;
+}
+
+/// A suspension told on one stream and undone while the agent was away (its stream broken,
+/// as in a partition) reaches the agent as a resume on its next stream: the state says
+/// RUNNING, so a run left frozen would never end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_resumed_while_its_agent_was_away_is_resumed_when_it_comes_back() {
+    let cluster = Cluster::start_with(1, &["--agent-fence-ms", "0"]).await;
+    let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
+    let leader = cluster.leader().await;
+    let mut jobs = cluster.jobs(leader).await;
+    let id = submit_one(&mut jobs, pinned("frozen", "g01")).await;
+    let l = expect_launch(&mut agent, "expected the launch").await;
+    let held = |suspended| {
+        vec![pb::HeldJob {
+            job_id: id,
+            epoch: l.epoch,
+            running: true,
+            suspended,
+        }]
+    };
+    agent.heartbeat(held(false)).await;
+    let r = act(&mut jobs, "root", Act::Suspend, &[id]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    let pb::instruction::Kind::Suspend(s) = agent.next().await else {
+        panic!("expected the suspension")
+    };
+    assert_eq!((s.job_id, s.epoch), (id, l.epoch));
+    drop(agent);
+    let r = act(&mut jobs, "root", Act::Resume, &[id]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    wait_state(&cluster, id, "RUNNING").await;
+    let mut agent = FakeAgent::register(&cluster, "g01", held(true)).await;
+    let pb::instruction::Kind::Resume(r) = agent.next().await else {
+        panic!("expected a resume, not a launch")
+    };
+    assert_eq!((r.job_id, r.epoch), (id, l.epoch));
+    // Held as running on the next stream, it is told nothing.
+    drop(agent);
+    let mut agent = FakeAgent::register(&cluster, "g01", held(false)).await;
+    agent.heartbeat(held(false)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), agent.stream.next())
+            .await
+            .is_err(),
+        "an instruction for a run the agent holds as wanted"
+    );
+    agent.ended(id, l.epoch, pb::EndCause::Completed, 0).await;
+    wait_state(&cluster, id, "COMPLETED").await;
 }
 
 /// The backfill order in the live controller (the planners `docket sim` replays with):

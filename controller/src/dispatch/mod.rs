@@ -25,12 +25,35 @@ pub enum Want {
     Kill,
 }
 
+/// One run an agent said it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub epoch: u64,
+    /// False once the run has ended (its end not yet acknowledged).
+    pub running: bool,
+    /// Frozen by a suspension.
+    pub suspended: bool,
+}
+
+impl Held {
+    pub fn of(job: &pb::HeldJob) -> (JobId, Held) {
+        (
+            JobId(job.job_id),
+            Held {
+                epoch: job.epoch,
+                running: job.running,
+                suspended: job.running && job.suspended,
+            },
+        )
+    }
+}
+
 /// What the leader knows of one agent's session: what it holds and what its current stream
 /// was told.
 #[derive(Debug, Default)]
 pub struct Link {
-    /// What the agent last said it holds: job -> (epoch, running).
-    pub held: BTreeMap<JobId, (u64, bool)>,
+    /// What the agent last said it holds.
+    pub held: BTreeMap<JobId, Held>,
     /// What was last sent per job on this stream: (epoch, want).
     pub sent: BTreeMap<JobId, (u64, Want)>,
     /// The time limit each run was last told (seconds, 0 unlimited), per job: (epoch, limit).
@@ -120,7 +143,12 @@ pub fn instruct(
                 (Some((e, Want::Suspend)), _) if e == epoch => {
                     Some(control(Kind::Resume, job_id, epoch, "resumed"))
                 }
-                (_, Some((e, true))) if e == epoch => None,
+                // Suspended by an earlier leader or stream, resumed while no stream reached
+                // the agent: without this the run stays frozen while the state says RUNNING.
+                (_, Some(h)) if h.epoch == epoch && h.running && h.suspended => {
+                    Some(control(Kind::Resume, job_id, epoch, "resumed"))
+                }
+                (_, Some(h)) if h.epoch == epoch && h.running => None,
                 _ => state.jobs.get(&job_id).map(|job| pb::Instruction {
                     kind: Some(Kind::Launch(launch(state, job, node))),
                 }),
@@ -172,17 +200,18 @@ pub fn instruct(
     }
     crate::step_grants::plan(state, node, runs, &mut link.steps, &mut out);
     // Anything the agent runs that is not a current run here: kill it.
-    for (job_id, (epoch, running)) in &link.held {
+    for (job_id, held) in &link.held {
+        let epoch = held.epoch;
         let current = runs
             .and_then(|w| w.get(job_id))
-            .is_some_and(|(e, _)| e == epoch);
-        let already = link.sent.get(job_id) == Some(&(*epoch, Want::Kill));
-        if *running && !current && !already {
-            link.sent.insert(*job_id, (*epoch, Want::Kill));
+            .is_some_and(|(e, _)| *e == epoch);
+        let already = link.sent.get(job_id) == Some(&(epoch, Want::Kill));
+        if held.running && !current && !already {
+            link.sent.insert(*job_id, (epoch, Want::Kill));
             out.push(control(
                 Kind::Kill,
                 *job_id,
-                *epoch,
+                epoch,
                 "stale: not this job's current run",
             ));
         }

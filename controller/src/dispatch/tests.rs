@@ -155,8 +155,54 @@ fn a_run_is_launched_once_per_stream_and_not_again_once_held() {
     link.new_stream();
     assert_eq!(launch_of(&site.tell("n1", &mut link)).job_id, id.0);
     link.new_stream();
-    link.held.insert(id, (site.epoch(id), true));
+    link.held.insert(id, running(site.epoch(id)));
     assert!(site.tell("n1", &mut link).is_empty());
+}
+
+fn running(epoch: u64) -> Held {
+    Held {
+        epoch,
+        running: true,
+        suspended: false,
+    }
+}
+
+#[test]
+fn a_run_suspended_by_an_earlier_stream_and_resumed_meanwhile_is_resumed_on_the_next() {
+    let mut site = Site::new();
+    let id = site.running(1);
+    let epoch = site.epoch(id);
+    let mut link = Link::default();
+    site.tell("n1", &mut link);
+    site.ok(Command::SuspendJobs { jobs: vec![jr(id)] });
+    assert!(matches!(site.tell("n1", &mut link)[..], [Kind::Suspend(_)]));
+    // The stream breaks; the resume commits while no stream reaches the agent, which
+    // registers again holding the run frozen.
+    site.ok(Command::ResumeJobs { jobs: vec![jr(id)] });
+    let mut next = Link::default();
+    next.held.insert(
+        id,
+        Held {
+            suspended: true,
+            ..running(epoch)
+        },
+    );
+    match &site.tell("n1", &mut next)[..] {
+        [Kind::Resume(c)] => assert_eq!((c.job_id, c.epoch), (id.0, epoch)),
+        other => panic!("expected a resume, got {other:?}"),
+    }
+    // Told once, even while its heartbeats still say frozen.
+    assert!(site.tell("n1", &mut next).is_empty());
+    // Wanted suspended, a frozen run is told to suspend on a new stream (harmless), and a run
+    // held as running on a new stream is not told anything.
+    site.ok(Command::SuspendJobs { jobs: vec![jr(id)] });
+    next.new_stream();
+    assert!(matches!(site.tell("n1", &mut next)[..], [Kind::Suspend(_)]));
+    site.ok(Command::ResumeJobs { jobs: vec![jr(id)] });
+    assert!(matches!(site.tell("n1", &mut next)[..], [Kind::Resume(_)]));
+    next.new_stream();
+    next.held.insert(id, running(epoch));
+    assert!(site.tell("n1", &mut next).is_empty());
 }
 
 #[test]
@@ -208,7 +254,7 @@ fn a_cancelled_run_is_killed_once_and_a_run_nobody_wants_is_killed_as_stale() {
         exit: ExitStatus::default(),
     }]));
     let mut other = Link::default();
-    other.held.insert(id, (epoch, true));
+    other.held.insert(id, running(epoch));
     match &site.tell("n2", &mut other)[..] {
         [Kind::Kill(c)] => assert!(c.reason.starts_with("stale"), "{c:?}"),
         other => panic!("expected a stale kill, got {other:?}"),

@@ -462,6 +462,7 @@ pub enum Act {
     Hold,
     Release,
     Suspend,
+    Resume,
 }
 
 pub async fn act(
@@ -483,6 +484,7 @@ pub async fn act(
         Act::Hold => client.hold_jobs(req).await,
         Act::Release => client.release_jobs(req).await,
         Act::Suspend => client.suspend_jobs(req).await,
+        Act::Resume => client.resume_jobs(req).await,
     };
     r.map(|r| r.into_inner().results)
 }

@@ -504,6 +504,7 @@ impl Runs {
                 job_id,
                 epoch,
                 running: r.running,
+                suspended: r.running && r.suspended_since.is_some(),
             })
             .collect()
     }

@@ -182,8 +182,12 @@ fn walltime_stops_while_suspended() {
     r.step(0, 0, launch(1, 1, 2));
     r.step(0, 0, Input::Started((1, 1)));
     assert_eq!(r.next_deadline(0), Some(2000));
+    let frozen = |r: &Runs| r.held().iter().map(|h| h.suspended).collect::<Vec<_>>();
+    assert_eq!(frozen(&r), [false]);
     let fx = r.step(1000, 1000, suspend(1, 1));
     assert_eq!(fx[0], Effect::Freeze((1, 1), true));
+    // A new leader learns of the suspension from what the agent holds.
+    assert_eq!(frozen(&r), [true]);
     assert_eq!(
         r.next_deadline(1000),
         None,
@@ -192,6 +196,7 @@ fn walltime_stops_while_suspended() {
     assert!(r.step(9000, 9000, Input::Tick).is_empty());
     let fx = r.step(9000, 9000, resume(1, 1));
     assert_eq!(fx[0], Effect::Freeze((1, 1), false));
+    assert_eq!(frozen(&r), [false]);
     assert_eq!(r.next_deadline(9000), Some(10_000));
     let fx = r.step(10_000, 10_000, Input::Tick);
     assert_eq!(signals(&fx), [((1, 1), Signal::SIGTERM)]);
