@@ -140,7 +140,19 @@ pub async fn run(ctx: LoopContext) {
                     leading.store(false, Ordering::SeqCst);
                 })
             };
-            lead(&ctx, &leading).await;
+            // A write of this leadership may wait on after the leadership is gone (its entry
+            // may yet commit, or be truncated only when a later leader reaches this replica):
+            // the loops must not wait with it, or this replica's next leadership never starts
+            // loops of its own. In a chaos run a replica restarted on its old leader's vote
+            // led for a moment, its loops' first write hung, and when it was elected again a
+            // few seconds later it led for 40 s without starting a job.
+            tokio::select! {
+                () = lead(&ctx, &leading) => {}
+                () = wait_not_leading(&leading) => tracing::info!(
+                    replica = %ctx.replica.id(),
+                    "no longer leading: scheduling loops stop, leaving a write to finish alone"
+                ),
+            }
             watcher.abort();
         }
         if metrics.changed().await.is_err() {
