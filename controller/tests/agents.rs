@@ -677,9 +677,10 @@ async fn a_job_waiting_for_cpus_starts_when_the_end_that_frees_them_commits() {
 
 /// A suspension told on one stream and undone while the agent was away (its stream broken,
 /// as in a partition) reaches the agent as a resume on its next stream: the state says
-/// RUNNING, so a run left frozen would never end.
+/// RUNNING, so a run left frozen would never end. And a run that started and was suspended
+/// while the agent was away is launched before it is frozen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_resumed_while_its_agent_was_away_is_resumed_when_it_comes_back() {
+async fn runs_suspended_or_resumed_while_their_agent_was_away_are_right_when_it_comes_back() {
     let cluster = Cluster::start_with(1, &["--agent-fence-ms", "0"]).await;
     let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
     let leader = cluster.leader().await;
@@ -722,6 +723,21 @@ async fn a_run_resumed_while_its_agent_was_away_is_resumed_when_it_comes_back() 
     );
     agent.ended(id, l.epoch, pb::EndCause::Completed, 0).await;
     wait_state(&cluster, id, "COMPLETED").await;
+
+    // A job started while the agent is away and suspended before it comes back: launched
+    // on the next stream, then frozen (not only told to suspend a run it never had).
+    drop(agent);
+    let id = submit_one(&mut jobs, pinned("away", "g01")).await;
+    wait_state(&cluster, id, "RUNNING").await;
+    let r = act(&mut jobs, "root", Act::Suspend, &[id]).await.unwrap();
+    assert!(r[0].error.is_empty(), "{r:?}");
+    let mut agent = FakeAgent::register(&cluster, "g01", Vec::new()).await;
+    let l = expect_launch(&mut agent, "expected the launch of the suspended job").await;
+    assert_eq!(l.job_id, id);
+    let pb::instruction::Kind::Suspend(s) = agent.next().await else {
+        panic!("expected the suspension after the launch")
+    };
+    assert_eq!((s.job_id, s.epoch), (id, l.epoch));
 }
 
 /// The backfill order in the live controller (the planners `docket sim` replays with):

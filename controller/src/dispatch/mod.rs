@@ -137,38 +137,16 @@ pub fn instruct(
         let (job_id, epoch, w) = (*job_id, *epoch, *w);
         let held = link.held.get(&job_id).copied();
         let sent = link.sent.get(&job_id).copied();
-        let instruction = match w {
-            Want::Run => match (sent, held) {
-                (Some((e, Want::Run)), _) if e == epoch => None,
-                (Some((e, Want::Suspend)), _) if e == epoch => {
-                    Some(control(Kind::Resume, job_id, epoch, "resumed"))
-                }
-                // Suspended by an earlier leader or stream, resumed while no stream reached
-                // the agent: without this the run stays frozen while the state says RUNNING.
-                (_, Some(h)) if h.epoch == epoch && h.running && h.suspended => {
-                    Some(control(Kind::Resume, job_id, epoch, "resumed"))
-                }
-                (_, Some(h)) if h.epoch == epoch && h.running => None,
-                _ => state.jobs.get(&job_id).map(|job| pb::Instruction {
-                    kind: Some(Kind::Launch(launch(state, job, node))),
-                }),
-            },
-            Want::Suspend => match sent {
-                Some((e, Want::Suspend)) if e == epoch => None,
-                _ => Some(control(Kind::Suspend, job_id, epoch, "suspended")),
-            },
-            Want::Kill => match sent {
-                Some((e, Want::Kill)) if e == epoch => None,
-                _ => Some(control(Kind::Kill, job_id, epoch, "cancelled")),
-            },
-        };
-        let launching = matches!(
-            &instruction,
-            Some(pb::Instruction {
-                kind: Some(Kind::Launch(_))
-            })
-        );
+        let (launch_first, instruction) = tell(state, node, job_id, (epoch, w), sent, held);
+        let launching = launch_first.is_some()
+            || matches!(
+                &instruction,
+                Some(pb::Instruction {
+                    kind: Some(Kind::Launch(_))
+                })
+            );
         let limit = wanted.limits.get(&job_id).copied().unwrap_or(0);
+        out.extend(launch_first);
         if let Some(i) = instruction {
             link.sent.insert(job_id, (epoch, w));
             out.push(i);
@@ -217,6 +195,54 @@ pub fn instruct(
         }
     }
     out
+}
+
+/// What one run (`job_id` at `epoch`, wanted `w`) needs told on a stream that was told
+/// `sent` of it, to an agent that said it holds `held`: a launch that must come first, and
+/// the instruction itself.
+fn tell(
+    state: &State,
+    node: &NodeName,
+    job_id: JobId,
+    (epoch, w): (u64, Want),
+    sent: Option<(u64, Want)>,
+    held: Option<Held>,
+) -> (Option<pb::Instruction>, Option<pb::Instruction>) {
+    use pb::instruction::Kind;
+    let launch_of = || {
+        state.jobs.get(&job_id).map(|job| pb::Instruction {
+            kind: Some(Kind::Launch(launch(state, job, node))),
+        })
+    };
+    // A run suspended before any stream carried its launch (its agent was away when it
+    // started): launched now, then frozen, or the agent would be told to suspend and later
+    // resume a run it never had, and the job would stay RUNNING without a process.
+    let unlaunched = sent.is_none_or(|(e, _)| e != epoch) && held.is_none_or(|h| h.epoch != epoch);
+    let launch_first = (w == Want::Suspend && unlaunched).then(launch_of).flatten();
+    let instruction = match w {
+        Want::Run => match (sent, held) {
+            (Some((e, Want::Run)), _) if e == epoch => None,
+            (Some((e, Want::Suspend)), _) if e == epoch => {
+                Some(control(Kind::Resume, job_id, epoch, "resumed"))
+            }
+            // Suspended by an earlier leader or stream, resumed while no stream reached the
+            // agent: without this the run stays frozen while the state says RUNNING.
+            (_, Some(h)) if h.epoch == epoch && h.running && h.suspended => {
+                Some(control(Kind::Resume, job_id, epoch, "resumed"))
+            }
+            (_, Some(h)) if h.epoch == epoch && h.running => None,
+            _ => launch_of(),
+        },
+        Want::Suspend => match sent {
+            Some((e, Want::Suspend)) if e == epoch => None,
+            _ => Some(control(Kind::Suspend, job_id, epoch, "suspended")),
+        },
+        Want::Kill => match sent {
+            Some((e, Want::Kill)) if e == epoch => None,
+            _ => Some(control(Kind::Kill, job_id, epoch, "cancelled")),
+        },
+    };
+    (launch_first, instruction)
 }
 
 /// What a node that is not the batch node runs for the job: nothing but a process that holds

@@ -168,6 +168,35 @@ fn running(epoch: u64) -> Held {
 }
 
 #[test]
+fn a_run_suspended_before_any_stream_launched_it_is_launched_then_suspended() {
+    let mut site = Site::new();
+    let id = site.running(1);
+    let epoch = site.epoch(id);
+    // Started and suspended while its agent had no stream.
+    site.ok(Command::SuspendJobs { jobs: vec![jr(id)] });
+    let mut link = Link::default();
+    match &site.tell("n1", &mut link)[..] {
+        [Kind::Launch(l), Kind::Suspend(s)] => {
+            assert_eq!((l.job_id, l.epoch), (id.0, epoch));
+            assert_eq!((s.job_id, s.epoch), (id.0, epoch));
+        }
+        other => panic!("expected a launch then a suspension, got {other:?}"),
+    }
+    assert!(site.tell("n1", &mut link).is_empty());
+    site.ok(Command::ResumeJobs { jobs: vec![jr(id)] });
+    assert!(matches!(site.tell("n1", &mut link)[..], [Kind::Resume(_)]));
+    // Resumed before any stream reached the agent: a plain launch.
+    let mut site = Site::new();
+    let id = site.running(1);
+    site.ok(Command::SuspendJobs { jobs: vec![jr(id)] });
+    site.ok(Command::ResumeJobs { jobs: vec![jr(id)] });
+    assert!(matches!(
+        site.tell("n1", &mut Link::default())[..],
+        [Kind::Launch(_)]
+    ));
+}
+
+#[test]
 fn a_run_suspended_by_an_earlier_stream_and_resumed_meanwhile_is_resumed_on_the_next() {
     let mut site = Site::new();
     let id = site.running(1);
