@@ -31,6 +31,9 @@ pub struct Layout {
     pub agent_heartbeat_ms: u64,
     pub agent_fence_ms: u64,
     pub node_down_margin_ms: u64,
+    /// Agents' ping after silence (`docket-nodeagent --ping-ms`; 0 none); the agent's default
+    /// unless set.
+    pub agent_ping_ms: Option<u64>,
     /// The replicas' Raft heartbeat (ms) and election timeout range (`MIN-MAX` ms); the
     /// controller's defaults, 100 and `300-600`, unless a test or benchmark sets them.
     pub raft_heartbeat_ms: Option<u64>,
@@ -92,6 +95,7 @@ impl Layout {
             agent_heartbeat_ms: 500,
             agent_fence_ms: 10_000,
             node_down_margin_ms: 5_000,
+            agent_ping_ms: None,
             raft_heartbeat_ms: None,
             election_timeout_ms: None,
             snapshot_every_entries: None,

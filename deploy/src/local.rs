@@ -74,6 +74,8 @@ pub struct Record {
     pub agent_fence_ms: u64,
     pub node_down_margin_ms: u64,
     #[serde(default)]
+    pub agent_ping_ms: Option<u64>,
+    #[serde(default)]
     pub raft_heartbeat_ms: Option<u64>,
     #[serde(default)]
     pub election_timeout_ms: Option<String>,
@@ -216,6 +218,7 @@ impl LocalCluster {
                 agent_heartbeat_ms: layout.agent_heartbeat_ms,
                 agent_fence_ms: layout.agent_fence_ms,
                 node_down_margin_ms: layout.node_down_margin_ms,
+                agent_ping_ms: layout.agent_ping_ms,
                 raft_heartbeat_ms: layout.raft_heartbeat_ms,
                 election_timeout_ms: layout.election_timeout_ms.clone(),
                 snapshot_every_entries: layout.snapshot_every_entries,
@@ -702,6 +705,9 @@ impl LocalCluster {
         };
         if let Some(point) = crash_at {
             cmd.args(["--crash-at", point]);
+        }
+        if let Some(ms) = self.record.agent_ping_ms {
+            cmd.args(["--ping-ms", &ms.to_string()]);
         }
         let pid = self.spawn(cmd, &a.log)?;
         let cgroups = agent_cgroups(pid, &cgroup);

@@ -126,6 +126,10 @@ enum Cmd {
         /// production controller host does not.
         #[arg(long, default_value = "1500-3000")]
         election_timeout_ms: String,
+        /// The agents' ping after silence, ms (`docket-nodeagent --ping-ms`; 0: none), to
+        /// measure what the pings cost the leader. The agent's default unless set.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+        agent_ping_ms: Option<u64>,
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
@@ -353,11 +357,13 @@ async fn run(cli: Cli) -> Result<()> {
             batch,
             raft_heartbeat_ms,
             election_timeout_ms,
+            agent_ping_ms,
             bin_dir: bins,
         } => {
             let spec = scale::ScaleSpec {
                 raft_heartbeat_ms,
                 election_timeout_ms,
+                agent_ping_ms,
                 replicas,
                 agents,
                 jobs,

@@ -30,6 +30,8 @@ pub struct ScaleSpec {
     /// The replicas' Raft heartbeat and election timeout range (ms).
     pub raft_heartbeat_ms: u64,
     pub election_timeout_ms: String,
+    /// The agents' ping after silence (ms, 0 none); the agent's default (500 ms) unless set.
+    pub agent_ping_ms: Option<u64>,
 }
 
 /// What was measured.
@@ -62,6 +64,7 @@ pub async fn run(
     layout.agent_heartbeat_ms = spec.heartbeat_ms;
     layout.raft_heartbeat_ms = Some(spec.raft_heartbeat_ms);
     layout.election_timeout_ms = Some(spec.election_timeout_ms.clone());
+    layout.agent_ping_ms = spec.agent_ping_ms;
     // A node is declared down after several missed heartbeats, never sooner than 10 s.
     layout.agent_fence_ms = spec.heartbeat_ms.saturating_mul(6).max(10_000);
     layout.node_down_margin_ms = spec.heartbeat_ms.saturating_mul(4).max(5_000);
@@ -294,7 +297,7 @@ impl ScaleReport {
         let p = |v: &[u64]| docket_deploy::stats::percentiles(v).unwrap_or((0, 0, 0));
         let (to_start, to_end) = (p(&self.submit_to_start_ms), p(&self.start_to_end_ms));
         format!(
-            "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, agent heartbeat {} ms, raft heartbeat {} ms, election timeout {} ms ===\n\
+            "=== docket-local scale: {} replicas, {} simulated agents, {} jobs of {} s, agent heartbeat {} ms, agent ping {}, raft heartbeat {} ms, election timeout {} ms ===\n\
              every agent registered and responding: {:.1} s after start\n\
              agents' memory (PSS):                  {:.0} MiB in all, {:.1} MiB each\n\
              submission:                            {:.2} s ({:.0} jobs/s, batches of {})\n\
@@ -310,6 +313,11 @@ impl ScaleReport {
             spec.jobs,
             spec.runtime_s,
             spec.heartbeat_ms,
+            match spec.agent_ping_ms {
+                None => "the agent's default".to_owned(),
+                Some(0) => "none".to_owned(),
+                Some(ms) => format!("{ms} ms"),
+            },
             spec.raft_heartbeat_ms,
             spec.election_timeout_ms,
             self.registered_s,

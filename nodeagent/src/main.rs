@@ -194,6 +194,13 @@ struct RunArgs {
     /// its port when listening on every address).
     #[arg(long, env = "DOCKET_STEP_ADDRESS")]
     step_address: Option<String>,
+    /// How long the connection to the controller may be silent before the agent pings it;
+    /// a ping unanswered for as long ends the session, so a stopped or cut-off leader is
+    /// left within about twice this. 0: no pings (a stopped leader is then noticed only when
+    /// a call's 10 s deadline passes).
+    #[arg(long, env = "DOCKET_PING_MS", default_value_t = session::PING.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    ping_ms: u64,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "DOCKET_LOG", default_value = "info")]
     log: String,
@@ -292,6 +299,7 @@ fn run(args: RunArgs) -> Result<()> {
         gpus: args.gpus,
         tls: tls.clone(),
         step_address: String::new(),
+        ping: (args.ping_ms > 0).then(|| Duration::from_millis(args.ping_ms)),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

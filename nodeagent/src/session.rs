@@ -38,6 +38,10 @@ pub struct SessionConfig {
     pub tls: docket_auth::tls::TlsContext,
     /// Where srun reaches this agent's step I/O service; empty: nowhere.
     pub step_address: String,
+    /// How long the channel to a controller may be silent before it pings ([`PING`] by
+    /// default); None: no pings, and a stopped controller is noticed only when a call's
+    /// deadline passes.
+    pub ping: Option<Duration>,
 }
 
 /// How long the channel to a controller may carry nothing before it pings, and how long the
@@ -57,14 +61,17 @@ const REGISTER_ATTEMPT: Duration = Duration::from_secs(3);
 /// was only slow leads still.
 pub const AVOID_SILENT: Duration = Duration::from_secs(2);
 
-fn client(addr: &str, tls: &docket_auth::tls::TlsContext) -> Option<AgentsClient<Channel>> {
-    let channel = docket_auth::tls::connect::pinged_channel(
-        addr,
-        tls,
-        Duration::from_millis(500),
-        Some(Duration::from_secs(10)),
-        PING,
-    )
+fn client(
+    addr: &str,
+    tls: &docket_auth::tls::TlsContext,
+    ping: Option<Duration>,
+) -> Option<AgentsClient<Channel>> {
+    use docket_auth::tls::connect;
+    let (connect, deadline) = (Duration::from_millis(500), Some(Duration::from_secs(10)));
+    let channel = match ping {
+        Some(ping) => connect::pinged_channel(addr, tls, connect, deadline, ping),
+        None => connect::channel(addr, tls, connect, deadline),
+    }
     .map_err(|e| tracing::warn!(controller = %addr, error = %e, "not a controller address"))
     .ok()?;
     Some(AgentsClient::new(channel))
@@ -100,7 +107,7 @@ async fn register(
         if avoided && another_answered {
             continue;
         }
-        let Some(mut c) = client(&addr, &config.tls) else {
+        let Some(mut c) = client(&addr, &config.tls, config.ping) else {
             continue;
         };
         let request = pb::RegisterRequest {
