@@ -327,7 +327,9 @@ async fn a_job_cannot_fork_past_its_pids_limit() {
         1,
         1,
         &work,
-        "#!/bin/sh\nfor i in $(seq 40); do sleep 2 & done\nwait\necho done\n",
+        // The pause lets the test read the limit: a shell whose fork fails may exit at once,
+        // and the job's cgroup goes with it.
+        "#!/bin/sh\nsleep 2\nfor i in $(seq 40); do sleep 2 & done\nwait\necho done\n",
         60,
     );
     if let pb::instruction::Kind::Launch(x) = &mut l {
