@@ -130,8 +130,8 @@ struct Replicas {
     addrs: Vec<String>,
     /// The replica asked last.
     turn: usize,
-    /// A replica that timed out (stopped, or cut off) is avoided for a while, as a smart
-    /// client would.
+    /// A replica that timed out or that no connection could be made to (stopped, cut off,
+    /// dead) is avoided for a while, as the commands ask it last.
     silent_until: Vec<Option<std::time::Instant>>,
 }
 
@@ -240,8 +240,18 @@ impl Client {
         while start_ms + 20_000 > self.history.now_ms() && !self.stop.load(Ordering::Relaxed) {
             // The next replica not recently silent (all silent: the next one anyway).
             let turn = self.replicas.next();
-            let Ok(mut c) = rpc::jobs(&self.replicas.addrs[turn]) else {
-                break;
+            // Connected first, as the commands send a write only over a connection made:
+            // a replica no connection can be made to (stopped, cut off, dead) certainly was
+            // not sent the operation, which goes to the next one; this one is avoided for a
+            // while, as the commands ask it last.
+            let mut c = match rpc::jobs_connected(&self.replicas.addrs[turn]).await {
+                Ok(c) => c,
+                Err(docket_deploy::LaunchError::Rpc(_)) => {
+                    self.replicas.silence(turn);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(_) => break,
             };
             outcome = match kind {
                 OpKind::Submit => self.submit(&mut c, name, &mut job_id).await,

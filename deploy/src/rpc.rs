@@ -91,14 +91,15 @@ pub fn access() -> Result<Arc<Access>, LaunchError> {
         })
 }
 
+/// How long TCP and the TLS handshake to a replica may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a call may take once sent.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 fn channel(addr: &str) -> Result<Channel, LaunchError> {
-    docket_auth::tls::connect::channel(
-        addr,
-        &access()?.tls,
-        Duration::from_millis(500),
-        Some(Duration::from_secs(10)),
-    )
-    .map_err(LaunchError::Invalid)
+    docket_auth::tls::connect::channel(addr, &access()?.tls, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))
+        .map_err(LaunchError::Invalid)
 }
 
 pub fn admin(addr: &str) -> Result<AdminClient<Channel>, LaunchError> {
@@ -107,6 +108,19 @@ pub fn admin(addr: &str) -> Result<AdminClient<Channel>, LaunchError> {
 
 pub fn jobs(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
     Ok(JobsClient::new(channel(addr)?))
+}
+
+/// Like [`jobs`], connected now, as the commands connect before they send a write: TCP and
+/// the TLS handshake within the connect timeout. [`LaunchError::Rpc`] when they failed, and
+/// then nothing was sent to `addr` (a stopped replica accepts TCP connections but never
+/// completes a handshake; a call on a lazy channel would fail with a transport error that
+/// cannot tell this from a connection lost after the request went out).
+pub async fn jobs_connected(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
+    let tls = access()?.tls.clone();
+    docket_auth::tls::connect::connect(addr, &tls, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))
+        .await
+        .map(JobsClient::new)
+        .map_err(LaunchError::Rpc)
 }
 
 /// `message` with a fresh credential for `user` (`root` is the operator), or, against a
