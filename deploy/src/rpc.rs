@@ -116,8 +116,8 @@ pub fn jobs(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
 /// completes a handshake; a call on a lazy channel would fail with a transport error that
 /// cannot tell this from a connection lost after the request went out).
 pub async fn jobs_connected(addr: &str) -> Result<JobsClient<Channel>, LaunchError> {
-    let tls = access()?.tls.clone();
-    docket_auth::tls::connect::connect(addr, &tls, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))
+    let access = access()?;
+    docket_auth::tls::connect::connect(addr, &access.tls, CONNECT_TIMEOUT, Some(CALL_TIMEOUT))
         .await
         .map(JobsClient::new)
         .map_err(LaunchError::Rpc)
