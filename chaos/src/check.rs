@@ -503,6 +503,7 @@ mod tests {
             outcome,
             start_ms: 0,
             end_ms: 1,
+            tries: Vec::new(),
         }
     }
 

@@ -43,6 +43,20 @@ pub struct Op {
     /// Milliseconds since the run began.
     pub start_ms: u64,
     pub end_ms: u64,
+    /// Each replica asked, in order, until the outcome: where a slow operation waited.
+    pub tries: Vec<Try>,
+}
+
+/// One replica asked for one operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Try {
+    /// The replica's id (1-based, as the daemons are named).
+    pub replica: u32,
+    /// Milliseconds since the run began.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// What it answered: `connect failed`, `acked`, or the status or refusal.
+    pub answer: String,
 }
 
 /// A fault the harness injected.

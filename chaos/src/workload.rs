@@ -16,7 +16,7 @@ use docket_proto::v1 as pb;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::history::{History, Op, OpKind, Outcome};
+use crate::history::{History, Op, OpKind, Outcome, Try};
 
 /// What the clients do.
 #[derive(Debug, Clone)]
@@ -49,6 +49,11 @@ fn classify(status: &tonic::Status) -> Outcome {
         | tonic::Code::ResourceExhausted => Outcome::Refused(status.message().to_owned()),
         _ => Outcome::Unknown(format!("{:?}: {}", status.code(), status.message())),
     }
+}
+
+/// A status as a try records it: its code and message.
+fn describe(status: &tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
 }
 
 /// How long one attempt may take. A replica stopped with SIGSTOP accepts connections and
@@ -183,7 +188,7 @@ impl Client {
     async fn step(&mut self) {
         let (kind, name, job) = self.choose();
         let start_ms = self.history.now_ms();
-        let (outcome, job_id) = self.until_answered(kind, &name, job, start_ms).await;
+        let (outcome, job_id, tries) = self.until_answered(kind, &name, job, start_ms).await;
         if kind == OpKind::Submit
             && outcome == Outcome::Acked
             && let Some(j) = job_id
@@ -198,6 +203,7 @@ impl Client {
             outcome,
             start_ms,
             end_ms: self.history.now_ms(),
+            tries,
         });
         let (least, most) = self.w.think_ms;
         tokio::time::sleep(Duration::from_millis(
@@ -226,20 +232,28 @@ impl Client {
     }
 
     /// Asks the replicas in turn until a definite answer, or 20 s of UNAVAILABLE since
-    /// `start_ms`, or `stop`; the outcome and the job's id.
+    /// `start_ms`, or `stop`; the outcome, the job's id and each replica asked.
     async fn until_answered(
         &mut self,
         kind: OpKind,
         name: &str,
         job: Option<u64>,
         start_ms: u64,
-    ) -> (Outcome, Option<u64>) {
+    ) -> (Outcome, Option<u64>, Vec<Try>) {
         let mut outcome = Outcome::NotApplied;
         let mut job_id = job;
+        let mut tries = Vec::new();
         // Until a definite answer, or 20 s of UNAVAILABLE.
         while start_ms + 20_000 > self.history.now_ms() && !self.stop.load(Ordering::Relaxed) {
             // The next replica not recently silent (all silent: the next one anyway).
             let turn = self.replicas.next();
+            let try_start_ms = self.history.now_ms();
+            let tried = |answer: String, history: &History| Try {
+                replica: turn as u32 + 1,
+                start_ms: try_start_ms,
+                end_ms: history.now_ms(),
+                answer,
+            };
             // Connected first, as the commands send a write only over a connection made:
             // a replica no connection can be made to (stopped, cut off, dead) certainly was
             // not sent the operation, which goes to the next one; this one is avoided for a
@@ -247,16 +261,19 @@ impl Client {
             let mut c = match rpc::jobs_connected(&self.replicas.addrs[turn]).await {
                 Ok(c) => c,
                 Err(docket_deploy::LaunchError::Rpc(_)) => {
+                    tries.push(tried("connect failed".into(), &self.history));
                     self.replicas.silence(turn);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
                 Err(_) => break,
             };
-            outcome = match kind {
+            let answer;
+            (outcome, answer) = match kind {
                 OpKind::Submit => self.submit(&mut c, name, &mut job_id).await,
                 _ => act(&mut c, kind, job).await,
             };
+            tries.push(tried(answer, &self.history));
             if matches!(&outcome, Outcome::Unknown(why) if why.starts_with("DeadlineExceeded")) {
                 self.replicas.silence(turn);
             }
@@ -265,17 +282,17 @@ impl Client {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        (outcome, job_id)
+        (outcome, job_id, tries)
     }
 
     /// Submits job `name` (a script of a seeded length) through `c`; sets `job_id` when
-    /// acknowledged.
+    /// acknowledged. The outcome and what the replica answered.
     async fn submit(
         &mut self,
         c: &mut JobsClient,
         name: &str,
         job_id: &mut Option<u64>,
-    ) -> Outcome {
+    ) -> (Outcome, String) {
         let spec = pb::JobSpec {
             name: name.to_owned(),
             partition: self.w.partition.clone(),
@@ -300,18 +317,19 @@ impl Client {
             {
                 Some(pb::submit_result::Result::JobId(j)) => {
                     *job_id = Some(j);
-                    Outcome::Acked
+                    (Outcome::Acked, "acked".into())
                 }
-                Some(pb::submit_result::Result::Error(e)) => Outcome::Refused(e),
-                None => Outcome::Unknown("no result".into()),
+                Some(pb::submit_result::Result::Error(e)) => (Outcome::Refused(e.clone()), e),
+                None => (Outcome::Unknown("no result".into()), "no result".into()),
             },
-            Err(s) => classify(&s),
+            Err(s) => (classify(&s), describe(&s)),
         }
     }
 }
 
-/// Cancels, holds, releases, suspends or resumes (as `kind` says) job `job` through `c`.
-async fn act(c: &mut JobsClient, kind: OpKind, job: Option<u64>) -> Outcome {
+/// Cancels, holds, releases, suspends or resumes (as `kind` says) job `job` through `c`;
+/// the outcome and what the replica answered.
+async fn act(c: &mut JobsClient, kind: OpKind, job: Option<u64>) -> (Outcome, String) {
     let refs = vec![pb::JobRef {
         job_id: job.unwrap_or(0),
         task: None,
@@ -326,10 +344,10 @@ async fn act(c: &mut JobsClient, kind: OpKind, job: Option<u64>) -> Outcome {
     };
     match r {
         Ok(r) => match r.into_inner().results.first() {
-            Some(x) if x.error.is_empty() => Outcome::Acked,
-            Some(x) => Outcome::Refused(x.error.clone()),
-            None => Outcome::Unknown("no result".into()),
+            Some(x) if x.error.is_empty() => (Outcome::Acked, "acked".into()),
+            Some(x) => (Outcome::Refused(x.error.clone()), x.error.clone()),
+            None => (Outcome::Unknown("no result".into()), "no result".into()),
         },
-        Err(s) => classify(&s),
+        Err(s) => (classify(&s), describe(&s)),
     }
 }

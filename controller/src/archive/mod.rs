@@ -459,7 +459,7 @@ impl Archive {
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(&dir))
             .map_err(|e| self.rocks(e))?;
-        let db = DB::open_for_read_only(&Options::default(), &dir, false).map_err(|source| {
+        let db = DB::open_for_read_only(&checkpoint_options(), &dir, false).map_err(|source| {
             let _ = std::fs::remove_dir_all(&dir);
             ArchiveError::Rocks {
                 path: dir.clone(),
@@ -553,7 +553,10 @@ fn scan_db(
         return Ok(());
     };
     let start = record_key(generation, first);
-    let iter = db.iterator(IteratorMode::From(&start, Direction::Forward));
+    let iter = db.iterator_opt(
+        IteratorMode::From(&start, Direction::Forward),
+        scan_read_options(),
+    );
     for item in iter {
         let (key, value) = item.map_err(|source| ArchiveError::Rocks {
             path: path.to_path_buf(),
@@ -568,6 +571,30 @@ fn scan_db(
         }
     }
     Ok(())
+}
+
+/// How a scan reads: every record once, in key order, so nothing it reads is worth caching.
+/// Through the block cache, a scan of a large archive would evict every block point reads
+/// use and leave the cache full of blocks read once (RocksDB's advice for bulk scans is the
+/// same: `fill_cache = false`).
+fn scan_read_options() -> ReadOptions {
+    let mut read = ReadOptions::default();
+    read.fill_cache(false);
+    read
+}
+
+/// How a checkpoint is opened: read once from end to end by a snapshot, then deleted, so
+/// with no block cache at all. RocksDB's default gives every database it opens a block
+/// cache of its own (32 MiB); a snapshot built every few hundred entries opened one each
+/// time and filled it with the whole archive (cached blocks are uncompressed), which the
+/// C++ allocator was then left holding in fragments after the checkpoint closed: under
+/// the chaos workload a controller's memory rose with the archive's size.
+fn checkpoint_options() -> Options {
+    let mut table = rocksdb::BlockBasedOptions::default();
+    table.disable_cache();
+    let mut opts = Options::default();
+    opts.set_block_based_table_factory(&table);
+    opts
 }
 
 /// A read-only copy of the archive at one moment; its directory is removed when dropped.

@@ -245,6 +245,34 @@ fn expiry_exports_first_and_keeps_everything_when_the_export_fails() {
 }
 
 #[test]
+fn scans_and_checkpoints_leave_no_blocks_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Archive::open(dir.path().join("a")).unwrap();
+    a.put(1, &finished(1..=3_000)).unwrap();
+    // On disk, so reads go through the table readers (a memtable is read in place).
+    a.db.flush().unwrap();
+    let cached = |db: &DB| {
+        docket_raft::rocks_memory::RocksMemory::of(db, &[rocksdb::DEFAULT_COLUMN_FAMILY_NAME])
+            .block_cache
+    };
+    let before = cached(&a.db);
+    let mut seen = 0;
+    a.scan(None, |_| {
+        seen += 1;
+        true
+    })
+    .unwrap();
+    assert_eq!(seen, 3_000);
+    assert_eq!(cached(&a.db), before, "a scan filled the block cache");
+
+    let checkpoint = a.checkpoint().unwrap();
+    let mut bytes = Vec::new();
+    assert_eq!(stream::write(&checkpoint, 2, &mut bytes).unwrap(), 3_000);
+    let db = checkpoint.db.as_ref().unwrap();
+    assert_eq!(cached(db), 0, "a checkpoint read through a block cache");
+}
+
+#[test]
 fn a_checkpoint_streams_into_a_snapshot_and_back() {
     let dir = tempfile::tempdir().unwrap();
     let a = Archive::open(dir.path().join("a")).unwrap();
