@@ -273,7 +273,7 @@ impl Admin for AdminService {
         }
         let changes: Vec<String> = commands.iter().map(describe).collect();
         if req.dry_run {
-            let now = docket_proto::unix_ms();
+            let now = docket_raft::cluster_clock::now_ms();
             let outcome = crate::write::read(&self.replica, false, Duration::from_secs(5), |s| {
                 crate::dry_run::dry_run(s, &actor, &commands, now)
             })

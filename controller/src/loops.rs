@@ -398,7 +398,7 @@ fn plan_now(
             pressure_from: None,
             stopped_by: None,
         };
-        let now = TimeMs(docket_proto::unix_ms().max(state.applied.now.0));
+        let now = TimeMs(docket_raft::cluster_clock::now_ms().max(state.applied.now.0));
         let plan = plan(state, now, &mut budget);
         if let Some(why) = budget.stopped_by {
             tracing::debug!(why, considered = plan.considered, "pass stopped early");

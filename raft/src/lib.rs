@@ -24,6 +24,7 @@
 // the same type so `?` carries it through unchanged.
 #![allow(clippy::result_large_err)]
 
+pub mod cluster_clock;
 pub mod codec;
 pub mod db;
 pub mod election_gate;

@@ -260,7 +260,7 @@ async fn propose<M: StateMachine>(
         return answer_all(replies, WriteError::NoLeader);
     }
     let batch = Batch {
-        time_ms: docket_proto::unix_ms(),
+        time_ms: crate::cluster_clock::now_ms(),
         commands,
     };
     let outcome = match write_while_leading(raft, contact, batch.clone(), &mut permit).await {
