@@ -179,6 +179,14 @@ impl State {
             "dependents/array-tasks index differs from the jobs"
         );
         ensure!(
+            self.ended == self.compute_ended(),
+            "ended-jobs index differs from the terminal jobs"
+        );
+        ensure!(
+            self.clocked == self.compute_clocked(),
+            "the tick's index of clocked jobs differs from the pending jobs"
+        );
+        ensure!(
             self.running_summary(self.applied.now) == self.running_summary_walked(self.applied.now),
             "the running summary from the arrays' task index differs from the running jobs"
         );

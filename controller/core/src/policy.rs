@@ -242,6 +242,9 @@ impl State {
     /// queued jobs every simulated hour was most of a deep-queue replay's time (`perf`).
     /// Elsewhere, caps and limits that count remaining time tie jobs together: the whole
     /// queue is re-placed.
+    ///
+    /// The jobs to re-place come from the `clocked` index, not a walk of every job: with a
+    /// queue thousands deep that walk, at every simulated hour, was a tenth of a replay.
     pub(crate) fn refresh_on_tick(&mut self, now: TimeMs) {
         // The rules cache is current (every configuration change recomputes it, and
         // `check_invariants` checks that it covers the configuration).
@@ -251,17 +254,7 @@ impl State {
         {
             return self.refresh_all_pending(now);
         }
-        let clocked: Vec<JobId> = self
-            .jobs
-            .values()
-            .filter(|j| {
-                j.state == JobState::Pending
-                    && (placement_moves_with_time(j)
-                        || j.spec.reservation.is_some()
-                        || j.spec.dependency.is_some())
-            })
-            .map(|j| j.id)
-            .collect();
+        let clocked: Vec<JobId> = self.clocked.iter().copied().collect();
         if clocked.is_empty() {
             return;
         }
@@ -1039,11 +1032,34 @@ impl State {
         if let Some(job) = self.jobs.get_mut(&id) {
             let moved = job.part != part;
             set_pending(job, part, reason, now);
+            if placed_by_clock(job) {
+                self.clocked.insert(id);
+            } else {
+                self.clocked.remove(&id);
+            }
             if moved {
                 self.queue_index.touch(id);
             }
         }
     }
+
+    /// The `clocked` index as it should be: the jobs the tick re-places.
+    pub(crate) fn compute_clocked(&self) -> BTreeSet<JobId> {
+        self.jobs
+            .values()
+            .filter(|j| placed_by_clock(j))
+            .map(|j| j.id)
+            .collect()
+    }
+}
+
+/// Whether the tick re-places a job: a pending one whose placement the clock can move, or
+/// that waits for a reservation or on a dependency (whose target the tick may purge).
+pub(crate) fn placed_by_clock(job: &Job) -> bool {
+    job.state == JobState::Pending
+        && (placement_moves_with_time(job)
+            || job.spec.reservation.is_some()
+            || job.spec.dependency.is_some())
 }
 
 /// Whether where a pending job stands can change with the clock alone: a begin time, a

@@ -163,14 +163,24 @@ impl State {
         let inputs = self.queue_index.active.then(|| self.priority_inputs(now));
         let mut changes = Vec::with_capacity(touched.len());
         for id in touched {
-            let idle = self.jobs.get(&id).filter(|j| is_idle(j));
+            let job = self.jobs.get(&id);
+            // A command that changed a job's begin time, reservation or dependency marks it
+            // too: the tick's index of clocked jobs learns it here.
+            let clocked = job.is_some_and(|j| crate::policy::placed_by_clock(j));
+            let idle = job.filter(|j| is_idle(j));
             let key = idle
                 .zip(inputs.as_ref())
                 .map(|(j, inputs)| State::timeless_key(inputs, j));
-            changes.push((id, idle.is_some(), key));
+            changes.push((id, idle.is_some(), key, clocked));
         }
+        drop(inputs);
         let index = &mut self.queue_index;
-        for (id, idle, key) in changes {
+        for (id, idle, key, clocked) in changes {
+            if clocked {
+                self.clocked.insert(id);
+            } else {
+                self.clocked.remove(&id);
+            }
             if idle {
                 index.idle.insert(id);
             } else {

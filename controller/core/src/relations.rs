@@ -103,12 +103,12 @@ impl Relations {
             .copied()
     }
 
-    /// The split-off task records of array `array_job`, in id order.
     /// Every array with split-off task records, with those records.
     pub fn arrays(&self) -> impl Iterator<Item = (JobId, &BTreeSet<JobId>)> + '_ {
         self.tasks.iter().map(|(array, tasks)| (*array, tasks))
     }
 
+    /// The split-off task records of array `array_job`, in id order.
     pub fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = JobId> + '_ {
         self.tasks.get(&array_job).into_iter().flatten().copied()
     }

@@ -139,6 +139,15 @@ pub struct State {
     /// (derived).
     #[serde(skip)]
     pub(crate) queue_index: crate::queue_index::QueueIndex,
+    /// Terminal jobs in order of their end, what purging walks (derived; see
+    /// [`crate::apply::purge`]).
+    #[serde(skip)]
+    pub(crate) ended: BTreeSet<(TimeMs, JobId)>,
+    /// The pending jobs whose placement the clock alone can move: what the tick re-places
+    /// (derived; kept by `State::set_pending` and for every job a command marks in the
+    /// queue index).
+    #[serde(skip)]
+    pub(crate) clocked: BTreeSet<JobId>,
 }
 
 fn current_command_version() -> u16 {
@@ -190,6 +199,8 @@ impl State {
             partition_caps: BTreeMap::new(),
             finished: crate::apply::purge::Outbox::default(),
             queue_index: crate::queue_index::QueueIndex::default(),
+            ended: BTreeSet::new(),
+            clocked: BTreeSet::new(),
         };
         state.account_rules = crate::policy::AccountRules::of(&state);
         state.queue_index = state.compute_queue_index();
@@ -210,6 +221,8 @@ impl State {
         self.account_rules = crate::policy::AccountRules::of(self);
         self.partition_caps = self.compute_partition_caps();
         self.queue_index = self.compute_queue_index();
+        self.ended = self.compute_ended();
+        self.clocked = self.compute_clocked();
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {
@@ -388,9 +401,14 @@ impl State {
         }
     }
 
-    pub(crate) fn unindex_live(&mut self, user: &UserName, id: JobId) {
+    /// Records a job that has just ended for good: no longer live for its owner, and due
+    /// to be purged `MinJobAge` after its end.
+    pub(crate) fn index_ended(&mut self, user: &UserName, id: JobId) {
         if let Some(entry) = self.users.get_mut(user) {
             entry.live.remove(&id);
+        }
+        if let Some(end) = self.jobs.get(&id).and_then(|j| j.end_time) {
+            self.ended.insert((end, id));
         }
     }
 }

@@ -307,7 +307,7 @@ impl State {
                     job.end_time = Some(now);
                     job.end_cause = Some(EndCause::Cancelled);
                     let user = job.spec.user.clone();
-                    self.unindex_live(&user, id);
+                    self.index_ended(&user, id);
                 } else {
                     // The agent thaws and kills it and reports; resources stay held until
                     // then. A suspended job's suspension ends here.

@@ -387,7 +387,7 @@ impl State {
         self.holding.remove(&id);
         self.queue_index.touch(id);
         if terminal {
-            self.unindex_live(&user, id);
+            self.index_ended(&user, id);
         }
     }
 }
