@@ -483,6 +483,34 @@ fn usage_bills_memory_by_the_partition_weights() {
     assert_eq!(t, c.now);
 }
 
+/// The tick finds the jobs to purge and the jobs the clock can move from indexes that
+/// commands keep (checked against a fresh computation after every command here); an
+/// administrator's command in between rebuilds the queue index and must not lose them.
+#[test]
+fn the_tick_still_finds_clocked_and_finished_jobs_after_an_admin_command() {
+    let mut c = cluster();
+    let done = c.submit(vec![c.spec("alice")])[0];
+    c.start(jr(done), &["n001"]).unwrap();
+    c.end(done, EndCause::Exited, 0);
+    let mut later = c.spec("alice");
+    later.begin = Some(c.now.plus(docket_core::quantity::Seconds(600)));
+    let later = c.submit(vec![later])[0];
+    assert_eq!(c.job(later).reason, Reason::BeginTime);
+    let mut config = c.state.config.clone();
+    config.sched.default_queue_depth += 1;
+    c.ok(Command::SetConfig(Box::new(config)));
+    c.ok(Command::UpsertQos(Box::new(docket_core::qos::Qos::new(
+        name("normal"),
+    ))));
+    c.apply_after(600, Command::Tick).unwrap();
+    assert_eq!(
+        c.job(later).reason,
+        Reason::None,
+        "its begin time has passed"
+    );
+    assert!(!c.state.jobs.contains_key(&done), "purged at MinJobAge");
+}
+
 #[test]
 fn finished_jobs_are_purged_after_min_job_age_unless_still_needed() {
     let mut c = cluster();

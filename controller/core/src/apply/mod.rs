@@ -166,7 +166,10 @@ impl State {
         // partitions, QOS, reservations, accounts, users): what the index derives from
         // besides the jobs.
         if authority::needed(&envelope.command) == authority::Authority::Admin {
+            // The rebuilt index drops the jobs this command marked, so the tick's index of
+            // clocked jobs, which learns from those marks, is rebuilt too.
             self.queue_index = self.compute_queue_index();
+            self.clocked = self.compute_clocked();
         } else {
             self.sync_queue_index(now);
         }
