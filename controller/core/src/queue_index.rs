@@ -173,7 +173,6 @@ impl State {
                 .map(|(j, inputs)| State::timeless_key(inputs, j));
             changes.push((id, idle.is_some(), key, clocked));
         }
-        drop(inputs);
         let index = &mut self.queue_index;
         for (id, idle, key, clocked) in changes {
             if clocked {
