@@ -275,3 +275,48 @@ fn backfill_reports_bypassed_jobs_and_apply_counts_them() {
     c.ok(Command::NoteBypassed(vec![running]));
     assert_eq!(c.job(running).bypass_count, 0);
 }
+
+#[test]
+fn a_direct_pass_on_a_full_machine_plans_nothing() {
+    use docket_core::job::Reason;
+    let mut c = cluster(3);
+    c.ok(Command::DrainNode {
+        node: name("n003"),
+        reason: "maintenance".into(),
+    });
+    let full = c.submit(vec![spec_cpus(&c, "alice", 16); 2]);
+    c.start(jr(full[0]), &["n001"]).unwrap();
+    c.start(jr(full[1]), &["n002"]).unwrap();
+    let waiting = c.submit(vec![spec_cpus(&c, "bob", 1); 3]);
+    // Every cpu of the nodes that take jobs is held; the drained node's are not offered.
+    assert!(!c.state.may_start_anything());
+    let direct = c.state.direct_pass(c.now, &mut Unlimited);
+    assert!(
+        direct.starts.is_empty() && direct.reasons.is_empty() && direct.considered == 0,
+        "{direct:?}"
+    );
+    // The timed main pass still looks, and says why the head waits.
+    let main = c.state.main_pass(c.now, &mut Unlimited, None);
+    assert!(main.starts.is_empty());
+    assert_eq!(main.reasons, vec![(waiting[0], Reason::Resources)]);
+    // A configuration that preempts could make room: the direct pass runs.
+    let mut preempting = c.state.partitions[&name("work")].clone();
+    preempting.preempt_mode = docket_core::partition::PreemptMode::Requeue;
+    c.ok(Command::UpsertPartition(Box::new(preempting.clone())));
+    assert!(c.state.may_start_anything());
+    preempting.preempt_mode = docket_core::partition::PreemptMode::Off;
+    c.ok(Command::UpsertPartition(Box::new(preempting)));
+    assert!(!c.state.may_start_anything());
+    // The node back in service: the direct pass starts the head there.
+    c.ok(Command::ResumeNode(name("n003")));
+    assert!(c.state.may_start_anything());
+    let direct = c.state.direct_pass(c.now, &mut Unlimited);
+    assert_eq!(
+        started(&direct),
+        vec![
+            (jr(waiting[0]), vec!["n003".to_string()]),
+            (jr(waiting[1]), vec!["n003".to_string()]),
+            (jr(waiting[2]), vec!["n003".to_string()])
+        ]
+    );
+}

@@ -29,8 +29,12 @@ impl State {
     }
 
     /// The direct pass run on submission: the main pass over at most
-    /// `default_queue_depth` jobs (0 = all).
+    /// `default_queue_depth` jobs (0 = all). Nothing at all when nothing could start or
+    /// resume (see [`State::may_start_anything`]).
     pub fn direct_pass(&self, now: TimeMs, budget: &mut dyn Budget) -> Plan {
+        if !self.may_start_anything() {
+            return Plan::default();
+        }
         let depth = self.config.sched.default_queue_depth;
         self.run_main(now, budget, None, (depth > 0).then_some(u64::from(depth)))
     }
@@ -110,6 +114,36 @@ impl State {
             }
         }
         pass.plan
+    }
+
+    /// Whether any job could start or resume now. Not when every node that accepts jobs has
+    /// all its cpus held (every job wants at least one cpu on each of its nodes) or is held
+    /// exclusively, no job is suspended on any node (none could resume), and the
+    /// configuration preempts nothing (no job could make room).
+    ///
+    /// A storm of submissions on a full machine runs a direct pass every few submissions;
+    /// under multifactor priority each one keyed the whole idle queue to start nothing
+    /// (`perf`: 11% of the leader's cpu with 60,000 jobs queued on 12,800 busy cpus). This
+    /// walks the nodes' shares instead, without a single job lookup. The timed main pass
+    /// still runs in full: it keeps the queue's pending reasons up to date.
+    pub fn may_start_anything(&self) -> bool {
+        if self.preemption_configured() {
+            return true;
+        }
+        self.nodes.values().any(|node| {
+            let mut held = 0u64;
+            let mut exclusive = false;
+            for u in node.jobs.values() {
+                if u.suspended {
+                    return true;
+                }
+                held += u64::from(u.cpus);
+                exclusive |= u.exclusive;
+            }
+            node.accepts_jobs()
+                && !exclusive
+                && (node.jobs.is_empty() || held < u64::from(node.spec.cpus))
+        })
     }
 
     /// HPC2N's rule for the soft MAXPS limit: lifted only when no job is eligible otherwise.
