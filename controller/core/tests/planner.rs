@@ -320,3 +320,57 @@ fn a_direct_pass_on_a_full_machine_plans_nothing() {
         ]
     );
 }
+
+/// Once nothing can start now and every partition has its reservation, the rest of the
+/// queue can decide nothing: backfill stops walking there. With a cpu free, with a
+/// partition still to reserve for, or with preemption configured, it walks on.
+#[test]
+fn backfill_stops_walking_when_nothing_can_start_or_be_reserved() {
+    use docket_core::job::Reason;
+    use docket_core::partition::PreemptMode;
+    let mut c = cluster(2);
+    let mut other = Partition::new(
+        name("other"),
+        c.state.partitions[&name("work")].nodes.clone(),
+    );
+    other.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
+    c.ok(Command::UpsertPartition(Box::new(other.clone())));
+    let full = c.submit(vec![spec_cpus(&c, "alice", 16), spec_cpus(&c, "alice", 15)]);
+    c.start(jr(full[0]), &["n001"]).unwrap();
+    c.start(jr(full[1]), &["n002"]).unwrap();
+    let waiting = c.submit(vec![spec_cpus(&c, "bob", 2); 4]);
+    let mut last = spec_cpus(&c, "bob", 2);
+    last.partition = Some(name("other"));
+    let last = c.submit(vec![last])[0];
+    // One cpu free on n002: every job is tried; each partition's first gets a reservation.
+    let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    assert!(plan.starts.is_empty());
+    assert_eq!(plan.considered, 5);
+    let reserved: Vec<JobRef> = plan.reservations.iter().map(|r| r.0).collect();
+    assert_eq!(reserved, vec![jr(waiting[0]), jr(last)]);
+    // A 1-cpu job takes that cpu: the machine is full. `work`'s head is reserved, then the
+    // walk goes on only as far as `other`'s job, which still needs its reservation.
+    let filler = c.submit(vec![spec_cpus(&c, "alice", 1)])[0];
+    c.start(jr(filler), &["n002"]).unwrap();
+    let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.considered, 5);
+    let reserved: Vec<JobRef> = plan.reservations.iter().map(|r| r.0).collect();
+    assert_eq!(reserved, vec![jr(waiting[0]), jr(last)]);
+    // With `other` gone, every partition has its reservation once `work`'s head has one:
+    // the walk stops there.
+    c.ok(Command::CancelJobs {
+        jobs: vec![jr(last)],
+    });
+    c.ok(Command::RemovePartition(name("other")));
+    let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.considered, 1, "{plan:?}");
+    assert_eq!(plan.reservations.len(), 1);
+    assert_eq!(plan.reservations[0].0, jr(waiting[0]));
+    assert_eq!(plan.reasons.first(), Some(&(waiting[0], Reason::Resources)));
+    // A configuration that preempts could make room for any of them: every job is tried.
+    let mut work = c.state.partitions[&name("work")].clone();
+    work.preempt_mode = PreemptMode::Requeue;
+    c.ok(Command::UpsertPartition(Box::new(work)));
+    let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    assert_eq!(plan.considered, 4);
+}

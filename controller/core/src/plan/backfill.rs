@@ -66,6 +66,7 @@ impl State {
             failed: Vec::with_capacity(cont.rest.len()),
             latest_start: None,
         };
+        let mut settled = Settled::default();
         loop {
             let rest = std::mem::take(&mut cont.rest);
             let positions = std::mem::take(&mut cont.positions);
@@ -87,6 +88,9 @@ impl State {
                     }
                     return yielded(pass, cont, &bypass);
                 }
+                if !cont.sorted && settled.nothing_left(self, &pass, &cont) {
+                    break;
+                }
                 let Some(job) = self.waiting(id) else {
                     continue;
                 };
@@ -100,7 +104,10 @@ impl State {
                     }
                 }
                 match self.backfill_one(job, &mut pass, &mut cont, horizon) {
-                    Outcome::Started => bypass.started(position),
+                    Outcome::Started => {
+                        bypass.started(position);
+                        settled.room = None;
+                    }
                     Outcome::NoResources => bypass.failed(position, id),
                     Outcome::Limited => {}
                 }
@@ -224,6 +231,49 @@ impl State {
             cont.reservations.push((target, placement));
         }
         outcome
+    }
+}
+
+/// When the rest of a walk in queue order can decide nothing, so the walk stops there:
+/// nothing can be placed now (no node has room, [`crate::plan::Pool::room_now`], and the
+/// configuration cannot preempt) and no job left may get a reservation (EASY: every
+/// partition has its own; conservative: `reservation_depth` is reached).
+///
+/// On a full machine with a deep queue that is most of the walks: `perf` of the NASA iPSC
+/// replay under EASY at load 0.9 put 89% of its time in backfill passes, and 79% of the jobs
+/// they walked were walked while no processor was free. Nothing changes in what starts, what
+/// is reserved or who is bypassed (a job walked later than every start is bypassed by
+/// none). The jobs not walked keep their pending reasons, as those past `bf_max_job_test`
+/// do. Jobs deferred by `bf_order = shortest` are still tried: a deferred job can have been
+/// overtaken by a start behind it.
+#[derive(Default)]
+struct Settled {
+    /// Whether some node has room now; unknown (`None`) again after every start.
+    room: Option<bool>,
+    /// Whether every partition has its reservation, as of `blocked_seen` partitions blocked.
+    every_partition_blocked: bool,
+    blocked_seen: usize,
+}
+
+impl Settled {
+    fn nothing_left(&mut self, state: &State, pass: &Pass<'_>, cont: &Continuation) -> bool {
+        let params = &state.config.sched;
+        let reserved = match params.backfill {
+            BackfillMode::Off => true,
+            BackfillMode::Easy => {
+                if cont.blocked.len() != self.blocked_seen {
+                    self.blocked_seen = cont.blocked.len();
+                    self.every_partition_blocked =
+                        state.partitions.keys().all(|p| cont.blocked.contains(p));
+                }
+                self.every_partition_blocked
+            }
+            BackfillMode::Conservative => {
+                params.reservation_depth > 0
+                    && cont.reservations.len() >= params.reservation_depth as usize
+            }
+        };
+        reserved && !pass.preempts && !*self.room.get_or_insert_with(|| pass.pool.room_now())
     }
 }
 

@@ -32,6 +32,9 @@ pub(crate) struct Pass<'a> {
     /// HPC2N's soft MAXPS is lifted only when nothing else is eligible; found out (a scan
     /// of the queue) only if a job meets that limit.
     soft_lifted: std::cell::OnceCell<bool>,
+    /// Whether the configuration can preempt at all ([`State::preemption_configured`]),
+    /// asked once: a job that finds no room looks for victims only then.
+    pub(crate) preempts: bool,
     pub(crate) plan: Plan,
 }
 
@@ -44,6 +47,7 @@ impl<'a> Pass<'a> {
             pool: Pool::new(state, now),
             running: state.running_summary(now),
             soft_lifted: std::cell::OnceCell::new(),
+            preempts: state.preemption_configured(),
             plan: Plan::default(),
         }
     }
@@ -88,6 +92,7 @@ impl<'a> Pass<'a> {
                     self.record(job, target, nodes);
                     Outcome::Started
                 }
+                None if !self.preempts => Outcome::NoResources,
                 None => {
                     let mut taken = std::mem::take(&mut self.victims);
                     let preempted = self.try_preempt(job, &mut taken);

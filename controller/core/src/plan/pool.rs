@@ -249,6 +249,17 @@ impl<'a> Pool<'a> {
         })
     }
 
+    /// Whether some node could take a share now: one that accepts jobs, is not held
+    /// exclusively, and has a cpu free (every share wants at least one) or nothing on it.
+    /// When not, nothing can be placed now until the pass takes nothing and closes nothing
+    /// more (both only shrink what is free).
+    pub fn room_now(&self) -> bool {
+        self.free
+            .iter()
+            .zip(&self.closed)
+            .any(|(f, closed)| !closed && f.exclusive == 0 && (f.cpus > 0 || f.holders == 0))
+    }
+
     /// Plans nothing more on node `name` in this pass (a preemption is under way there).
     pub fn close(&mut self, name: &NodeName) {
         if let Some(&i) = self.index.get(name) {
