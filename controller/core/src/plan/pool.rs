@@ -142,12 +142,19 @@ pub struct Pool<'a> {
     /// Changes after now, per node, in time order (returns before takes at one instant).
     changes: Vec<Vec<Change>>,
     index: BTreeMap<&'a NodeName, usize>,
-    members: BTreeMap<&'a PartitionName, Vec<usize>>,
+    /// Each partition's members and what they have free, found with one lookup per job.
+    parts: BTreeMap<&'a PartitionName, PartitionView>,
     /// Per node, the windows of the advance reservations holding it.
     windows: Vec<Vec<(TimeMs, TimeMs, &'a ReservationName)>>,
-    /// Per partition, the most cpus and the most memory any usable member has free now:
-    /// most jobs that cannot start now are turned away without looking at every node.
-    most_free: BTreeMap<&'a PartitionName, (i64, i64)>,
+}
+
+/// A partition as the pool sees it.
+#[derive(Debug)]
+struct PartitionView {
+    members: Vec<usize>,
+    /// The most cpus and the most memory any usable member has free now: most jobs that
+    /// cannot start now are turned away without looking at every node.
+    most_free: (i64, i64),
 }
 
 impl<'a> Pool<'a> {
@@ -183,7 +190,8 @@ impl<'a> Pool<'a> {
                     changes[i].push(Change::of(end.max(soonest), u, 1));
                 }
             }
-            changes[i].sort_by_key(|c| (c.at, c.takes()));
+            // Only returns so far; their order at one instant does not matter.
+            changes[i].sort_unstable_by_key(|c| (c.at, c.takes()));
         }
         let closed = nodes.iter().map(|n| !n.accepts_jobs()).collect();
         let mut windows: Vec<Vec<(TimeMs, TimeMs, &ReservationName)>> =
@@ -195,16 +203,20 @@ impl<'a> Pool<'a> {
                 }
             }
         }
-        let members = state
+        let parts = state
             .partitions
             .values()
             .map(|p| {
-                let m: Vec<usize> = p
+                let members: Vec<usize> = p
                     .nodes
                     .iter()
                     .filter_map(|n| index.get(n).copied())
                     .collect();
-                (&p.name, m)
+                let view = PartitionView {
+                    members,
+                    most_free: (0, 0),
+                };
+                (&p.name, view)
             })
             .collect();
         let mut pool = Pool {
@@ -214,11 +226,10 @@ impl<'a> Pool<'a> {
             closed,
             changes,
             index,
-            members,
+            parts,
             windows,
-            most_free: BTreeMap::new(),
         };
-        let partitions: Vec<&PartitionName> = pool.members.keys().copied().collect();
+        let partitions: Vec<&PartitionName> = pool.parts.keys().copied().collect();
         for p in partitions {
             pool.refresh_most_free(p);
         }
@@ -226,14 +237,16 @@ impl<'a> Pool<'a> {
     }
 
     fn refresh_most_free(&mut self, partition: &'a PartitionName) {
-        let most = self.members.get(partition).map_or((0, 0), |m| {
-            m.iter()
-                .filter(|&&i| !self.closed[i] && self.free[i].exclusive == 0)
+        let (closed, free) = (&self.closed, &self.free);
+        if let Some(view) = self.parts.get_mut(partition) {
+            view.most_free = view
+                .members
+                .iter()
+                .filter(|&&i| !closed[i] && free[i].exclusive == 0)
                 .fold((0, 0), |(c, mem), &i| {
-                    (c.max(self.free[i].cpus), mem.max(self.free[i].memory))
-                })
-        });
-        self.most_free.insert(partition, most);
+                    (c.max(free[i].cpus), mem.max(free[i].memory))
+                });
+        }
     }
 
     /// What node `name` has free now, if it exists, accepts jobs and is not held
@@ -265,9 +278,9 @@ impl<'a> Pool<'a> {
         if let Some(&i) = self.index.get(name) {
             self.closed[i] = true;
             let touched: Vec<&'a PartitionName> = self
-                .members
+                .parts
                 .iter()
-                .filter(|(_, m)| m.contains(&i))
+                .filter(|(_, v)| v.members.contains(&i))
                 .map(|(p, _)| *p)
                 .collect();
             for p in touched {
@@ -303,7 +316,7 @@ impl<'a> Pool<'a> {
         resolution: Seconds,
         horizon: TimeMs,
     ) -> Option<Placement> {
-        let members = self.members.get(&job.resolved.partition)?;
+        let members = &self.parts.get(&job.resolved.partition)?.members;
         let wanted = (job.spec.nodes as usize).max(1);
         let step = resolution.0.max(1) * 1000;
         let round_up = |t: TimeMs| {
@@ -452,9 +465,9 @@ impl<'a> Pool<'a> {
             // What is free now shrinks: the partitions holding these nodes re-derive their
             // bound once the shares are out.
             let touched: Vec<&'a PartitionName> = self
-                .members
+                .parts
                 .iter()
-                .filter(|(_, m)| chosen.iter().any(|i| m.contains(i)))
+                .filter(|(_, v)| chosen.iter().any(|i| v.members.contains(i)))
                 .map(|(p, _)| *p)
                 .collect();
             self.take_shares(job, chosen, start, end);
@@ -573,7 +586,8 @@ impl<'a> Pool<'a> {
     /// The nodes `job` would get over `[start, end)`, in share order, without taking them.
     fn fit(&self, job: &Job, start: TimeMs, end: Option<TimeMs>) -> Option<Vec<usize>> {
         let spec = &job.spec;
-        let members = self.members.get(&job.resolved.partition)?;
+        let part = self.parts.get(&job.resolved.partition)?;
+        let members = &part.members;
         let wanted = spec.nodes as usize;
         if wanted == 0 || wanted > members.len() {
             return None;
@@ -583,8 +597,7 @@ impl<'a> Pool<'a> {
         let node_independent = !spec.exclusive && job.resolved.memory != MemoryRequest::WholeNode;
         if start <= self.now
             && node_independent
-            && let (Some(&(cpus, memory)), Some(&first)) =
-                (self.most_free.get(&job.resolved.partition), members.first())
+            && let ((cpus, memory), Some(&first)) = (part.most_free, members.first())
             && let Some(smallest) =
                 crate::request::node_use(job, wanted - 1, &self.nodes[first].spec)
             && (i64::from(smallest.cpus) > cpus
