@@ -8,7 +8,9 @@
 //! 2. Every partition's nodes exist; at most one partition is the default; every
 //!    reservation's window is non-empty and its nodes, users and accounts exist.
 //! 3. Job ids are keys, below `next_job_id`; live jobs name a user, account, partition and
-//!    QOS that exist.
+//!    QOS that exist, and want at least one cpu on each of their nodes (at least one node,
+//!    at least as many tasks as nodes, at least one cpu per task): the planners' checks for
+//!    room now (`Pool::room_now`, `State::may_start_anything`) rely on it.
 //! 4. A job holds an allocation exactly when its state holds resources, and every node lists
 //!    exactly the jobs whose allocations name it, with the same amounts; no node is
 //!    overcommitted, and an exclusive job is alone on its nodes.
@@ -228,6 +230,14 @@ impl State {
                 ensure!(job.end_time.is_some(), "terminal job {id} has no end time");
             } else {
                 self.check_live_job_names(job)?;
+                let spec = &job.spec;
+                ensure!(
+                    spec.nodes >= 1 && spec.ntasks >= spec.nodes && spec.cpus_per_task >= 1,
+                    "job {id} wants no cpu on some node: {} nodes, {} tasks, {} cpus per task",
+                    spec.nodes,
+                    spec.ntasks,
+                    spec.cpus_per_task
+                );
             }
             check_pending_clock(job)?;
             check_array_part(job)?;

@@ -367,6 +367,11 @@ fn backfill_stops_walking_when_nothing_can_start_or_be_reserved() {
     assert_eq!(plan.reservations.len(), 1);
     assert_eq!(plan.reservations[0].0, jr(waiting[0]));
     assert_eq!(plan.reasons.first(), Some(&(waiting[0], Reason::Resources)));
+    // A budget that would have stopped the walk in the tail: the pass ends instead, with
+    // nothing left to resume.
+    let plan = c.state.backfill_pass(c.now, &mut JobCount::new(2), None);
+    assert_eq!(plan.considered, 1);
+    assert!(plan.continuation.is_none(), "{plan:?}");
     // A configuration that preempts could make room for any of them: every job is tried.
     let mut work = c.state.partitions[&name("work")].clone();
     work.preempt_mode = PreemptMode::Requeue;

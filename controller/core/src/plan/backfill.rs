@@ -241,11 +241,14 @@ impl State {
 ///
 /// On a full machine with a deep queue that is most of the walks: `perf` of the NASA iPSC
 /// replay under EASY at load 0.9 put 89% of its time in backfill passes, and 79% of the jobs
-/// they walked were walked while no processor was free. Nothing changes in what starts, what
-/// is reserved or who is bypassed (a job walked later than every start is bypassed by
-/// none). The jobs not walked keep their pending reasons, as those past `bf_max_job_test`
-/// do. Jobs deferred by `bf_order = shortest` are still tried: a deferred job can have been
-/// overtaken by a start behind it.
+/// they walked were walked while no processor was free. In a pass that runs to its end,
+/// nothing changes in what starts, what is reserved or who is bypassed (a job walked later
+/// than every start is bypassed by none). The jobs not walked keep their pending reasons, as
+/// those past `bf_max_job_test` do. Jobs deferred by `bf_order = shortest` are still tried:
+/// a deferred job can have been overtaken by a start behind it. A pass that would have
+/// yielded in that tail (its budget, RPC pressure) now ends instead: its cycle is over there
+/// rather than resuming in the tail after the yield, and cpus freed meanwhile are taken by
+/// the direct pass their job's end wakes, and by the next cycle.
 #[derive(Default)]
 struct Settled {
     /// Whether some node has room now; unknown (`None`) again after every start.
