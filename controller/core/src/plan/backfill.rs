@@ -46,7 +46,7 @@ impl State {
             // its events).
             return Plan::default();
         };
-        let mut pass = Pass::new(self, now);
+        let mut pass = Pass::new(self, now, crate::plan::pool::Horizon::Profile);
         // Reservations from before a yield still bind, where their jobs still wait.
         cont.reservations.retain(|(target, placement)| {
             self.jobs

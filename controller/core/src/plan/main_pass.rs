@@ -74,7 +74,8 @@ impl State {
         }
         let cont = &mut order.1;
         let order = &mut order.0;
-        let mut pass = Pass::new(self, now);
+        // Only starts now: the pool needs no profile of later returns.
+        let mut pass = Pass::new(self, now, crate::plan::pool::Horizon::Now);
         pass.plan.resumes = resumes;
         let per_partition = self.config.sched.partition_job_depth;
         let finished = |c: &Continuation| {

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use crate::command::StartDecision;
 use crate::job::{ArrayPart, Job, JobRef, Reason};
+use crate::plan::pool::Horizon;
 use crate::plan::{Plan, Pool};
 use crate::policy::{DepStatus, RunningSummary};
 use crate::quantity::TimeMs;
@@ -39,12 +40,12 @@ pub(crate) struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    pub(crate) fn new(state: &'a State, now: TimeMs) -> Pass<'a> {
+    pub(crate) fn new(state: &'a State, now: TimeMs, horizon: Horizon) -> Pass<'a> {
         Pass {
             victims: std::collections::BTreeSet::new(),
             state,
             now,
-            pool: Pool::new(state, now),
+            pool: Pool::new(state, now, horizon),
             running: state.running_summary(now),
             soft_lifted: std::cell::OnceCell::new(),
             preempts: state.preemption_configured(),
