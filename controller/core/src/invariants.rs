@@ -172,6 +172,10 @@ impl State {
             "holding index differs from the jobs"
         );
         ensure!(
+            self.suspended_shares == self.compute_suspended_shares(),
+            "the index of suspended shares differs from the nodes"
+        );
+        ensure!(
             self.queue_index == self.compute_queue_index(),
             "queue order index differs from the idle jobs"
         );

@@ -121,6 +121,10 @@ pub struct State {
     /// Jobs holding node resources (derived).
     #[serde(skip)]
     pub(crate) holding: BTreeSet<JobId>,
+    /// Jobs whose shares some node marks suspended (derived): found without walking every
+    /// node's shares, which every main and direct pass asks about.
+    #[serde(skip)]
+    pub(crate) suspended_shares: BTreeSet<JobId>,
     /// Dependents and array tasks of each job (derived).
     #[serde(skip)]
     pub(crate) relations: Relations,
@@ -194,6 +198,7 @@ impl State {
             command_version: ClusterCommandVersion::default(),
             applying_version: crate::command::COMMAND_VERSION,
             holding: BTreeSet::new(),
+            suspended_shares: BTreeSet::new(),
             relations: Relations::default(),
             account_rules: crate::policy::AccountRules::default(),
             partition_caps: BTreeMap::new(),
@@ -217,12 +222,22 @@ impl State {
             (entry.stored, entry.stored_bytes) = stored.remove(name).unwrap_or_default();
         }
         self.holding = self.compute_holding();
+        self.suspended_shares = self.compute_suspended_shares();
         self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
         self.account_rules = crate::policy::AccountRules::of(self);
         self.partition_caps = self.compute_partition_caps();
         self.queue_index = self.compute_queue_index();
         self.ended = self.compute_ended();
         self.clocked = self.compute_clocked();
+    }
+
+    pub(crate) fn compute_suspended_shares(&self) -> BTreeSet<JobId> {
+        self.nodes
+            .values()
+            .flat_map(|n| n.jobs.iter())
+            .filter(|(_, u)| u.suspended)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     pub(crate) fn compute_holding(&self) -> BTreeSet<JobId> {

@@ -445,6 +445,7 @@ impl State {
         };
         let nodes: Vec<crate::ids::NodeName> =
             alloc.shares.iter().map(|s| s.node.clone()).collect();
+        let mut marked = false;
         for n in nodes {
             if let Some(u) = self
                 .nodes
@@ -452,7 +453,13 @@ impl State {
                 .and_then(|node| node.jobs.get_mut(&id))
             {
                 u.suspended = suspended;
+                marked = true;
             }
+        }
+        if suspended && marked {
+            self.suspended_shares.insert(id);
+        } else if !suspended {
+            self.suspended_shares.remove(&id);
         }
     }
 

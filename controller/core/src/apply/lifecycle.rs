@@ -384,6 +384,7 @@ impl State {
                 }
             }
         }
+        self.suspended_shares.remove(&id);
         self.holding.remove(&id);
         self.queue_index.touch(id);
         if terminal {

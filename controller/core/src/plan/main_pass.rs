@@ -125,25 +125,22 @@ impl State {
     /// A storm of submissions on a full machine runs a direct pass every few submissions;
     /// under multifactor priority each one keyed the whole idle queue to start nothing
     /// (`perf`: 11% of the leader's cpu with 60,000 jobs queued on 12,800 busy cpus). This
-    /// walks the nodes' shares instead, without a single job lookup. The timed main pass
-    /// still runs in full: it keeps the queue's pending reasons up to date.
+    /// asks the nodes instead, without a job lookup: a node holding at least as many shares
+    /// as it has cpus is full without adding them up. The timed main pass still runs in
+    /// full: it keeps the queue's pending reasons up to date.
     pub fn may_start_anything(&self) -> bool {
-        if self.preemption_configured() {
+        if self.preemption_configured() || !self.suspended_shares.is_empty() {
             return true;
         }
         self.nodes.values().any(|node| {
-            let mut held = 0u64;
-            let mut exclusive = false;
-            for u in node.jobs.values() {
-                if u.suspended {
-                    return true;
-                }
-                held += u64::from(u.cpus);
-                exclusive |= u.exclusive;
+            let cpus = u64::from(node.spec.cpus);
+            // Every share holds at least one cpu.
+            if !node.accepts_jobs() || (!node.jobs.is_empty() && node.jobs.len() as u64 >= cpus) {
+                return false;
             }
-            node.accepts_jobs()
-                && !exclusive
-                && (node.jobs.is_empty() || held < u64::from(node.spec.cpus))
+            let held: u64 = node.jobs.values().map(|u| u64::from(u.cpus)).sum();
+            let exclusive = node.jobs.values().any(|u| u.exclusive);
+            !exclusive && (node.jobs.is_empty() || held < cpus)
         })
     }
 

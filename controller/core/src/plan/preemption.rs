@@ -15,19 +15,13 @@ impl State {
     /// Suspended-by-preemption jobs that can resume now, oldest suspension first, without
     /// two of them counting on the same free cpus.
     ///
-    /// The suspended jobs are found through the nodes' shares (a suspended job's are marked
-    /// on every node it holds, an invariant checked after every command), not by looking up
-    /// every job that holds nodes: every main pass asks, and with 12,800 jobs running those
-    /// lookups were 2.5% of a leader's cpu under a storm of submissions.
+    /// The suspended jobs are found in the index of suspended shares (a suspended job's are
+    /// marked on every node it holds, an invariant checked after every command), not by
+    /// looking up every job that holds nodes: every main pass asks, and with 12,800 jobs
+    /// running those lookups were 2.5% of a leader's cpu under a storm of submissions.
     pub(crate) fn resumable(&self) -> Vec<JobId> {
-        let suspended: BTreeSet<JobId> = self
-            .nodes
-            .values()
-            .flat_map(|n| n.jobs.iter())
-            .filter(|(_, u)| u.suspended)
-            .map(|(id, _)| *id)
-            .collect();
-        let mut waiting: Vec<&Job> = suspended
+        let mut waiting: Vec<&Job> = self
+            .suspended_shares
             .iter()
             .filter(|id| self.holding.contains(id))
             .filter_map(|id| self.jobs.get(id).map(|j| &**j))
