@@ -50,10 +50,35 @@ pub fn stamp(replica: &Replica<CoreMachine>, mut envelope: Envelope) -> Result<E
     Ok(envelope)
 }
 
-/// Proposes `envelope` (in the cluster's command version, [`stamp`]) and returns
-/// docket-core's answer once applied.
+/// How long a request waits for the cluster to write a command version this build has and
+/// the request needs, before it is refused ([`stamp_when_written`]).
+const VERSION_WAIT: Duration = Duration::from_secs(2);
+
+/// [`stamp`], first waiting up to [`VERSION_WAIT`] while the command needs a version this
+/// build applies but the cluster does not write yet. A new cluster, or one whose last replica
+/// was just upgraded, raises its version moments after its leader is elected
+/// (`loops::raise_command_version`); a request in that moment (the first `sbatch --comment`
+/// on a cluster just started) waited for nothing and was refused. A cluster that really is
+/// mid-upgrade still refuses it, with the reason, once the wait is over.
+async fn stamp_when_written(
+    replica: &Replica<CoreMachine>,
+    envelope: Envelope,
+) -> Result<Envelope, Status> {
+    let needed = envelope.command.needs_version();
+    let deadline = tokio::time::Instant::now() + VERSION_WAIT;
+    while needed <= docket_core::command::COMMAND_VERSION
+        && needed > replica.read_stale(|a| a.machine.state.command_version.0)
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stamp(replica, envelope)
+}
+
+/// Proposes `envelope` (in the cluster's command version, [`stamp_when_written`]) and
+/// returns docket-core's answer once applied.
 pub async fn write(replica: &Replica<CoreMachine>, envelope: Envelope) -> Result<Response, Status> {
-    let envelope = stamp(replica, envelope)?;
+    let envelope = stamp_when_written(replica, envelope).await?;
     match replica.write_one(envelope).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(rejection)) => Err(rejection_status(&rejection)),
