@@ -75,7 +75,7 @@ async fn stamp_when_written(
     stamp(replica, envelope)
 }
 
-/// Proposes `envelope` (in the cluster's command version, [`stamp_when_written`]) and
+/// Proposes `envelope` (in the cluster's command version, `stamp_when_written`) and
 /// returns docket-core's answer once applied.
 pub async fn write(replica: &Replica<CoreMachine>, envelope: Envelope) -> Result<Response, Status> {
     let envelope = stamp_when_written(replica, envelope).await?;
