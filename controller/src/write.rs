@@ -34,8 +34,17 @@ pub fn read_error_status(e: &ReadError) -> Status {
 /// goes out in the cluster's, which replicas of the builds before read, and one that version
 /// cannot carry (a job's comment before 4, a return to service before 5) is refused with the
 /// reason.
-pub fn stamp(replica: &Replica<CoreMachine>, mut envelope: Envelope) -> Result<Envelope, Status> {
-    let cluster = replica.read_stale(|a| a.machine.state.command_version.0);
+pub fn stamp(replica: &Replica<CoreMachine>, envelope: Envelope) -> Result<Envelope, Status> {
+    stamp_in(cluster_version(replica), envelope)
+}
+
+/// The command version the cluster writes, as this replica has applied it.
+fn cluster_version(replica: &Replica<CoreMachine>) -> u16 {
+    replica.read_stale(|a| a.machine.state.command_version.0)
+}
+
+/// [`stamp`] for a cluster that writes version `cluster`.
+fn stamp_in(cluster: u16, mut envelope: Envelope) -> Result<Envelope, Status> {
     let version = cluster.min(docket_core::command::COMMAND_VERSION);
     let needed = envelope.command.needs_version();
     if needed > version {
@@ -66,13 +75,16 @@ async fn stamp_when_written(
 ) -> Result<Envelope, Status> {
     let needed = envelope.command.needs_version();
     let deadline = tokio::time::Instant::now() + VERSION_WAIT;
+    // One read of the state in the usual case: the cluster already writes what is needed.
+    let mut cluster = cluster_version(replica);
     while needed <= docket_core::command::COMMAND_VERSION
-        && needed > replica.read_stale(|a| a.machine.state.command_version.0)
+        && needed > cluster
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
+        cluster = cluster_version(replica);
     }
-    stamp(replica, envelope)
+    stamp_in(cluster, envelope)
 }
 
 /// Proposes `envelope` (in the cluster's command version, `stamp_when_written`) and

@@ -32,6 +32,16 @@ fn started(plan: &Plan) -> Vec<(JobRef, Vec<String>)> {
         .collect()
 }
 
+/// Adds partition `other` over `work`'s nodes.
+fn add_other_partition(c: &mut Cluster) {
+    let mut other = Partition::new(
+        name("other"),
+        c.state.partitions[&name("work")].nodes.clone(),
+    );
+    other.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
+    c.ok(Command::UpsertPartition(Box::new(other)));
+}
+
 fn spec_cpus(c: &Cluster, user: &str, ntasks: u32) -> docket_core::job::JobSpec {
     let mut s = c.spec(user);
     s.ntasks = ntasks;
@@ -87,12 +97,7 @@ fn multi_node_and_exclusive_jobs_get_whole_shares() {
 fn a_partition_stops_at_its_first_job_that_cannot_start() {
     let mut c = cluster(2);
     // A second partition on the same nodes, so overlapping partitions are exercised.
-    let mut other = Partition::new(
-        name("other"),
-        c.state.partitions[&name("work")].nodes.clone(),
-    );
-    other.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(other)));
+    add_other_partition(&mut c);
     let busy = c.submit(vec![spec_cpus(&c, "alice", 8)])[0];
     c.start(jr(busy), &["n001"]).unwrap();
     let mut big = spec_cpus(&c, "alice", 32);
@@ -329,12 +334,7 @@ fn backfill_stops_walking_when_nothing_can_start_or_be_reserved() {
     use docket_core::job::Reason;
     use docket_core::partition::PreemptMode;
     let mut c = cluster(2);
-    let mut other = Partition::new(
-        name("other"),
-        c.state.partitions[&name("work")].nodes.clone(),
-    );
-    other.def_mem_per_cpu = Some(docket_core::quantity::MiB::gib(1));
-    c.ok(Command::UpsertPartition(Box::new(other.clone())));
+    add_other_partition(&mut c);
     let full = c.submit(vec![spec_cpus(&c, "alice", 16), spec_cpus(&c, "alice", 15)]);
     c.start(jr(full[0]), &["n001"]).unwrap();
     c.start(jr(full[1]), &["n002"]).unwrap();

@@ -335,12 +335,7 @@ impl<'a> Pool<'a> {
         resolution: Seconds,
         horizon: TimeMs,
     ) -> Option<Placement> {
-        debug_assert_eq!(
-            self.horizon,
-            Horizon::Profile,
-            "a reservation needs the profile"
-        );
-        if self.horizon != Horizon::Profile {
+        if !self.profiled() {
             return None;
         }
         let members = &self.parts.get(&job.resolved.partition)?.members;
@@ -456,15 +451,21 @@ impl<'a> Pool<'a> {
         out
     }
 
-    /// Takes a placement made earlier (a reservation from before a yield) again, if its
-    /// nodes still exist and still fit it; `false` (and nothing taken) otherwise.
-    pub fn hold(&mut self, job: &Job, placement: &Placement) -> bool {
+    /// Whether this pool holds the profile of later returns, which reservations need (a
+    /// main pass's pool never reserves; asked in debug builds).
+    fn profiled(&self) -> bool {
         debug_assert_eq!(
             self.horizon,
             Horizon::Profile,
             "a reservation needs the profile"
         );
-        if self.horizon != Horizon::Profile {
+        self.horizon == Horizon::Profile
+    }
+
+    /// Takes a placement made earlier (a reservation from before a yield) again, if its
+    /// nodes still exist and still fit it; `false` (and nothing taken) otherwise.
+    pub fn hold(&mut self, job: &Job, placement: &Placement) -> bool {
+        if !self.profiled() {
             return false;
         }
         let Some(chosen) = placement
