@@ -165,17 +165,32 @@ pub fn cgroup_v2() -> bool {
 /// (systemd's `Delegate=yes`): `docket.slice/docket-nodeagent@NODE.service`, with the
 /// controllers enabled down to it and nothing else in it. None on v1.
 pub fn service_cgroup(node: &str) -> Option<std::path::PathBuf> {
-    if !cgroup_v2() {
-        return None;
-    }
-    let root = std::path::Path::new("/sys/fs/cgroup");
-    let slice = root.join("docket.slice");
-    let service = slice.join(format!("docket-nodeagent@{node}.service"));
+    let service = service_cgroup_path(node)?;
     std::fs::create_dir_all(&service).unwrap();
-    for dir in [root, slice.as_path()] {
-        std::fs::write(dir.join("cgroup.subtree_control"), "+cpuset +memory +pids").unwrap();
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    for dir in [root, root.join("docket.slice").as_path()] {
+        // Written only when a controller is missing: a write takes the kernel's cgroup locks
+        // against every fork on the host, which a test need not add while its jobs fork.
+        let control = dir.join("cgroup.subtree_control");
+        let enabled = std::fs::read_to_string(&control).unwrap_or_default();
+        let missing: Vec<&str> = ["cpuset", "memory", "pids"]
+            .into_iter()
+            .filter(|c| !enabled.split_whitespace().any(|e| e == *c))
+            .collect();
+        if !missing.is_empty() {
+            let add: Vec<String> = missing.iter().map(|c| format!("+{c}")).collect();
+            std::fs::write(&control, add.join(" ")).unwrap();
+        }
     }
     Some(service)
+}
+
+/// Where [`service_cgroup`] is, without creating or changing anything. None on v1.
+pub fn service_cgroup_path(node: &str) -> Option<std::path::PathBuf> {
+    cgroup_v2().then(|| {
+        std::path::Path::new("/sys/fs/cgroup/docket.slice")
+            .join(format!("docket-nodeagent@{node}.service"))
+    })
 }
 
 /// Starts the agent binary for `node` talking to `addr`, state in `state`, with `extra` flags.
@@ -260,9 +275,26 @@ pub fn remove_agent_cgroups(node: &str) {
 
 pub struct Agent(pub Child);
 impl Drop for Agent {
+    /// Kills the agent and reaps it, waiting at most [`DEADLINE`]: an agent stuck in the
+    /// kernel (state D) cannot die, and a test that waited for it would hang instead of
+    /// failing. Such an agent is reported with where the kernel holds it, and left.
     fn drop(&mut self) {
         let _ = self.0.kill();
-        let _ = self.0.wait();
+        let start = Instant::now();
+        while start.elapsed() < DEADLINE {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let pid = self.0.id();
+        let read =
+            |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+        eprintln!(
+            "the agent (pid {pid}) did not die within {DEADLINE:?} of SIGKILL; stat: {} kernel stack:\n{}",
+            read("stat").trim(),
+            read("stack")
+        );
     }
 }
 
@@ -432,7 +464,7 @@ pub async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
 /// process, so under its cgroups), in the v1 hierarchy of `controller`, or in the unified
 /// hierarchy on a v2 host.
 pub fn job_cgroup(node: &str, controller: &str, job: u64, epoch: u64) -> std::path::PathBuf {
-    let base = service_cgroup(node).unwrap_or_else(|| own_cgroup_dir(controller));
+    let base = service_cgroup_path(node).unwrap_or_else(|| own_cgroup_dir(controller));
     base.join(format!("docket-{node}"))
         .join(format!("job_{job}_{epoch}"))
 }
