@@ -111,12 +111,16 @@ impl UsageLedger {
         if accrual.billing == 0.0 && accrual.seconds == 0.0 {
             return;
         }
-        let entry = self
-            .entries
-            .entry(account.clone())
-            .or_default()
-            .entry(user.clone())
-            .or_default();
+        // Found without cloning the names when the association has used something before
+        // (every accrual but its first): this runs for every running job at every tick.
+        let users = match self.entries.get_mut(account) {
+            Some(users) => users,
+            None => self.entries.entry(account.clone()).or_default(),
+        };
+        let entry = match users.get_mut(user) {
+            Some(entry) => entry,
+            None => users.entry(user.clone()).or_default(),
+        };
         entry.billing.add(accrual.billing, now, half_life);
         let t = accrual.tres;
         for (d, amount) in [

@@ -48,9 +48,14 @@ impl State {
             seconds,
             tres,
         };
-        let (account, user) = (job.resolved.account.clone(), job.spec.user.clone());
         let half_life = self.config.fairshare.half_life;
-        self.usage.accrue(&account, &user, accrual, now, half_life);
+        self.usage.accrue(
+            &job.resolved.account,
+            &job.spec.user,
+            accrual,
+            now,
+            half_life,
+        );
     }
 
     /// Charges a job's service units to its project's grant (at its end).

@@ -353,6 +353,9 @@ impl<'a> Pool<'a> {
         // take it can take any smaller one): a few intervals per node.
         let mut opens: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
         let mut closes: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
+        // Without required nodes, a start fits exactly when enough nodes are feasible at it,
+        // which depends only on the union of each node's intervals: adjacent ones may merge.
+        let merge = job.spec.nodelist.is_empty();
         for &i in members {
             if !self.usable_for(job, i) {
                 continue;
@@ -361,7 +364,7 @@ impl<'a> Pool<'a> {
                 continue;
             };
             let allowed = self.allowed_starts(job, i);
-            for (a, b) in self.feasible_starts(i, &want, duration) {
+            for (a, b) in self.feasible_starts(i, &want, duration, merge) {
                 for (x, y) in &allowed {
                     let (lo, hi) = (a.max(*x), b.min(*y));
                     if lo <= hi {
@@ -403,20 +406,37 @@ impl<'a> Pool<'a> {
     /// `duration`. Between two of the node's change points what is free at the start is
     /// fixed, so each stretch contributes at most one interval: from its first instant until
     /// the job would run into the first later change it does not fit beside.
+    ///
+    /// With `merge`, intervals that touch are given as one, the same starts in fewer
+    /// intervals. Past the node's last take only returns follow and what is free only grows,
+    /// so once the job fits there it fits at every later start: one interval to the end,
+    /// found without walking the rest (the head's reservation on a machine of few wide
+    /// nodes otherwise walked every later change once per stretch).
     fn feasible_starts(
         &self,
         i: usize,
         want: &NodeUse,
         duration: Option<Seconds>,
+        merge: bool,
     ) -> Vec<(TimeMs, TimeMs)> {
         let changes = &self.changes[i];
-        let mut out = Vec::new();
+        let mut out: Vec<(TimeMs, TimeMs)> = Vec::new();
+        let push = |out: &mut Vec<(TimeMs, TimeMs)>, a: TimeMs, b: TimeMs| match out.last_mut() {
+            Some(last) if merge && last.1.0.checked_add(1) == Some(a.0) => last.1 = b,
+            _ => out.push((a, b)),
+        };
+        // The changes from here on are all returns.
+        let only_returns_from = changes.iter().rposition(Change::takes).map_or(0, |p| p + 1);
         let mut free = self.free[i];
         let mut k = 0;
         let mut at = self.now;
         loop {
             // The stretch [at, next): what is free is `free`.
             let next = changes.get(k).map(|c| c.at);
+            if merge && k >= only_returns_from && free.fits(want) {
+                push(&mut out, at, TimeMs(u64::MAX));
+                break;
+            }
             if free.fits(want) {
                 // The first later change after which the job would no longer fit.
                 let mut f = free;
@@ -436,7 +456,7 @@ impl<'a> Pool<'a> {
                 let stretch_end = next.map_or(TimeMs(u64::MAX), |n| TimeMs(n.0 - 1));
                 let b = last_start.min(stretch_end);
                 if b >= at {
-                    out.push((at, b));
+                    push(&mut out, at, b);
                 }
             }
             let Some(n) = next else {
@@ -706,4 +726,121 @@ fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
     }
     let runtime = job.expected_runtime(now)?;
     Some(now.plus(runtime.saturating_sub(job.run_time(now))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quantity::MiB;
+    use proptest::prelude::*;
+
+    fn share(cpus: u32) -> NodeUse {
+        NodeUse {
+            cpus,
+            memory: MiB(0),
+            jobfs: MiB(0),
+            gpus: 0,
+            exclusive: false,
+            suspended: false,
+        }
+    }
+
+    /// A one-node pool at time 0 with `cpus` free and these changes (kept in order).
+    fn pool(cpus: i64, changes: &[(u64, u32, bool)]) -> Pool<'static> {
+        let mut list = Vec::new();
+        for &(at, c, take) in changes {
+            insert(
+                &mut list,
+                Change::of(TimeMs(at), &share(c), if take { -1 } else { 1 }),
+            );
+        }
+        Pool {
+            now: TimeMs(0),
+            horizon: Horizon::Profile,
+            nodes: Vec::new(),
+            free: vec![Free {
+                cpus,
+                memory: i64::MAX,
+                jobfs: i64::MAX,
+                gpus: 0,
+                holders: 0,
+                exclusive: 0,
+            }],
+            closed: vec![false],
+            changes: vec![list],
+            index: BTreeMap::new(),
+            parts: BTreeMap::new(),
+            windows: vec![Vec::new()],
+        }
+    }
+
+    fn covers(intervals: &[(TimeMs, TimeMs)], t: u64) -> bool {
+        intervals.iter().any(|(a, b)| a.0 <= t && t <= b.0)
+    }
+
+    #[test]
+    fn past_the_last_take_one_interval_runs_to_the_end() {
+        // 2 cpus free; 4 come back at 10 s, 2 more at 20 s; a reservation takes 6 at 30 s for
+        // 10 s. A 4-cpu job of 5 s fits from 10 s until 25 s, and again from 40 s on.
+        let p = pool(
+            2,
+            &[
+                (10_000, 4, false),
+                (20_000, 2, false),
+                (30_000, 6, true),
+                (40_000, 6, false),
+                (50_000, 1, false),
+            ],
+        );
+        let d = Some(Seconds(5));
+        assert_eq!(
+            p.feasible_starts(0, &share(4), d, true),
+            vec![
+                (TimeMs(10_000), TimeMs(25_000)),
+                (TimeMs(40_000), TimeMs(u64::MAX))
+            ]
+        );
+        assert_eq!(
+            p.feasible_starts(0, &share(4), d, false),
+            vec![
+                (TimeMs(10_000), TimeMs(19_999)),
+                (TimeMs(20_000), TimeMs(25_000)),
+                (TimeMs(40_000), TimeMs(49_999)),
+                (TimeMs(50_000), TimeMs(u64::MAX))
+            ]
+        );
+    }
+
+    proptest! {
+        /// Merging gives the same starts: the reservation, which depends only on how many
+        /// nodes are feasible at each start (without required nodes), cannot change.
+        #[test]
+        fn merged_intervals_hold_exactly_the_same_starts(
+            free in 0i64..16,
+            changes in proptest::collection::vec((1u64..40, 1u32..8, any::<bool>()), 0..12),
+            want in 1u32..12,
+            duration in proptest::option::of(0u64..20),
+        ) {
+            // Whole seconds, so that interval ends fall between the probes below.
+            let changes: Vec<(u64, u32, bool)> =
+                changes.into_iter().map(|(t, c, take)| (t * 1000, c, take)).collect();
+            let p = pool(free, &changes);
+            let d = duration.map(Seconds);
+            let merged = p.feasible_starts(0, &share(want), d, true);
+            let plain = p.feasible_starts(0, &share(want), d, false);
+            for pair in merged.windows(2) {
+                prop_assert!(pair[0].1.0.saturating_add(1) < pair[1].0.0, "{merged:?}");
+            }
+            let mut probes: Vec<u64> = vec![0, u64::MAX];
+            for (a, b) in merged.iter().chain(&plain) {
+                probes.extend([a.0, b.0, a.0.saturating_sub(1), b.0.saturating_add(1)]);
+            }
+            for t in (0..45_000).step_by(250) {
+                probes.push(t);
+            }
+            for t in probes {
+                prop_assert_eq!(covers(&merged, t), covers(&plain, t), "at {}: {:?} {:?}", t, merged, plain);
+            }
+        }
+    }
 }
