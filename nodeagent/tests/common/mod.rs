@@ -277,7 +277,8 @@ pub struct Agent(pub Child);
 impl Drop for Agent {
     /// Kills the agent and reaps it, waiting at most [`DEADLINE`]: an agent stuck in the
     /// kernel (state D) cannot die, and a test that waited for it would hang instead of
-    /// failing. Such an agent is reported with where the kernel holds it, and left.
+    /// failing. Such an agent is reported with where the kernel holds it, and left; the test
+    /// fails on it.
     fn drop(&mut self) {
         let _ = self.0.kill();
         let start = Instant::now();
@@ -290,11 +291,17 @@ impl Drop for Agent {
         let pid = self.0.id();
         let read =
             |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
-        eprintln!(
+        let report = format!(
             "the agent (pid {pid}) did not die within {DEADLINE:?} of SIGKILL; stat: {} kernel stack:\n{}",
             read("stat").trim(),
             read("stack")
         );
+        // A test that passed fails on it; one already failing keeps its own message.
+        if std::thread::panicking() {
+            eprintln!("{report}");
+        } else {
+            panic!("{report}");
+        }
     }
 }
 

@@ -353,8 +353,9 @@ impl<'a> Pool<'a> {
         // take it can take any smaller one): a few intervals per node.
         let mut opens: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
         let mut closes: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
-        // Without required nodes, a start fits exactly when enough nodes are feasible at it,
-        // which depends only on the union of each node's intervals: adjacent ones may merge.
+        // Without required nodes, the job fits at any start where enough nodes are feasible
+        // for its largest share, and only such starts are tried: which they are depends only
+        // on the union of each node's intervals, so touching ones may merge.
         let merge = job.spec.nodelist.is_empty();
         for &i in members {
             if !self.usable_for(job, i) {
@@ -548,6 +549,10 @@ impl<'a> Pool<'a> {
             if let Some(end) = end
                 && self.horizon == Horizon::Profile
             {
+                // Never back by now: what is taken now is held at least until just after it
+                // (a zero-length run, or a held reservation already over). Every change
+                // stays after now, where `free` and `most_free` already count it.
+                let end = end.max(TimeMs(self.now.0.saturating_add(1)));
                 insert(&mut self.changes[i], Change::of(end, &want, 1));
             }
         }
@@ -707,7 +712,8 @@ impl<'a> Pool<'a> {
     }
 }
 
-/// Keeps a node's changes in time order, returns before takes at one instant.
+/// Keeps a node's changes in time order, returns before takes at one instant. Every change
+/// lies after the pool's now (what happens now is in `free`); `new` and `take_shares` keep it so.
 fn insert(changes: &mut Vec<Change>, c: Change) {
     let key = (c.at, c.takes());
     let at = changes.partition_point(|x| (x.at, x.takes()) <= key);
