@@ -335,6 +335,21 @@ impl<'a> Pool<'a> {
         resolution: Seconds,
         horizon: TimeMs,
     ) -> Option<Placement> {
+        // Without required nodes, the job fits at any start where enough nodes are feasible
+        // for its largest share, and only such starts are tried: which they are depends only
+        // on the union of each node's intervals, so touching ones may merge.
+        let merge = job.spec.nodelist.is_empty();
+        self.reserve_with(job, duration, resolution, horizon, merge)
+    }
+
+    fn reserve_with(
+        &mut self,
+        job: &Job,
+        duration: Option<Seconds>,
+        resolution: Seconds,
+        horizon: TimeMs,
+        merge: bool,
+    ) -> Option<Placement> {
         if !self.profiled() {
             return None;
         }
@@ -353,10 +368,6 @@ impl<'a> Pool<'a> {
         // take it can take any smaller one): a few intervals per node.
         let mut opens: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
         let mut closes: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
-        // Without required nodes, the job fits at any start where enough nodes are feasible
-        // for its largest share, and only such starts are tried: which they are depends only
-        // on the union of each node's intervals, so touching ones may merge.
-        let merge = job.spec.nodelist.is_empty();
         for &i in members {
             if !self.usable_for(job, i) {
                 continue;
@@ -817,7 +828,158 @@ mod tests {
         );
     }
 
+    /// A machine of nodes with these cpus in one default partition, a user to submit as.
+    fn machine(cpus: &[u32]) -> (State, u64) {
+        use crate::account::{AssocLimits, User, UserAssoc};
+        use crate::command::Command;
+        use crate::config::SchedConfig;
+        use crate::node::NodeSpec;
+        use crate::partition::Partition;
+        use crate::qos::Qos;
+        let config = SchedConfig::default();
+        let mut commands = vec![Command::UpsertQos(Box::new(Qos::new(
+            config.default_qos.clone(),
+        )))];
+        let mut names = std::collections::BTreeSet::new();
+        for (k, &c) in cpus.iter().enumerate() {
+            let name: NodeName = format!("n{k:02}").parse().unwrap();
+            names.insert(name.clone());
+            commands.push(Command::UpsertNode(NodeSpec {
+                name,
+                cpus: c,
+                memory: MiB::gib(64),
+                jobfs: MiB::gib(64),
+                gpus: 0,
+                features: Default::default(),
+            }));
+        }
+        let mut p = Partition::new("work".parse().unwrap(), names);
+        p.is_default = true;
+        commands.push(Command::UpsertPartition(Box::new(p)));
+        commands.push(Command::UpsertAccount {
+            name: "proj".parse().unwrap(),
+            parent: crate::account::ROOT.parse().unwrap(),
+            shares: 1,
+            limits: AssocLimits::default(),
+            grant: None,
+        });
+        commands.push(Command::UpsertUser {
+            user: User {
+                name: "alice".parse().unwrap(),
+                default_account: "proj".parse().unwrap(),
+                admin: false,
+            },
+            assocs: vec![(
+                "proj".parse().unwrap(),
+                UserAssoc {
+                    shares: 1,
+                    priority: 0,
+                    limits: AssocLimits::default(),
+                },
+            )],
+        });
+        let mut state = State::new(config);
+        let mut index = 0;
+        for c in commands {
+            index += 1;
+            state
+                .apply(
+                    &crate::command::Envelope::controller(c),
+                    crate::apply::ApplyCtx {
+                        index,
+                        time_ms: TimeMs(0),
+                    },
+                )
+                .unwrap();
+        }
+        (state, index)
+    }
+
+    /// (nodes, tasks per node, limit in minutes, exclusive)
+    type Shape = (u32, u32, u64, bool);
+
+    /// The jobs of these shapes, cut to what the machine of `cpus` can hold.
+    fn specs(cpus: &[u32], shapes: &[Shape]) -> Vec<crate::job::JobSpec> {
+        let (most_nodes, narrowest) = (cpus.len() as u32, cpus.iter().copied().min().unwrap_or(1));
+        shapes
+            .iter()
+            .map(|&(nodes, per_node, minutes, exclusive)| {
+                let (nodes, per_node) = (nodes.min(most_nodes), per_node.min(narrowest));
+                let mut s = crate::job::JobSpec::simple(
+                    "alice".parse().unwrap(),
+                    crate::job::BlobId::of(b"#!/bin/sh\n"),
+                );
+                s.nodes = nodes;
+                s.ntasks = nodes * per_node;
+                s.memory = Some(MemoryRequest::PerNode(MiB(0)));
+                s.jobfs = Some(MiB(0));
+                s.time = crate::job::TimeRequest::Limit(Seconds(minutes * 60));
+                s.exclusive = exclusive;
+                s
+            })
+            .collect()
+    }
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        (1u32..4, 1u32..9, 1u64..240, proptest::bool::weighted(0.15))
+    }
+
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// `reserve` with and without merging makes the same reservations, one after another
+        /// on one pool (so later ones meet the takes of earlier ones), on machines of several
+        /// nodes with jobs of several nodes, exclusive ones, staggered ends and rounding.
+        #[test]
+        fn reservations_are_the_same_with_and_without_merging(
+            cpus in proptest::collection::vec(4u32..17, 1..5),
+            running in proptest::collection::vec((shape(), 0u64..90), 0..10),
+            waiting in proptest::collection::vec(shape(), 1..8),
+            resolution in 1u64..300,
+        ) {
+            let (mut state, mut index) = machine(&cpus);
+            // Jobs start at staggered instants, so their ends spread.
+            let mut now = TimeMs(0);
+            for (s, gap) in &running {
+                now = now.plus(Seconds(gap * 60));
+                let blobs = vec![b"#!/bin/sh\n".to_vec()];
+                for cmd in [
+                    crate::command::Command::SubmitJobs { blobs, jobs: specs(&cpus, &[*s]) },
+                    crate::command::Command::StartJobs(
+                        state.main_pass(now, &mut crate::plan::Unlimited, None).starts,
+                    ),
+                ] {
+                    index += 1;
+                    let ctx = crate::apply::ApplyCtx { index, time_ms: now };
+                    state.apply(&crate::command::Envelope::controller(cmd), ctx).unwrap();
+                }
+            }
+            now = now.plus(Seconds(37));
+            index += 1;
+            let submitted = state
+                .apply(
+                    &crate::command::Envelope::controller(crate::command::Command::SubmitJobs {
+                        blobs: vec![b"#!/bin/sh\n".to_vec()],
+                        jobs: specs(&cpus, &waiting),
+                    }),
+                    crate::apply::ApplyCtx { index, time_ms: now },
+                )
+                .unwrap();
+            let crate::Response::Submitted(ids) = submitted else {
+                panic!("submission answered {submitted:?}");
+            };
+            let mut merged = Pool::new(&state, now, Horizon::Profile);
+            let mut plain = Pool::new(&state, now, Horizon::Profile);
+            let horizon = now.plus(Seconds(7 * 86_400));
+            for id in ids {
+                let job = &state.jobs[&id.unwrap()];
+                let d = job.expected_runtime(now);
+                let a = merged.reserve_with(job, d, Seconds(resolution), horizon, true);
+                let b = plain.reserve_with(job, d, Seconds(resolution), horizon, false);
+                prop_assert_eq!(a, b);
+            }
+        }
+
         /// Merging gives the same starts: the reservation, which depends only on how many
         /// nodes are feasible at each start (without required nodes), cannot change.
         #[test]
