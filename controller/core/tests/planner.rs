@@ -379,3 +379,33 @@ fn backfill_stops_walking_when_nothing_can_start_or_be_reserved() {
     let plan = c.state.backfill_pass(c.now, &mut Unlimited, None);
     assert_eq!(plan.considered, 4);
 }
+
+/// Under FCFS the state keeps the queue in order and a fresh backfill pass walks that order
+/// itself instead of a copy; a pass its budget stops takes the rest with it, and resumed it
+/// reserves exactly what one pass without a budget reserves.
+#[test]
+fn a_stopped_backfill_pass_over_the_kept_queue_resumes_with_the_rest() {
+    let mut config = SchedConfig::default();
+    config.priority.formula = docket_core::priority::PriorityFormula::Fcfs;
+    config.sched.backfill = docket_core::config::BackfillMode::Conservative;
+    let mut c = Cluster::new(config, 2);
+    let mut both = spec_cpus(&c, "alice", 32);
+    both.nodes = 2;
+    let big = c.submit(vec![both])[0];
+    c.start(jr(big), &["n001", "n002"]).unwrap();
+    let waiting = c.submit(vec![spec_cpus(&c, "bob", 4); 6]);
+    let whole = c.state.backfill_pass(c.now, &mut Unlimited, None);
+    let reserved: Vec<JobRef> = whole.reservations.iter().map(|r| r.0).collect();
+    assert_eq!(
+        reserved,
+        waiting.iter().map(|&id| jr(id)).collect::<Vec<_>>()
+    );
+
+    let first = c.state.backfill_pass(c.now, &mut JobCount::new(2), None);
+    let cont = first.continuation.clone().expect("stopped after two jobs");
+    assert_eq!(cont.remaining(), 4);
+    assert_eq!(first.reservations.len(), 2);
+    let rest = c.state.backfill_pass(c.now, &mut Unlimited, Some(cont));
+    assert!(rest.continuation.is_none());
+    assert_eq!(rest.reservations, whole.reservations);
+}

@@ -79,7 +79,8 @@ pub struct Continuation {
     /// ... and `rest` now holds them, shortest first, with their positions in `positions`.
     pub(crate) sorted: bool,
     pub(crate) positions: Vec<usize>,
-    /// Backfill: jobs of the queue's order walked so far (the next one's queue position).
+    /// Backfill: jobs of the queue's order walked so far (the next one's queue position),
+    /// kept while the walk is in queue order (a yield there records it).
     pub(crate) walked: usize,
 }
 
