@@ -409,3 +409,79 @@ fn a_stopped_backfill_pass_over_the_kept_queue_resumes_with_the_rest() {
     assert!(rest.continuation.is_none());
     assert_eq!(rest.reservations, whole.reservations);
 }
+
+/// The same queue planned with the state keeping its order (FCFS) and without (FCFS with a
+/// starvation bound no job reaches, which orders the same but computes the order at every
+/// pass): every plan the same, in queue order and shortest first, whole and stopped by a
+/// budget at every depth and resumed.
+#[test]
+fn backfill_plans_the_same_whether_the_queue_is_kept_in_order_or_not() {
+    use docket_core::config::{BackfillMode, BackfillOrder};
+    use docket_core::quantity::Seconds;
+    for order in [BackfillOrder::Queue, BackfillOrder::Shortest] {
+        let plans: Vec<Vec<String>> = [None, Some(Seconds::hours(10_000))]
+            .into_iter()
+            .map(|starvation_wait| {
+                let mut config = SchedConfig::default();
+                config.priority.formula = docket_core::priority::PriorityFormula::Fcfs;
+                config.sched.backfill = BackfillMode::Easy;
+                config.sched.bf_order = order;
+                config.sched.starvation_wait = starvation_wait;
+                let mut c = Cluster::new(config, 2);
+                // n001 keeps 4 cpus free for an hour, n002 is full for two.
+                let running =
+                    c.submit(vec![spec_cpus(&c, "alice", 12), spec_cpus(&c, "alice", 16)]);
+                c.start(jr(running[0]), &["n001"]).unwrap();
+                c.start(jr(running[1]), &["n002"]).unwrap();
+                // The head waits for n001; short small jobs behind it backfill (and bypass
+                // it), long ones and wide ones wait.
+                let mut waiting = Vec::new();
+                for (cpus, minutes) in [
+                    (10, 60),
+                    (2, 240),
+                    (2, 30),
+                    (8, 30),
+                    (1, 20),
+                    (1, 10),
+                    (16, 5),
+                    (1, 50),
+                ] {
+                    let mut s = spec_cpus(&c, "bob", cpus);
+                    s.time = docket_core::job::TimeRequest::Limit(Seconds(minutes * 60));
+                    waiting.push(s);
+                }
+                c.submit(waiting);
+                assert_eq!(
+                    c.state.consideration_order(c.now).len(),
+                    8,
+                    "every waiting job is idle"
+                );
+                let mut seen = Vec::new();
+                for depth in [1, 2, 3, 5, 100] {
+                    let mut plan = c
+                        .state
+                        .backfill_pass(c.now, &mut JobCount::new(depth), None);
+                    seen.push(format!("{plan:?}"));
+                    while let Some(cont) = plan.continuation.take() {
+                        plan = c
+                            .state
+                            .backfill_pass(c.now, &mut JobCount::new(depth), Some(cont));
+                        seen.push(format!("{plan:?}"));
+                    }
+                }
+                seen
+            })
+            .collect();
+        assert!(
+            plans[0].len() > 5,
+            "some passes stopped and resumed: {:?}",
+            plans[0]
+        );
+        assert!(
+            plans[0].iter().any(|p| p.contains("bypassed: [JobId(")),
+            "{:?}",
+            plans[0]
+        );
+        assert_eq!(plans[0], plans[1], "{order:?}");
+    }
+}
