@@ -143,11 +143,8 @@ impl State {
     /// A pass from the head of the queue, and whether it walks the queue's kept order
     /// itself (its `rest` then empty); none when nothing waits.
     fn fresh_continuation(&self, now: TimeMs) -> Option<(Continuation, bool)> {
-        if let Some(mut kept) = self.queue_index.in_order() {
-            return kept
-                .next()
-                .is_some()
-                .then(|| (Continuation::default(), true));
+        if self.queue_index.in_order().is_some() {
+            return (!self.queue_index.is_empty()).then(|| (Continuation::default(), true));
         }
         let rest = self.consideration_order(now);
         (!rest.is_empty()).then(|| {

@@ -138,8 +138,9 @@ impl State {
             if !node.accepts_jobs() || (!node.jobs.is_empty() && node.jobs.len() as u64 >= cpus) {
                 return false;
             }
-            let held: u64 = node.jobs.values().map(|u| u64::from(u.cpus)).sum();
-            let exclusive = node.jobs.values().any(|u| u.exclusive);
+            let (held, exclusive) = node.jobs.values().fold((0u64, false), |(held, ex), u| {
+                (held + u64::from(u.cpus), ex || u.exclusive)
+            });
             !exclusive && (node.jobs.is_empty() || held < cpus)
         })
     }

@@ -445,11 +445,11 @@ impl<'a> Pool<'a> {
         loop {
             // The stretch [at, next): what is free is `free`.
             let next = changes.get(k).map(|c| c.at);
-            if merge && k >= only_returns_from && free.fits(want) {
-                push(&mut out, at, TimeMs(u64::MAX));
-                break;
-            }
             if free.fits(want) {
+                if merge && k >= only_returns_from {
+                    push(&mut out, at, TimeMs(u64::MAX));
+                    break;
+                }
                 // The first later change after which the job would no longer fit.
                 let mut f = free;
                 let mut blocked = None;
@@ -895,6 +895,8 @@ mod tests {
         (state, index)
     }
 
+    const SCRIPT: &[u8] = b"#!/bin/sh\n";
+
     /// (nodes, tasks per node, limit in minutes, exclusive)
     type Shape = (u32, u32, u64, bool);
 
@@ -907,7 +909,7 @@ mod tests {
                 let (nodes, per_node) = (nodes.min(most_nodes), per_node.min(narrowest));
                 let mut s = crate::job::JobSpec::simple(
                     "alice".parse().unwrap(),
-                    crate::job::BlobId::of(b"#!/bin/sh\n"),
+                    crate::job::BlobId::of(SCRIPT),
                 );
                 s.nodes = nodes;
                 s.ntasks = nodes * per_node;
@@ -942,7 +944,7 @@ mod tests {
             let mut now = TimeMs(0);
             for (s, gap) in &running {
                 now = now.plus(Seconds(gap * 60));
-                let blobs = vec![b"#!/bin/sh\n".to_vec()];
+                let blobs = vec![SCRIPT.to_vec()];
                 for cmd in [
                     crate::command::Command::SubmitJobs { blobs, jobs: specs(&cpus, &[*s]) },
                     crate::command::Command::StartJobs(
@@ -959,7 +961,7 @@ mod tests {
             let submitted = state
                 .apply(
                     &crate::command::Envelope::controller(crate::command::Command::SubmitJobs {
-                        blobs: vec![b"#!/bin/sh\n".to_vec()],
+                        blobs: vec![SCRIPT.to_vec()],
                         jobs: specs(&cpus, &waiting),
                     }),
                     crate::apply::ApplyCtx { index, time_ms: now },
