@@ -44,7 +44,10 @@ use tonic::transport::Channel;
 #[derive(Debug, Clone)]
 pub struct Client {
     endpoints: Vec<String>,
-    user: String,
+    /// Who runs the command, looked up at its first use: most commands never ask (the
+    /// controller learns the user from the credential), and the lookup loads the
+    /// name-service modules.
+    user: Arc<std::sync::OnceLock<Option<String>>>,
     tls: TlsContext,
     credentials: Arc<CredentialSource>,
     /// Why the last credential could not be had, if it could not: said instead of the
@@ -136,15 +139,9 @@ impl Client {
                 "no controller address: set DOCKET_ADDR=host:port[,host:port...] or pass --addr"
             ));
         }
-        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
-            .ok()
-            .flatten()
-            .map(|u| u.name)
-            .or_else(|| std::env::var("USER").ok())
-            .ok_or_else(|| anyhow!("cannot tell who you are: no passwd entry and no $USER"))?;
         Ok(Client {
             endpoints,
-            user,
+            user: Arc::new(std::sync::OnceLock::new()),
             tls,
             credentials,
             credential_error: Arc::new(Mutex::new(None)),
@@ -153,8 +150,19 @@ impl Client {
         })
     }
 
-    pub fn user(&self) -> &str {
-        &self.user
+    /// The name of the user running the command: the password database's entry for the
+    /// effective uid, else `$USER`.
+    pub fn user(&self) -> Result<&str> {
+        self.user
+            .get_or_init(|| {
+                nix::unistd::User::from_uid(nix::unistd::geteuid())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+                    .or_else(|| std::env::var("USER").ok())
+            })
+            .as_deref()
+            .ok_or_else(|| anyhow!("cannot tell who you are: no passwd entry and no $USER"))
     }
 
     /// The connection to `addr` whose calls end after `timeout` (made lazily: it connects

@@ -443,7 +443,7 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
     let users = if a.all {
         Vec::new()
     } else if a.users.is_empty() && a.jobs.is_empty() {
-        vec![client.user().to_owned()]
+        vec![client.user()?.to_owned()]
     } else {
         a.users.clone()
     };

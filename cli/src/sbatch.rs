@@ -441,6 +441,22 @@ fn current_umask() -> u32 {
     mask.bits()
 }
 
+/// The options of a script's `#SBATCH` directives. A script without any (`--wrap`) has none
+/// set, as parsing an empty command line gives, without building the parser.
+fn script_options(directives: Vec<String>) -> Result<SbatchArgs> {
+    if directives.is_empty() {
+        return Ok(SbatchArgs::default());
+    }
+    SbatchArgs::try_parse_from(std::iter::once("sbatch".to_owned()).chain(directives)).map_err(
+        |e| {
+            anyhow!(
+                "#SBATCH directives: {}",
+                e.to_string().lines().next().unwrap_or_default()
+            )
+        },
+    )
+}
+
 /// Runs sbatch with the command-line options `cli`.
 pub fn run(cli: SbatchArgs) -> Result<()> {
     let script = match (&cli.wrap, &cli.script) {
@@ -458,15 +474,7 @@ pub fn run(cli: SbatchArgs) -> Result<()> {
             s
         }
     };
-    let from_script = SbatchArgs::try_parse_from(
-        std::iter::once("sbatch".to_owned()).chain(directives(&script)?),
-    )
-    .map_err(|e| {
-        anyhow!(
-            "#SBATCH directives: {}",
-            e.to_string().lines().next().unwrap_or_default()
-        )
-    })?;
+    let from_script = script_options(directives(&script)?)?;
     let options = cli.or(from_env()).or(from_script);
     let cwd = std::env::current_dir()
         .context("the current directory")?
@@ -549,6 +557,17 @@ mod tests {
     use super::*;
 
     const SCRIPT: &str = "#!/bin/bash\n#SBATCH -J sim -p big\n#SBATCH --time=1-02:00:00 --mem=4G\n# a comment\n\n#SBATCH -N 2\nsrun hostname\n#SBATCH -J ignored\n";
+
+    #[test]
+    fn a_script_without_directives_sets_what_an_empty_command_line_sets() {
+        let parsed = SbatchArgs::try_parse_from(["sbatch"]).unwrap();
+        let none = script_options(Vec::new()).unwrap();
+        assert_eq!(format!("{parsed:?}"), format!("{none:?}"));
+        let some = script_options(vec!["-J".into(), "x".into()]).unwrap();
+        assert_eq!(some.job_name.as_deref(), Some("x"));
+        let e = script_options(vec!["--nodes=many".into()]).unwrap_err();
+        assert!(e.to_string().starts_with("#SBATCH directives: "), "{e}");
+    }
 
     #[test]
     fn tasks_default_to_one_per_node_and_submitits_options_are_taken() {

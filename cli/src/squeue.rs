@@ -87,7 +87,7 @@ pub fn run(a: SqueueArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let mut users = a.users.clone();
     if a.me {
-        users.push(client.user().to_owned());
+        users.push(client.user()?.to_owned());
     }
     // `-t all`: every state, finished ones included (Slurm's word).
     let all_states = a.states.iter().any(|s| s.eq_ignore_ascii_case("all"));

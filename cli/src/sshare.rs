@@ -144,7 +144,7 @@ pub fn sshare(a: SshareArgs) -> Result<()> {
     let users = if a.all || !a.users.is_empty() || !a.accounts.is_empty() {
         a.users.clone()
     } else {
-        vec![client.user().to_owned()]
+        vec![client.user()?.to_owned()]
     };
     let mut r = runtime()?.block_on(rpc!(
         client,
