@@ -5,8 +5,8 @@
 //! 15,000 relative relocations: at every start the dynamic loader writes each of them,
 //! copying every page of `.data.rel.ro` it touches (about 60 page faults), before `main`
 //! runs. Linked at a fixed address the loader has nothing to relocate, and those pages are
-//! shared with every other running command (measured: about 30 fewer page faults and
-//! 0.25 ms less cpu per `sbatch`, see the README's Benchmarks).
+//! shared with every other running command (measured on `sbatch -H`: about 35 fewer page
+//! faults per start; the README's Benchmarks has the figures).
 //!
 //! What this gives up is the randomized address of the executable's own image (libraries,
 //! stack and heap stay randomized). The command runs only with its user's own rights, is
