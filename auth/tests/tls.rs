@@ -108,6 +108,95 @@ async fn roles_and_cas_are_checked_in_the_handshake() {
     assert!(e.contains("not node n98's agent"), "{e}");
 }
 
+/// The suite the daemons and commands agree on, and that a peer offering only AES-256 is
+/// still served.
+#[tokio::test]
+async fn connections_take_aes_128_first_and_still_serve_aes_256() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let replica = TlsContext::load(ours.issue(&Role::Replica(1), &localhost).unwrap()).unwrap();
+    let addr = echo_server(replica).await;
+    let anonymous = TlsContext::load(ours.anonymous()).unwrap();
+    let suite = |config: std::sync::Arc<rustls::ClientConfig>| {
+        let addr = addr.clone();
+        async move {
+            let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            let name = ServerName::try_from("127.0.0.1").unwrap();
+            let mut stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, tcp)
+                .await
+                .unwrap();
+            stream.write_all(b"x").await.unwrap();
+            let mut b = [0u8; 1];
+            stream.read_exact(&mut b).await.unwrap();
+            stream
+                .get_ref()
+                .1
+                .negotiated_cipher_suite()
+                .unwrap()
+                .suite()
+        }
+    };
+    assert_eq!(
+        suite(anonymous.client_config()).await,
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
+    // A client that offers AES-256 first and only it.
+    let mut only_256 = rustls::crypto::ring::default_provider();
+    only_256
+        .cipher_suites
+        .retain(|s| s.suite() == rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(only_256))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer))
+        .with_no_client_auth();
+    assert_eq!(
+        suite(std::sync::Arc::new(config)).await,
+        rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
+    );
+}
+
+/// Accepts any server: for checking what a server offers, never for trusting it.
+#[derive(Debug)]
+struct AnyServer;
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &[rustls_pki_types::CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 #[tokio::test]
 async fn a_servers_certificate_changes_with_its_files_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
