@@ -249,6 +249,22 @@ impl RootDir {
             && fstatat(&self.fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
     }
 
+    /// Empties the file `name`, if there is one (never through a symlink): its contents go,
+    /// its inode stays. See [`crate::runner`] for why a file is sometimes emptied rather than
+    /// removed.
+    pub fn empty(&self, name: &str) -> io::Result<()> {
+        let name = component(name)?;
+        match openat(
+            &self.fd,
+            name,
+            OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(_) | Err(Errno::ENOENT) => Ok(()),
+            Err(e) => Err(at(&self.path, name)(e)),
+        }
+    }
+
     /// Removes the file `name`, if there is one.
     pub fn remove_file(&self, name: &str) -> io::Result<()> {
         let name = component(name)?;
@@ -335,7 +351,7 @@ pub fn give_file(file: &std::fs::File, uid: u32, gid: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn files_are_written_and_read_only_through_the_handle_never_through_a_symlink() {
@@ -359,8 +375,21 @@ mod tests {
         assert!(dir.read("link").is_err(), "read through a symlink");
         assert!(dir.create_new("link", 0o600).is_err());
         assert!(dir.write_new("link", b"x", 0o600).is_err());
+        assert!(dir.empty("link").is_err(), "emptied through a symlink");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
         assert!(dir.exists("link"));
+
+        // Emptying keeps the file (and its inode), without its contents; a missing one is fine.
+        dir.write_new("environ", b"SECRET=1\0", 0o600).unwrap();
+        let inode = std::fs::metadata(dir.path().join("environ")).unwrap().ino();
+        dir.empty("environ").unwrap();
+        assert_eq!(dir.read("environ").unwrap().as_deref(), Some(&b""[..]));
+        assert_eq!(
+            std::fs::metadata(dir.path().join("environ")).unwrap().ino(),
+            inode
+        );
+        dir.empty("never-written").unwrap();
+        assert!(!dir.exists("never-written"));
 
         // A symlinked subdirectory is refused too.
         std::os::unix::fs::symlink(tmp.path(), dir.path().join("sub")).unwrap();

@@ -14,9 +14,9 @@
 //! tests.
 //!
 //! On disk, under the state directory (root's, 0711): `state.0` and `state.1`, the two slots
-//! of the state file ([`crate::statefile`]); `runs/<job>.<epoch>/`,
-//! root's bookkeeping of a run (0700: the monitor's lock, the job's process group and exit,
-//! its environment), kept a day after the run ended; `jobs/<job>.<epoch>/`, the job's own
+//! of the state file ([`crate::statefile`]); `runs/<job>.<epoch>/`, root's bookkeeping of a
+//! run (0700: the monitor's lock, the job's process group and exit, its environment, emptied
+//! at the run's end), kept a day after the run ended; `jobs/<job>.<epoch>/`, the job's own
 //! directory (root's, 0711; the script and PBS's node file are the user's). Root writes only
 //! in its own directories, through their handles ([`crate::rootdir`]), and reads a run's end
 //! only from what its monitor recorded there.
