@@ -3,7 +3,7 @@
 //!
 //! The `docket-local` binary (up, down, status, logs, drill, demo) and the chaos harness both
 //! start clusters through [`LocalCluster`]: the same binaries, flags and configuration an
-//! operator runs, only on one host. Every process is started in its own process group with
+//! operator runs, only on one host. Every process is started in a session of its own with
 //! its output in `STATE/logs/`, and recorded in `STATE/cluster.json`, so a later invocation
 //! (`docket-local down`) finds and stops exactly what an earlier one started, and nothing is
 //! left behind: no process, no job monitor, no cgroup, no mount.
