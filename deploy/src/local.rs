@@ -568,7 +568,8 @@ impl LocalCluster {
     /// first. Started in this launcher's session, all seven daemons of a local cluster were
     /// one group, weighing as much as one user's shell running `sbatch` in a loop or one
     /// job: under `docket-local bench`'s 8 loops the agents started jobs 0.7–1.2 s after
-    /// their submission (p50) instead of 9–12 ms (the README's Benchmarks).
+    /// their submission (p50) instead of 6–12 ms in five runs of six (the README's
+    /// Benchmarks).
     fn spawn(&mut self, mut cmd: Command, log: &Path) -> Result<i32, LaunchError> {
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -581,7 +582,8 @@ impl LocalCluster {
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         // SAFETY: `setsid` is async-signal-safe and the closure allocates nothing, so it may
         // run between fork and exec. The new session is also a process group of its own
-        // (its id the daemon's pid), which `down` signals as a whole.
+        // whose id is the daemon's pid, as with `process_group(0)` before: `down` signals
+        // each daemon by pid, and the sweep of leftovers kills each one's group.
         unsafe {
             cmd.pre_exec(|| {
                 nix::unistd::setsid()

@@ -252,17 +252,33 @@ impl RootDir {
     /// Empties the file `name`, if there is one (never through a symlink): its contents go,
     /// its inode stays. See [`crate::runner`] for why a file is sometimes emptied rather than
     /// removed.
+    /// Only a regular file is emptied: it is opened without truncating, without blocking
+    /// (a FIFO) and without becoming the agent's terminal (a tty), checked, then truncated.
     pub fn empty(&self, name: &str) -> io::Result<()> {
         let name = component(name)?;
-        match openat(
+        let fd = match openat(
             &self.fd,
             name,
-            OFlag::O_WRONLY | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            OFlag::O_WRONLY
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_NOCTTY
+                | OFlag::O_CLOEXEC,
             Mode::empty(),
         ) {
-            Ok(_) | Err(Errno::ENOENT) => Ok(()),
-            Err(e) => Err(at(&self.path, name)(e)),
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(e) => return Err(at(&self.path, name)(e)),
+        };
+        use nix::sys::stat::SFlag;
+        let stat = fstat(&fd).map_err(at(&self.path, name))?;
+        if stat.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not a regular file", self.path.join(name).display()),
+            ));
         }
+        nix::unistd::ftruncate(&fd, 0).map_err(at(&self.path, name))
     }
 
     /// Removes the file `name`, if there is one.
@@ -390,6 +406,11 @@ mod tests {
         );
         dir.empty("never-written").unwrap();
         assert!(!dir.exists("never-written"));
+        // Only a regular file: a FIFO is refused without blocking, a directory too.
+        nix::unistd::mkfifo(&dir.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(dir.empty("fifo").is_err());
+        std::fs::create_dir(dir.path().join("a-dir")).unwrap();
+        assert!(dir.empty("a-dir").is_err());
 
         // A symlinked subdirectory is refused too.
         std::os::unix::fs::symlink(tmp.path(), dir.path().join("sub")).unwrap();

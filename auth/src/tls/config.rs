@@ -65,8 +65,8 @@ pub enum TlsError {
 /// transcript and key schedule run on): ring has no hardware path for it on x86-64, while
 /// SHA-256 runs on the SHA extensions and AES-128 does four fewer rounds per block on every
 /// record after. The strength is that of the key exchange (X25519) and of the certificates
-/// (P-256), about 128 bits either way, which is why TLS 1.3 makes this suite the one every
-/// implementation must have (RFC 8446, 9.1). Nothing is removed: a peer that offers only
+/// (P-256), about 128 bits either way, and this is the suite TLS 1.3 requires every
+/// implementation to have (RFC 8446, 9.1). Nothing is removed: a peer that offers only
 /// AES-256 still gets it.
 pub fn provider() -> Arc<CryptoProvider> {
     let mut provider = rustls::crypto::ring::default_provider();

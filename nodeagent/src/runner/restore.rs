@@ -185,9 +185,9 @@ impl Runner {
     /// launches against, until it is pruned; the environment's file stays in it, empty.
     ///
     /// Emptied, not removed: on an ext4 file system without a journal, allocating an inode
-    /// skips one by one every inode of its group freed in the last 30 s (`find_inode_bit`,
+    /// skips one by one every inode of its group freed in the last minute (`find_inode_bit`,
     /// `recently_deleted`), and the run records' group allocates six per run. Removing the
-    /// environment made each of those walk one more freed inode per run of the last 30 s
+    /// environment made each of those walk one more freed inode per run of the last minute
     /// (docs/node-agent.md has the measurements).
     pub(super) fn remove_directories(&self, id: RunId) {
         if self.config.mode == Mode::Simulated {
