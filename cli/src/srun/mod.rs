@@ -12,6 +12,13 @@
 //! Ctrl-C and SIGTERM to every task; with `--pty`, task 0 on a terminal of its own
 //! ([`terminal`]). Its exit status is the highest of its tasks'.
 //!
+//! srun returns only once the leader has recorded the step's end, or after
+//! [`RECORDED_END_WAIT`]: its tasks' exits reach it straight from their agents, each agent
+//! reports the step's end to the leader on its own, and a batch script whose last srun had
+//! returned before the other nodes' reports could end the job first, leaving the step
+//! recorded as cancelled by the job's end instead of how it ended (`sacct` after a
+//! workflow's last step would show it so).
+//!
 //! The step's secret — 32 random bytes only this process holds — is what lets it attach: the
 //! leader keeps only its SHA-256, and the agents accept the tasks' launch only from whoever
 //! presents the secret, over TLS to the node's own certificate.
@@ -464,6 +471,9 @@ pub(crate) fn run_step(
             kill_on_bad_exit: args.kill_on_bad_exit.unwrap_or(0) != 0,
         };
         let outcome = attach::run(client, &created, launch, options).await;
+        if outcome.is_ok() {
+            await_recorded_end(client, job, created.step_id).await;
+        }
         if outcome.is_err() {
             // Tasks that did start are stopped with the step.
             let cancel = pb::CancelStepsRequest {
@@ -478,9 +488,86 @@ pub(crate) fn run_step(
     })
 }
 
+/// The longest srun waits, after its tasks ended, for the leader to record the step's end
+/// (agents report within milliseconds; one that cannot reach the leader must not hold srun).
+pub(crate) const RECORDED_END_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether a step's recorded state is final.
+fn step_ended(state: i32) -> bool {
+    !matches!(
+        pb::JobState::try_from(state),
+        Ok(pb::JobState::Unspecified
+            | pb::JobState::Pending
+            | pb::JobState::Running
+            | pb::JobState::Suspended
+            | pb::JobState::Completing)
+    )
+}
+
+/// Waits until the leader has recorded step `step` of `job` as ended (or the job and its
+/// steps are gone), for at most [`RECORDED_END_WAIT`]; reads are linearizable, so an end
+/// seen is an end committed.
+async fn await_recorded_end(client: &Client, job: u64, step: u32) {
+    let deadline = tokio::time::Instant::now() + RECORDED_END_WAIT;
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        let read = rpc!(
+            client,
+            jobs_read,
+            get_job,
+            pb::GetJobRequest {
+                job_id: job,
+                consistency: 0,
+            }
+        );
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(j)) => {
+                let live = j
+                    .steps
+                    .iter()
+                    .any(|s| s.step_id == step && !step_ended(s.step_state));
+                if !live {
+                    return;
+                }
+            }
+            // Unreadable (the job purged, no leader): nothing to wait for here.
+            Ok(Err(_)) | Err(_) => return,
+        }
+        if tokio::time::Instant::now() + pause >= deadline {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_has_ended_only_in_a_final_state() {
+        for live in [
+            pb::JobState::Unspecified,
+            pb::JobState::Pending,
+            pb::JobState::Running,
+            pb::JobState::Suspended,
+            pb::JobState::Completing,
+        ] {
+            assert!(!step_ended(live as i32), "{live:?}");
+        }
+        for ended in [
+            pb::JobState::Completed,
+            pb::JobState::Failed,
+            pb::JobState::Cancelled,
+            pb::JobState::Timeout,
+            pb::JobState::OutOfMemory,
+            pb::JobState::NodeFail,
+            pb::JobState::Preempted,
+        ] {
+            assert!(step_ended(ended as i32), "{ended:?}");
+        }
+    }
 
     #[test]
     fn mpi_launchers_command_lines_parse() {
