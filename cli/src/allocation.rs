@@ -185,7 +185,8 @@ async fn wait_running(
     }
 }
 
-async fn get(client: &Client, job: u64) -> Result<pb::JobInfo> {
+/// The job `job`, read linearizably.
+pub(crate) async fn get(client: &Client, job: u64) -> Result<pb::JobInfo> {
     rpc!(
         client,
         jobs_read,

@@ -184,24 +184,9 @@ impl RootDir {
     /// there is none.
     pub fn read(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
         let name = component(name)?;
-        let fd = match openat(
-            &self.fd,
-            name,
-            OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(None),
-            Err(e) => return Err(at(&self.path, name)(e)),
+        let Some(fd) = self.open_regular(name, OFlag::O_RDONLY)? else {
+            return Ok(None);
         };
-        let st = fstat(&fd).map_err(at(&self.path, name))?;
-        use nix::sys::stat::SFlag;
-        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{} is not a regular file", self.path.join(name).display()),
-            ));
-        }
         let mut buf = Vec::new();
         std::fs::File::from(fd)
             .take(MAX_READ + 1)
@@ -216,6 +201,31 @@ impl RootDir {
             ));
         }
         Ok(Some(buf))
+    }
+
+    /// Opens the regular file `name` (one component) for `access`: never through a symlink,
+    /// without blocking (a FIFO) and without becoming the agent's terminal (a tty); None when
+    /// there is none, an error when it is anything but a regular file.
+    fn open_regular(&self, name: &str, access: OFlag) -> io::Result<Option<OwnedFd>> {
+        let fd = match openat(
+            &self.fd,
+            name,
+            access | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(at(&self.path, name)(e)),
+        };
+        use nix::sys::stat::SFlag;
+        let st = fstat(&fd).map_err(at(&self.path, name))?;
+        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a regular file", self.path.join(name).display()),
+            ));
+        }
+        Ok(Some(fd))
     }
 
     /// Reads the file `name` as text; None when there is none or it is unreadable.
@@ -251,34 +261,14 @@ impl RootDir {
 
     /// Empties the file `name`, if there is one (never through a symlink): its contents go,
     /// its inode stays. See [`crate::runner`] for why a file is sometimes emptied rather than
-    /// removed.
-    /// Only a regular file is emptied: it is opened without truncating, without blocking
-    /// (a FIFO) and without becoming the agent's terminal (a tty), checked, then truncated.
+    /// removed. Only a regular file is emptied: opened without truncating, checked, then
+    /// truncated.
     pub fn empty(&self, name: &str) -> io::Result<()> {
         let name = component(name)?;
-        let fd = match openat(
-            &self.fd,
-            name,
-            OFlag::O_WRONLY
-                | OFlag::O_NOFOLLOW
-                | OFlag::O_NONBLOCK
-                | OFlag::O_NOCTTY
-                | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Ok(()),
-            Err(e) => return Err(at(&self.path, name)(e)),
-        };
-        use nix::sys::stat::SFlag;
-        let stat = fstat(&fd).map_err(at(&self.path, name))?;
-        if stat.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{}: not a regular file", self.path.join(name).display()),
-            ));
+        match self.open_regular(name, OFlag::O_WRONLY)? {
+            Some(fd) => nix::unistd::ftruncate(&fd, 0).map_err(at(&self.path, name)),
+            None => Ok(()),
         }
-        nix::unistd::ftruncate(&fd, 0).map_err(at(&self.path, name))
     }
 
     /// Removes the file `name`, if there is one.

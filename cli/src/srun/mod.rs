@@ -492,16 +492,14 @@ pub(crate) fn run_step(
 /// (agents report within milliseconds; one that cannot reach the leader must not hold srun).
 pub(crate) const RECORDED_END_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Whether a step's recorded state is final.
+/// Whether a step's recorded state is final, as the replicated state decides it
+/// (`JobState::is_terminal`); an unknown state is not.
 fn step_ended(state: i32) -> bool {
-    !matches!(
-        pb::JobState::try_from(state),
-        Ok(pb::JobState::Unspecified
-            | pb::JobState::Pending
-            | pb::JobState::Running
-            | pb::JobState::Suspended
-            | pb::JobState::Completing)
-    )
+    pb::JobState::try_from(state)
+        .ok()
+        .and_then(|s| s.as_str_name().strip_prefix("JOB_STATE_"))
+        .and_then(docket_core::job::JobState::parse)
+        .is_some_and(docket_core::job::JobState::is_terminal)
 }
 
 /// Waits until the leader has recorded step `step` of `job` as ended (or the job and its
@@ -511,16 +509,7 @@ async fn await_recorded_end(client: &Client, job: u64, step: u32) {
     let deadline = tokio::time::Instant::now() + RECORDED_END_WAIT;
     let mut pause = std::time::Duration::from_millis(2);
     loop {
-        let read = rpc!(
-            client,
-            jobs_read,
-            get_job,
-            pb::GetJobRequest {
-                job_id: job,
-                consistency: 0,
-            }
-        );
-        match tokio::time::timeout_at(deadline, read).await {
+        match tokio::time::timeout_at(deadline, crate::allocation::get(client, job)).await {
             Ok(Ok(j)) => {
                 let live = j
                     .steps
