@@ -3,8 +3,8 @@
 //! must fail: root running the job's `LD_PRELOAD`; output files that point at root's files
 //! (`-o` at one, or a symlink planted at `slurm-%j.out`); writing, planting symlinks in, or
 //! even listing the agent's bookkeeping (to forge the job's exit or aim a kill at process
-//! group 1); a process that leaves the job's process group and session to dodge a signal;
-//! regaining root; and another user reading a job's scratch.
+//! group 1); a process that leaves the job's process group and session to dodge a signal
+//! or to outlive the job; regaining root; and another user reading a job's scratch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -345,6 +345,77 @@ while :; do sleep 0.1; done
     drop(agent);
     server.abort();
     remove_agent_cgroups("a03");
+}
+
+/// A job whose script ends while a process it started in a session of its own lives on:
+/// the job's end takes that process too (it is still in the job's cgroups), and the cgroups
+/// go. The agent first tries to remove each cgroup as it is; a removal the kernel refuses
+/// because of that process must fall back to killing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_a_job_leaves_behind_ends_with_the_job() {
+    if !privileged("an agent running jobs as nobody needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let state = dir.path().join("state");
+    let agent = agent(
+        "a05",
+        &addr,
+        &state,
+        &["--cpus", "1", "--memory-mib", "512"],
+    );
+    let work = user_dir(dir.path(), "work", &nobody());
+    let script = r#"#!/bin/sh
+cd "$WORK"
+setsid sh -c 'trap "" HUP TERM; echo $$ > left.pid; while :; do sleep 0.1; done' </dev/null >/dev/null 2>&1 &
+while [ ! -s left.pid ]; do sleep 0.05; done
+exit 0
+"#;
+    leader
+        .send(pb::instruction::Kind::Launch(launch_as_nobody(
+            51,
+            &work,
+            script,
+            &[("WORK", work.to_str().unwrap())],
+        )))
+        .await;
+    let (_, end) = leader.ended(51).await;
+    assert_eq!(cause(&end), "completed", "{end:?}");
+    let left: i32 = std::fs::read_to_string(work.join("left.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Should this test fail, the process must not outlive it either.
+    struct KillPid(i32);
+    impl Drop for KillPid {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let left_guard = KillPid(left);
+    // Alive (or a zombie not yet reaped by init) until the agent releases the run.
+    let gone = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+    };
+    wait_for("the process left behind is killed", || gone(left)).await;
+    // Gone: its pid may be another process's by now.
+    std::mem::forget(left_guard);
+    for controller in ["freezer", "memory", "cpuacct", "pids"] {
+        let cg = job_cgroup("a05", controller, 51, 1);
+        wait_for("the job's cgroups are removed", || !cg.exists()).await;
+    }
+    drop(agent);
+    server.abort();
+    remove_agent_cgroups("a05");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
