@@ -80,6 +80,37 @@ impl Running {
     }
 }
 
+/// The processor counts of the jobs submitted and not yet started, as a multiset.
+///
+/// A job needs at least as many idle processors as its count (one per task; a site's
+/// mapping may ask more, whole nodes, never less), so while the idle processors cover no
+/// waiting job's count, a pass can start nothing and is not run. Preemption is the
+/// exception (it frees processors), so a replay that can preempt runs every pass.
+#[derive(Default)]
+struct Waiting {
+    procs: std::collections::BTreeMap<u64, usize>,
+}
+
+impl Waiting {
+    fn add(&mut self, procs: u64) {
+        *self.procs.entry(procs).or_default() += 1;
+    }
+
+    fn remove(&mut self, procs: u64) {
+        if let Some(n) = self.procs.get_mut(&procs) {
+            *n -= 1;
+            if *n == 0 {
+                self.procs.remove(&procs);
+            }
+        }
+    }
+
+    /// Whether some waiting job's count is at most `idle`.
+    fn any_fits(&self, idle: u64) -> bool {
+        self.procs.keys().next().is_some_and(|&least| least <= idle)
+    }
+}
+
 /// What a replay could not run: refusals by the site's policies and jobs never started.
 pub(super) struct Tally {
     pub refused: usize,
@@ -116,6 +147,8 @@ pub(super) struct Replayer<'t> {
     /// Instants at which a running job outlives its runtime prediction: the plans are made
     /// again then, on the corrected prediction (EASY++); stale entries are skipped.
     expiries: BinaryHeap<Reverse<(u64, JobId)>>,
+    /// The jobs waiting to start, by processor count: passes that can start none are skipped.
+    waiting: Waiting,
 }
 
 impl<'t> Replayer<'t> {
@@ -164,6 +197,7 @@ impl<'t> Replayer<'t> {
             done: 0,
             last_tick: t0,
             expiries: BinaryHeap::new(),
+            waiting: Waiting::default(),
         })
     }
 
@@ -288,6 +322,7 @@ impl<'t> Replayer<'t> {
             match r {
                 Ok(id) => {
                     self.which.insert(id, first + k);
+                    self.waiting.add(self.jobs[first + k].procs);
                 }
                 // The site's policies refuse it (a walltime cap, a QOS the partition does
                 // not allow, ...): counted, as a controller would have told the user. The
@@ -313,6 +348,10 @@ impl<'t> Replayer<'t> {
         let now = TimeMs(t * 1000);
         let rounds = if self.on_site { 16 } else { 1 };
         for _ in 0..rounds {
+            let idle = self.machine.procs.saturating_sub(self.running.busy);
+            if !self.preempting && !self.waiting.any_fits(idle) {
+                break;
+            }
             let mut starts = Vec::new();
             if self.policy.backfill == BackfillMode::Off || self.preempting {
                 starts.extend(self.main_pass(t)?);
@@ -410,6 +449,7 @@ impl<'t> Replayer<'t> {
         for id in starts {
             let k = self.which[&id];
             let j = self.jobs[k];
+            self.waiting.remove(j.procs);
             self.running.start(id, t + j.runtime, j.procs);
             let expires = self
                 .d
