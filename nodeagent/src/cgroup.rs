@@ -604,13 +604,6 @@ impl JobCgroup {
         frozen.and(thawed)
     }
 
-    /// SIGKILLs everything still in the job's cgroups.
-    pub fn kill_all(&self) {
-        for d in self.dirs.values() {
-            kill_all(d);
-        }
-    }
-
     /// The steps whose cgroups exist below the job's (`step_N`), in any controller.
     pub fn existing_steps(&self) -> Vec<u32> {
         let mut steps = std::collections::BTreeSet::new();
@@ -663,7 +656,7 @@ impl JobCgroup {
         })
     }
 
-    /// Removes the job's cgroups, killing stragglers first.
+    /// Removes the job's cgroups; one that still holds a straggler is emptied first.
     ///
     /// Each is first removed as it is: the kernel refuses (`EBUSY`) to remove a cgroup that
     /// still has a member or a child, so a removal that succeeds left nothing behind to kill.

@@ -371,6 +371,7 @@ async fn a_process_a_job_leaves_behind_ends_with_the_job() {
 cd "$WORK"
 setsid sh -c 'trap "" HUP TERM; echo $$ > left.pid; while :; do sleep 0.1; done' </dev/null >/dev/null 2>&1 &
 while [ ! -s left.pid ]; do sleep 0.05; done
+sleep 1
 exit 0
 "#;
     leader
@@ -381,9 +382,12 @@ exit 0
             &[("WORK", work.to_str().unwrap())],
         )))
         .await;
-    let (_, end) = leader.ended(51).await;
-    assert_eq!(cause(&end), "completed", "{end:?}");
-    let left: i32 = std::fs::read_to_string(work.join("left.pid"))
+    let pid_file = work.join("left.pid");
+    wait_for("the process left behind", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    })
+    .await;
+    let left: i32 = std::fs::read_to_string(&pid_file)
         .unwrap()
         .trim()
         .parse()
@@ -399,6 +403,23 @@ exit 0
         }
     }
     let left_guard = KillPid(left);
+    // While the script still runs, the process is in the job's cgroups (every hierarchy).
+    let cgroups = std::fs::read_to_string(format!("/proc/{left}/cgroup")).unwrap();
+    let confined: Vec<&str> = cgroups
+        .lines()
+        .filter(|l| l.contains("/job_51_1"))
+        .collect();
+    assert!(!confined.is_empty(), "not in the job's cgroups: {cgroups}");
+    let mut dirs: Vec<std::path::PathBuf> =
+        ["cpuacct", "cpuset", "devices", "freezer", "memory", "pids"]
+            .into_iter()
+            .map(|c| job_cgroup("a05", c, 51, 1))
+            .filter(|d| d.exists())
+            .collect();
+    dirs.dedup();
+    assert!(!dirs.is_empty(), "the job has no cgroup directory");
+    let (_, end) = leader.ended(51).await;
+    assert_eq!(cause(&end), "completed", "{end:?}");
     // Alive (or a zombie not yet reaped by init) until the agent releases the run.
     let gone = |pid: i32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
@@ -409,9 +430,8 @@ exit 0
     wait_for("the process left behind is killed", || gone(left)).await;
     // Gone: its pid may be another process's by now.
     std::mem::forget(left_guard);
-    for controller in ["freezer", "memory", "cpuacct", "pids"] {
-        let cg = job_cgroup("a05", controller, 51, 1);
-        wait_for("the job's cgroups are removed", || !cg.exists()).await;
+    for dir in &dirs {
+        wait_for("the job's cgroups are removed", || !dir.exists()).await;
     }
     drop(agent);
     server.abort();

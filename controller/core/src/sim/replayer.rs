@@ -82,10 +82,11 @@ impl Running {
 
 /// The processor counts of the jobs submitted and not yet started, as a multiset.
 ///
-/// A job needs at least as many idle processors as its count (one per task; a site's
-/// mapping may ask more, whole nodes, never less), so while the idle processors cover no
-/// waiting job's count, a pass can start nothing and is not run. Preemption is the
-/// exception (it frees processors), so a replay that can preempt runs every pass.
+/// A job needs at least as many idle processors as its count (one cpu per task, never
+/// fewer), so while the idle processors cover no waiting job's count, a pass can start
+/// nothing and is not run. Preemption is the exception (it frees processors), so a replay
+/// that can preempt runs every pass; a job requeued by preemption is not counted again,
+/// which only such a replay does.
 #[derive(Default)]
 struct Waiting {
     procs: std::collections::BTreeMap<u64, usize>,
