@@ -747,21 +747,37 @@ fn children_of(dir: &Path) -> Vec<PathBuf> {
 
 /// The pids in the cgroup `dir` and in its steps' cgroups.
 fn members_of(dir: &Path) -> Vec<i32> {
-    let own = |d: &Path| -> Vec<i32> {
-        read(&d.join("cgroup.procs"))
-            .map(|procs| {
-                procs
-                    .lines()
+    let mut pids = own_members(dir);
+    for child in children_of(dir) {
+        pids.extend(own_members(&child));
+    }
+    pids
+}
+
+/// The processes in the cgroup `d` itself: `cgroup.procs`, or, when that lists none, its
+/// threads (`tasks` on v1, `cgroup.threads` on v2). Kernels before 5.3 leave out of
+/// `cgroup.procs` a process whose main thread has exited while its other threads run on,
+/// which would let such a job outlive its end; a signal sent to any thread's id reaches
+/// its whole process.
+fn own_members(d: &Path) -> Vec<i32> {
+    let ids = |file: &str| -> Vec<i32> {
+        read(&d.join(file))
+            .map(|ids| {
+                ids.lines()
                     .filter_map(|l| l.trim().parse::<i32>().ok())
                     .collect()
             })
             .unwrap_or_default()
     };
-    let mut pids = own(dir);
-    for child in children_of(dir) {
-        pids.extend(own(&child));
+    let procs = ids("cgroup.procs");
+    if !procs.is_empty() {
+        return procs;
     }
-    pids
+    ["tasks", "cgroup.threads"]
+        .into_iter()
+        .map(ids)
+        .find(|threads| !threads.is_empty())
+        .unwrap_or_default()
 }
 
 fn kill_members(dir: &Path) {
@@ -807,6 +823,28 @@ mod tests {
         assert_eq!(l(Some(100), Some(300)).memory_and_swap(), Some((100, 300)));
         assert_eq!(l(Some(100), Some(40)).memory_and_swap(), Some((40, 40)));
         assert_eq!(l(None, Some(40)).memory_and_swap(), Some((40, 40)));
+    }
+
+    /// A process whose main thread has exited is missing from `cgroup.procs` on kernels
+    /// before 5.3 while its other threads run: its threads' ids are its members then.
+    #[test]
+    fn members_fall_back_to_the_threads_when_no_process_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("cgroup.procs"), "").unwrap();
+        std::fs::write(d.join("tasks"), "41\n42\n").unwrap();
+        assert_eq!(own_members(d), vec![41, 42]);
+        // Listed processes are the members, not their threads.
+        std::fs::write(d.join("cgroup.procs"), "40\n").unwrap();
+        assert_eq!(own_members(d), vec![40]);
+        // v2 names the threads' file `cgroup.threads`; a step's cgroup counts too.
+        std::fs::write(d.join("cgroup.procs"), "").unwrap();
+        std::fs::remove_file(d.join("tasks")).unwrap();
+        std::fs::write(d.join("cgroup.threads"), "43\n").unwrap();
+        let step = d.join("step_0");
+        std::fs::create_dir(&step).unwrap();
+        std::fs::write(step.join("cgroup.procs"), "44\n").unwrap();
+        assert_eq!(members_of(d), vec![43, 44]);
     }
 
     #[test]

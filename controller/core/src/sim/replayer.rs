@@ -80,35 +80,55 @@ impl Running {
     }
 }
 
-/// The processor counts of the jobs submitted and not yet started, as a multiset.
+/// The jobs submitted and not yet started, with their processor counts.
 ///
 /// A job needs at least as many idle processors as its count (one cpu per task, never
 /// fewer), so while the idle processors cover no waiting job's count, a pass can start
-/// nothing and is not run. Preemption is the exception (it frees processors), so a replay
-/// that can preempt runs every pass; a job requeued by preemption is not counted again,
-/// which only such a replay does.
+/// nothing and is not run. Under strict FCFS (no backfilling, the arrival order, no site) a
+/// pass starts jobs from the head of the queue and stops at the first that does not fit, so
+/// it can start nothing while the head does not fit. Preemption is the exception (it frees
+/// processors), so a replay that can preempt runs every pass; a job requeued by preemption
+/// is not counted again, which only such a replay does.
 #[derive(Default)]
 struct Waiting {
-    procs: std::collections::BTreeMap<u64, usize>,
+    /// By id: ids are given in arrival order, so the first is the oldest, FCFS's head.
+    by_id: std::collections::BTreeMap<JobId, u64>,
+    /// How many waiting jobs have each count.
+    counts: std::collections::BTreeMap<u64, usize>,
 }
 
 impl Waiting {
-    fn add(&mut self, procs: u64) {
-        *self.procs.entry(procs).or_default() += 1;
+    fn add(&mut self, id: JobId, procs: u64) {
+        if self.by_id.insert(id, procs).is_none() {
+            *self.counts.entry(procs).or_default() += 1;
+        }
     }
 
-    fn remove(&mut self, procs: u64) {
-        if let Some(n) = self.procs.get_mut(&procs) {
+    fn remove(&mut self, id: JobId) {
+        let Some(procs) = self.by_id.remove(&id) else {
+            return;
+        };
+        if let Some(n) = self.counts.get_mut(&procs) {
             *n -= 1;
             if *n == 0 {
-                self.procs.remove(&procs);
+                self.counts.remove(&procs);
             }
         }
     }
 
     /// Whether some waiting job's count is at most `idle`.
     fn any_fits(&self, idle: u64) -> bool {
-        self.procs.keys().next().is_some_and(|&least| least <= idle)
+        self.counts
+            .keys()
+            .next()
+            .is_some_and(|&least| least <= idle)
+    }
+
+    /// Whether the oldest waiting job's count is at most `idle`.
+    fn head_fits(&self, idle: u64) -> bool {
+        self.by_id
+            .first_key_value()
+            .is_some_and(|(_, &procs)| procs <= idle)
     }
 }
 
@@ -323,7 +343,7 @@ impl<'t> Replayer<'t> {
             match r {
                 Ok(id) => {
                     self.which.insert(id, first + k);
-                    self.waiting.add(self.jobs[first + k].procs);
+                    self.waiting.add(id, self.jobs[first + k].procs);
                 }
                 // The site's policies refuse it (a walltime cap, a QOS the partition does
                 // not allow, ...): counted, as a controller would have told the user. The
@@ -350,7 +370,12 @@ impl<'t> Replayer<'t> {
         let rounds = if self.on_site { 16 } else { 1 };
         for _ in 0..rounds {
             let idle = self.machine.procs.saturating_sub(self.running.busy);
-            if !self.preempting && !self.waiting.any_fits(idle) {
+            let may_start = if self.strict_fcfs() {
+                self.waiting.head_fits(idle)
+            } else {
+                self.waiting.any_fits(idle)
+            };
+            if !self.preempting && !may_start {
                 break;
             }
             let mut starts = Vec::new();
@@ -367,6 +392,16 @@ impl<'t> Replayer<'t> {
             self.record_starts(starts, t);
         }
         Ok(())
+    }
+
+    /// Whether passes start jobs strictly in arrival order: no backfilling, the queue in
+    /// the priority order a replay without a site has (first come, first served), no
+    /// starvation promotion.
+    fn strict_fcfs(&self) -> bool {
+        self.policy.backfill == BackfillMode::Off
+            && self.policy.order.is_none()
+            && self.policy.starvation_wait.is_none()
+            && !self.on_site
     }
 
     /// The main pass: its starts applied, its preemptions and resumes carried out; the jobs
@@ -450,7 +485,7 @@ impl<'t> Replayer<'t> {
         for id in starts {
             let k = self.which[&id];
             let j = self.jobs[k];
-            self.waiting.remove(j.procs);
+            self.waiting.remove(id);
             self.running.start(id, t + j.runtime, j.procs);
             let expires = self
                 .d
