@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use docket_auth::local::LocalSecrets;
 use docket_auth::tls::{Role, TlsContext};
 use rustls_pki_types::ServerName;
+use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 
@@ -142,59 +143,24 @@ async fn connections_take_aes_128_first_and_still_serve_aes_256() {
         suite(anonymous.client_config()).await,
         rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
     );
-    // A client that offers AES-256 first and only it.
+    // A client that offers AES-256 first and only it, trusting the cluster's CA.
     let mut only_256 = rustls::crypto::ring::default_provider();
     only_256
         .cipher_suites
         .retain(|s| s.suite() == rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in rustls_pki_types::CertificateDer::pem_file_iter(&anonymous.files().ca).unwrap() {
+        roots.add(ca.unwrap()).unwrap();
+    }
     let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(only_256))
         .with_safe_default_protocol_versions()
         .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer))
+        .with_root_certificates(roots)
         .with_no_client_auth();
     assert_eq!(
         suite(std::sync::Arc::new(config)).await,
         rustls::CipherSuite::TLS13_AES_256_GCM_SHA384
     );
-}
-
-/// Accepts any server: for checking what a server offers, never for trusting it.
-#[derive(Debug)]
-struct AnyServer;
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &rustls_pki_types::CertificateDer<'_>,
-        _: &[rustls_pki_types::CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls_pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls_pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 #[tokio::test]

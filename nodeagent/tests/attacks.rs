@@ -31,6 +31,39 @@ fn launch_as_nobody(job: u64, work: &Path, script: &str, env: &[(&str, &str)]) -
     l
 }
 
+/// A real agent `node` (as root, confined: one cpu, 512 MiB, and `extra`) with a fake leader
+/// serving it, its state directory, and a work directory of nobody's, all in a fresh
+/// temporary directory (bind `dir`: the directory goes when it is dropped).
+struct NobodysAgent {
+    dir: tempfile::TempDir,
+    leader: FakeLeader,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    agent: Agent,
+    state: std::path::PathBuf,
+    work: std::path::PathBuf,
+}
+
+async fn nobodys_agent(node: &str, extra: &[&str]) -> NobodysAgent {
+    let dir = tempfile::tempdir().unwrap();
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let state = dir.path().join("state");
+    let flags: Vec<&str> = ["--cpus", "1", "--memory-mib", "512"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let agent = agent(node, &addr, &state, &flags);
+    let work = user_dir(dir.path(), "work", &nobody());
+    NobodysAgent {
+        dir,
+        leader,
+        server,
+        agent,
+        state,
+        work,
+    }
+}
+
 /// A file of root's, 0644, that no job may write, own or replace.
 fn victim(dir: &Path) -> std::path::PathBuf {
     let p = dir.join("victim");
@@ -62,17 +95,14 @@ async fn a_jobs_environment_never_reaches_a_root_process_and_the_job_cannot_rega
     {
         panic!("a C compiler (cc) is needed to build the LD_PRELOAD library of this attack");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let leader = FakeLeader::default();
-    let (addr, server) = serve(&leader).await;
-    let state = dir.path().join("state");
-    let agent = agent(
-        "a01",
-        &addr,
-        &state,
-        &["--cpus", "1", "--memory-mib", "512"],
-    );
-    let work = user_dir(dir.path(), "work", &nobody());
+    let NobodysAgent {
+        dir,
+        leader,
+        server,
+        agent,
+        work,
+        ..
+    } = nobodys_agent("a01", &[]).await;
     // Where the library records every process that loads it, by euid: writable by all.
     let marks = dir.path().join("marks");
     std::fs::create_dir(&marks).unwrap();
@@ -164,16 +194,14 @@ async fn output_files_are_opened_as_the_user_and_never_through_a_symlink() {
     if !privileged("an agent running jobs as nobody needs root") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let leader = FakeLeader::default();
-    let (addr, server) = serve(&leader).await;
-    let agent = agent(
-        "a02",
-        &addr,
-        &dir.path().join("state"),
-        &["--cpus", "1", "--memory-mib", "512"],
-    );
-    let work = user_dir(dir.path(), "work", &nobody());
+    let NobodysAgent {
+        dir,
+        leader,
+        server,
+        agent,
+        work,
+        ..
+    } = nobodys_agent("a02", &[]).await;
     let victim = victim(dir.path());
 
     // `sbatch -o /etc/passwd`: an absolute output path at a file of root's.
@@ -245,17 +273,14 @@ async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge
     if !privileged("an agent running jobs as nobody needs root") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let leader = FakeLeader::default();
-    let (addr, server) = serve(&leader).await;
-    let state = dir.path().join("state");
-    let agent = agent(
-        "a03",
-        &addr,
-        &state,
-        &["--cpus", "1", "--memory-mib", "512", "--kill-grace-s", "1"],
-    );
-    let work = user_dir(dir.path(), "work", &nobody());
+    let NobodysAgent {
+        dir,
+        leader,
+        server,
+        agent,
+        state,
+        work,
+    } = nobodys_agent("a03", &["--kill-grace-s", "1"]).await;
     let victim = victim(dir.path());
 
     // It tries to write its own exit and process group, to plant symlinks where root writes
@@ -356,17 +381,14 @@ async fn a_process_a_job_leaves_behind_ends_with_the_job() {
     if !privileged("an agent running jobs as nobody needs root") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let leader = FakeLeader::default();
-    let (addr, server) = serve(&leader).await;
-    let state = dir.path().join("state");
-    let agent = agent(
-        "a05",
-        &addr,
-        &state,
-        &["--cpus", "1", "--memory-mib", "512"],
-    );
-    let work = user_dir(dir.path(), "work", &nobody());
+    let NobodysAgent {
+        dir: _dir,
+        leader,
+        server,
+        agent,
+        work,
+        ..
+    } = nobodys_agent("a05", &[]).await;
     let script = r#"#!/bin/sh
 cd "$WORK"
 setsid sh -c 'trap "" HUP TERM; echo $$ > left.pid; while :; do sleep 0.1; done' </dev/null >/dev/null 2>&1 &
@@ -443,17 +465,15 @@ async fn a_jobs_scratch_is_private_to_it() {
     if !privileged("jobfs mounts need root") {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let leader = FakeLeader::default();
-    let (addr, server) = serve(&leader).await;
-    let state = dir.path().join("state");
-    let agent = agent(
-        "a04",
-        &addr,
-        &state,
-        &["--cpus", "1", "--memory-mib", "512"],
-    );
-    let work = user_dir(dir.path(), "work", &nobody());
+    let NobodysAgent {
+        dir: _dir,
+        leader,
+        server,
+        agent,
+        state,
+        work,
+        ..
+    } = nobodys_agent("a04", &[]).await;
     let mut l = launch_as_nobody(
         41,
         &work,
