@@ -750,8 +750,27 @@ impl LocalCluster {
             && let Some(mut child) = self.children.remove(&pid)
         {
             let _ = child.wait();
+            self.forget_fake_clock(pid);
         }
         Ok(())
+    }
+
+    /// Removes what libfaketime left in `/dev/shm` for `pid`, a replica this cluster started
+    /// with a fake clock and has reaped. The library makes a shared-memory segment and a
+    /// semaphore named after its process (`faketime_shm_PID`, `sem.faketime_sem_PID`) and
+    /// removes them only when the process exits normally: every replica killed in a chaos run
+    /// left two files behind.
+    fn forget_fake_clock(&self, pid: i32) {
+        if self.record.faketime.is_none() {
+            return;
+        }
+        for name in [
+            format!("faketime_shm_{pid}"),
+            format!("sem.faketime_sem_{pid}"),
+        ] {
+            // `remove_file` unlinks the name itself, never what a link there points to.
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(name));
+        }
     }
 
     fn replica_pid(&self, id: u64) -> Result<i32, LaunchError> {
@@ -1009,6 +1028,7 @@ impl LocalCluster {
                 }
                 if let Some(mut child) = self.children.remove(pid) {
                     let _ = child.wait();
+                    self.forget_fake_clock(*pid);
                 }
             }
         }
