@@ -44,6 +44,36 @@ pub fn bin_dir(exe: &str, bins: &[&str]) -> PathBuf {
     }
     dir
 }
+/// A directory that lives as long as this test process and is removed when it exits.
+///
+/// Tests keep what they make once per process (a cluster's secrets) in a static, and a static
+/// is never dropped: a `TempDir` there would leave one directory of keys in the temporary
+/// directory for every test process. `atexit` runs when the test harness exits, passed or
+/// failed; only a process killed by a signal leaves its directory.
+///
+/// # Panics
+/// When the directory cannot be made: this is for tests.
+pub fn process_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    extern "C" fn remove() {
+        if let Some(dir) = DIR.get() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir()
+            .expect("a temporary directory for this test process")
+            .keep();
+        // SAFETY: `remove` only reads a OnceLock that is set by then and removes a directory.
+        assert_eq!(
+            unsafe { libc::atexit(remove) },
+            0,
+            "atexit refused the handler"
+        );
+        dir
+    })
+    .clone()
+}
 
 /// A finished command's standard output and error, one after the other (for messages).
 pub fn output_text(o: &std::process::Output) -> String {

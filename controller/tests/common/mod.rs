@@ -34,7 +34,11 @@ pub struct Secrets {
 pub fn secrets() -> &'static Secrets {
     static SECRETS: std::sync::OnceLock<Secrets> = std::sync::OnceLock::new();
     SECRETS.get_or_init(|| {
-        let local = LocalSecrets::create(&process_dir().join("secrets"), "test").unwrap();
+        let local = LocalSecrets::create(
+            &docket_deploy::testing::process_dir().join("secrets"),
+            "test",
+        )
+        .unwrap();
         for id in 1..=9 {
             local
                 .issue(
@@ -52,32 +56,6 @@ pub fn secrets() -> &'static Secrets {
             local,
         }
     })
-}
-
-/// A directory that lives as long as this test process and is removed when it exits.
-///
-/// The secrets are made once per process and kept in a static, and a static is never dropped:
-/// a `TempDir` there would leave one directory of keys in the temporary directory for every
-/// test process (about 50 in a CI run). `atexit` runs when the test harness exits, passed or
-/// failed; only a process killed by a signal leaves its directory.
-fn process_dir() -> std::path::PathBuf {
-    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    extern "C" fn remove() {
-        if let Some(dir) = DIR.get() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
-        // SAFETY: `remove` only reads a OnceLock that is set by then and removes a directory.
-        assert_eq!(
-            unsafe { libc::atexit(remove) },
-            0,
-            "atexit refused the handler"
-        );
-        dir
-    })
-    .clone()
 }
 
 /// The flags giving replica `id` its certificate and the credential key.
