@@ -268,13 +268,9 @@ impl Client {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         match self.credentials.credential() {
-            Ok(c) => match c.parse() {
-                Ok(v) => {
-                    r.metadata_mut()
-                        .insert(docket_proto::metadata::CREDENTIAL, v);
-                    *error = None;
-                }
-                Err(_) => *error = Some("the credential is not ASCII".into()),
+            Ok(c) => match docket_proto::metadata::insert_credential(r.metadata_mut(), &c) {
+                Ok(()) => *error = None,
+                Err(_) => *error = Some("the credential is not a header value".into()),
             },
             Err(e) => *error = Some(e.to_string()),
         }

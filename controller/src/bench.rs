@@ -102,12 +102,8 @@ impl Access {
             .minter
             .credential(self.uid, BENCH_USER)
             .map_err(|e| tonic::Status::internal(e.to_string()))?;
-        req.metadata_mut().insert(
-            docket_proto::metadata::CREDENTIAL,
-            credential
-                .parse()
-                .map_err(|_| tonic::Status::internal("credential is not ASCII"))?,
-        );
+        docket_proto::metadata::insert_credential(req.metadata_mut(), &credential)
+            .map_err(|_| tonic::Status::internal("the credential is not a header value"))?;
         Ok(req)
     }
 }

@@ -132,9 +132,9 @@ pub fn as_user<T>(user: &str, message: T) -> tonic::Request<T> {
         Credentials::Minted(minter) => minter.credential_for(user).ok(),
         Credentials::Host(source) => source.credential().ok(),
     });
-    if let Some(v) = credential.and_then(|c| c.parse().ok()) {
-        r.metadata_mut()
-            .insert(docket_proto::metadata::CREDENTIAL, v);
+    if let Some(c) = credential {
+        // A credential is base64url and dots; one that is not a header value goes unsent.
+        let _ = docket_proto::metadata::insert_credential(r.metadata_mut(), &c);
     }
     r
 }
