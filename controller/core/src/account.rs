@@ -165,11 +165,26 @@ impl AccountTree {
         out
     }
 
+    /// `name` and its ancestors up to the root, nearest first, walked without allocating:
+    /// for questions asked of every account up the tree ("does any have a limit?"), which
+    /// the scheduler asks at every start and end. On a tree with a cycle (which [`check`]
+    /// refuses, so no applied configuration has one) the walk may repeat accounts, and it
+    /// stops after as many steps as there are accounts: use [`ancestry`] where a repeat
+    /// would count twice.
+    ///
+    /// [`check`]: Self::check
+    /// [`ancestry`]: Self::ancestry
+    pub fn ancestors<'a>(&'a self, name: &AccountName) -> impl Iterator<Item = &'a Account> {
+        let first = self.accounts.get(name);
+        std::iter::successors(first, |a| {
+            a.parent.as_ref().and_then(|p| self.accounts.get(p))
+        })
+        .take(self.accounts.len())
+    }
+
     /// Is `descendant` equal to or below `ancestor`?
     pub fn is_within(&self, descendant: &AccountName, ancestor: &AccountName) -> bool {
-        self.ancestry(descendant)
-            .iter()
-            .any(|a| &a.name == ancestor)
+        self.ancestors(descendant).any(|a| &a.name == ancestor)
     }
 
     /// Checks the tree's invariants.
@@ -209,5 +224,72 @@ impl AccountTree {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> AccountName {
+        s.parse().expect("a valid account name")
+    }
+
+    /// `root` ← `a` ← `b` ← `c`, and `x` whose parent is set by the caller.
+    fn tree(x_parent: &str) -> AccountTree {
+        let mut t = AccountTree::new();
+        for (n, p) in [("a", "root"), ("b", "a"), ("c", "b"), ("x", x_parent)] {
+            t.accounts.insert(
+                name(n),
+                Account {
+                    name: name(n),
+                    parent: Some(name(p)),
+                    shares: 1,
+                    users: BTreeMap::new(),
+                    limits: AssocLimits::default(),
+                    grant: None,
+                    coordinators: BTreeSet::new(),
+                },
+            );
+        }
+        t
+    }
+
+    fn names<'a>(it: impl Iterator<Item = &'a Account>) -> Vec<String> {
+        it.map(|a| a.name.to_string()).collect()
+    }
+
+    #[test]
+    fn ancestors_walk_the_same_chain_as_ancestry_on_a_valid_tree() {
+        let t = tree("c");
+        assert_eq!(t.check(), Ok(()));
+        for n in ["root", "a", "b", "c", "x", "nobody"] {
+            assert_eq!(
+                names(t.ancestors(&name(n))),
+                names(t.ancestry(&name(n)).into_iter()),
+                "{n}"
+            );
+        }
+        assert_eq!(names(t.ancestors(&name("x"))), ["x", "c", "b", "a", "root"]);
+        assert!(t.is_within(&name("x"), &name("a")));
+        assert!(!t.is_within(&name("a"), &name("x")));
+    }
+
+    #[test]
+    fn a_cycle_ends_the_walk_within_as_many_steps_as_there_are_accounts() {
+        // `a`'s parent made `x`, and `x`'s `c`: a → x → c → b → a → ... (never applied:
+        // `check` refuses it; the walk must still end).
+        let mut t = tree("c");
+        if let Some(a) = t.accounts.get_mut(&name("a")) {
+            a.parent = Some(name("x"));
+        }
+        assert!(matches!(t.check(), Err(TreeError::Cycle(_))));
+        let walked = t.ancestors(&name("c")).count();
+        assert_eq!(walked, t.accounts.len());
+        assert_eq!(
+            names(t.ancestry(&name("c")).into_iter()),
+            ["c", "b", "a", "x"]
+        );
+        assert!(!t.is_within(&name("c"), &name("root")));
     }
 }

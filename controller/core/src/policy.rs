@@ -327,18 +327,14 @@ impl State {
             let l = &q.limits;
             l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some()
         });
-        let account_tied = self
-            .accounts
-            .ancestry(&job.resolved.account)
-            .iter()
-            .any(|a| {
-                let l = &a.limits;
-                l.max_jobs.is_some()
-                    || l.grp_cpu_run_mins.is_some()
-                    || l.maxps_soft.is_some()
-                    || l.maxps_hard.is_some()
-                    || a.grant.is_some()
-            });
+        let account_tied = self.accounts.ancestors(&job.resolved.account).any(|a| {
+            let l = &a.limits;
+            l.max_jobs.is_some()
+                || l.grp_cpu_run_mins.is_some()
+                || l.maxps_soft.is_some()
+                || l.maxps_hard.is_some()
+                || a.grant.is_some()
+        });
         if qos_grouped || account_tied {
             affected.everyone = true;
         }
