@@ -74,11 +74,12 @@ async fn pump(
 
 /// Three replicas, each reaching each other one through a freezable link.
 struct LinkedCluster {
-    _dir: tempfile::TempDir,
     replicas: BTreeMap<u64, Replica<KvMachine>>,
     _servers: Vec<ServerHandle>,
     /// The switch of the link from one replica to another.
     links: BTreeMap<(u64, u64), Arc<AtomicBool>>,
+    /// Declared last, so dropped last: after the replicas whose data it holds.
+    _dir: tempfile::TempDir,
 }
 
 impl LinkedCluster {

@@ -36,9 +36,10 @@ pub struct Member {
 }
 
 pub struct TestCluster {
-    pub dir: tempfile::TempDir,
     pub members: BTreeMap<u64, Member>,
     pub stopped: BTreeMap<u64, ReplicaConfig>,
+    /// Declared last, so dropped last: after the replicas whose data it holds.
+    pub dir: tempfile::TempDir,
 }
 
 async fn listener() -> tokio::net::TcpListener {
@@ -211,10 +212,27 @@ impl TestCluster {
         self.members.insert(id, member);
     }
 
+    /// Stops every replica, then removes the data directories. A stopped replica's
+    /// storage closes once the last of its tasks lets go, which can be just after `stop`
+    /// returns; a file RocksDB writes while the directory is being removed fails that
+    /// removal (`TempDir`'s drop would leave it all in /tmp, silently), so it is retried
+    /// until it succeeds, up to [`DEADLINE`].
     pub async fn shutdown(mut self) {
         let ids: Vec<u64> = self.members.keys().copied().collect();
         for id in ids {
             self.stop(id).await;
+        }
+        let start = Instant::now();
+        loop {
+            match std::fs::remove_dir_all(self.dir.path()) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) => assert!(
+                    start.elapsed() < DEADLINE,
+                    "the test's data directory could not be removed: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
