@@ -88,6 +88,11 @@ impl QueueIndex {
         self.active.then(|| self.order.iter().map(|k| k.0.id))
     }
 
+    /// How many jobs wait in the idle queue.
+    pub(crate) fn idle_len(&self) -> usize {
+        self.idle.len()
+    }
+
     /// Whether no job waits in the idle queue (meaningful only where the index is kept).
     pub(crate) fn is_empty(&self) -> bool {
         self.order.is_empty()

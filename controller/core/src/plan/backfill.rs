@@ -29,6 +29,10 @@ use crate::plan::{Budget, Continuation, Plan};
 use crate::quantity::TimeMs;
 use crate::state::State;
 
+/// The most jobs a pass sizes its record of failed jobs for before walking: 64 KiB, below
+/// the size at which the allocator maps fresh pages for each pass.
+const MAX_PRESIZED_WALK: usize = 4096;
+
 impl State {
     /// One backfill pass; pass the continuation of a pass the budget stopped to resume it
     /// (`bf_continue`). With backfill off, plans nothing.
@@ -66,10 +70,12 @@ impl State {
             params.bf_order == BackfillOrder::Shortest && params.backfill == BackfillMode::Easy;
         // Maui's bypass count: a job that could not start is bypassed when a job behind it
         // in the queue's order starts in the same pass (whatever order they were tried in).
-        let mut bypass = Bypass {
-            failed: Vec::with_capacity(cont.rest.len()),
-            latest_start: None,
+        let walk_len = if walk_index {
+            self.queue_index.idle_len()
+        } else {
+            cont.rest.len()
         };
+        let mut bypass = Bypass::for_walk(walk_len, params.bf_max_job_test);
         let mut settled = Settled::default();
         loop {
             let positions = std::mem::take(&mut cont.positions);
@@ -331,6 +337,20 @@ struct Bypass {
 }
 
 impl Bypass {
+    /// Sized for a walk of `walk_len` jobs up front: grown a push at a time, the record was
+    /// reallocated about ten times a pass on a queue thousands deep (5% of a 100,000-job
+    /// EASY replay). A walk takes at most `bf_max_job_test` jobs where that is set.
+    fn for_walk(walk_len: usize, bf_max_job_test: u32) -> Bypass {
+        let test_cap = match bf_max_job_test {
+            0 => usize::MAX,
+            n => n as usize,
+        };
+        Bypass {
+            failed: Vec::with_capacity(walk_len.min(test_cap).min(MAX_PRESIZED_WALK)),
+            latest_start: None,
+        }
+    }
+
     fn failed(&mut self, position: usize, id: crate::ids::JobId) {
         self.failed.push((position, id));
     }
