@@ -200,6 +200,10 @@ impl State {
             self.partition_caps == self.compute_partition_caps(),
             "the partitions' node capacities differ from the nodes and partitions"
         );
+        ensure!(
+            self.partition_members == self.compute_partition_members(),
+            "the partitions' member places differ from the nodes and partitions"
+        );
         // A rule the cache lacks would skip a limit; one it keeps after the limit went
         // away only costs a lookup.
         ensure!(

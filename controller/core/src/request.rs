@@ -9,6 +9,15 @@
 use crate::job::{Job, MemoryRequest};
 use crate::node::{NodeSpec, NodeUse};
 
+/// The end (exclusive) of the run of positions, from `position` on, whose shares
+/// [`node_use`] asks the same of every node: the first `ntasks % nodes` positions take one
+/// task more than the rest, and nothing else in a share depends on the position.
+pub fn same_share_until(job: &Job, position: usize) -> usize {
+    let n = job.spec.nodes.max(1);
+    let extra = (job.spec.ntasks % n) as usize;
+    if position < extra { extra } else { n as usize }
+}
+
 /// What the job's `position`-th node (0-based) of `node` must give it; `None` when a count
 /// overflows (no node could give it).
 pub fn node_use(job: &Job, position: usize, node: &NodeSpec) -> Option<NodeUse> {

@@ -85,7 +85,7 @@ impl State {
                     .insert(spec.name.clone(), Node::new(spec.clone()));
             }
         }
-        self.partition_caps = self.compute_partition_caps();
+        self.refresh_partition_views();
         Ok(Response::Done)
     }
 
@@ -116,7 +116,7 @@ impl State {
             });
         }
         self.nodes.remove(name);
-        self.partition_caps = self.compute_partition_caps();
+        self.refresh_partition_views();
         Ok(Response::Done)
     }
 
@@ -213,7 +213,7 @@ impl State {
             }
         }
         self.partitions.insert(p.name.clone(), p.clone());
-        self.partition_caps = self.compute_partition_caps();
+        self.refresh_partition_views();
         self.refresh_all_pending(now);
         Ok(Response::Done)
     }
@@ -234,7 +234,7 @@ impl State {
             });
         }
         self.partitions.remove(name);
-        self.partition_caps = self.compute_partition_caps();
+        self.refresh_partition_views();
         Ok(Response::Done)
     }
 
