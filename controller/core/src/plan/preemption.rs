@@ -67,12 +67,17 @@ impl Pass<'_> {
         if !may_preempt_anyone(state, job, partition) {
             return false;
         }
-        // Per node: what could be freed, best victims first.
+        // Per node, in name order: what could be freed, best victims first. Nodes are
+        // taken by their places in the pool: finding each by name was most of a replay on
+        // a site of 1,492 nodes that preempts.
+        let Some(members) = self.pool.members(&partition.name) else {
+            return false;
+        };
         let mut options: Vec<(usize, i64, Vec<JobId>, &NodeName)> = Vec::new();
-        for name in &partition.nodes {
+        for &i in members {
             let position = options.len().min(job.spec.nodes as usize - 1);
-            if let Some((count, spare, chosen)) = self.victims_on(name, job, position, taken) {
-                options.push((count, spare, chosen, name));
+            if let Some((count, spare, chosen)) = self.victims_on(i, job, position, taken) {
+                options.push((count, spare, chosen, &self.pool.node(i).spec.name));
             }
         }
         let wanted = job.spec.nodes as usize;
@@ -107,22 +112,22 @@ impl Pass<'_> {
 }
 
 impl Pass<'_> {
-    /// What preempting on node `name` could free for `job` (as its `position`th node): how
-    /// many victims, the cpus to spare once it fits, and the victims, best first; none when
-    /// the node cannot take it even so.
+    /// What preempting on the node at place `i` could free for `job` (as its `position`th
+    /// node): how many victims, the cpus to spare once it fits, and the victims, best first;
+    /// none when the node cannot take it even so.
     fn victims_on(
         &self,
-        name: &NodeName,
+        i: usize,
         job: &Job,
         position: usize,
         taken: &BTreeSet<JobId>,
     ) -> Option<(usize, i64, Vec<JobId>)> {
         let (state, now) = (self.state, self.now);
-        let node = state.nodes.get(name)?;
-        if !self.pool.admits(job, name, now) {
+        let node = self.pool.node(i);
+        if !self.pool.admits_at(job, i, now) {
             return None;
         }
-        let mut free = self.pool.free_now(name)?;
+        let mut free = self.pool.free_now_at(i)?;
         let want = crate::request::node_use(job, position, &node.spec)?;
         let mut victims: Vec<(f64, &Job, PreemptMode)> = node
             .jobs
