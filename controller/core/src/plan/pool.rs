@@ -268,8 +268,7 @@ impl<'a> Pool<'a> {
     /// What node `i` has free now (cpus, memory) if it can take a share now: it accepts
     /// jobs and no job holds it exclusively.
     fn standing(&self, i: usize) -> Option<(i64, i64)> {
-        let f = &self.free[i];
-        (!self.closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory))
+        standing(&self.free, &self.closed, i)
     }
 
     /// The most cpus and the most memory any usable one of `members` has free now (at
@@ -557,7 +556,7 @@ impl<'a> Pool<'a> {
     /// (a take or a close) from `before` (their [`Pool::standing`] then). A bound moves only
     /// when the last members holding it shrank, and only then is it re-derived.
     fn note_shrunk(&mut self, nodes: &[usize], before: &[Option<(i64, i64)>]) {
-        let after: Vec<Option<(i64, i64)>> = nodes.iter().map(|&i| self.standing(i)).collect();
+        let (free, closed) = (&self.free, &self.closed);
         let mut stale: Vec<&'a PartitionName> = Vec::new();
         for (p, v) in &mut self.parts {
             let mut emptied = false;
@@ -568,7 +567,8 @@ impl<'a> Pool<'a> {
                 if v.members.binary_search(&i).is_err() {
                     continue;
                 }
-                let (cpus_after, memory_after) = after[k].unwrap_or((i64::MIN, i64::MIN));
+                let (cpus_after, memory_after) =
+                    standing(free, closed, i).unwrap_or((i64::MIN, i64::MIN));
                 if cpus == v.most_free.0 && cpus_after < cpus {
                     v.holders.0 -= 1;
                     emptied |= v.holders.0 == 0;
@@ -758,30 +758,41 @@ impl<'a> Pool<'a> {
         // picks the nodes in order of what they would have left: each run ranks the members
         // once. (Ranking them again for every position cost a job of a hundred nodes a
         // hundred walks of a thousand-node partition, three quarters of a replay there.)
-        let mut taken = vec![false; self.nodes.len()];
-        for &i in &chosen {
-            taken[i] = true;
-        }
         while chosen.len() < wanted {
             let position = chosen.len();
             let until = crate::request::same_share_until(job, position).clamp(position + 1, wanted);
-            let mut ranked: Vec<(i64, i64, usize)> = members
+            // The nodes chosen so far (required ones, an earlier run), marked by place when
+            // there are more than a few; at most two runs, so marked at most twice.
+            let taken: Option<Vec<bool>> = (chosen.len() > FEW_CHOSEN).then(|| {
+                let mut marks = vec![false; self.nodes.len()];
+                for &i in &chosen {
+                    marks[i] = true;
+                }
+                marks
+            });
+            let is_taken = |i: usize| match &taken {
+                Some(marks) => marks[i],
+                None => chosen.contains(&i),
+            };
+            let candidates = members
                 .iter()
-                .filter(|&&i| !taken[i] && usable(i) && self.window_ok(job, i, start))
-                .filter_map(|&i| self.left_after(job, position, i, start, end))
-                .collect();
+                .filter(|&&i| !is_taken(i) && usable(i) && self.window_ok(job, i, start))
+                .filter_map(|&i| self.left_after(job, position, i, start, end));
             let need = until - position;
-            if ranked.len() < need {
-                return None;
-            }
-            if ranked.len() > need {
-                ranked.select_nth_unstable(need - 1);
-                ranked.truncate(need);
-            }
-            ranked.sort_unstable();
-            for (_, _, i) in ranked {
-                taken[i] = true;
+            if need == 1 {
+                let (_, _, i) = candidates.min()?;
                 chosen.push(i);
+            } else {
+                let mut ranked: Vec<(i64, i64, usize)> = candidates.collect();
+                if ranked.len() < need {
+                    return None;
+                }
+                if ranked.len() > need {
+                    ranked.select_nth_unstable(need - 1);
+                    ranked.truncate(need);
+                }
+                ranked.sort_unstable();
+                chosen.extend(ranked.iter().map(|r| r.2));
             }
         }
         Some(chosen)
@@ -824,6 +835,16 @@ pub(crate) fn places<'n, N: std::ops::Deref<Target = Node>>(
         found.then_some(next)
     })
 }
+
+/// [`Pool::standing`], from the pool's fields.
+fn standing(free: &[Free], closed: &[bool], i: usize) -> Option<(i64, i64)> {
+    let f = &free[i];
+    (!closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory))
+}
+
+/// Up to this many chosen nodes, best fit checks a node against the list itself; beyond,
+/// against marks by place.
+const FEW_CHOSEN: usize = 16;
 
 /// Keeps a node's changes in time order, returns before takes at one instant. Every change
 /// lies after the pool's now (what happens now is in `free`); `new` and `take_shares` keep it so.
@@ -1195,9 +1216,13 @@ mod tests {
         /// first nodes take one more), exclusive ones, now and later.
         #[test]
         fn best_fit_ranks_once_per_run_of_equal_shares(
-            cpus in proptest::collection::vec(2u32..17, 1..9),
+            cpus in proptest::collection::vec(2u32..17, 1..41),
             running in proptest::collection::vec(shape(), 0..8),
-            waiting in proptest::collection::vec((shape(), 0u32..8), 1..8),
+            // Up to 40 nodes: past a few chosen nodes, fit marks them by place.
+            waiting in proptest::collection::vec(
+                ((1u32..41, 1u32..9, 1u64..240, proptest::bool::weighted(0.15)), 0u32..40),
+                1..8,
+            ),
             later in 1u64..120,
         ) {
             let (mut state, mut index) = machine(&cpus);
