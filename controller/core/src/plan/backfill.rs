@@ -330,7 +330,6 @@ fn yielded(mut pass: Pass<'_>, cont: Continuation, bypass: &Bypass) -> Plan {
 }
 
 /// The jobs that could not start and the latest queue position that did, in one pass.
-#[derive(Default)]
 struct Bypass {
     failed: Vec<(usize, crate::ids::JobId)>,
     latest_start: Option<usize>,

@@ -92,7 +92,7 @@ impl Change {
     }
 }
 
-/// What a node has free now, as [`Pool::free_now`] reports it.
+/// What a node has free now, as the pool reports it to preemption.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreeNow {
     pub cpus: i64,
@@ -282,14 +282,9 @@ impl<'a> Pool<'a> {
         (most, holders)
     }
 
-    /// What node `name` has free now, if it exists, accepts jobs and is not held
+    /// What the node at place `i` has free now, if it accepts jobs and is not held
     /// exclusively; a suspended job's cpus count as taken (they are its to resume).
-    pub fn free_now(&self, name: &NodeName) -> Option<FreeNow> {
-        self.free_now_at(self.position(name)?)
-    }
-
-    /// [`Pool::free_now`] of the node at place `i`.
-    pub(crate) fn free_now_at(&self, i: usize) -> Option<FreeNow> {
+    pub(crate) fn free_now(&self, i: usize) -> Option<FreeNow> {
         let f = &self.free[i];
         (!self.closed[i] && f.exclusive == 0).then_some(FreeNow {
             cpus: f.cpus,
@@ -319,15 +314,9 @@ impl<'a> Pool<'a> {
         }
     }
 
-    /// Can `job` use node `name` from `start` to its time limit as far as admin state,
-    /// exclusions, features and reservation windows go?
-    pub fn admits(&self, job: &Job, name: &NodeName, start: TimeMs) -> bool {
-        self.position(name)
-            .is_some_and(|i| self.admits_at(job, i, start))
-    }
-
-    /// [`Pool::admits`] for the node at place `i`.
-    pub(crate) fn admits_at(&self, job: &Job, i: usize, start: TimeMs) -> bool {
+    /// Can `job` use the node at place `i` from `start` to its time limit as far as admin
+    /// state, exclusions, features and reservation windows go?
+    pub(crate) fn admits(&self, job: &Job, i: usize, start: TimeMs) -> bool {
         self.usable_for(job, i) && self.window_ok(job, i, start)
     }
 
@@ -824,8 +813,8 @@ impl<'a> Pool<'a> {
 
 /// The places, in the state's nodes in name order, of the nodes `names` names that exist,
 /// ascending: one walk of both, as both are sorted.
-pub(crate) fn places<'n, N: std::ops::Deref<Target = Node>>(
-    nodes: &'n [N],
+pub(crate) fn places<'n>(
+    nodes: &'n [&Node],
     names: &'n std::collections::BTreeSet<NodeName>,
 ) -> impl Iterator<Item = usize> + 'n {
     let mut next = 0;
@@ -1040,14 +1029,7 @@ mod tests {
         use crate::command::Command;
         let (mut state, mut index) = machine(&[4, 8]);
         let mut apply = |state: &mut State, c: Command| {
-            index += 1;
-            let ctx = crate::apply::ApplyCtx {
-                index,
-                time_ms: TimeMs(0),
-            };
-            state
-                .apply(&crate::command::Envelope::controller(c), ctx)
-                .unwrap();
+            apply_at(state, &mut index, c, TimeMs(0));
             state.check_invariants().unwrap();
         };
         let node = |name: &str, cpus| {
@@ -1086,10 +1068,10 @@ mod tests {
         );
         let pool = Pool::new(&state, TimeMs(0), Horizon::Now);
         for (name, cpus) in [("m00", 2), ("n00", 4), ("n01", 8)] {
-            let free = pool.free_now(&name.parse().unwrap()).unwrap();
-            assert_eq!(free.cpus, cpus, "{name}");
+            let i = pool.position(&name.parse().unwrap()).unwrap();
+            assert_eq!(pool.free_now(i).unwrap().cpus, cpus, "{name}");
         }
-        assert!(pool.free_now(&"a00".parse().unwrap()).is_none());
+        assert!(pool.position(&"a00".parse().unwrap()).is_none());
     }
 
     const SCRIPT: &[u8] = b"#!/bin/sh\n";
@@ -1152,6 +1134,52 @@ mod tests {
         Some(chosen)
     }
 
+    /// Applies `cmd` at `now` as the next log entry.
+    fn apply_at(
+        state: &mut State,
+        index: &mut u64,
+        cmd: crate::command::Command,
+        now: TimeMs,
+    ) -> crate::Response {
+        *index += 1;
+        let ctx = crate::apply::ApplyCtx {
+            index: *index,
+            time_ms: now,
+        };
+        state
+            .apply(&crate::command::Envelope::controller(cmd), ctx)
+            .unwrap()
+    }
+
+    /// Submits `jobs` at `now`: their ids.
+    fn submit(
+        state: &mut State,
+        index: &mut u64,
+        jobs: Vec<crate::job::JobSpec>,
+        now: TimeMs,
+    ) -> Vec<Result<crate::ids::JobId, crate::Rejection>> {
+        let blobs = vec![SCRIPT.to_vec()];
+        let cmd = crate::command::Command::SubmitJobs { blobs, jobs };
+        match apply_at(state, index, cmd, now) {
+            crate::Response::Submitted(ids) => ids,
+            other => panic!("submission answered {other:?}"),
+        }
+    }
+
+    /// Submits `jobs` at `now` and starts what a main pass then starts.
+    fn start_one(state: &mut State, index: &mut u64, jobs: Vec<crate::job::JobSpec>, now: TimeMs) {
+        submit(state, index, jobs, now);
+        let starts = state
+            .main_pass(now, &mut crate::plan::Unlimited, None)
+            .starts;
+        apply_at(
+            state,
+            index,
+            crate::command::Command::StartJobs(starts),
+            now,
+        );
+    }
+
     fn shape() -> impl Strategy<Value = Shape> {
         (1u32..4, 1u32..9, 1u64..240, proptest::bool::weighted(0.15))
     }
@@ -1174,32 +1202,10 @@ mod tests {
             let mut now = TimeMs(0);
             for (s, gap) in &running {
                 now = now.plus(Seconds(gap * 60));
-                let blobs = vec![SCRIPT.to_vec()];
-                for cmd in [
-                    crate::command::Command::SubmitJobs { blobs, jobs: specs(&cpus, &[*s]) },
-                    crate::command::Command::StartJobs(
-                        state.main_pass(now, &mut crate::plan::Unlimited, None).starts,
-                    ),
-                ] {
-                    index += 1;
-                    let ctx = crate::apply::ApplyCtx { index, time_ms: now };
-                    state.apply(&crate::command::Envelope::controller(cmd), ctx).unwrap();
-                }
+                start_one(&mut state, &mut index, specs(&cpus, &[*s]), now);
             }
             now = now.plus(Seconds(37));
-            index += 1;
-            let submitted = state
-                .apply(
-                    &crate::command::Envelope::controller(crate::command::Command::SubmitJobs {
-                        blobs: vec![SCRIPT.to_vec()],
-                        jobs: specs(&cpus, &waiting),
-                    }),
-                    crate::apply::ApplyCtx { index, time_ms: now },
-                )
-                .unwrap();
-            let crate::Response::Submitted(ids) = submitted else {
-                panic!("submission answered {submitted:?}");
-            };
+            let ids = submit(&mut state, &mut index, specs(&cpus, &waiting), now);
             let mut merged = Pool::new(&state, now, Horizon::Profile);
             let mut plain = Pool::new(&state, now, Horizon::Profile);
             let horizon = now.plus(Seconds(7 * 86_400));
@@ -1230,17 +1236,7 @@ mod tests {
             let (mut state, mut index) = machine(&cpus);
             let now = TimeMs(60_000);
             for s in &running {
-                let blobs = vec![SCRIPT.to_vec()];
-                for cmd in [
-                    crate::command::Command::SubmitJobs { blobs, jobs: specs(&cpus, &[*s]) },
-                    crate::command::Command::StartJobs(
-                        state.main_pass(now, &mut crate::plan::Unlimited, None).starts,
-                    ),
-                ] {
-                    index += 1;
-                    let ctx = crate::apply::ApplyCtx { index, time_ms: now };
-                    state.apply(&crate::command::Envelope::controller(cmd), ctx).unwrap();
-                }
+                start_one(&mut state, &mut index, specs(&cpus, &[*s]), now);
             }
             // Fewer tasks than nodes times tasks per node: the first nodes take one more.
             let jobs: Vec<crate::job::JobSpec> = waiting
@@ -1251,19 +1247,7 @@ mod tests {
                     s
                 })
                 .collect();
-            index += 1;
-            let submitted = state
-                .apply(
-                    &crate::command::Envelope::controller(crate::command::Command::SubmitJobs {
-                        blobs: vec![SCRIPT.to_vec()],
-                        jobs,
-                    }),
-                    crate::apply::ApplyCtx { index, time_ms: now },
-                )
-                .unwrap();
-            let crate::Response::Submitted(ids) = submitted else {
-                panic!("submission answered {submitted:?}");
-            };
+            let ids = submit(&mut state, &mut index, jobs, now);
             let pool = Pool::new(&state, now, Horizon::Profile);
             for id in ids {
                 let job = &state.jobs[&id.unwrap()];

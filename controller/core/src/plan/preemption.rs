@@ -124,10 +124,10 @@ impl Pass<'_> {
     ) -> Option<(usize, i64, Vec<JobId>)> {
         let (state, now) = (self.state, self.now);
         let node = self.pool.node(i);
-        if !self.pool.admits_at(job, i, now) {
+        if !self.pool.admits(job, i, now) {
             return None;
         }
-        let mut free = self.pool.free_now_at(i)?;
+        let mut free = self.pool.free_now(i)?;
         let want = crate::request::node_use(job, position, &node.spec)?;
         let mut victims: Vec<(f64, &Job, PreemptMode)> = node
             .jobs
