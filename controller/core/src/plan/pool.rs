@@ -768,7 +768,9 @@ impl<'a> Pool<'a> {
             return None;
         }
         let usable = |i: usize| self.usable_for(job, i);
-        let mut chosen: Vec<usize> = Vec::with_capacity(wanted);
+        // Sized at its first pick: most jobs that get this far still find no node (a backfill
+        // pass's candidates on a busy machine), and each allocated a list for nothing.
+        let mut chosen: Vec<usize> = Vec::new();
         // Required nodes (`-w`) take the first shares, in name order.
         for name in &spec.nodelist {
             let i = self.position(name)?;
@@ -777,6 +779,7 @@ impl<'a> Pool<'a> {
             }
             let want = crate::request::node_use(job, chosen.len(), &self.nodes[i].spec)?;
             self.fits_over(i, &want, start, end)?;
+            chosen.reserve_exact(wanted.saturating_sub(chosen.len()));
             chosen.push(i);
         }
         // The rest by best fit. Shares only shrink with position, so filling positions in
@@ -808,6 +811,7 @@ impl<'a> Pool<'a> {
             let need = until - position;
             if need == 1 {
                 let (_, _, i) = candidates.min()?;
+                chosen.reserve_exact(wanted.saturating_sub(chosen.len()));
                 chosen.push(i);
             } else {
                 let mut ranked: Vec<(i64, i64, usize)> = candidates.collect();
@@ -819,6 +823,7 @@ impl<'a> Pool<'a> {
                     ranked.truncate(need);
                 }
                 ranked.sort_unstable();
+                chosen.reserve_exact(wanted.saturating_sub(chosen.len()));
                 chosen.extend(ranked.iter().map(|r| r.2));
             }
         }
