@@ -225,3 +225,69 @@ proptest! {
         prop_assert_eq!(starts(&t, Policy::EASY), reference(16, &jobs, true));
     }
 }
+
+/// A suspended job's clock stops, and a replay's figures count the seconds it ran: counting
+/// the time it held its place, a preemptor and its suspended victim were both counted on
+/// the same cpus (utilization above 1). One node of 4 cpus: job 1 (normal) would run 100 s
+/// from 0; job 2 (express, the higher tier) suspends it at 10 and runs 50 s; job 1 resumes
+/// at 60 and ends at 150.
+#[test]
+fn a_suspended_job_counts_the_seconds_it_ran() {
+    let text = r#"
+ClusterName = "t"
+[SchedulerParameters]
+bf_mode = "easy"
+[[nodes]]
+NodeName = "n1"
+CPUs = 4
+RealMemory = "4G"
+[[partitions]]
+PartitionName = "express"
+Nodes = "ALL"
+PriorityTier = 10
+[[partitions]]
+PartitionName = "normal"
+Nodes = "ALL"
+Default = true
+PriorityTier = 1
+PreemptMode = "SUSPEND"
+[sim]
+DefaultPartition = "normal"
+queues = { 1 = { partition = "normal" }, 2 = { partition = "express" } }
+"#;
+    let file = docket_core::site::parse(text).unwrap();
+    let site = docket_core::sim::SimSite::from_file(&file).unwrap();
+    let t = trace(
+        4,
+        vec![
+            SwfJob {
+                queue: 1,
+                ..job(1, 0, 4, 100, 100)
+            },
+            SwfJob {
+                queue: 2,
+                ..job(2, 10, 4, 50, 50)
+            },
+        ],
+    );
+    let options = docket_core::sim::SimOptions {
+        policy: None,
+        procs: None,
+        max_jobs: None,
+        site: Some(site),
+    };
+    let r = docket_core::sim::replay(&t, &options, &mut |_, _| {}).unwrap();
+    let of = |id: u64| r.outcomes.iter().find(|o| o.swf_id == id).unwrap();
+    let (victim, preemptor) = (of(1), of(2));
+    assert_eq!(
+        (preemptor.start, preemptor.end),
+        (10, 60),
+        "job 2 suspends job 1"
+    );
+    assert_eq!((victim.start, victim.end, victim.run()), (0, 150, 100));
+    assert_eq!(victim.bsld(), 1.5, "150 s in the system for 100 s of run");
+    assert_eq!(
+        r.summary.utilization, 1.0,
+        "600 cpu-seconds on 4 cpus over 150 s"
+    );
+}

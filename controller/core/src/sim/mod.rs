@@ -199,8 +199,11 @@ pub struct JobOutcome {
     pub procs: u64,
     pub submit: u64,
     pub start: u64,
+    /// Later than `start` + `run` when the job was suspended on the way.
     pub end: u64,
     pub estimate: u64,
+    /// The seconds it ran: its trace run time (a suspended job's clock stops).
+    pub run: u64,
 }
 
 impl JobOutcome {
@@ -208,14 +211,19 @@ impl JobOutcome {
         self.start - self.submit
     }
 
+    /// The seconds it ran, suspensions excluded: counting them, a preemptor and its
+    /// suspended victim were both counted on the same cpus, and a replay with suspension
+    /// reported a utilization above 1.
     pub fn run(&self) -> u64 {
-        self.end - self.start
+        self.run
     }
 
-    /// Bounded slowdown: max(1, (wait + run) / max(run, 10)).
+    /// Bounded slowdown: max(1, (end - submit) / max(run, 10)), the response time (time
+    /// suspended included) over the run time; (wait + run) / max(run, 10) for a job never
+    /// suspended.
     pub fn bsld(&self) -> f64 {
-        let run = self.run() as f64;
-        ((self.wait() as f64 + run) / run.max(10.0)).max(1.0)
+        let response = self.end.saturating_sub(self.submit) as f64;
+        (response / (self.run() as f64).max(10.0)).max(1.0)
     }
 }
 

@@ -511,6 +511,7 @@ impl<'t> Replayer<'t> {
                 start: t,
                 end: t + j.runtime,
                 estimate: j.estimate,
+                run: j.runtime,
             });
         }
     }
