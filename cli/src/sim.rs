@@ -177,7 +177,7 @@ fn write_csv(replay: &Replay, path: &PathBuf) -> Result<()> {
             o.start.to_string(),
             o.end.to_string(),
             o.wait().to_string(),
-            o.run().to_string(),
+            o.run.to_string(),
             o.estimate.to_string(),
             format!("{:.4}", o.bsld()),
         ])?;

@@ -284,7 +284,7 @@ queues = { 1 = { partition = "normal" }, 2 = { partition = "express" } }
         (10, 60),
         "job 2 suspends job 1"
     );
-    assert_eq!((victim.start, victim.end, victim.run()), (0, 150, 100));
+    assert_eq!((victim.start, victim.end, victim.run), (0, 150, 100));
     assert_eq!(victim.bsld(), 1.5, "150 s in the system for 100 s of run");
     assert_eq!(
         r.summary.utilization, 1.0,

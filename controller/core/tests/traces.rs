@@ -36,12 +36,7 @@ fn check(path: &std::path::Path, jobs: usize) {
                 "{path}: job {} started early",
                 o.swf_id
             );
-            assert_eq!(
-                o.run(),
-                j.runtime,
-                "{path}: job {} ran its runtime",
-                o.swf_id
-            );
+            assert_eq!(o.run, j.runtime, "{path}: job {} ran its runtime", o.swf_id);
             events.push((o.start, o.procs as i64));
             events.push((o.end, -(o.procs as i64)));
         }

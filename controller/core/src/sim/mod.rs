@@ -202,7 +202,9 @@ pub struct JobOutcome {
     /// Later than `start` + `run` when the job was suspended on the way.
     pub end: u64,
     pub estimate: u64,
-    /// The seconds it ran: its trace run time (a suspended job's clock stops).
+    /// The seconds it ran, suspensions excluded (its trace run time: a suspended job's
+    /// clock stops). Counting them, a preemptor and its suspended victim were both counted
+    /// on the same cpus, and a replay with suspension reported a utilization above 1.
     pub run: u64,
 }
 
@@ -211,19 +213,12 @@ impl JobOutcome {
         self.start - self.submit
     }
 
-    /// The seconds it ran, suspensions excluded: counting them, a preemptor and its
-    /// suspended victim were both counted on the same cpus, and a replay with suspension
-    /// reported a utilization above 1.
-    pub fn run(&self) -> u64 {
-        self.run
-    }
-
     /// Bounded slowdown: max(1, (end - submit) / max(run, 10)), the response time (time
     /// suspended included) over the run time; (wait + run) / max(run, 10) for a job never
     /// suspended.
     pub fn bsld(&self) -> f64 {
         let response = self.end.saturating_sub(self.submit) as f64;
-        (response / (self.run() as f64).max(10.0)).max(1.0)
+        (response / (self.run as f64).max(10.0)).max(1.0)
     }
 }
 
@@ -373,10 +368,7 @@ fn summarize(outcomes: &[JobOutcome], procs: u64, policy: Policy, dropped: usize
     let first_submit = outcomes.iter().map(|o| o.submit).min().unwrap_or(0);
     let last_end = outcomes.iter().map(|o| o.end).max().unwrap_or(0);
     let makespan = last_end.saturating_sub(first_submit);
-    let work: f64 = outcomes
-        .iter()
-        .map(|o| o.run() as f64 * o.procs as f64)
-        .sum();
+    let work: f64 = outcomes.iter().map(|o| o.run as f64 * o.procs as f64).sum();
     let mean = |sum: f64| if n == 0 { 0.0 } else { sum / n as f64 };
     Summary {
         jobs: n,
