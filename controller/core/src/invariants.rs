@@ -185,6 +185,10 @@ impl State {
             "dependents/array-tasks index differs from the jobs"
         );
         ensure!(
+            self.returns == self.compute_returns(),
+            "the index of running jobs' returns differs from the nodes and jobs"
+        );
+        ensure!(
             self.ended == self.compute_ended(),
             "ended-jobs index differs from the terminal jobs"
         );

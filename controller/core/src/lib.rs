@@ -47,6 +47,7 @@ mod queue_index;
 pub mod relations;
 pub mod request;
 pub mod reservation;
+mod returns;
 pub mod sim;
 pub mod site;
 pub mod snapshot;

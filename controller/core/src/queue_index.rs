@@ -45,7 +45,7 @@ pub struct QueueIndex {
     keys: BTreeMap<JobId, OrderKey>,
     order: BTreeSet<Ordered>,
     /// Jobs a command changed that may have entered or left the idle queue or changed key.
-    touched: Vec<JobId>,
+    pub(crate) touched: Vec<JobId>,
 }
 
 /// An [`OrderKey`] ordered so that the job to consider first is the smallest.
@@ -72,6 +72,19 @@ impl Ord for Ordered {
     }
 }
 
+/// The idle queue's ids in order of consideration ([`QueueIndex::in_order`]): a type a
+/// pass can name, so its walk is not a boxed iterator called through a pointer for each job.
+#[derive(Debug, Clone)]
+pub(crate) struct InOrder<'a>(std::collections::btree_set::Iter<'a, Ordered>);
+
+impl Iterator for InOrder<'_> {
+    type Item = JobId;
+
+    fn next(&mut self) -> Option<JobId> {
+        self.0.next().map(|k| k.0.id)
+    }
+}
+
 impl QueueIndex {
     /// Marks a job whose state, part or key a command may have changed.
     pub(crate) fn touch(&mut self, id: JobId) {
@@ -84,8 +97,8 @@ impl QueueIndex {
     }
 
     /// The idle queue in order of consideration, when the order is time-independent.
-    pub(crate) fn in_order(&self) -> Option<impl Iterator<Item = JobId> + '_> {
-        self.active.then(|| self.order.iter().map(|k| k.0.id))
+    pub(crate) fn in_order(&self) -> Option<InOrder<'_>> {
+        self.active.then(|| InOrder(self.order.iter()))
     }
 
     /// How many jobs wait in the idle queue.

@@ -149,6 +149,9 @@ pub struct State {
     /// (derived).
     #[serde(skip)]
     pub(crate) queue_index: crate::queue_index::QueueIndex,
+    /// When each node's running jobs give their shares back, in order (derived).
+    #[serde(skip)]
+    pub(crate) returns: crate::returns::Returns,
     /// Terminal jobs in order of their end, what purging walks (derived; see
     /// [`crate::apply::purge`]).
     #[serde(skip)]
@@ -211,6 +214,7 @@ impl State {
             partition_members: BTreeMap::new(),
             finished: crate::apply::purge::Outbox::default(),
             queue_index: crate::queue_index::QueueIndex::default(),
+            returns: crate::returns::Returns::default(),
             ended: BTreeSet::new(),
             clocked: BTreeSet::new(),
         };
@@ -234,6 +238,7 @@ impl State {
         self.account_rules = crate::policy::AccountRules::of(self);
         self.refresh_partition_views();
         self.queue_index = self.compute_queue_index();
+        self.returns = self.compute_returns();
         self.ended = self.compute_ended();
         self.clocked = self.compute_clocked();
     }

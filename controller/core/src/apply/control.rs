@@ -144,6 +144,7 @@ impl State {
             signal: exit.signal,
             ..Default::default()
         });
+        self.queue_index.touch(id);
         Ok(Response::Done)
     }
 

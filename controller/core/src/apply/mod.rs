@@ -170,7 +170,9 @@ impl State {
             // clocked jobs, which learns from those marks, is rebuilt too.
             self.queue_index = self.compute_queue_index();
             self.clocked = self.compute_clocked();
+            self.returns = self.compute_returns();
         } else {
+            self.sync_returns();
             self.sync_queue_index(now);
         }
         response

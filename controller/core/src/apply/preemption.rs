@@ -59,6 +59,10 @@ impl State {
             modes.push((*v, mode));
         }
         let suspend_all = modes.iter().all(|(_, m)| *m == PreemptMode::Suspend);
+        // Their state and shares change (or are put back): the derived indexes learn it.
+        for (v, _) in &modes {
+            self.queue_index.touch(*v);
+        }
         if suspend_all {
             // Free the victims' cpus, try the start, and undo if it does not hold.
             for (v, _) in &modes {

@@ -204,26 +204,18 @@ impl<'a> Pool<'a> {
             .iter()
             .map(|n| Vec::with_capacity(if profile { n.jobs.len() + 4 } else { 0 }))
             .collect();
-        // Never plan on something still held: returns happen no sooner than just after now.
-        let soonest = TimeMs(now.0.saturating_add(1));
         // Each node's returns, sorted by instant as pairs of an instant and a reference before
         // they become changes: sorting the changes themselves, three times the size, was
         // nearly a third of building a pool for a node of a thousand cpus.
         let mut returns: Vec<(TimeMs, &NodeUse)> = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
-            if profile {
-                returns.reserve(node.jobs.len());
-            }
-            for (id, u) in &node.jobs {
+            for u in node.jobs.values() {
                 free[i].apply(&Change::of(now, u, -1));
-                if !profile {
-                    continue;
-                }
-                let end = state.jobs.get(id).and_then(|j| expected_end(j, now));
-                if let Some(end) = end {
-                    returns.push((end.max(soonest), u));
-                }
             }
+            if !profile {
+                continue;
+            }
+            node_returns(state, node, now, &mut returns);
             // Only returns so far; their order at one instant does not matter.
             returns.sort_unstable_by_key(|r| r.0);
             changes[i].extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
@@ -894,6 +886,47 @@ fn insert(changes: &mut Vec<Change>, c: Change) {
 /// When a job holding resources is expected to give them back, if it is known: at its time
 /// limit, or its (corrected) prediction where the site predicts run times (walltime does
 /// not run while suspended, so a suspended job's end is unknown).
+/// Node `node`'s returns after `now` (never sooner than just after it), in no set order.
+///
+/// From the state's index of returns ([`crate::returns`]), already in order within a
+/// second, where every job's end follows from the job alone; else each job looked up.
+fn node_returns<'a>(
+    state: &'a State,
+    node: &'a Node,
+    now: TimeMs,
+    returns: &mut Vec<(TimeMs, &'a NodeUse)>,
+) {
+    // Never plan on something still held: returns happen no sooner than just after now.
+    let soonest = TimeMs(now.0.saturating_add(1));
+    returns.reserve(node.jobs.len());
+    match state.returns.of_node(&node.spec.name) {
+        Some(r) if r.moving == 0 => returns.extend(
+            r.fixed
+                .values()
+                .map(|r| (r.ends.at(now).max(soonest), &r.share)),
+        ),
+        None => {}
+        Some(_) => looked_up_returns(state, node, now, returns),
+    }
+}
+
+/// Node `node`'s returns after `now`, each job looked up (a node holding a job whose end
+/// moves with the clock; what the index is checked against).
+fn looked_up_returns<'a>(
+    state: &'a State,
+    node: &'a Node,
+    now: TimeMs,
+    returns: &mut Vec<(TimeMs, &'a NodeUse)>,
+) {
+    let soonest = TimeMs(now.0.saturating_add(1));
+    for (id, u) in &node.jobs {
+        let end = state.jobs.get(id).and_then(|j| expected_end(j, now));
+        if let Some(end) = end {
+            returns.push((end.max(soonest), u));
+        }
+    }
+}
+
 fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
     if job.state == JobState::Suspended {
         return None;
@@ -1227,6 +1260,16 @@ mod tests {
         );
     }
 
+    /// A node's returns as sortable tuples, in order.
+    fn sorted_returns(returns: Vec<(TimeMs, &NodeUse)>) -> Vec<(TimeMs, u32, u64, u64, u32, bool)> {
+        let mut out: Vec<_> = returns
+            .into_iter()
+            .map(|(t, u)| (t, u.cpus, u.memory.0, u.jobfs.0, u.gpus, u.exclusive))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     fn shape() -> impl Strategy<Value = Shape> {
         (1u32..4, 1u32..9, 1u64..240, proptest::bool::weighted(0.15))
     }
@@ -1262,6 +1305,47 @@ mod tests {
                 let a = merged.reserve_with(job, d, Seconds(resolution), horizon, true);
                 let b = plain.reserve_with(job, d, Seconds(resolution), horizon, false);
                 prop_assert_eq!(a, b);
+            }
+        }
+
+        /// The state's index of returns gives each node the same returns as looking every job
+        /// up: jobs started at instants with milliseconds (whole seconds run are counted), some
+        /// suspended (no return), some cancelled (completing: as soon as possible), some past
+        /// their limit, seen from a pass at an instant with milliseconds of its own.
+        #[test]
+        fn indexed_returns_are_the_looked_up_ones(
+            cpus in proptest::collection::vec(4u32..17, 1..5),
+            running in proptest::collection::vec((shape(), 0u64..90_000, 0u8..6), 0..10),
+            later in 0u64..20_000_000,
+        ) {
+            use crate::command::Command;
+            use crate::job::JobRef;
+            let (mut state, mut index) = machine(&cpus);
+            let mut now = TimeMs(0);
+            for (s, gap, fate) in &running {
+                now = TimeMs(now.0 + gap);
+                let before = state.next_job_id;
+                start_one(&mut state, &mut index, specs(&cpus, &[*s]), now);
+                let id = crate::ids::JobId(before);
+                if !state.jobs[&id].state.holds_resources() {
+                    continue;
+                }
+                let jobs = vec![JobRef { job: id, task: None }];
+                let cmd = match fate {
+                    0 => Command::SuspendJobs { jobs },
+                    1 => Command::CancelJobs { jobs },
+                    _ => continue,
+                };
+                apply_at(&mut state, &mut index, cmd, now);
+            }
+            state.check_invariants().unwrap();
+            let now = TimeMs(now.0 + later);
+            for node in state.nodes.values() {
+                let mut indexed = Vec::new();
+                node_returns(&state, node, now, &mut indexed);
+                let mut looked_up = Vec::new();
+                looked_up_returns(&state, node, now, &mut looked_up);
+                prop_assert_eq!(sorted_returns(indexed), sorted_returns(looked_up));
             }
         }
 
