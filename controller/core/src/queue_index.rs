@@ -44,7 +44,9 @@ pub struct QueueIndex {
     active: bool,
     keys: BTreeMap<JobId, OrderKey>,
     order: BTreeSet<Ordered>,
-    /// Jobs a command changed that may have entered or left the idle queue or changed key.
+    /// Jobs a command changed that may have entered or left the idle queue or changed key,
+    /// or, holding resources, changed what [`crate::returns`] reads (state, start, limit,
+    /// suspension, shares): the change feed of both indexes.
     pub(crate) touched: Vec<JobId>,
 }
 
@@ -86,7 +88,8 @@ impl Iterator for InOrder<'_> {
 }
 
 impl QueueIndex {
-    /// Marks a job whose state, part or key a command may have changed.
+    /// Marks a job whose state, part or key a command may have changed, or, for a job
+    /// holding resources, its start, limit, suspension or shares ([`crate::returns`]).
     pub(crate) fn touch(&mut self, id: JobId) {
         self.touched.push(id);
     }

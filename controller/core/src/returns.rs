@@ -178,7 +178,10 @@ impl Returns {
                 Some(key) => {
                     at.fixed.remove(&(key, id));
                 }
-                None => at.moving = at.moving.saturating_sub(1),
+                None => {
+                    debug_assert!(at.moving > 0, "job {id} moving on {node} uncounted");
+                    at.moving = at.moving.saturating_sub(1);
+                }
             }
         }
     }

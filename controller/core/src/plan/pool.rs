@@ -883,9 +883,6 @@ fn insert(changes: &mut Vec<Change>, c: Change) {
     changes.insert(at, c);
 }
 
-/// When a job holding resources is expected to give them back, if it is known: at its time
-/// limit, or its (corrected) prediction where the site predicts run times (walltime does
-/// not run while suspended, so a suspended job's end is unknown).
 /// Node `node`'s returns after `now` (never sooner than just after it), in no set order.
 ///
 /// From the state's index of returns ([`crate::returns`]), already in order within a
@@ -905,8 +902,9 @@ fn node_returns<'a>(
                 .values()
                 .map(|r| (r.ends.at(now).max(soonest), &r.share)),
         ),
-        None => {}
-        Some(_) => looked_up_returns(state, node, now, returns),
+        // The index has every node (it is rebuilt whenever nodes come or go); one it lacked
+        // would be looked up rather than planned as never freeing.
+        _ => looked_up_returns(state, node, now, returns),
     }
 }
 
@@ -927,6 +925,9 @@ fn looked_up_returns<'a>(
     }
 }
 
+/// When a job holding resources is expected to give them back, if it is known: at its time
+/// limit, or its (corrected) prediction where the site predicts run times (walltime does
+/// not run while suspended, so a suspended job's end is unknown).
 fn expected_end(job: &Job, now: TimeMs) -> Option<TimeMs> {
     if job.state == JobState::Suspended {
         return None;
@@ -1261,10 +1262,23 @@ mod tests {
     }
 
     /// A node's returns as sortable tuples, in order.
-    fn sorted_returns(returns: Vec<(TimeMs, &NodeUse)>) -> Vec<(TimeMs, u32, u64, u64, u32, bool)> {
+    #[allow(clippy::type_complexity)]
+    fn sorted_returns(
+        returns: Vec<(TimeMs, &NodeUse)>,
+    ) -> Vec<(TimeMs, u32, u64, u64, u32, bool, bool)> {
         let mut out: Vec<_> = returns
             .into_iter()
-            .map(|(t, u)| (t, u.cpus, u.memory.0, u.jobfs.0, u.gpus, u.exclusive))
+            .map(|(t, u)| {
+                (
+                    t,
+                    u.cpus,
+                    u.memory.0,
+                    u.jobfs.0,
+                    u.gpus,
+                    u.exclusive,
+                    u.suspended,
+                )
+            })
             .collect();
         out.sort_unstable();
         out
@@ -1310,7 +1324,8 @@ mod tests {
 
         /// The state's index of returns gives each node the same returns as looking every job
         /// up: jobs started at instants with milliseconds (whole seconds run are counted), some
-        /// suspended (no return), some cancelled (completing: as soon as possible), some past
+        /// suspended (no return), some suspended and resumed (their limit moves by the whole
+        /// seconds suspended), some cancelled (completing: as soon as possible), some past
         /// their limit, seen from a pass at an instant with milliseconds of its own.
         #[test]
         fn indexed_returns_are_the_looked_up_ones(
@@ -1331,12 +1346,23 @@ mod tests {
                     continue;
                 }
                 let jobs = vec![JobRef { job: id, task: None }];
-                let cmd = match fate {
-                    0 => Command::SuspendJobs { jobs },
-                    1 => Command::CancelJobs { jobs },
+                match fate {
+                    0 | 2 => {
+                        let cmd = Command::SuspendJobs { jobs: jobs.clone() };
+                        apply_at(&mut state, &mut index, cmd, now);
+                    }
+                    1 => {
+                        apply_at(&mut state, &mut index, Command::CancelJobs { jobs }, now);
+                        continue;
+                    }
                     _ => continue,
-                };
-                apply_at(&mut state, &mut index, cmd, now);
+                }
+                if *fate == 2 {
+                    // Resumed before the next job starts, after some seconds and milliseconds.
+                    now = TimeMs(now.0 + gap / 2);
+                    apply_at(&mut state, &mut index, Command::ResumeJobs { jobs }, now);
+                    prop_assert_eq!(state.jobs[&id].state, crate::job::JobState::Running);
+                }
             }
             state.check_invariants().unwrap();
             let now = TimeMs(now.0 + later);
