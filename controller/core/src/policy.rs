@@ -323,18 +323,24 @@ impl State {
         }
         // Limits that tie users together: a QOS's group limits, an account-level MAXPS or
         // limit anywhere up the tree, a project grant. Rare enough to re-place everyone.
-        let qos_grouped = self.qos.get(&job.resolved.qos).is_some_and(|q| {
-            let l = &q.limits;
-            l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some()
-        });
-        let account_tied = self.accounts.ancestors(&job.resolved.account).any(|a| {
-            let l = &a.limits;
-            l.max_jobs.is_some()
-                || l.grp_cpu_run_mins.is_some()
-                || l.maxps_soft.is_some()
-                || l.maxps_hard.is_some()
-                || a.grant.is_some()
-        });
+        // Looked for only where the configuration has such a limit somewhere (the rules
+        // cache covers every rule there is): a QOS lookup and a walk up the account tree by
+        // name for every start and end were a third of this function in a replay.
+        let rules = &self.account_rules;
+        let qos_grouped = rules.qos_group
+            && self.qos.get(&job.resolved.qos).is_some_and(|q| {
+                let l = &q.limits;
+                l.grp_jobs.is_some() || l.grp_cpus.is_some() || l.grp_cpu_run_mins.is_some()
+            });
+        let account_tied = (rules.own || rules.tree)
+            && self.accounts.ancestors(&job.resolved.account).any(|a| {
+                let l = &a.limits;
+                l.max_jobs.is_some()
+                    || l.grp_cpu_run_mins.is_some()
+                    || l.maxps_soft.is_some()
+                    || l.maxps_hard.is_some()
+                    || a.grant.is_some()
+            });
         if qos_grouped || account_tied {
             affected.everyone = true;
         }
