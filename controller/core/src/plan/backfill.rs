@@ -112,8 +112,7 @@ impl State {
                         continue;
                     }
                 }
-                let all_blocked = settled.every_partition_blocked;
-                match self.backfill_one(job, &mut pass, &mut cont, horizon, all_blocked) {
+                match self.backfill_one(job, &mut pass, &mut cont, horizon, &settled) {
                     Outcome::Started => {
                         bypass.started(position);
                         settled.room = None;
@@ -211,8 +210,8 @@ impl State {
     }
 
     /// Backfill's step for one admitted job: started if it fits around every reservation so
-    /// far, else given a reservation where the mode says so. `all_blocked`: every partition
-    /// is known to have its reservation (EASY), so none is looked up by name: most jobs a
+    /// far, else given a reservation where the mode says so. Once `settled` knows every
+    /// partition has its reservation (EASY), none is looked up by name: most jobs a
     /// pass walks on a busy machine do not fit, and that lookup was 2% of a 100,000-job
     /// replay. A job's partition always exists (one with queued jobs cannot be removed).
     fn backfill_one(
@@ -221,7 +220,7 @@ impl State {
         pass: &mut Pass<'_>,
         cont: &mut Continuation,
         horizon: TimeMs,
-        all_blocked: bool,
+        settled: &Settled,
     ) -> Outcome {
         let params = &self.config.sched;
         let id = job.id;
@@ -233,7 +232,9 @@ impl State {
         pass.note_reason(job, crate::job::Reason::Resources);
         let may_reserve = match params.backfill {
             BackfillMode::Off => false,
-            BackfillMode::Easy => !all_blocked && !cont.blocked.contains(partition),
+            BackfillMode::Easy => {
+                !settled.every_partition_blocked && !cont.blocked.contains(partition)
+            }
             BackfillMode::Conservative => {
                 params.reservation_depth == 0
                     || cont.reservations.len() < params.reservation_depth as usize
