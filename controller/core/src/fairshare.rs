@@ -209,9 +209,8 @@ impl<'a> Tree<'a> {
             .usage(account, user, self.usage.now, self.usage.half_life)
     }
 
-    /// Children of `account` with (shares, usage), accounts first, each in name order. The
-    /// account's users and its usage entries are both sorted by user name: merged, not
-    /// looked up.
+    /// Children of `account` with (shares, usage), accounts first, each in name order (the
+    /// account's users in theirs; each one's usage looked up in the hashed ledger).
     fn children(&self, account: &'a AccountName) -> Vec<(Child<'a>, u32, f64)> {
         let mut out: Vec<(Child<'a>, u32, f64)> = self
             .accounts
@@ -222,19 +221,11 @@ impl<'a> Tree<'a> {
             })
             .collect();
         if let Some(a) = self.accounts.get(account) {
-            let mut used = self
-                .usage
-                .ledger
-                .entries
-                .get(account)
-                .into_iter()
-                .flatten()
-                .peekable();
+            let used = self.usage.ledger.entries.get(account);
             for (user, assoc) in &a.users {
-                while used.next_if(|(name, _)| *name < user).is_some() {}
                 let usage = used
-                    .next_if(|(name, _)| *name == user)
-                    .map_or(0.0, |(_, d)| d.at(self.usage.now, self.usage.half_life));
+                    .and_then(|u| u.get(user))
+                    .map_or(0.0, |d| d.at(self.usage.now, self.usage.half_life));
                 out.push((Child::User(user), assoc.shares, usage));
             }
         }

@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{AccountName, UserName};
+use crate::lookup::NameMap;
 use crate::quantity::{Seconds, TimeMs};
 
 /// A value that halves every `half_life`.
@@ -78,9 +79,33 @@ pub struct Accrual {
 }
 
 /// Usage per association, account first, so lookups borrow the names.
+///
+/// Hashed ([`crate::lookup`]): every running job's association is looked up at every tick,
+/// and in ordered maps of names that was two-thirds of an accrual. Written in name order,
+/// so snapshots are the same bytes as the ordered maps made.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageLedger {
-    pub entries: BTreeMap<AccountName, BTreeMap<UserName, AssocUsage>>,
+    #[serde(with = "crate::lookup::sorted")]
+    pub entries: NameMap<AccountName, AccountUsage>,
+}
+
+/// One account's associations' usage, by user (hashed, written in user order).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AccountUsage(#[serde(with = "crate::lookup::sorted")] pub NameMap<UserName, AssocUsage>);
+
+impl std::ops::Deref for AccountUsage {
+    type Target = NameMap<UserName, AssocUsage>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for AccountUsage {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 impl UsageLedger {
@@ -168,11 +193,20 @@ impl UsageLedger {
     }
 
     /// Every association's decayed usage as of `now`, summed per account (not including
-    /// sub-accounts).
+    /// sub-accounts). Summed in user order: a sum of floats in the hashed map's order would
+    /// depend on how the map was built (a replica restored from a snapshot against one that
+    /// applied the log).
     pub fn per_account(&self, now: TimeMs, half_life: Seconds) -> BTreeMap<&AccountName, f64> {
         self.entries
             .iter()
-            .map(|(a, users)| (a, users.values().map(|d| d.at(now, half_life)).sum()))
+            .map(|(a, users)| {
+                let mut by_user: Vec<(&UserName, f64)> = users
+                    .iter()
+                    .map(|(u, d)| (u, d.at(now, half_life)))
+                    .collect();
+                by_user.sort_unstable_by(|x, y| x.0.cmp(y.0));
+                (a, by_user.iter().map(|(_, v)| v).sum())
+            })
             .collect()
     }
 }
@@ -180,6 +214,48 @@ impl UsageLedger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hashed ledger writes the bytes the ordered maps wrote (snapshots keep their
+    /// format), whatever order its associations came in, and sums each account's users in
+    /// one order, so replicas built by different histories agree to the bit.
+    #[test]
+    fn the_ledger_is_written_and_summed_in_name_order() {
+        let week = Seconds::hours(168);
+        let names: Vec<(AccountName, UserName, f64)> = (0..40u32)
+            .map(|i| {
+                let a: AccountName = format!("acct{}", i % 3).parse().unwrap();
+                let u: UserName = format!("user{i:02}").parse().unwrap();
+                (a, u, 0.1 + f64::from(i) * 1.37e-3)
+            })
+            .collect();
+        let mut forward = UsageLedger::default();
+        for (a, u, x) in &names {
+            forward.add(a, u, *x, TimeMs(0), week);
+        }
+        let mut backward = UsageLedger::default();
+        for (a, u, x) in names.iter().rev() {
+            backward.add(a, u, *x, TimeMs(0), week);
+        }
+        let mut ordered: BTreeMap<&AccountName, BTreeMap<&UserName, &AssocUsage>> = BTreeMap::new();
+        for (a, users) in &forward.entries {
+            for (u, d) in users.iter() {
+                ordered.entry(a).or_default().insert(u, d);
+            }
+        }
+        let bytes = postcard::to_allocvec(&forward).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&backward).unwrap());
+        assert_eq!(bytes, postcard::to_allocvec(&ordered).unwrap());
+        let back: UsageLedger = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, forward);
+        let bits = |l: &UsageLedger| -> Vec<(String, u64)> {
+            l.per_account(TimeMs(3_600_000), week)
+                .into_iter()
+                .map(|(a, v)| (a.to_string(), v.to_bits()))
+                .collect()
+        };
+        assert_eq!(bits(&forward), bits(&backward));
+        assert_eq!(bits(&forward), bits(&back));
+    }
 
     /// IT4I: "Usage is decayed, or cut in half periodically, at the interval 168 hours".
     #[test]
