@@ -15,7 +15,8 @@
 //! runtime prediction (EASY++) has an end that moves with the clock; a node holding one is
 //! counted here and its profile is built the old way, by looking every job up.
 //!
-//! Derived state, never serialized: the commands that change a job's state, start, limit
+//! Kept only where backfill is on (only backfill builds a profile). Derived state, never
+//! serialized: the commands that change a job's state, start, limit
 //! or shares mark it in the queue index ([`crate::queue_index::QueueIndex::touch`]), the
 //! end of every applied command brings the marked jobs up to date ([`State::sync_returns`]),
 //! and commands that change the nodes rebuild it. `check_invariants` compares it with a
@@ -34,6 +35,10 @@ use crate::state::State;
 /// Every node's returns that follow from their jobs alone.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Returns {
+    /// Kept at all: only backfill builds a profile, so with backfill off the index would
+    /// cost every start and end for nothing (a few percent of an FCFS replay); it is then
+    /// empty and every node is looked up.
+    active: bool,
     /// Every node, with or without jobs: a node's entry is not made and dropped again as
     /// its jobs come and go.
     by_node: BTreeMap<NodeName, NodeReturns>,
@@ -191,6 +196,10 @@ impl State {
     /// The index from scratch: every node's shares, each job looked up.
     pub(crate) fn compute_returns(&self) -> Returns {
         let mut returns = Returns::default();
+        if self.config.sched.backfill == crate::config::BackfillMode::Off {
+            return returns;
+        }
+        returns.active = true;
         for (name, node) in &self.nodes {
             returns.by_node.insert(name.clone(), NodeReturns::default());
             for (id, share) in &node.jobs {
@@ -204,6 +213,9 @@ impl State {
     /// Brings the jobs marked in the queue index since the last command up to date; called
     /// before [`State::sync_queue_index`] takes the marks.
     pub(crate) fn sync_returns(&mut self) {
+        if !self.returns.active {
+            return;
+        }
         // A job marked twice is taken out and put back twice, to the same end.
         for k in 0..self.queue_index.touched.len() {
             let id = self.queue_index.touched[k];

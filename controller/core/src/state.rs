@@ -220,6 +220,7 @@ impl State {
         };
         state.account_rules = crate::policy::AccountRules::of(&state);
         state.queue_index = state.compute_queue_index();
+        state.returns = state.compute_returns();
         state
     }
 

@@ -902,8 +902,8 @@ fn node_returns<'a>(
                 .values()
                 .map(|r| (r.ends.at(now).max(soonest), &r.share)),
         ),
-        // The index has every node (it is rebuilt whenever nodes come or go); one it lacked
-        // would be looked up rather than planned as never freeing.
+        // Kept, the index has every node (it is rebuilt whenever nodes come or go); one it
+        // lacks, or every node where it is not kept (backfill off), is looked up.
         _ => looked_up_returns(state, node, now, returns),
     }
 }
