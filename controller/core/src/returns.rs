@@ -16,11 +16,10 @@
 //! counted here and its profile is built the old way, by looking every job up.
 //!
 //! Kept only where backfill is on (only backfill builds a profile). Derived state, never
-//! serialized: the commands that change a job's state, start, limit
-//! or shares mark it in the queue index ([`crate::queue_index::QueueIndex::touch`]), the
-//! end of every applied command brings the marked jobs up to date ([`State::sync_returns`]),
-//! and commands that change the nodes rebuild it. `check_invariants` compares it with a
-//! fresh computation.
+//! serialized: the commands that change a job's state, start, limit or shares mark it in
+//! the queue index ([`crate::queue_index::QueueIndex::touch`]), the end of every applied
+//! command brings the marked jobs up to date ([`State::sync_returns`]), and commands that
+//! change the nodes rebuild it. `check_invariants` compares it with a fresh computation.
 
 use std::collections::BTreeMap;
 

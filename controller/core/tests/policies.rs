@@ -300,3 +300,41 @@ fn shortest_first_backfill_reorders_only_the_jobs_within_the_caps() {
         assert_eq!(plan.reservations.len(), 1, "the head's");
     }
 }
+
+/// A per-user association limit that `UpsertUser` brings to a site with no limits anywhere
+/// holds at once: the rules cache, which lets checks skip the association lookup where no
+/// such limit exists, learns of it (before, it did only at the next configuration change,
+/// so a live replica started both jobs while one restored from a snapshot would hold one;
+/// the harness's invariant check, that the cache covers every rule, failed at once).
+#[test]
+fn an_association_limit_from_upsert_user_holds_at_once() {
+    use docket_core::account::{AssocLimits, User, UserAssoc};
+    use docket_core::job::Reason;
+    use docket_core::plan::Unlimited;
+    let mut c = Cluster::new(SchedConfig::default(), 2);
+    c.ok(Command::UpsertUser {
+        user: User {
+            name: common::name("alice"),
+            default_account: common::name("proj"),
+            admin: false,
+        },
+        assocs: vec![(
+            common::name("proj"),
+            UserAssoc {
+                shares: 1,
+                priority: 0,
+                limits: AssocLimits {
+                    max_jobs: Some(1),
+                    ..AssocLimits::default()
+                },
+            },
+        )],
+    });
+    let ids = c.submit(vec![c.spec("alice"), c.spec("alice")]);
+    let plan = c.state.main_pass(c.now, &mut Unlimited, None);
+    let started: Vec<_> = plan.starts.iter().map(|d| d.job.job).collect();
+    assert_eq!(started, ids[..1].to_vec());
+    c.ok(Command::StartJobs(plan.starts));
+    c.ok(Command::SetSchedulerReasons(plan.reasons));
+    assert_eq!(c.job(ids[1]).reason, Reason::AssocMaxJobsLimit);
+}

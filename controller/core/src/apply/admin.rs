@@ -481,6 +481,9 @@ impl State {
             }
         }
         self.reindex_assocs_of(&user.name, assocs.iter().map(|(a, _)| a));
+        // Its associations' limits may be the site's first (or change which exist): checks
+        // skip what the rules cache says is not there.
+        self.account_rules = crate::policy::AccountRules::of(self);
         let now = self.applied.now;
         self.refresh_user(&user.name.clone(), now);
         Ok(Response::Done)
