@@ -895,34 +895,29 @@ fn node_returns<'a>(
 ) {
     // Never plan on something still held: returns happen no sooner than just after now.
     let soonest = TimeMs(now.0.saturating_add(1));
+    let clamp = |(at, u): (TimeMs, &'a NodeUse)| (at.max(soonest), u);
     returns.reserve(node.jobs.len());
     match state.returns.of_node(&node.spec.name) {
-        Some(r) if r.moving == 0 => returns.extend(
-            r.fixed
-                .values()
-                .map(|r| (r.ends.at(now).max(soonest), &r.share)),
-        ),
+        Some(r) if r.moving == 0 => {
+            returns.extend(r.fixed.values().map(|r| clamp((r.ends.at(now), &r.share))));
+        }
         // Kept, the index has every node (it is rebuilt whenever nodes come or go); one it
         // lacks, or every node where it is not kept (backfill off), is looked up.
-        _ => looked_up_returns(state, node, now, returns),
+        _ => returns.extend(looked_up_returns(state, node, now).map(clamp)),
     }
 }
 
-/// Node `node`'s returns after `now`, each job looked up (a node holding a job whose end
-/// moves with the clock; what the index is checked against).
+/// Node `node`'s jobs' expected ends as of `now`, each job looked up (a node holding a job
+/// whose end moves with the clock; what the index is checked against).
 fn looked_up_returns<'a>(
     state: &'a State,
     node: &'a Node,
     now: TimeMs,
-    returns: &mut Vec<(TimeMs, &'a NodeUse)>,
-) {
-    let soonest = TimeMs(now.0.saturating_add(1));
-    for (id, u) in &node.jobs {
+) -> impl Iterator<Item = (TimeMs, &'a NodeUse)> + 'a {
+    node.jobs.iter().filter_map(move |(id, u)| {
         let end = state.jobs.get(id).and_then(|j| expected_end(j, now));
-        if let Some(end) = end {
-            returns.push((end.max(soonest), u));
-        }
-    }
+        end.map(|end| (end, u))
+    })
 }
 
 /// When a job holding resources is expected to give them back, if it is known: at its time
@@ -1369,8 +1364,10 @@ mod tests {
             for node in state.nodes.values() {
                 let mut indexed = Vec::new();
                 node_returns(&state, node, now, &mut indexed);
-                let mut looked_up = Vec::new();
-                looked_up_returns(&state, node, now, &mut looked_up);
+                let soonest = TimeMs(now.0 + 1);
+                let looked_up: Vec<_> = looked_up_returns(&state, node, now)
+                    .map(|(at, u)| (at.max(soonest), u))
+                    .collect();
                 prop_assert_eq!(sorted_returns(indexed), sorted_returns(looked_up));
             }
         }
