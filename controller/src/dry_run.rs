@@ -34,7 +34,7 @@ pub fn dry_run(state: &State, actor: &Actor, commands: &[Command], now_ms: u64) 
         .map(|c| {
             index += 1;
             match copy.apply(
-                &Envelope::new(actor.clone(), c.clone()),
+                Envelope::new(actor.clone(), c.clone()),
                 ApplyCtx {
                     index,
                     time_ms: now,

@@ -137,8 +137,9 @@ impl StateMachine for CoreMachine {
 
     fn apply(&mut self, ctx: ApplyContext, envelope: Envelope) -> Self::Response {
         let position = core_position(ctx.index, ctx.position);
+        let may_let_jobs_start = envelope.command.may_let_jobs_start();
         let response = self.state.apply(
-            &envelope,
+            envelope,
             ApplyCtx {
                 index: position,
                 time_ms: TimeMs(ctx.time_ms),
@@ -146,7 +147,7 @@ impl StateMachine for CoreMachine {
         );
         self.archive_outbox(position);
         if response.is_ok() {
-            if envelope.command.may_let_jobs_start() {
+            if may_let_jobs_start {
                 self.wakes.schedule.notify_one();
             }
             self.wakes.dispatch.notify_one();

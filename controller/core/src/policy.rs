@@ -14,29 +14,33 @@
 //! Age (eligible time) accrues only while a job is idle with nothing stopping it, as in
 //! Slurm, where held, limit-blocked and dependent jobs accrue no age.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+use std::hash::Hash;
 
 use crate::account::{Account, AccountTree};
 use crate::config::Promotion;
 use crate::ids::{AccountName, JobId, PartitionName, QosName, UserName};
 use crate::job::{ArrayPart, Combine, DepKind, Hold, Job, JobRef, JobState, Part, Reason};
+use crate::lookup::NameMap;
 use crate::quantity::TimeMs;
 use crate::state::State;
 
 /// What is running, summed the ways limits need, computed once per command. Nested maps,
-/// so every lookup borrows the names it is given.
+/// so every lookup borrows the names it is given. Hashed ([`NameMap`]): only looked up,
+/// never iterated, and built and dropped for every pass, start and submission, where
+/// dropping eight empty ordered maps (each walks its empty tree) was 1.5% of a replay.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct RunningSummary {
-    per_user: BTreeMap<UserName, Usage>,
+    per_user: NameMap<UserName, Usage>,
     /// Each account's own running jobs (MAXPS of an account).
-    per_account: BTreeMap<AccountName, Usage>,
+    per_account: NameMap<AccountName, Usage>,
     /// Each account's running jobs including every account below it (group limits).
-    per_account_tree: BTreeMap<AccountName, Usage>,
-    per_user_qos: BTreeMap<UserName, BTreeMap<QosName, Usage>>,
-    per_qos: BTreeMap<QosName, Usage>,
-    per_user_partition: BTreeMap<UserName, BTreeMap<PartitionName, Usage>>,
-    per_assoc: BTreeMap<AccountName, BTreeMap<UserName, Usage>>,
-    array_running: BTreeMap<JobId, u32>,
+    per_account_tree: NameMap<AccountName, Usage>,
+    per_user_qos: NameMap<UserName, NameMap<QosName, Usage>>,
+    per_qos: NameMap<QosName, Usage>,
+    per_user_partition: NameMap<UserName, NameMap<PartitionName, Usage>>,
+    per_assoc: NameMap<AccountName, NameMap<UserName, Usage>>,
+    array_running: NameMap<JobId, u32>,
     /// Which account-level rules exist at all: checks skip looking up a job's account
     /// (three or four searches per job) when none does, as at most sites.
     rules: AccountRules,
@@ -130,7 +134,7 @@ impl Usage {
     }
 }
 
-fn nested<A: Ord, B: Ord>(map: &BTreeMap<A, BTreeMap<B, Usage>>, a: &A, b: &B) -> Usage {
+fn nested<A: Eq + Hash, B: Eq + Hash>(map: &NameMap<A, NameMap<B, Usage>>, a: &A, b: &B) -> Usage {
     map.get(a)
         .and_then(|inner| inner.get(b))
         .copied()

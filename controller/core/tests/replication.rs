@@ -925,7 +925,7 @@ fn run_stream(ops: &[Op]) -> Result<Stats, TestCaseError> {
         if k == half {
             b = State::from_snapshot(&b.to_snapshot().unwrap()).unwrap();
         }
-        let _ = b.apply(env, *ctx);
+        let _ = b.apply(env.clone(), *ctx);
     }
     prop_assert_eq!(a.state.to_snapshot().unwrap(), b.to_snapshot().unwrap());
     let restored = State::from_snapshot(&a.state.to_snapshot().unwrap()).unwrap();

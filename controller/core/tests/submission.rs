@@ -260,11 +260,11 @@ fn commands_from_a_newer_version_or_replayed_indexes_are_refused() {
         index: c.index + 1,
         time_ms: c.now,
     };
-    let err = c.state.apply(&env, ctx).unwrap_err();
+    let err = c.state.apply(env, ctx).unwrap_err();
     assert!(err.to_string().contains("upgrade every replica"), "{err}");
     let err = c
         .state
-        .apply(&docket_core::Envelope::controller(Command::Tick), ctx)
+        .apply(docket_core::Envelope::controller(Command::Tick), ctx)
         .unwrap_err();
     assert!(
         err.to_string().contains("not after the last applied index"),

@@ -33,7 +33,7 @@ fn apply_next(state: &mut State, index: &mut u64, command: Command) -> Response 
     *index += 1;
     state
         .apply(
-            &Envelope::controller(command),
+            Envelope::controller(command),
             ApplyCtx {
                 index: *index,
                 time_ms: TimeMs(1_700_000_000_000),

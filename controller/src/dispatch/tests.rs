@@ -83,7 +83,7 @@ impl Site {
         self.index += 1;
         self.state
             .apply(
-                &Envelope::controller(command),
+                Envelope::controller(command),
                 ApplyCtx {
                     index: self.index,
                     time_ms: TimeMs(1_700_000_000_000 + self.index),

@@ -34,7 +34,7 @@ impl Bench {
             index: self.index,
             time_ms: self.now,
         };
-        match self.state.apply(&Envelope::controller(cmd), ctx) {
+        match self.state.apply(Envelope::controller(cmd), ctx) {
             Ok(r) => r,
             Err(e) => panic!("setup command refused: {e}"),
         }

@@ -138,7 +138,9 @@ impl Rejection {
 impl State {
     /// Applies one command. On `Err` nothing changed but the log position (and the time
     /// seen); per-item rejections inside an `Ok` response changed nothing for those items.
-    pub fn apply(&mut self, envelope: &Envelope, ctx: ApplyCtx) -> Result<Response, Rejection> {
+    /// The command is consumed: what it brings (a submission's specs and scripts) moves into
+    /// the state rather than being copied.
+    pub fn apply(&mut self, envelope: Envelope, ctx: ApplyCtx) -> Result<Response, Rejection> {
         if ctx.index <= self.applied.index {
             return Err(Rejection::AlreadyApplied {
                 index: ctx.index,
@@ -159,13 +161,14 @@ impl State {
         // What changed meaning between versions follows the entry's own version, so an entry
         // an older build logged applies the same on every replica whichever build applies it.
         self.applying_version = envelope.version;
-        let actor = &envelope.actor;
-        self.authorize(actor, &envelope.command)?;
-        let response = self.execute(actor, &envelope.command, now);
+        let Envelope { actor, command, .. } = envelope;
+        self.authorize(&actor, &command)?;
         // Administrators' commands are those that change the site (configuration, nodes,
         // partitions, QOS, reservations, accounts, users): what the index derives from
         // besides the jobs.
-        if authority::needed(&envelope.command) == authority::Authority::Admin {
+        let changes_the_site = authority::needed(&command) == authority::Authority::Admin;
+        let response = self.execute(&actor, command, now);
+        if changes_the_site {
             // The rebuilt index drops the jobs this command marked, so the tick's index of
             // clocked jobs, which learns from those marks, is rebuilt too.
             self.queue_index = self.compute_queue_index();
@@ -181,58 +184,62 @@ impl State {
     fn execute(
         &mut self,
         actor: &Actor,
-        command: &Command,
+        command: Command,
         now: TimeMs,
     ) -> Result<Response, Rejection> {
         match command {
-            Command::SetConfig(c) => self.set_config(c),
-            Command::UpsertNode(spec) => self.upsert_node(spec),
-            Command::RemoveNode(name) => self.remove_node(name),
-            Command::DrainNode { node, reason } => self.drain_node(node, reason),
-            Command::ResumeNode(node) => self.resume_node(node, now),
-            Command::DownNode { node, reason } => self.down_node(node, reason, now),
+            Command::SetConfig(c) => self.set_config(&c),
+            Command::UpsertNode(spec) => self.upsert_node(&spec),
+            Command::RemoveNode(name) => self.remove_node(&name),
+            Command::DrainNode { node, reason } => self.drain_node(&node, &reason),
+            Command::ResumeNode(node) => self.resume_node(&node, now),
+            Command::DownNode { node, reason } => self.down_node(&node, &reason, now),
             Command::ReturnToService { node, any_reason } => {
-                self.return_to_service(node, *any_reason, now)
+                self.return_to_service(&node, any_reason, now)
             }
-            Command::UpsertPartition(p) => self.upsert_partition(p, now),
-            Command::RemovePartition(name) => self.remove_partition(name),
-            Command::UpsertQos(q) => self.upsert_qos(q),
-            Command::RemoveQos(name) => self.remove_qos(name),
-            Command::UpsertReservation(r) => self.upsert_reservation(r, now),
-            Command::RemoveReservation(name) => self.remove_reservation(name, now),
+            Command::UpsertPartition(p) => self.upsert_partition(&p, now),
+            Command::RemovePartition(name) => self.remove_partition(&name),
+            Command::UpsertQos(q) => self.upsert_qos(&q),
+            Command::RemoveQos(name) => self.remove_qos(&name),
+            Command::UpsertReservation(r) => self.upsert_reservation(&r, now),
+            Command::RemoveReservation(name) => self.remove_reservation(&name, now),
             Command::UpsertAccount {
                 name,
                 parent,
                 shares,
                 limits,
                 grant,
-            } => self.upsert_account(name, parent, *shares, limits, grant),
-            Command::RemoveAccount(name) => self.remove_account(name),
-            Command::UpsertUser { user, assocs } => self.upsert_user(user, assocs),
-            Command::RemoveUser(name) => self.remove_user(name),
+            } => self.upsert_account(&name, &parent, shares, &limits, &grant),
+            Command::RemoveAccount(name) => self.remove_account(&name),
+            Command::UpsertUser { user, assocs } => self.upsert_user(&user, &assocs),
+            Command::RemoveUser(name) => self.remove_user(&name),
+            // The entry is the state machine's to keep: a submission's specs and blobs move into
+            // the state instead of being copied (and the copies dropped with the entry).
             Command::SubmitJobs { blobs, jobs } => self.submit_jobs(actor, blobs, jobs, now),
-            Command::CancelJobs { jobs } => Ok(self.cancel_jobs(actor, jobs, now)),
-            Command::SuspendJobs { jobs } => Ok(self.suspend_jobs(actor, jobs, now)),
-            Command::ResumeJobs { jobs } => Ok(self.resume_jobs(actor, jobs, now)),
-            Command::HoldJobs { jobs } => Ok(self.hold_jobs(actor, jobs, now)),
-            Command::ReleaseJobs { jobs } => Ok(self.release_jobs(actor, jobs, now)),
-            Command::RequeueJobs { jobs } => Ok(self.requeue_jobs(actor, jobs, now)),
-            Command::SetCoordinators { account, users } => self.set_coordinators(account, users),
-            Command::UpdateJobs { jobs, update } => Ok(self.update_jobs(actor, jobs, update, now)),
-            Command::StartJobs(decisions) => Ok(self.start_jobs(decisions, now)),
-            Command::Preempt(decisions) => Ok(self.preempt(decisions, now)),
-            Command::SetSchedulerReasons(reasons) => self.set_scheduler_reasons(reasons),
+            Command::CancelJobs { jobs } => Ok(self.cancel_jobs(actor, &jobs, now)),
+            Command::SuspendJobs { jobs } => Ok(self.suspend_jobs(actor, &jobs, now)),
+            Command::ResumeJobs { jobs } => Ok(self.resume_jobs(actor, &jobs, now)),
+            Command::HoldJobs { jobs } => Ok(self.hold_jobs(actor, &jobs, now)),
+            Command::ReleaseJobs { jobs } => Ok(self.release_jobs(actor, &jobs, now)),
+            Command::RequeueJobs { jobs } => Ok(self.requeue_jobs(actor, &jobs, now)),
+            Command::SetCoordinators { account, users } => self.set_coordinators(&account, &users),
+            Command::UpdateJobs { jobs, update } => {
+                Ok(self.update_jobs(actor, &jobs, &update, now))
+            }
+            Command::StartJobs(decisions) => Ok(self.start_jobs(&decisions, now)),
+            Command::Preempt(decisions) => Ok(self.preempt(&decisions, now)),
+            Command::SetSchedulerReasons(reasons) => self.set_scheduler_reasons(&reasons),
             Command::NoteBypassed(jobs) => {
-                self.note_bypassed(jobs);
+                self.note_bypassed(&jobs);
                 Ok(Response::Done)
             }
-            Command::EndJobs(reports) => Ok(self.end_jobs(actor, reports, now)),
-            Command::CreateStep { job, spec } => self.create_step(actor, *job, spec, now),
-            Command::EndSteps(reports) => Ok(self.end_steps(actor, reports, now)),
-            Command::CancelSteps { steps } => Ok(self.cancel_steps(actor, steps, now)),
-            Command::CompleteJob { job, exit } => self.complete_job(actor, *job, *exit, now),
+            Command::EndJobs(reports) => Ok(self.end_jobs(actor, &reports, now)),
+            Command::CreateStep { job, spec } => self.create_step(actor, job, &spec, now),
+            Command::EndSteps(reports) => Ok(self.end_steps(actor, &reports, now)),
+            Command::CancelSteps { steps } => Ok(self.cancel_steps(actor, &steps, now)),
+            Command::CompleteJob { job, exit } => self.complete_job(actor, job, exit, now),
             Command::RaiseCommandVersion(v) => {
-                let v = (*v).min(COMMAND_VERSION);
+                let v = v.min(COMMAND_VERSION);
                 self.command_version.0 = self.command_version.0.max(v);
                 Ok(Response::Done)
             }

@@ -39,14 +39,14 @@ pub(crate) struct NodeCaps {
 
 /// A batch's accepted jobs grouped by owner, without an allocation per owner: each user's
 /// jobs are chained through `next`, then laid out group after group in one vector.
-struct NewJobsByUser<'a> {
-    /// Per user: (first, last) position in `ids`. Names are borrowed from the command.
-    ends: NameMap<&'a UserName, (usize, usize)>,
+struct NewJobsByUser {
+    /// Per user: (first, last) position in `ids`.
+    ends: NameMap<UserName, (usize, usize)>,
     ids: Vec<JobId>,
     next: Vec<usize>,
 }
 
-impl<'a> NewJobsByUser<'a> {
+impl NewJobsByUser {
     fn with_capacity(jobs: usize) -> Self {
         NewJobsByUser {
             ends: NameMap::with_capacity_and_hasher(jobs, Default::default()),
@@ -55,7 +55,7 @@ impl<'a> NewJobsByUser<'a> {
         }
     }
 
-    fn push(&mut self, user: &'a UserName, id: JobId) {
+    fn push(&mut self, user: &UserName, id: JobId) {
         let at = self.ids.len();
         self.ids.push(id);
         self.next.push(usize::MAX);
@@ -65,7 +65,7 @@ impl<'a> NewJobsByUser<'a> {
                 *last = at;
             }
             None => {
-                self.ends.insert(user, (at, at));
+                self.ends.insert(user.clone(), (at, at));
             }
         }
     }
@@ -76,11 +76,11 @@ impl<'a> NewJobsByUser<'a> {
 
     /// Each user with the range of `ids` holding their jobs in submission order; users in
     /// the order of their first job (never hash order).
-    fn into_groups(self) -> (Vec<(&'a UserName, std::ops::Range<usize>)>, Vec<JobId>) {
-        let mut firsts: Vec<(usize, &'a UserName)> = self
+    fn into_groups(self) -> (Vec<(UserName, std::ops::Range<usize>)>, Vec<JobId>) {
+        let mut firsts: Vec<(usize, UserName)> = self
             .ends
-            .iter()
-            .map(|(u, (first, _))| (*first, *u))
+            .into_iter()
+            .map(|(u, (first, _))| (first, u))
             .collect();
         firsts.sort_unstable_by_key(|(first, _)| *first);
         let mut ids = Vec::with_capacity(self.ids.len());
@@ -102,8 +102,8 @@ impl State {
     pub(crate) fn submit_jobs(
         &mut self,
         actor: &Actor,
-        blobs: &[Vec<u8>],
-        jobs: &[JobSpec],
+        blobs: Vec<Vec<u8>>,
+        jobs: Vec<JobSpec>,
         now: TimeMs,
     ) -> Result<Response, Rejection> {
         if jobs.len() as u64 > u64::from(self.config.max_batch) {
@@ -114,7 +114,7 @@ impl State {
             ));
         }
         let mut offered = BTreeSet::new();
-        for (i, data) in blobs.iter().enumerate() {
+        for (i, data) in blobs.into_iter().enumerate() {
             if data.len() as u64 > self.config.max_blob_bytes {
                 return Err(Rejection::too_large(
                     format!("blob {i} size in bytes"),
@@ -122,12 +122,9 @@ impl State {
                     self.config.max_blob_bytes,
                 ));
             }
-            let id = BlobId::of(data);
+            let id = BlobId::of(&data);
             if let std::collections::btree_map::Entry::Vacant(slot) = self.blobs.entry(id) {
-                slot.insert(Blob {
-                    data: data.clone(),
-                    refs: 0,
-                });
+                slot.insert(Blob { data, refs: 0 });
                 offered.insert(id);
             }
         }
@@ -136,8 +133,10 @@ impl State {
         let mut grouped = NewJobsByUser::with_capacity(jobs.len());
         for spec in jobs {
             let result = self.submit_one(actor, admin, spec, now);
-            if let Ok(id) = result {
-                grouped.push(&spec.user, id);
+            if let Ok(id) = result
+                && let Some(job) = self.jobs.get(&id)
+            {
+                grouped.push(&job.spec.user, id);
             }
             results.push(result);
         }
@@ -151,7 +150,7 @@ impl State {
             let running = self.summary_for_new_jobs(now);
             let (users, ids) = grouped.into_groups();
             for (user, range) in users {
-                self.place_new(user, &ids[range], &running, now);
+                self.place_new(&user, &ids[range], &running, now);
             }
         }
         Ok(Response::Submitted(results))
@@ -161,7 +160,7 @@ impl State {
         &mut self,
         actor: &Actor,
         admin: bool,
-        spec: &JobSpec,
+        spec: JobSpec,
         now: TimeMs,
     ) -> Result<JobId, Rejection> {
         if let Actor::User(u) = actor
@@ -181,8 +180,8 @@ impl State {
                 self.config.max_job_count,
             ));
         }
-        let resolved = self.resolve(spec, admin)?;
-        self.check_dependency_targets(spec)?;
+        let resolved = self.resolve(&spec, admin)?;
+        self.check_dependency_targets(&spec)?;
         let blob_refs =
             std::iter::once(("script", spec.script)).chain(spec.env.map(|env| ("env", env)));
         for (field, b) in blob_refs.clone() {
@@ -194,7 +193,7 @@ impl State {
             }
         }
         if !admin {
-            self.check_user_caps(spec)?;
+            self.check_user_caps(&spec)?;
         }
         // Accepted: nothing below can fail.
         for (_, b) in blob_refs {
@@ -211,13 +210,14 @@ impl State {
             self.users.get(&spec.user).map(|u| &u.recent_runtimes),
             resolved.time_limit,
         );
+        let hold = spec.hold.then_some(crate::job::Hold::User);
         let job = Job {
             id,
-            spec: spec.clone(),
+            spec,
             resolved,
             state: JobState::Pending,
             reason: Reason::None,
-            hold: spec.hold.then_some(crate::job::Hold::User),
+            hold,
             part: Part::New,
             array,
             submit_time: now,

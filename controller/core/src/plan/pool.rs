@@ -1073,7 +1073,7 @@ mod tests {
             index += 1;
             state
                 .apply(
-                    &crate::command::Envelope::controller(c),
+                    crate::command::Envelope::controller(c),
                     crate::apply::ApplyCtx {
                         index,
                         time_ms: TimeMs(0),
@@ -1223,7 +1223,7 @@ mod tests {
             time_ms: now,
         };
         state
-            .apply(&crate::command::Envelope::controller(cmd), ctx)
+            .apply(crate::command::Envelope::controller(cmd), ctx)
             .unwrap()
     }
 

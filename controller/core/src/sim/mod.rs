@@ -289,7 +289,7 @@ impl Driver {
         };
         let response = self
             .state
-            .apply(&Envelope::controller(cmd), ctx)
+            .apply(Envelope::controller(cmd), ctx)
             .map_err(|e| SimError::Refused(e.to_string()));
         // A replay keeps no accounting archive: purged jobs are dropped.
         drop(self.state.take_finished());

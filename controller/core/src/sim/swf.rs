@@ -165,7 +165,8 @@ pub fn parse(text: &str) -> Result<Trace, SwfError> {
     let mut trace = Trace::default();
     for (n, line) in text.lines().enumerate() {
         let line_no = n + 1;
-        let line = line.trim();
+        // SWF is ASCII: the Unicode-aware trim and split were over a quarter of reading a trace.
+        let line = line.trim_ascii();
         if line.is_empty() {
             continue;
         }
@@ -187,7 +188,7 @@ pub fn parse(text: &str) -> Result<Trace, SwfError> {
         // reallocations a line were a third of reading a 100,000-job trace).
         let mut fields = [""; 18];
         let mut found = 0;
-        for (slot, f) in fields.iter_mut().zip(line.split_whitespace()) {
+        for (slot, f) in fields.iter_mut().zip(line.split_ascii_whitespace()) {
             *slot = f;
             found += 1;
         }

@@ -165,7 +165,7 @@ impl SiteConfig {
                 time_ms: now,
             };
             state
-                .apply(&crate::command::Envelope::controller(cmd), ctx)
+                .apply(crate::command::Envelope::controller(cmd), ctx)
                 .map_err(|e| SiteError::invalid(what, e.to_string()))?;
         }
         Ok(state)

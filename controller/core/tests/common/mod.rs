@@ -171,7 +171,7 @@ impl Cluster {
         self.index += 1;
         self.now = self.now.plus(Seconds(advance));
         let r = self.state.apply(
-            &cmd.into_envelope(),
+            cmd.into_envelope(),
             ApplyCtx {
                 index: self.index,
                 time_ms: self.now,
