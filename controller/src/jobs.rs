@@ -507,7 +507,7 @@ impl Jobs for JobsService {
                 .jobs
                 .get(&id)
                 .filter(|j| state.may_see_job(&actor, j, Data::Jobs))
-                .map(|j| convert::job_info(j))
+                .map(convert::job_info)
         })
         .await?;
         info.map(TonicResponse::new)

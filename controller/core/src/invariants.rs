@@ -180,8 +180,7 @@ impl State {
             "queue order index differs from the idle jobs"
         );
         ensure!(
-            self.relations
-                == crate::relations::Relations::compute(self.jobs.values().map(|j| &**j)),
+            self.relations == crate::relations::Relations::compute(self.jobs.values()),
             "dependents/array-tasks index differs from the jobs"
         );
         ensure!(
@@ -219,7 +218,11 @@ impl State {
     }
 
     fn check_jobs(&self) -> Result<(), InvariantViolation> {
-        for (id, job) in &self.jobs {
+        ensure!(
+            self.jobs.check(),
+            "the job table's ordered ids are not its jobs' ids"
+        );
+        for (id, job) in self.jobs.iter() {
             ensure!(&job.id == id, "job key {id} holds job {}", job.id);
             ensure!(
                 id.0 < self.next_job_id,
@@ -376,7 +379,7 @@ impl State {
             .filter(|j| j.state == JobState::Pending && clocked(j))
             .map(|j| &j.spec.user)
             .collect();
-        for (id, job) in &self.jobs {
+        for (id, job) in self.jobs.iter() {
             if job.state != JobState::Pending || skip.contains(&job.spec.user) {
                 continue;
             }

@@ -32,6 +32,7 @@ pub mod hostlist;
 pub mod ids;
 pub mod invariants;
 pub mod job;
+pub mod job_table;
 pub mod layout;
 pub mod lookup;
 pub mod node;

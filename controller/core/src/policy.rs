@@ -909,7 +909,7 @@ impl State {
     fn tasks_of(&self, array_job: JobId) -> impl Iterator<Item = &Job> {
         self.relations
             .tasks_of(array_job)
-            .filter_map(|id| self.jobs.get(&id).map(|j| &**j))
+            .filter_map(|id| self.jobs.get(&id))
     }
 }
 

@@ -747,7 +747,6 @@ impl State {
         let mut queued: Vec<&Job> = self
             .jobs
             .values()
-            .map(|j| &**j)
             .filter(|j| j.state == JobState::Pending)
             .collect();
         queued.sort_by_key(|j| (j.submit_time, j.id));

@@ -187,7 +187,7 @@ impl State {
             let job = self.jobs.get(&id);
             // A command that changed a job's begin time, reservation or dependency marks it
             // too: the tick's index of clocked jobs learns it here.
-            let clocked = job.is_some_and(|j| crate::policy::placed_by_clock(j));
+            let clocked = job.is_some_and(crate::policy::placed_by_clock);
             let idle = job.filter(|j| is_idle(j));
             let key = idle
                 .zip(inputs.as_ref())

@@ -202,7 +202,7 @@ impl State {
         for (name, node) in &self.nodes {
             returns.by_node.insert(name.clone(), NodeReturns::default());
             for (id, share) in &node.jobs {
-                let kind = kind(self.jobs.get(id).map(|j| &**j));
+                let kind = kind(self.jobs.get(id));
                 returns.add(*id, kind, name, *share);
             }
         }

@@ -15,6 +15,7 @@ use crate::assoc::AssocId;
 use crate::config::SchedConfig;
 use crate::ids::{AccountName, JobId, NodeName, PartitionName, QosName, UserName};
 use crate::job::{BlobId, Job};
+use crate::job_table::JobTable;
 use crate::lookup::NameMap;
 use crate::node::Node;
 use crate::partition::Partition;
@@ -97,9 +98,8 @@ pub struct State {
     /// Looked up on every submission: hashed (see [`crate::lookup`]).
     #[serde(with = "crate::lookup::sorted")]
     pub users: NameMap<UserName, UserEntry>,
-    /// Boxed: a job is ~850 bytes, and B-tree nodes filled in id order are about half
-    /// empty; boxing keeps that slack to a pointer per slot.
-    pub jobs: BTreeMap<JobId, Box<Job>>,
+    /// Hashed for lookups, iterated in id order (see [`crate::job_table`]).
+    pub jobs: JobTable,
     pub blobs: BTreeMap<BlobId, Blob>,
     /// Fair-share usage per association.
     pub usage: crate::usage::UsageLedger,
@@ -197,7 +197,7 @@ impl State {
             accounts: AccountTree::new(),
             assocs: crate::assoc::AssocTable::default(),
             users: NameMap::default(),
-            jobs: BTreeMap::new(),
+            jobs: JobTable::new(),
             blobs: BTreeMap::new(),
             usage: crate::usage::UsageLedger::default(),
             next_job_id: 1,
@@ -235,7 +235,7 @@ impl State {
         }
         self.holding = self.compute_holding();
         self.suspended_shares = self.compute_suspended_shares();
-        self.relations = Relations::compute(self.jobs.values().map(|j| &**j));
+        self.relations = Relations::compute(self.jobs.values());
         self.account_rules = crate::policy::AccountRules::of(self);
         self.refresh_partition_views();
         self.queue_index = self.compute_queue_index();
@@ -370,7 +370,7 @@ impl State {
             .get(user)
             .into_iter()
             .flat_map(|entry| entry.live.iter())
-            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+            .filter_map(|id| self.jobs.get(id))
     }
 
     /// Users that have live jobs, in name order.
@@ -410,9 +410,7 @@ impl State {
     /// The jobs holding node resources (running, suspended, completing), from the index kept
     /// for that: the daemon's dispatcher walks these, not the whole queue.
     pub fn holding_jobs(&self) -> impl Iterator<Item = &Job> + '_ {
-        self.holding
-            .iter()
-            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+        self.holding.iter().filter_map(|id| self.jobs.get(id))
     }
 
     /// Whether `user` coordinates `account` or an account above it.

@@ -302,3 +302,55 @@ fn a_comment_is_kept_and_bounded_and_free_of_control_characters() {
     };
     assert!(err.contains("1024"), "names the limit: {err}");
 }
+
+/// The state's jobs are hashed for lookups but walked in id order, and written as the
+/// ordered map they replaced: the same bytes whatever order the jobs came in, so replicas
+/// with different histories write identical snapshots.
+#[test]
+fn the_job_table_walks_in_id_order_and_writes_an_ordered_map() {
+    use docket_core::JobId;
+    use docket_core::job::Job;
+    use docket_core::job_table::JobTable;
+    use std::collections::BTreeMap;
+
+    let mut c = cluster();
+    let specs = (0..40).map(|_| c.spec("alice")).collect();
+    let ids = c.submit(specs);
+    let jobs: Vec<(JobId, Box<Job>)> = c
+        .state
+        .jobs
+        .iter()
+        .map(|(id, j)| (*id, Box::new(j.clone())))
+        .collect();
+    assert_eq!(jobs.iter().map(|(id, _)| *id).collect::<Vec<_>>(), ids);
+    let forward: JobTable = jobs.iter().cloned().collect();
+    let mut backward: JobTable = jobs.iter().rev().cloned().collect();
+    let ordered: BTreeMap<JobId, Box<Job>> = jobs.iter().cloned().collect();
+    let bytes = postcard::to_allocvec(&forward).unwrap();
+    assert_eq!(bytes, postcard::to_allocvec(&backward).unwrap());
+    assert_eq!(bytes, postcard::to_allocvec(&ordered).unwrap());
+    let back: JobTable = postcard::from_bytes(&bytes).unwrap();
+    assert!(back == forward && back.check());
+
+    assert_eq!(backward.keys().copied().collect::<Vec<_>>(), ids);
+    let middle: Vec<JobId> = backward
+        .range(ids[10]..ids[20])
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(middle, ids[10..20]);
+    let last_first: Vec<JobId> = backward.values().rev().map(|j| j.id).collect();
+    assert_eq!(last_first, ids.iter().rev().copied().collect::<Vec<_>>());
+
+    assert!(backward.remove(&ids[5]).is_some());
+    assert!(backward.remove(&ids[5]).is_none());
+    backward.retain(|id, _| id.0 % 2 == 0);
+    let kept: Vec<JobId> = ids
+        .iter()
+        .copied()
+        .filter(|id| *id != ids[5] && id.0 % 2 == 0)
+        .collect();
+    assert_eq!(backward.keys().copied().collect::<Vec<_>>(), kept);
+    assert_eq!(backward.len(), kept.len());
+    assert!(backward.check());
+    assert!(backward.get(&ids[5]).is_none() && backward.get(&kept[0]).is_some());
+}

@@ -25,7 +25,7 @@ where
 /// A cancelled job of alice's, as the queue purges it.
 fn template() -> Job {
     let (state, id) = cancelled_job();
-    state.jobs[&id].as_ref().clone()
+    state.jobs[&id].clone()
 }
 
 /// Applies `command` as the controller at entry `index + 1` (advancing `index`), at 1.7e9 s.

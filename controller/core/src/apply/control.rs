@@ -418,7 +418,7 @@ impl State {
             self.relations.add(head);
             return master;
         }
-        let mut task = head.clone();
+        let mut task = Box::new(head.clone());
         task.array = Some(ArrayPart::Task {
             array_job: master,
             index,

@@ -87,7 +87,7 @@ pub struct Continuation {
 impl crate::state::State {
     /// The job `id` if it waits to be scheduled: pending, and in the idle part of the queue.
     pub(crate) fn waiting(&self, id: JobId) -> Option<&crate::job::Job> {
-        self.jobs.get(&id).map(|j| &**j).filter(|j| {
+        self.jobs.get(&id).filter(|j| {
             j.state == crate::job::JobState::Pending && j.part == crate::job::Part::Idle
         })
     }

@@ -24,7 +24,7 @@ impl State {
             .suspended_shares
             .iter()
             .filter(|id| self.holding.contains(id))
-            .filter_map(|id| self.jobs.get(id).map(|j| &**j))
+            .filter_map(|id| self.jobs.get(id))
             .filter(|j| j.state == JobState::Suspended)
             .filter(|j| j.preempted.is_some_and(|p| p.mode == PreemptMode::Suspend))
             .collect();
@@ -138,7 +138,7 @@ impl Pass<'_> {
             .filter_map(|v| {
                 state
                     .preempt_mode(job, v, now)
-                    .map(|m| (state.suspension_score(job, v, now), &**v, m))
+                    .map(|m| (state.suspension_score(job, v, now), v, m))
             })
             .collect();
         if victims.is_empty() {
