@@ -70,10 +70,6 @@ impl NewJobsByUser {
         }
     }
 
-    fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
     /// Each user with the range of `ids` holding their jobs in submission order; users in
     /// the order of their first job (never hash order).
     fn into_groups(self) -> (Vec<(UserName, std::ops::Range<usize>)>, Vec<JobId>) {
@@ -130,13 +126,11 @@ impl State {
         }
         let admin = self.is_admin(actor);
         let mut results = Vec::with_capacity(jobs.len());
-        let mut grouped = NewJobsByUser::with_capacity(jobs.len());
+        let mut accepted = Vec::with_capacity(jobs.len());
         for spec in jobs {
             let result = self.submit_one(actor, admin, spec, now);
-            if let Ok(id) = result
-                && let Some(job) = self.jobs.get(&id)
-            {
-                grouped.push(&job.spec.user, id);
+            if let Ok(id) = result {
+                accepted.push(id);
             }
             results.push(result);
         }
@@ -146,11 +140,29 @@ impl State {
                 self.blobs.remove(&id);
             }
         }
-        if !grouped.is_empty() {
-            let running = self.summary_for_new_jobs(now);
-            let (users, ids) = grouped.into_groups();
-            for (user, range) in users {
-                self.place_new(&user, &ids[range], &running, now);
+        if accepted.is_empty() {
+            return Ok(Response::Submitted(results));
+        }
+        let running = self.summary_for_new_jobs(now);
+        let user_of = |id: &JobId| self.jobs.get(id).map(|j| &j.spec.user);
+        let first_user = user_of(&accepted[0]).cloned();
+        match first_user {
+            // One user's jobs, as nearly every submission is (one job, from `sbatch`):
+            // placed as they are, without grouping them first (seven allocations a job).
+            Some(user) if accepted.iter().all(|id| user_of(id) == Some(&user)) => {
+                self.place_new(&user, &accepted, &running, now);
+            }
+            _ => {
+                let mut grouped = NewJobsByUser::with_capacity(accepted.len());
+                for id in &accepted {
+                    if let Some(user) = user_of(id) {
+                        grouped.push(user, *id);
+                    }
+                }
+                let (users, ids) = grouped.into_groups();
+                for (user, range) in users {
+                    self.place_new(&user, &ids[range], &running, now);
+                }
             }
         }
         Ok(Response::Submitted(results))

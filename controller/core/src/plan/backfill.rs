@@ -389,11 +389,14 @@ impl Bypass {
         let Some(latest) = self.latest_start else {
             return;
         };
-        pass.plan.bypassed.extend(
+        // Counted first: extended from a filter, the list grew two or three times a pass.
+        let bypassed = || {
             self.failed
                 .iter()
-                .filter(|(position, _)| *position < latest)
-                .map(|(_, id)| *id),
-        );
+                .filter(move |(position, _)| *position < latest)
+                .map(|(_, id)| *id)
+        };
+        pass.plan.bypassed.reserve_exact(bypassed().count());
+        pass.plan.bypassed.extend(bypassed());
     }
 }

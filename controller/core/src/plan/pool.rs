@@ -157,7 +157,8 @@ pub struct Pool<'a> {
     changes: Vec<Vec<Change>>,
     /// Each partition's members and what they have free, found with one lookup per job.
     parts: BTreeMap<&'a PartitionName, PartitionView<'a>>,
-    /// Per node, the windows of the advance reservations holding it.
+    /// Per node, the windows of the advance reservations holding it; empty when there are
+    /// no reservations ([`Pool::windows_of`]).
     windows: Vec<Vec<(TimeMs, TimeMs, &'a ReservationName)>>,
     /// The cpus free now on every node that could take a share now (open, not held
     /// exclusively): a job asking for more cannot start now, found without its partition
@@ -221,8 +222,13 @@ impl<'a> Pool<'a> {
             changes[i].extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
         }
         let closed: Vec<bool> = nodes.iter().map(|n| !n.accepts_jobs()).collect();
+        // Only where there are reservations ([`Pool::windows_of`]).
         let mut windows: Vec<Vec<(TimeMs, TimeMs, &ReservationName)>> =
-            vec![Vec::new(); nodes.len()];
+            if state.reservations.is_empty() {
+                Vec::new()
+            } else {
+                vec![Vec::new(); nodes.len()]
+            };
         for r in state.reservations.values() {
             for i in places(&nodes, &r.nodes) {
                 windows[i].push((r.start, r.end, &r.name));
@@ -233,10 +239,11 @@ impl<'a> Pool<'a> {
             .values()
             .map(|p| {
                 let members = state.partition_members.get(&p.name).map_or(&[][..], |m| m);
+                let (most_free, holders) = most_free_of(&free, &closed, members);
                 let view = PartitionView {
                     members,
-                    most_free: (0, 0),
-                    holders: (0, 0),
+                    most_free,
+                    holders,
                 };
                 (&p.name, view)
             })
@@ -244,7 +251,7 @@ impl<'a> Pool<'a> {
         let cpus_free_now = (0..nodes.len())
             .map(|i| cpus_standing(&free, &closed, i))
             .sum();
-        let mut pool = Pool {
+        Pool {
             now,
             horizon,
             nodes,
@@ -254,12 +261,7 @@ impl<'a> Pool<'a> {
             parts,
             windows,
             cpus_free_now,
-        };
-        let partitions: Vec<&PartitionName> = pool.parts.keys().copied().collect();
-        for p in partitions {
-            pool.refresh_most_free(p);
         }
-        pool
     }
 
     /// Node `name`'s place in the pool.
@@ -285,12 +287,7 @@ impl<'a> Pool<'a> {
     /// The most cpus and the most memory any usable one of `members` has free now (at
     /// least 0), and how many usable members have exactly that.
     fn most_free_of(&self, members: &[usize]) -> ((i64, i64), (usize, usize)) {
-        let standing = || members.iter().filter_map(|&i| self.standing(i));
-        let most = standing().fold((0, 0), |(c, m), (fc, fm)| (c.max(fc), m.max(fm)));
-        let holders = standing().fold((0, 0), |(c, m), (fc, fm)| {
-            (c + usize::from(fc == most.0), m + usize::from(fm == most.1))
-        });
-        (most, holders)
+        most_free_of(&self.free, &self.closed, members)
     }
 
     /// What the node at place `i` has free now, if it accepts jobs and is not held
@@ -678,12 +675,18 @@ impl<'a> Pool<'a> {
         Some(at_start)
     }
 
+    /// The windows of the advance reservations holding node `i` (none where there are no
+    /// reservations: then the pool keeps no list per node).
+    fn windows_of(&self, i: usize) -> &[(TimeMs, TimeMs, &'a ReservationName)] {
+        self.windows.get(i).map_or(&[], Vec::as_slice)
+    }
+
     /// Do advance reservations let `job` run on node `i` from `start` to its time limit? A
     /// job in a reservation only inside its window on its nodes; any other job never
     /// overlapping a window on a reserved node. Always the limit, never a prediction: the
     /// job may run that long, and apply checks the same.
     fn window_ok(&self, job: &Job, i: usize, start: TimeMs) -> bool {
-        let windows = &self.windows[i];
+        let windows = self.windows_of(i);
         let end = job.resolved.time_limit.map(|d| start.plus(d));
         match &job.spec.reservation {
             Some(name) => windows
@@ -698,7 +701,7 @@ impl<'a> Pool<'a> {
     /// The closed intervals of start times at which advance reservations let `job` run on
     /// node `i` up to its time limit.
     fn allowed_starts(&self, job: &Job, i: usize) -> Vec<(TimeMs, TimeMs)> {
-        let windows = &self.windows[i];
+        let windows = self.windows_of(i);
         let duration = job.resolved.time_limit;
         let back =
             |t: TimeMs| duration.map(|d| TimeMs(t.0.saturating_sub(d.0.saturating_mul(1000))));
@@ -864,6 +867,17 @@ pub(crate) fn places<'n>(
 fn standing(free: &[Free], closed: &[bool], i: usize) -> Option<(i64, i64)> {
     let f = &free[i];
     (!closed[i] && f.exclusive == 0).then_some((f.cpus, f.memory))
+}
+
+/// The most cpus and the most memory any usable one of `members` has free now (at least
+/// 0), and how many usable members have exactly that.
+fn most_free_of(free: &[Free], closed: &[bool], members: &[usize]) -> ((i64, i64), (usize, usize)) {
+    let standing = || members.iter().filter_map(|&i| standing(free, closed, i));
+    let most = standing().fold((0, 0), |(c, m), (fc, fm)| (c.max(fc), m.max(fm)));
+    let holders = standing().fold((0, 0), |(c, m), (fc, fm)| {
+        (c + usize::from(fc == most.0), m + usize::from(fm == most.1))
+    });
+    (most, holders)
 }
 
 /// The cpus node `i` adds to [`Pool::cpus_free_now`].
