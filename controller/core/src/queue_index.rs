@@ -181,7 +181,10 @@ impl State {
         let mut touched = std::mem::take(&mut self.queue_index.touched);
         touched.sort_unstable();
         touched.dedup();
-        let inputs = self.queue_index.active.then(|| self.priority_inputs(now));
+        // Derived only when a marked job is idle and needs a key: the jobs a start or an end
+        // marks have left the idle queue.
+        let active = self.queue_index.active;
+        let inputs = std::cell::OnceCell::new();
         let mut changes = Vec::with_capacity(touched.len());
         for id in touched {
             let job = self.jobs.get(&id);
@@ -190,8 +193,8 @@ impl State {
             let clocked = job.is_some_and(crate::policy::placed_by_clock);
             let idle = job.filter(|j| is_idle(j));
             let key = idle
-                .zip(inputs.as_ref())
-                .map(|(j, inputs)| State::timeless_key(inputs, j));
+                .filter(|_| active)
+                .map(|j| State::timeless_key(inputs.get_or_init(|| self.priority_inputs(now)), j));
             changes.push((id, idle.is_some(), key, clocked));
         }
         let index = &mut self.queue_index;
