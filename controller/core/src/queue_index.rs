@@ -48,6 +48,9 @@ pub struct QueueIndex {
     /// or, holding resources, changed what [`crate::returns`] reads (state, start, limit,
     /// suspension, shares): the change feed of both indexes.
     pub(crate) touched: Vec<JobId>,
+    /// The changes one sync derives before it applies them, empty between syncs: kept, like
+    /// `touched`, for its room (each was allocated again by every command).
+    pending_changes: Vec<(JobId, bool, Option<OrderKey>, bool)>,
 }
 
 /// An [`OrderKey`] ordered so that the job to consider first is the smallest.
@@ -179,14 +182,14 @@ impl State {
             return;
         }
         let mut touched = std::mem::take(&mut self.queue_index.touched);
+        let mut changes = std::mem::take(&mut self.queue_index.pending_changes);
         touched.sort_unstable();
         touched.dedup();
         // Derived only when a marked job is idle and needs a key: the jobs a start or an end
         // marks have left the idle queue.
         let active = self.queue_index.active;
         let inputs = std::cell::OnceCell::new();
-        let mut changes = Vec::with_capacity(touched.len());
-        for id in touched {
+        for &id in &touched {
             let job = self.jobs.get(&id);
             // A command that changed a job's begin time, reservation or dependency marks it
             // too: the tick's index of clocked jobs learns it here.
@@ -198,7 +201,7 @@ impl State {
             changes.push((id, idle.is_some(), key, clocked));
         }
         let index = &mut self.queue_index;
-        for (id, idle, key, clocked) in changes {
+        for (id, idle, key, clocked) in changes.drain(..) {
             if clocked {
                 self.clocked.insert(id);
             } else {
@@ -214,5 +217,8 @@ impl State {
                 None => index.remove(id),
             }
         }
+        touched.clear();
+        index.touched = touched;
+        index.pending_changes = changes;
     }
 }
