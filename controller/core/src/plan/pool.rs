@@ -21,8 +21,6 @@
 //! prediction where the site predicts (EASY++). Advance reservation windows are always
 //! checked against the limit, as apply checks them.
 
-use std::collections::BTreeMap;
-
 use crate::ids::{NodeName, PartitionName, ReservationName};
 use crate::job::{Job, JobState, MemoryRequest};
 use crate::node::{Node, NodeUse};
@@ -156,7 +154,7 @@ pub struct Pool<'a> {
     /// Changes after now, per node, in time order (returns before takes at one instant).
     changes: Vec<Vec<Change>>,
     /// Each partition's members and what they have free, found with one lookup per job.
-    parts: BTreeMap<&'a PartitionName, PartitionView<'a>>,
+    parts: PartitionViews<'a>,
     /// Per node, the windows of the advance reservations holding it; empty when there are
     /// no reservations ([`Pool::windows_of`]).
     windows: Vec<Vec<(TimeMs, TimeMs, &'a ReservationName)>>,
@@ -164,6 +162,31 @@ pub struct Pool<'a> {
     /// exclusively): a job asking for more cannot start now, found without its partition
     /// or its shares. Most jobs a backfill pass walks on a busy machine are such jobs.
     cpus_free_now: i64,
+}
+
+/// The partitions as a pool sees them, in name order, found by binary search: a pass looks
+/// one up for every job it tries, and an ordered map of a handful of entries was built (two
+/// allocations) and dropped for every pass.
+#[derive(Debug, Default)]
+struct PartitionViews<'a>(Vec<(&'a PartitionName, PartitionView<'a>)>);
+
+impl<'a> PartitionViews<'a> {
+    fn place(&self, name: &PartitionName) -> Option<usize> {
+        self.0.binary_search_by(|(p, _)| (*p).cmp(name)).ok()
+    }
+
+    fn get(&self, name: &PartitionName) -> Option<&PartitionView<'a>> {
+        self.place(name).map(|k| &self.0[k].1)
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (&'a PartitionName, &PartitionView<'a>)> {
+        self.0.iter().map(|(p, v)| (*p, v))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &PartitionView<'a>> {
+        self.0.iter().map(|(_, v)| v)
+    }
 }
 
 /// A partition as the pool sees it.
@@ -234,6 +257,7 @@ impl<'a> Pool<'a> {
                 windows[i].push((r.start, r.end, &r.name));
             }
         }
+        // In name order, as the state keeps them ([`PartitionViews`]).
         let parts = state
             .partitions
             .values()
@@ -248,6 +272,8 @@ impl<'a> Pool<'a> {
                 (&p.name, view)
             })
             .collect();
+        let parts = PartitionViews(parts);
+        debug_assert!(parts.0.windows(2).all(|w| w[0].0 < w[1].0));
         let cpus_free_now = (0..nodes.len())
             .map(|i| cpus_standing(&free, &closed, i))
             .sum();
@@ -267,15 +293,6 @@ impl<'a> Pool<'a> {
     /// Node `name`'s place in the pool.
     fn position(&self, name: &NodeName) -> Option<usize> {
         self.nodes.binary_search_by(|n| n.spec.name.cmp(name)).ok()
-    }
-
-    fn refresh_most_free(&mut self, partition: &'a PartitionName) {
-        if let Some(view) = self.parts.get(partition) {
-            let bound = self.most_free_of(view.members);
-            if let Some(view) = self.parts.get_mut(partition) {
-                (view.most_free, view.holders) = bound;
-            }
-        }
     }
 
     /// What node `i` has free now (cpus, memory) if it can take a share now: it accepts
@@ -564,8 +581,7 @@ impl<'a> Pool<'a> {
             let was = before[k].map_or(0, |(cpus, _)| cpus.max(0));
             self.cpus_free_now += cpus_standing(free, closed, i) - was;
         }
-        let mut stale: Vec<&'a PartitionName> = Vec::new();
-        for (p, v) in &mut self.parts {
+        for (_, v) in &mut self.parts.0 {
             let mut emptied = false;
             for (k, &i) in nodes.iter().enumerate() {
                 let Some((cpus, memory)) = before[k] else {
@@ -586,11 +602,8 @@ impl<'a> Pool<'a> {
                 }
             }
             if emptied {
-                stale.push(*p);
+                (v.most_free, v.holders) = most_free_of(free, closed, v.members);
             }
-        }
-        for p in stale {
-            self.refresh_most_free(p);
         }
         debug_assert_eq!(
             self.cpus_free_now,
@@ -953,6 +966,7 @@ mod tests {
     use super::*;
     use crate::quantity::MiB;
     use proptest::prelude::*;
+    use std::collections::BTreeMap;
 
     fn share(cpus: u32) -> NodeUse {
         NodeUse {
@@ -988,7 +1002,7 @@ mod tests {
             }],
             closed: vec![false],
             changes: vec![list],
-            parts: BTreeMap::new(),
+            parts: PartitionViews::default(),
             windows: vec![Vec::new()],
             cpus_free_now: cpus.max(0),
         }
