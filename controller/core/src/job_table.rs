@@ -22,8 +22,8 @@ use crate::ids::JobId;
 use crate::job::Job;
 use crate::lookup::NameMap;
 
-/// Jobs by id; iterates in id order. Boxed: a job is about a kilobyte, and the table moves
-/// its entries when it grows.
+/// Jobs by id; iterates in id order. Boxed: a job is about half a kilobyte, and the table
+/// moves its entries when it grows.
 #[derive(Debug, Clone, Default)]
 pub struct JobTable {
     by_id: NameMap<JobId, Box<Job>>,

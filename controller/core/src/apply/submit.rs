@@ -225,7 +225,7 @@ impl State {
         let hold = spec.hold.then_some(crate::job::Hold::User);
         let job = Job {
             id,
-            spec,
+            spec: Box::new(spec),
             resolved,
             state: JobState::Pending,
             reason: Reason::None,

@@ -133,7 +133,10 @@ pub enum Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
-    pub spec: JobSpec,
+    /// Boxed: the spec is most of a job's bytes, and with it inline a job (1,104 bytes) was
+    /// too large for glibc's per-thread cache of freed blocks (1,032 bytes at most), so every
+    /// job's end freed it the slow way, and every move of a job copied it.
+    pub spec: Box<JobSpec>,
     pub resolved: Resolved,
     pub state: JobState,
     pub reason: Reason,

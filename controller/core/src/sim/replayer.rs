@@ -327,10 +327,11 @@ impl<'t> Replayer<'t> {
         if self.next == first {
             return Ok(());
         }
-        let specs = self.jobs[first..self.next]
-            .iter()
-            .map(|j| self.machine.jobs.spec(j))
-            .collect::<Result<Vec<_>, _>>()?;
+        // Sized up front: collected through `Result`, the list grew from four.
+        let mut specs = Vec::with_capacity(self.next - first);
+        for j in &self.jobs[first..self.next] {
+            specs.push(self.machine.jobs.spec(j)?);
+        }
         // Sent only when the state does not hold it (it is dropped when no job uses it any
         // more), as a client that knows may: hashing it again for every batch, to find it
         // already stored, was 4% of a 100,000-job replay.
