@@ -29,7 +29,7 @@ use crate::state::State;
 
 /// A node's free resources at one instant, or (in a [`Change`]) what one instant adds to
 /// them.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Free {
     cpus: i64,
     memory: i64,
@@ -42,6 +42,28 @@ struct Free {
 }
 
 impl Free {
+    /// A node with nothing taken.
+    fn of(spec: &crate::node::NodeSpec) -> Free {
+        Free {
+            cpus: i64::from(spec.cpus),
+            memory: i64::try_from(spec.memory.0).unwrap_or(i64::MAX),
+            jobfs: i64::try_from(spec.jobfs.0).unwrap_or(i64::MAX),
+            gpus: i64::from(spec.gpus),
+            holders: 0,
+            exclusive: 0,
+        }
+    }
+
+    /// Takes out what `held` sums, as applying each of its shares' takes would.
+    fn take_held(&mut self, held: &crate::returns::Held) {
+        self.cpus = self.cpus.wrapping_sub(held.cpus);
+        self.memory = self.memory.wrapping_sub(held.memory);
+        self.jobfs = self.jobfs.wrapping_sub(held.jobfs);
+        self.gpus = self.gpus.wrapping_sub(held.gpus);
+        self.holders = self.holders.wrapping_add(held.shares);
+        self.exclusive = self.exclusive.wrapping_add(held.exclusive);
+    }
+
     fn apply(&mut self, c: &Change) {
         let d = &c.delta;
         self.cpus += d.cpus;
@@ -209,17 +231,7 @@ impl<'a> Pool<'a> {
         // in it for each partition member, were 60% of a replay on a site of 976 nodes.
         let nodes: Vec<&Node> = state.nodes.values().collect();
         debug_assert!(nodes.windows(2).all(|w| w[0].spec.name < w[1].spec.name));
-        let mut free: Vec<Free> = nodes
-            .iter()
-            .map(|n| Free {
-                cpus: i64::from(n.spec.cpus),
-                memory: i64::try_from(n.spec.memory.0).unwrap_or(i64::MAX),
-                jobfs: i64::try_from(n.spec.jobfs.0).unwrap_or(i64::MAX),
-                gpus: i64::from(n.spec.gpus),
-                holders: 0,
-                exclusive: 0,
-            })
-            .collect();
+        let mut free: Vec<Free> = nodes.iter().map(|n| Free::of(&n.spec)).collect();
         let profile = horizon == Horizon::Profile;
         // Room for the pass's own few changes too (a start adds its return, a reservation its
         // take and return): grown by its first insert, a node's list of hundreds of returns
@@ -233,13 +245,29 @@ impl<'a> Pool<'a> {
         // nearly a third of building a pool for a node of a thousand cpus.
         let mut returns: Vec<(TimeMs, &NodeUse)> = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
-            for u in node.jobs.values() {
-                free[i].apply(&Change::of(now, u, -1));
+            let indexed = state.returns.of_node(&node.spec.name);
+            match indexed.filter(|r| r.fixed.len() == node.jobs.len()) {
+                // Every share the node holds is an indexed return: their sum is kept.
+                Some(r) => free[i].take_held(&r.held),
+                None => {
+                    for u in node.jobs.values() {
+                        free[i].apply(&Change::of(now, u, -1));
+                    }
+                }
             }
+            debug_assert_eq!(
+                free[i],
+                node.jobs.values().fold(Free::of(&node.spec), |mut f, u| {
+                    f.apply(&Change::of(now, u, -1));
+                    f
+                }),
+                "what node {} has free now",
+                node.spec.name
+            );
             if !profile {
                 continue;
             }
-            node_returns(state, node, now, &mut returns);
+            node_returns(state, node, indexed, now, &mut returns);
             // Only returns so far; their order at one instant does not matter.
             returns.sort_unstable_by_key(|r| r.0);
             changes[i].extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
@@ -917,6 +945,7 @@ fn insert(changes: &mut Vec<Change>, c: Change) {
 fn node_returns<'a>(
     state: &'a State,
     node: &'a Node,
+    indexed: Option<&'a crate::returns::NodeReturns>,
     now: TimeMs,
     returns: &mut Vec<(TimeMs, &'a NodeUse)>,
 ) {
@@ -924,7 +953,7 @@ fn node_returns<'a>(
     let soonest = TimeMs(now.0.saturating_add(1));
     let clamp = |(at, u): (TimeMs, &'a NodeUse)| (at.max(soonest), u);
     returns.reserve(node.jobs.len());
-    match state.returns.of_node(&node.spec.name) {
+    match indexed {
         Some(r) if r.moving == 0 => {
             returns.extend(r.fixed.values().map(|r| clamp((r.ends.at(now), &r.share))));
         }
@@ -1391,7 +1420,8 @@ mod tests {
             let now = TimeMs(now.0 + later);
             for node in state.nodes.values() {
                 let mut indexed = Vec::new();
-                node_returns(&state, node, now, &mut indexed);
+                let of_node = state.returns.of_node(&node.spec.name);
+                node_returns(&state, node, of_node, now, &mut indexed);
                 let soonest = TimeMs(now.0 + 1);
                 let looked_up: Vec<_> = looked_up_returns(&state, node, now)
                     .map(|(at, u)| (at.max(soonest), u))
