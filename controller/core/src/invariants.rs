@@ -99,8 +99,23 @@ impl State {
     }
 
     /// Partitions and reservations name known nodes, users and accounts; reservations end
-    /// after they start; one default partition at most.
+    /// after they start; one default partition at most. Nodes and partitions are keyed by
+    /// their own names (a pass finds them by binary search in key order).
     fn check_partitions_and_reservations(&self) -> Result<(), InvariantViolation> {
+        for (key, n) in &self.nodes {
+            ensure!(
+                key == &n.spec.name,
+                "node key {key} holds node {}",
+                n.spec.name
+            );
+        }
+        for (key, p) in &self.partitions {
+            ensure!(
+                key == &p.name,
+                "partition key {key} holds partition {}",
+                p.name
+            );
+        }
         for p in self.partitions.values() {
             for n in &p.nodes {
                 ensure!(

@@ -89,11 +89,16 @@ impl JobTable {
         self.in_order(self.order.range(range))
     }
 
-    /// Keeps the jobs for which `keep` is true.
+    /// Keeps the jobs for which `keep` is true, asking in id order (as an ordered map does).
     pub fn retain(&mut self, mut keep: impl FnMut(&JobId, &mut Job) -> bool) {
-        self.by_id.retain(|id, job| keep(id, job));
-        let by_id = &self.by_id;
-        self.order.retain(|id| by_id.contains_key(id));
+        let by_id = &mut self.by_id;
+        self.order.retain(|id| {
+            let kept = by_id.get_mut(id).is_some_and(|job| keep(id, job));
+            if !kept {
+                by_id.remove(id);
+            }
+            kept
+        });
     }
 
     /// Whether the ordered ids are exactly the held jobs' ids.
@@ -129,8 +134,6 @@ impl PartialEq for JobTable {
     }
 }
 
-impl Eq for JobTable {}
-
 impl FromIterator<(JobId, Box<Job>)> for JobTable {
     fn from_iter<I: IntoIterator<Item = (JobId, Box<Job>)>>(iter: I) -> JobTable {
         let mut table = JobTable::new();
@@ -145,6 +148,11 @@ impl FromIterator<(JobId, Box<Job>)> for JobTable {
 /// do not depend on hashing.
 impl Serialize for JobTable {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if !self.check() {
+            return Err(serde::ser::Error::custom(
+                "the job table's ordered ids are not its jobs' ids",
+            ));
+        }
         let mut map = serializer.serialize_map(Some(self.len()))?;
         for (id, job) in self.iter() {
             map.serialize_entry(id, job)?;

@@ -148,7 +148,7 @@ impl State {
         let first_user = user_of(&accepted[0]).cloned();
         match first_user {
             // One user's jobs, as nearly every submission is (one job, from `sbatch`):
-            // placed as they are, without grouping them first (seven allocations a job).
+            // placed as they are, without grouping them first (six allocations a submission).
             Some(user) if accepted.iter().all(|id| user_of(id) == Some(&user)) => {
                 self.place_new(&user, &accepted, &running, now);
             }
