@@ -78,19 +78,32 @@ pub(crate) struct Held {
 impl Held {
     /// Counts `share` in (`sign` 1) or out (-1).
     fn count(&mut self, share: &NodeUse, sign: i64) {
-        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let one = Held::of(share);
         let sign32 = sign as i32;
-        self.cpus = self.cpus.wrapping_add(sign * i64::from(share.cpus));
-        self.memory = self
-            .memory
-            .wrapping_add(sign.wrapping_mul(clamp(share.memory.0)));
-        self.jobfs = self
-            .jobfs
-            .wrapping_add(sign.wrapping_mul(clamp(share.jobfs.0)));
-        self.gpus = self.gpus.wrapping_add(sign * i64::from(share.gpus));
-        self.shares = self.shares.wrapping_add(sign32);
-        if share.exclusive {
-            self.exclusive = self.exclusive.wrapping_add(sign32);
+        self.cpus = self.cpus.wrapping_add(sign.wrapping_mul(one.cpus));
+        self.memory = self.memory.wrapping_add(sign.wrapping_mul(one.memory));
+        self.jobfs = self.jobfs.wrapping_add(sign.wrapping_mul(one.jobfs));
+        self.gpus = self.gpus.wrapping_add(sign.wrapping_mul(one.gpus));
+        self.shares = self.shares.wrapping_add(sign32.wrapping_mul(one.shares));
+        self.exclusive = self
+            .exclusive
+            .wrapping_add(sign32.wrapping_mul(one.exclusive));
+    }
+
+    /// What one share holds, as a pass's pool counts it: each amount an `i64`, clamped.
+    /// The one conversion of a share into the pool's arithmetic: the pool's changes
+    /// ([`crate::plan::pool`]) and these sums must agree, or a pass would take the sums
+    /// for something other than the walk they stand for.
+    #[inline]
+    pub(crate) fn of(share: &NodeUse) -> Held {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Held {
+            cpus: i64::from(share.cpus),
+            memory: clamp(share.memory.0),
+            jobfs: clamp(share.jobfs.0),
+            gpus: i64::from(share.gpus),
+            shares: 1,
+            exclusive: i32::from(share.exclusive),
         }
     }
 }

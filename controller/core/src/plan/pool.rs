@@ -93,16 +93,17 @@ struct Change {
 
 impl Change {
     fn of(at: TimeMs, u: &NodeUse, sign: i64) -> Change {
-        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let one = crate::returns::Held::of(u);
+        let sign32 = sign as i32;
         Change {
             at,
             delta: Free {
-                cpus: sign * i64::from(u.cpus),
-                memory: sign * clamp(u.memory.0),
-                jobfs: sign * clamp(u.jobfs.0),
-                gpus: sign * i64::from(u.gpus),
-                holders: -(sign as i32),
-                exclusive: if u.exclusive { -(sign as i32) } else { 0 },
+                cpus: sign * one.cpus,
+                memory: sign * one.memory,
+                jobfs: sign * one.jobfs,
+                gpus: sign * one.gpus,
+                holders: -sign32 * one.shares,
+                exclusive: -sign32 * one.exclusive,
             },
         }
     }
