@@ -108,6 +108,24 @@ impl Held {
     }
 }
 
+impl NodeReturns {
+    /// Whether the shares come back, as a pass at `now` expects them ([`Ends::at`]), in the
+    /// index's own order. An end lies within a second after its key, so only jobs whose
+    /// keys are less than a second apart can swap; a replay's jobs all start at whole
+    /// seconds, and so never do.
+    pub(crate) fn in_order_at(&self, now: TimeMs) -> bool {
+        let mut ends = self.fixed.values().map(|r| r.ends.at(now));
+        let Some(mut last) = ends.next() else {
+            return true;
+        };
+        ends.all(|at| {
+            let in_order = last <= at;
+            last = at;
+            in_order
+        })
+    }
+}
+
 /// One share given back: when, and what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Return {

@@ -22,7 +22,7 @@ mod pass;
 pub mod pool;
 mod preemption;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use crate::command::StartDecision;
 use crate::ids::{JobId, PartitionName, UserName};
@@ -62,7 +62,7 @@ pub struct Continuation {
     /// The jobs not yet considered, first next.
     pub(crate) rest: Vec<JobId>,
     /// Partitions whose first job that could not start has been met.
-    pub(crate) blocked: BTreeSet<PartitionName>,
+    pub(crate) blocked: Blocked,
     /// Jobs considered so far per partition (for `partition_job_depth`).
     pub(crate) depth: BTreeMap<PartitionName, u32>,
     /// Jobs considered so far in all.
@@ -90,6 +90,33 @@ impl crate::state::State {
         self.jobs.get(&id).filter(|j| {
             j.state == crate::job::JobState::Pending && j.part == crate::job::Part::Idle
         })
+    }
+}
+
+/// A set of partitions kept as a sorted list, inline up to a few. Nearly every backfill
+/// pass blocks a partition, and an ordered set allocated a node of eleven names for it; a
+/// site has tens of partitions at most, so the insertion's shift is short.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Blocked(smallvec::SmallVec<[PartitionName; 2]>);
+
+impl Blocked {
+    pub(crate) fn contains(&self, partition: &PartitionName) -> bool {
+        self.0.binary_search(partition).is_ok()
+    }
+
+    /// Adds `partition`; whether it was not there yet.
+    pub(crate) fn insert(&mut self, partition: PartitionName) -> bool {
+        match self.0.binary_search(&partition) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.insert(at, partition);
+                true
+            }
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 }
 

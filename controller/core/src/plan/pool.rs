@@ -27,6 +27,8 @@ use crate::node::{Node, NodeUse};
 use crate::quantity::{Seconds, TimeMs};
 use crate::state::State;
 
+use smallvec::SmallVec;
+
 /// A node's free resources at one instant, or (in a [`Change`]) what one instant adds to
 /// them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -175,7 +177,7 @@ pub struct Pool<'a> {
     /// Drained or down: nothing starts here.
     closed: Vec<bool>,
     /// Changes after now, per node, in time order (returns before takes at one instant).
-    changes: Vec<Vec<Change>>,
+    changes: Vec<NodeChanges>,
     /// Each partition's members and what they have free, found with one lookup per job.
     parts: PartitionViews<'a>,
     /// Per node, the windows of the advance reservations holding it; empty when there are
@@ -237,9 +239,9 @@ impl<'a> Pool<'a> {
         // Room for the pass's own few changes too (a start adds its return, a reservation its
         // take and return): grown by its first insert, a node's list of hundreds of returns
         // was copied whole once a pass.
-        let mut changes: Vec<Vec<Change>> = nodes
+        let mut changes: Vec<NodeChanges> = nodes
             .iter()
-            .map(|n| Vec::with_capacity(if profile { n.jobs.len() + 4 } else { 0 }))
+            .map(|n| NodeChanges::with_capacity(if profile { n.jobs.len() + 4 } else { 0 }))
             .collect();
         // Each node's returns, sorted by instant as pairs of an instant and a reference before
         // they become changes: sorting the changes themselves, three times the size, was
@@ -265,13 +267,9 @@ impl<'a> Pool<'a> {
                 "what node {} has free now",
                 node.spec.name
             );
-            if !profile {
-                continue;
+            if profile {
+                profile_returns(state, node, indexed, now, &mut returns, &mut changes[i]);
             }
-            node_returns(state, node, indexed, now, &mut returns);
-            // Only returns so far; their order at one instant does not matter.
-            returns.sort_unstable_by_key(|r| r.0);
-            changes[i].extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
         }
         let closed: Vec<bool> = nodes.iter().map(|n| !n.accepts_jobs()).collect();
         // Only where there are reservations ([`Pool::windows_of`]).
@@ -440,8 +438,8 @@ impl<'a> Pool<'a> {
         };
         // Each usable node's feasible starts for the job's largest share (a node that can
         // take it can take any smaller one): a few intervals per node.
-        let mut opens: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
-        let mut closes: Vec<TimeMs> = Vec::with_capacity(members.len() * 4);
+        let mut opens: Instants = SmallVec::with_capacity(members.len() * 4);
+        let mut closes: Instants = SmallVec::with_capacity(members.len() * 4);
         for &i in members {
             if !self.usable_for(job, i) {
                 continue;
@@ -463,7 +461,7 @@ impl<'a> Pool<'a> {
         opens.sort_unstable();
         closes.sort_unstable();
         // The earliest (rounded) start inside at least `wanted` intervals at once.
-        let mut candidates: Vec<TimeMs> = opens.iter().map(|a| round_up(*a)).collect();
+        let mut candidates: Instants = opens.iter().map(|a| round_up(*a)).collect();
         candidates.sort_unstable();
         candidates.dedup();
         for start in candidates {
@@ -504,15 +502,15 @@ impl<'a> Pool<'a> {
         want: &NodeUse,
         duration: Option<Seconds>,
         merge: bool,
-    ) -> Vec<(TimeMs, TimeMs)> {
+    ) -> Intervals {
         let changes = &self.changes[i];
-        let mut out: Vec<(TimeMs, TimeMs)> = Vec::new();
-        let push = |out: &mut Vec<(TimeMs, TimeMs)>, a: TimeMs, b: TimeMs| match out.last_mut() {
+        let mut out = Intervals::new();
+        let push = |out: &mut Intervals, a: TimeMs, b: TimeMs| match out.last_mut() {
             Some(last) if merge && last.1.0.checked_add(1) == Some(a.0) => last.1 = b,
             _ => out.push((a, b)),
         };
         // The changes from here on are all returns.
-        let only_returns_from = changes.iter().rposition(Change::takes).map_or(0, |p| p + 1);
+        let only_returns_from = changes.only_returns_from();
         let mut free = self.free[i];
         let mut k = 0;
         let mut at = self.now;
@@ -528,6 +526,10 @@ impl<'a> Pool<'a> {
                 let mut f = free;
                 let mut blocked = None;
                 for c in &changes[k..] {
+                    // Past the last take nothing can block it.
+                    if changes.last_take.is_none_or(|t| c.at > t) {
+                        break;
+                    }
                     f.apply(c);
                     if c.takes() && !f.fits(want) {
                         blocked = Some(c.at);
@@ -657,7 +659,7 @@ impl<'a> Pool<'a> {
             // What is free now only shrinks. (Every start, and every node a preemption
             // closed, re-derived every bound it touched, a walk of all members: a fifth of a
             // replay on a site of 1,492 nodes.)
-            let before: Vec<Option<(i64, i64)>> =
+            let before: SmallVec<[Option<(i64, i64)>; INLINE_CHOSEN]> =
                 chosen.iter().map(|&i| self.standing(i)).collect();
             self.take_shares(job, chosen, start, end);
             self.note_shrunk(chosen, &before);
@@ -674,7 +676,7 @@ impl<'a> Pool<'a> {
             if start <= self.now {
                 self.free[i].apply(&Change::of(start, &want, -1));
             } else {
-                insert(&mut self.changes[i], Change::of(start, &want, -1));
+                self.changes[i].insert(Change::of(start, &want, -1));
             }
             if let Some(end) = end
                 && self.horizon == Horizon::Profile
@@ -683,7 +685,7 @@ impl<'a> Pool<'a> {
                 // (a zero-length run, or a held reservation already over). Every change
                 // stays after now, where `free` and `most_free` already count it.
                 let end = end.max(TimeMs(self.now.0.saturating_add(1)));
-                insert(&mut self.changes[i], Change::of(end, &want, 1));
+                self.changes[i].insert(Change::of(end, &want, 1));
             }
         }
     }
@@ -708,6 +710,12 @@ impl<'a> Pool<'a> {
         }
         let at_start = f;
         while k < changes.len() && end.is_none_or(|e| changes[k].at < e) {
+            // Past the node's last take only returns follow: nothing later can block it. (A
+            // candidate for backfill otherwise walked every return before its end, a node's
+            // whole profile for a long job, on every node it was tried on.)
+            if changes.last_take.is_none_or(|t| changes[k].at > t) {
+                break;
+            }
             f.apply(&changes[k]);
             if changes[k].takes() && !f.fits(want) {
                 return None;
@@ -742,7 +750,7 @@ impl<'a> Pool<'a> {
 
     /// The closed intervals of start times at which advance reservations let `job` run on
     /// node `i` up to its time limit.
-    fn allowed_starts(&self, job: &Job, i: usize) -> Vec<(TimeMs, TimeMs)> {
+    fn allowed_starts(&self, job: &Job, i: usize) -> Intervals {
         let windows = self.windows_of(i);
         let duration = job.resolved.time_limit;
         let back =
@@ -755,10 +763,9 @@ impl<'a> Pool<'a> {
                 .collect(),
             None => {
                 // Starts before each window that end by its start, and starts after it.
-                let mut sorted: Vec<(TimeMs, TimeMs)> =
-                    windows.iter().map(|(s, e, _)| (*s, *e)).collect();
+                let mut sorted: Intervals = windows.iter().map(|(s, e, _)| (*s, *e)).collect();
                 sorted.sort_unstable();
-                let mut out = Vec::new();
+                let mut out = Intervals::new();
                 let mut from = self.now;
                 for (s, e) in sorted {
                     if let Some(last) = back(s)
@@ -783,7 +790,7 @@ impl<'a> Pool<'a> {
     }
 
     /// The nodes `job` would get over `[start, end)`, in share order, without taking them.
-    fn fit(&self, job: &Job, start: TimeMs, end: Option<TimeMs>) -> Option<Vec<usize>> {
+    fn fit(&self, job: &Job, start: TimeMs, end: Option<TimeMs>) -> Option<Chosen> {
         let spec = &job.spec;
         let part = self.parts.get(&job.resolved.partition)?;
         let members = part.members;
@@ -805,9 +812,9 @@ impl<'a> Pool<'a> {
             return None;
         }
         let usable = |i: usize| self.usable_for(job, i);
-        // Sized at its first pick: most jobs that get this far still find no node (a backfill
-        // pass's candidates on a busy machine), and each allocated a list for nothing.
-        let mut chosen: Vec<usize> = Vec::new();
+        // Inline up to a few nodes: most jobs that get this far still find no node (a
+        // backfill pass's candidates on a busy machine), and most that do need few.
+        let mut chosen = Chosen::new();
         // Required nodes (`-w`) take the first shares, in name order.
         for name in &spec.nodelist {
             let i = self.position(name)?;
@@ -931,12 +938,110 @@ fn cpus_standing(free: &[Free], closed: &[bool], i: usize) -> i64 {
 /// against marks by place.
 const FEW_CHOSEN: usize = 16;
 
+/// Up to this many nodes a job is given are kept inline ([`Chosen`]).
+const INLINE_CHOSEN: usize = 4;
+
+/// The places of the nodes a job is given, in share order. Every start and every
+/// reservation of a pass chooses nodes, and a list allocated for each was a tenth of a
+/// pass's allocations; most jobs ask for a few nodes.
+type Chosen = SmallVec<[usize; INLINE_CHOSEN]>;
+
+/// Instants a reservation looks at: each usable node's feasible starts and ends, a few per
+/// node, inline for the few nodes of a small partition.
+type Instants = SmallVec<[TimeMs; 8]>;
+
+/// Closed intervals of start times on one node: a few, in time order.
+type Intervals = SmallVec<[(TimeMs, TimeMs); 4]>;
+
 /// Keeps a node's changes in time order, returns before takes at one instant. Every change
 /// lies after the pool's now (what happens now is in `free`); `new` and `take_shares` keep it so.
 fn insert(changes: &mut Vec<Change>, c: Change) {
     let key = (c.at, c.takes());
     let at = changes.partition_point(|x| (x.at, x.takes()) <= key);
     changes.insert(at, c);
+}
+
+/// One node's changes after now, in time order (returns before takes at one instant), and
+/// the instant of the latest take among them. Building a pool puts only returns here; a
+/// take comes from a start later than now (a reservation, a held placement).
+#[derive(Debug, Default)]
+struct NodeChanges {
+    /// Named for what a new pool holds; takes are inserted among them.
+    returns: Vec<Change>,
+    /// The latest instant at which a share is taken: past it only returns follow, and what
+    /// is free only grows. `None`: only returns.
+    last_take: Option<TimeMs>,
+}
+
+impl NodeChanges {
+    fn with_capacity(n: usize) -> NodeChanges {
+        NodeChanges {
+            returns: Vec::with_capacity(n),
+            last_take: None,
+        }
+    }
+
+    fn insert(&mut self, c: Change) {
+        if c.takes() {
+            self.last_take = self.last_take.max(Some(c.at));
+        }
+        insert(&mut self.returns, c);
+        debug_assert_eq!(
+            self.last_take,
+            self.returns
+                .iter()
+                .filter(|c| c.takes())
+                .map(|c| c.at)
+                .max(),
+            "a node's last take is miscounted"
+        );
+    }
+
+    /// The place from which the changes are all returns: just after the last take (which
+    /// sorts after the returns at its instant).
+    fn only_returns_from(&self) -> usize {
+        self.last_take.map_or(0, |t| {
+            self.returns
+                .partition_point(|c| (c.at, c.takes()) <= (t, true))
+        })
+    }
+}
+
+impl std::ops::Deref for NodeChanges {
+    type Target = [Change];
+
+    fn deref(&self) -> &[Change] {
+        &self.returns
+    }
+}
+
+/// Node `node`'s returns after `now` as its first changes, in time order (their order at
+/// one instant does not matter: they are all returns). `returns` is the pool's list for
+/// sorting them, left empty.
+fn profile_returns<'a>(
+    state: &'a State,
+    node: &'a Node,
+    indexed: Option<&'a crate::returns::NodeReturns>,
+    now: TimeMs,
+    returns: &mut Vec<(TimeMs, &'a NodeUse)>,
+    changes: &mut NodeChanges,
+) {
+    if let Some(r) = indexed.filter(|r| r.moving == 0 && r.in_order_at(now)) {
+        // The index's order is already theirs (every start at a whole second, as in a
+        // replay): no list to sort first, a copy of every return each pass.
+        let soonest = TimeMs(now.0.saturating_add(1));
+        changes.returns.extend(
+            r.fixed
+                .values()
+                .map(|r| Change::of(r.ends.at(now).max(soonest), &r.share, 1)),
+        );
+        return;
+    }
+    node_returns(state, node, indexed, now, returns);
+    returns.sort_unstable_by_key(|r| r.0);
+    changes
+        .returns
+        .extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
 }
 
 /// Node `node`'s returns after `now` (never sooner than just after it), in no set order.
@@ -1011,12 +1116,9 @@ mod tests {
 
     /// A one-node pool at time 0 with `cpus` free and these changes (kept in order).
     fn pool(cpus: i64, changes: &[(u64, u32, bool)]) -> Pool<'static> {
-        let mut list = Vec::new();
+        let mut list = NodeChanges::default();
         for &(at, c, take) in changes {
-            insert(
-                &mut list,
-                Change::of(TimeMs(at), &share(c), if take { -1 } else { 1 }),
-            );
+            list.insert(Change::of(TimeMs(at), &share(c), if take { -1 } else { 1 }));
         }
         Pool {
             now: TimeMs(0),
@@ -1058,14 +1160,14 @@ mod tests {
         );
         let d = Some(Seconds(5));
         assert_eq!(
-            p.feasible_starts(0, &share(4), d, true),
+            p.feasible_starts(0, &share(4), d, true).to_vec(),
             vec![
                 (TimeMs(10_000), TimeMs(25_000)),
                 (TimeMs(40_000), TimeMs(u64::MAX))
             ]
         );
         assert_eq!(
-            p.feasible_starts(0, &share(4), d, false),
+            p.feasible_starts(0, &share(4), d, false).to_vec(),
             vec![
                 (TimeMs(10_000), TimeMs(19_999)),
                 (TimeMs(20_000), TimeMs(25_000)),
@@ -1385,12 +1487,17 @@ mod tests {
             cpus in proptest::collection::vec(4u32..17, 1..5),
             running in proptest::collection::vec((shape(), 0u64..90_000, 0u8..6), 0..10),
             later in 0u64..20_000_000,
+            whole_seconds in any::<bool>(),
         ) {
             use crate::command::Command;
             use crate::job::JobRef;
             let (mut state, mut index) = machine(&cpus);
             let mut now = TimeMs(0);
+            // Instants at whole seconds, as in a replay, give the index's order as it is.
+            let instant = |ms: u64| if whole_seconds { ms / 1000 * 1000 } else { ms };
+            let later = instant(later);
             for (s, gap, fate) in &running {
+                let gap = &instant(*gap);
                 now = TimeMs(now.0 + gap);
                 let before = state.next_job_id;
                 start_one(&mut state, &mut index, specs(&cpus, &[*s]), now);
@@ -1427,7 +1534,22 @@ mod tests {
                 let looked_up: Vec<_> = looked_up_returns(&state, node, now)
                     .map(|(at, u)| (at.max(soonest), u))
                     .collect();
+                let mut expected: Vec<(TimeMs, i64)> =
+                    looked_up.iter().map(|(at, u)| (*at, i64::from(u.cpus))).collect();
                 prop_assert_eq!(sorted_returns(indexed), sorted_returns(looked_up));
+                // A pool's first changes: the same returns, in time order, whether taken
+                // from the index as they are or sorted.
+                let mut scratch = Vec::new();
+                let mut profile = NodeChanges::default();
+                profile_returns(&state, node, of_node, now, &mut scratch, &mut profile);
+                prop_assert!(scratch.is_empty());
+                prop_assert!(profile.windows(2).all(|w| w[0].at <= w[1].at), "{profile:?}");
+                prop_assert_eq!(profile.last_take, None);
+                let mut profiled: Vec<(TimeMs, i64)> =
+                    profile.iter().map(|c| (c.at, c.delta.cpus)).collect();
+                profiled.sort_unstable();
+                expected.sort_unstable();
+                prop_assert_eq!(profiled, expected);
             }
         }
 
@@ -1466,16 +1588,55 @@ mod tests {
                 let job = &state.jobs[&id.unwrap()];
                 let end = job.expected_runtime(now).map(|d| now.plus(d));
                 prop_assert_eq!(
-                    pool.fit(job, now, end),
+                    pool.fit(job, now, end).map(|c| c.to_vec()),
                     fit_position_by_position(&pool, job, now, end)
                 );
                 let start = now.plus(Seconds(later * 60));
                 let end = job.expected_runtime(now).map(|d| start.plus(d));
                 prop_assert_eq!(
-                    pool.fit(job, start, end),
+                    pool.fit(job, start, end).map(|c| c.to_vec()),
                     fit_position_by_position(&pool, job, start, end)
                 );
             }
+        }
+
+        /// Stopping at a node's last take changes nothing: whether a share fits over a
+        /// stretch, and what is free at its start, are those of walking every change before
+        /// its end; and the changes from `only_returns_from` on are all returns, the first
+        /// of them just after the last take.
+        #[test]
+        fn a_walk_stops_at_the_last_take_with_the_same_answer(
+            free in 0i64..16,
+            changes in proptest::collection::vec((1u64..40, 1u32..8, any::<bool>()), 0..12),
+            want in 1u32..12,
+            start in 0u64..45,
+            duration in proptest::option::of(0u64..45),
+        ) {
+            let changes: Vec<(u64, u32, bool)> =
+                changes.into_iter().map(|(t, c, take)| (t * 1000, c, take)).collect();
+            let p = pool(free, &changes);
+            let list = &p.changes[0];
+            let from = list.only_returns_from();
+            prop_assert_eq!(from, list.iter().rposition(Change::takes).map_or(0, |k| k + 1));
+            let start = TimeMs(start * 1000);
+            let end = duration.map(|d| start.plus(Seconds(d)));
+            // Every change up to the start, then every one before the end, as the walk went
+            // before it stopped early.
+            let walked = || {
+                let mut f = p.free[0];
+                let (upto, after): (Vec<&Change>, Vec<&Change>) =
+                    list.iter().partition(|c| c.at <= start);
+                upto.iter().for_each(|c| f.apply(c));
+                let at_start = f.fits(&share(want)).then_some(f)?;
+                for c in after.iter().filter(|c| end.is_none_or(|e| c.at < e)) {
+                    f.apply(c);
+                    if c.takes() && !f.fits(&share(want)) {
+                        return None;
+                    }
+                }
+                Some(at_start)
+            };
+            prop_assert_eq!(p.fits_over(0, &share(want), start, end), walked());
         }
 
         /// Merging gives the same starts: the reservation, which depends only on how many
