@@ -10,8 +10,9 @@
 //! in order of the instant the job reaches its limit.
 //!
 //! A job's expected end, as the planners read it ([`crate::job::Job::expected_runtime`]),
-//! counts whole seconds run, so it lies within a second after that instant: in that order a
-//! node's returns need only a sort that finds them almost in order. A running job with a
+//! counts whole seconds run, so it lies within a second after that instant, and in that
+//! order a node's returns are already the order of their ends ([`Ends::at`]): a pass copies
+//! them as they are, with no sort. A running job with a
 //! runtime prediction (EASY++) has an end that moves with the clock; a node holding one is
 //! counted here and its profile is built the old way, by looking every job up.
 //!
@@ -108,24 +109,6 @@ impl Held {
     }
 }
 
-impl NodeReturns {
-    /// Whether the shares come back, as a pass at `now` expects them ([`Ends::at`]), in the
-    /// index's own order. An end lies within a second after its key, so only jobs whose
-    /// keys are less than a second apart can swap; a replay's jobs all start at whole
-    /// seconds, and so never do.
-    pub(crate) fn in_order_at(&self, now: TimeMs) -> bool {
-        let mut ends = self.fixed.values().map(|r| r.ends.at(now));
-        let Some(mut last) = ends.next() else {
-            return true;
-        };
-        ends.all(|at| {
-            let in_order = last <= at;
-            last = at;
-            in_order
-        })
-    }
-}
-
 /// One share given back: when, and what.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Return {
@@ -161,6 +144,12 @@ enum Kind {
 impl Ends {
     /// The instant the share comes back, as a pass at `now` expects it: what
     /// `now + (expected run time − time run)` gives for the job (never before `now`).
+    ///
+    /// Ordered as the keys are ([`Ends::key`]), for any `now`: every such instant is `now`
+    /// plus whole seconds (the time run is counted in whole seconds), so two of them differ
+    /// by whole seconds; a job not yet at its limit ends within a second after its key, which
+    /// lies after `now`; one at or past it ends at `now`, and its key is not after `now`. So
+    /// of two keys, the earlier never ends later (equal keys end together).
     pub(crate) fn at(&self, now: TimeMs) -> TimeMs {
         match *self {
             Ends::Now => now,

@@ -87,7 +87,7 @@ impl Free {
 }
 
 /// Resources returned (positive) or taken (negative) at `at`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Change {
     at: TimeMs,
     delta: Free,
@@ -1015,9 +1015,14 @@ impl std::ops::Deref for NodeChanges {
     }
 }
 
-/// Node `node`'s returns after `now` as its first changes, in time order (their order at
-/// one instant does not matter: they are all returns). `returns` is the pool's list for
-/// sorting them, left empty.
+/// Node `node`'s returns after `now` (never sooner than just after it: nothing still held
+/// is planned on) as its first changes, in time order; their order at one instant does not
+/// matter, they are all returns. `returns` is the pool's list for sorting them, left empty.
+///
+/// From the state's index of returns ([`crate::returns`]) where every job's end on the node
+/// follows from the job alone, already in order; else each job looked up, then sorted. The
+/// index has every node while it is kept (it is rebuilt whenever nodes come or go); where
+/// it is not (backfill off), every node is looked up.
 fn profile_returns<'a>(
     state: &'a State,
     node: &'a Node,
@@ -1026,47 +1031,27 @@ fn profile_returns<'a>(
     returns: &mut Vec<(TimeMs, &'a NodeUse)>,
     changes: &mut NodeChanges,
 ) {
-    if let Some(r) = indexed.filter(|r| r.moving == 0 && r.in_order_at(now)) {
-        // The index's order is already theirs (every start at a whole second, as in a
-        // replay): no list to sort first, a copy of every return each pass.
-        let soonest = TimeMs(now.0.saturating_add(1));
+    let soonest = TimeMs(now.0.saturating_add(1));
+    if let Some(r) = indexed.filter(|r| r.moving == 0) {
+        // Copied as they come ([`crate::returns::Ends::at`]): no list to sort first.
         changes.returns.extend(
             r.fixed
                 .values()
                 .map(|r| Change::of(r.ends.at(now).max(soonest), &r.share, 1)),
         );
+        debug_assert!(
+            changes.returns.is_sorted_by_key(|c| c.at),
+            "node {}'s returns are out of order",
+            node.spec.name
+        );
         return;
     }
-    node_returns(state, node, indexed, now, returns);
+    returns.reserve(node.jobs.len());
+    returns.extend(looked_up_returns(state, node, now).map(|(at, u)| (at.max(soonest), u)));
     returns.sort_unstable_by_key(|r| r.0);
     changes
         .returns
         .extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
-}
-
-/// Node `node`'s returns after `now` (never sooner than just after it), in no set order.
-///
-/// From the state's index of returns ([`crate::returns`]), already in order within a
-/// second, where every job's end follows from the job alone; else each job looked up.
-fn node_returns<'a>(
-    state: &'a State,
-    node: &'a Node,
-    indexed: Option<&'a crate::returns::NodeReturns>,
-    now: TimeMs,
-    returns: &mut Vec<(TimeMs, &'a NodeUse)>,
-) {
-    // Never plan on something still held: returns happen no sooner than just after now.
-    let soonest = TimeMs(now.0.saturating_add(1));
-    let clamp = |(at, u): (TimeMs, &'a NodeUse)| (at.max(soonest), u);
-    returns.reserve(node.jobs.len());
-    match indexed {
-        Some(r) if r.moving == 0 => {
-            returns.extend(r.fixed.values().map(|r| clamp((r.ends.at(now), &r.share))));
-        }
-        // Kept, the index has every node (it is rebuilt whenever nodes come or go); one it
-        // lacks, or every node where it is not kept (backfill off), is looked up.
-        _ => returns.extend(looked_up_returns(state, node, now).map(clamp)),
-    }
 }
 
 /// Node `node`'s jobs' expected ends as of `now`, each job looked up (a node holding a job
@@ -1416,29 +1401,6 @@ mod tests {
         );
     }
 
-    /// A node's returns as sortable tuples, in order.
-    #[allow(clippy::type_complexity)]
-    fn sorted_returns(
-        returns: Vec<(TimeMs, &NodeUse)>,
-    ) -> Vec<(TimeMs, u32, u64, u64, u32, bool, bool)> {
-        let mut out: Vec<_> = returns
-            .into_iter()
-            .map(|(t, u)| {
-                (
-                    t,
-                    u.cpus,
-                    u.memory.0,
-                    u.jobfs.0,
-                    u.gpus,
-                    u.exclusive,
-                    u.suspended,
-                )
-            })
-            .collect();
-        out.sort_unstable();
-        out
-    }
-
     fn shape() -> impl Strategy<Value = Shape> {
         (1u32..4, 1u32..9, 1u64..240, proptest::bool::weighted(0.15))
     }
@@ -1527,16 +1489,13 @@ mod tests {
             state.check_invariants().unwrap();
             let now = TimeMs(now.0 + later);
             for node in state.nodes.values() {
-                let mut indexed = Vec::new();
                 let of_node = state.returns.of_node(&node.spec.name);
-                node_returns(&state, node, of_node, now, &mut indexed);
                 let soonest = TimeMs(now.0 + 1);
                 let looked_up: Vec<_> = looked_up_returns(&state, node, now)
                     .map(|(at, u)| (at.max(soonest), u))
                     .collect();
-                let mut expected: Vec<(TimeMs, i64)> =
-                    looked_up.iter().map(|(at, u)| (*at, i64::from(u.cpus))).collect();
-                prop_assert_eq!(sorted_returns(indexed), sorted_returns(looked_up));
+                let mut expected: Vec<Change> =
+                    looked_up.iter().map(|(at, u)| Change::of(*at, u, 1)).collect();
                 // A pool's first changes: the same returns, in time order, whether taken
                 // from the index as they are or sorted.
                 let mut scratch = Vec::new();
@@ -1545,10 +1504,13 @@ mod tests {
                 prop_assert!(scratch.is_empty());
                 prop_assert!(profile.windows(2).all(|w| w[0].at <= w[1].at), "{profile:?}");
                 prop_assert_eq!(profile.last_take, None);
-                let mut profiled: Vec<(TimeMs, i64)> =
-                    profile.iter().map(|c| (c.at, c.delta.cpus)).collect();
-                profiled.sort_unstable();
-                expected.sort_unstable();
+                let mut profiled: Vec<Change> = profile.to_vec();
+                let order = |c: &Change| {
+                    let d = &c.delta;
+                    (c.at, d.cpus, d.memory, d.jobfs, d.gpus, d.holders, d.exclusive)
+                };
+                profiled.sort_unstable_by_key(order);
+                expected.sort_unstable_by_key(order);
                 prop_assert_eq!(profiled, expected);
             }
         }
