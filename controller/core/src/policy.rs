@@ -657,6 +657,12 @@ impl State {
     pub(crate) fn start_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
         // Looked up once, and only if some account-level rule exists anywhere.
         let rules = running.rules;
+        // No limit anywhere (no MAXPS, no QOS, partition, account or association limit):
+        // nothing holds a job back. Every job a pass tries asks, and the four checks that
+        // each find no limit were 3% of a 100,000-job replay.
+        if rules.none() {
+            return None;
+        }
         let account = if rules.own || rules.tree || rules.assoc {
             Some(self.accounts.get(&job.resolved.account)?)
         } else {
