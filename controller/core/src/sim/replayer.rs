@@ -132,6 +132,60 @@ impl Waiting {
     }
 }
 
+/// The trace job behind each submitted job (its place in the trace), by id.
+///
+/// The state gives ids in submission order, so a list from the first id holds them densely,
+/// and a start or an end looks near the last one: a hash map of every job submitted (a
+/// hundred thousand entries that only grow) missed the cache at every submission, start
+/// and end.
+#[derive(Default)]
+struct Which {
+    first: u64,
+    /// By id from `first`; `usize::MAX` where an id is not a trace job's.
+    of: Vec<usize>,
+    count: usize,
+}
+
+impl Which {
+    fn insert(&mut self, id: JobId, k: usize) {
+        if self.of.is_empty() {
+            self.first = id.0;
+        }
+        let Some(at) =
+            id.0.checked_sub(self.first)
+                .and_then(|at| usize::try_from(at).ok())
+        else {
+            return; // never: ids only grow
+        };
+        if at >= self.of.len() {
+            self.of.resize(at + 1, usize::MAX);
+        }
+        if self.of[at] == usize::MAX {
+            self.count += 1;
+        }
+        self.of[at] = k;
+    }
+
+    fn get(&self, id: JobId) -> Option<usize> {
+        let at = usize::try_from(id.0.checked_sub(self.first)?).ok()?;
+        self.of.get(at).copied().filter(|&k| k != usize::MAX)
+    }
+
+    /// How many submitted jobs came from the trace.
+    fn len(&self) -> usize {
+        self.count
+    }
+
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (JobId, usize)> + '_ {
+        self.of
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k != usize::MAX)
+            .map(|(at, &k)| (JobId(self.first + at as u64), k))
+    }
+}
+
 /// What a replay could not run: refusals by the site's policies and jobs never started.
 pub(super) struct Tally {
     pub refused: usize,
@@ -155,7 +209,7 @@ pub(super) struct Replayer<'t> {
     outcomes: Vec<Option<JobOutcome>>,
     completed: Vec<bool>,
     /// The trace job behind each submitted job.
-    which: FxHashMap<JobId, usize>,
+    which: Which,
     running: Running,
     samples: Vec<Sample>,
     refused: usize,
@@ -209,7 +263,7 @@ impl<'t> Replayer<'t> {
             d,
             outcomes: vec![None; total],
             completed: vec![false; total],
-            which: FxHashMap::default(),
+            which: Which::default(),
             running: Running::default(),
             samples: Vec::new(),
             refused: 0,
@@ -301,7 +355,7 @@ impl<'t> Replayer<'t> {
         let mut reports = Vec::new();
         for id in self.running.ending(t) {
             reports.push(ended(&self.d.state, id, EndCause::Exited, 0));
-            if let Some(&k) = self.which.get(&id) {
+            if let Some(k) = self.which.get(id) {
                 self.running.busy -= self.jobs[k].procs;
                 self.completed[k] = true;
                 // Later than planned when it was suspended on the way.
@@ -493,7 +547,9 @@ impl<'t> Replayer<'t> {
     fn record_starts(&mut self, starts: Vec<JobId>, t: u64) {
         let now = TimeMs(t * 1000);
         for id in starts {
-            let k = self.which[&id];
+            let Some(k) = self.which.get(id) else {
+                continue;
+            };
             let j = self.jobs[k];
             self.waiting.remove(id);
             self.running.start(id, t + j.runtime, j.procs);
@@ -530,7 +586,7 @@ impl<'t> Replayer<'t> {
 
     /// The processors a submitted job holds (0 for one not from the trace).
     fn procs_of(&self, id: JobId) -> u64 {
-        self.which.get(&id).map_or(0, |&k| self.jobs[k].procs)
+        self.which.get(id).map_or(0, |k| self.jobs[k].procs)
     }
 }
 
@@ -638,7 +694,7 @@ mod tests {
             r.submit_arrivals(t).unwrap();
             r.schedule(t).unwrap();
         }
-        let id_of = |k: usize| *r.which.iter().find(|(_, v)| **v == k).unwrap().0;
+        let id_of = |k: usize| r.which.iter().find(|(_, v)| *v == k).unwrap().0;
         let state = &r.d.state;
         let (head, backfilled) = (&state.jobs[&id_of(1)], &state.jobs[&id_of(2)]);
         assert!(backfilled.alloc.is_some(), "job 3 was backfilled");
