@@ -145,11 +145,15 @@ impl Ends {
     /// The instant the share comes back, as a pass at `now` expects it: what
     /// `now + (expected run time − time run)` gives for the job (never before `now`).
     ///
-    /// Ordered as the keys are ([`Ends::key`]), for any `now`: every such instant is `now`
-    /// plus whole seconds (the time run is counted in whole seconds), so two of them differ
-    /// by whole seconds; a job not yet at its limit ends within a second after its key, which
-    /// lies after `now`; one at or past it ends at `now`, and its key is not after `now`. So
-    /// of two keys, the earlier never ends later (equal keys end together).
+    /// Ordered as the keys are ([`Ends::key`]) for any `now` from the state's last applied
+    /// instant on, where the planners plan (every start and every second suspended was
+    /// recorded at or before it, so a job has been suspended no longer than it has run):
+    /// every such instant is `now` plus whole seconds (the time run is counted in whole
+    /// seconds), so two of them differ by whole seconds; a job not yet at its limit ends
+    /// within a second after its key, which lies after `now`; one at or past it ends at
+    /// `now`, and its key is not after `now`. So of two keys, the earlier never ends later
+    /// (equal keys end together). Before that instant a job may not have started yet, and
+    /// the order does not hold.
     pub(crate) fn at(&self, now: TimeMs) -> TimeMs {
         match *self {
             Ends::Now => now,

@@ -547,6 +547,7 @@ impl<'t> Replayer<'t> {
     fn record_starts(&mut self, starts: Vec<JobId>, t: u64) {
         let now = TimeMs(t * 1000);
         for id in starts {
+            debug_assert!(self.which.get(id).is_some(), "job {id} is not the trace's");
             let Some(k) = self.which.get(id) else {
                 continue;
             };
