@@ -104,14 +104,10 @@ impl Blocked {
         self.0.binary_search(partition).is_ok()
     }
 
-    /// Adds `partition`; whether it was not there yet.
-    pub(crate) fn insert(&mut self, partition: PartitionName) -> bool {
-        match self.0.binary_search(&partition) {
-            Ok(_) => false,
-            Err(at) => {
-                self.0.insert(at, partition);
-                true
-            }
+    /// Adds `partition` (once).
+    pub(crate) fn insert(&mut self, partition: PartitionName) {
+        if let Err(at) = self.0.binary_search(&partition) {
+            self.0.insert(at, partition);
         }
     }
 

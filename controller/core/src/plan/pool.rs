@@ -528,7 +528,7 @@ impl<'a> Pool<'a> {
                 let mut blocked = None;
                 for c in &changes[k..] {
                     // Past the last take nothing can block it.
-                    if changes.last_take.is_none_or(|t| c.at > t) {
+                    if changes.past_last_take(c.at) {
                         break;
                     }
                     f.apply(c);
@@ -717,7 +717,7 @@ impl<'a> Pool<'a> {
             // Past the node's last take only returns follow: nothing later can block it. (A
             // candidate for backfill otherwise walked every return before its end, a node's
             // whole profile for a long job, on every node it was tried on.)
-            if changes.last_take.is_none_or(|t| changes[k].at > t) {
+            if changes.past_last_take(changes[k].at) {
                 break;
             }
             f.apply(&changes[k]);
@@ -957,21 +957,14 @@ type Instants = SmallVec<[TimeMs; 8]>;
 /// Closed intervals of start times on one node: a few, in time order.
 type Intervals = SmallVec<[(TimeMs, TimeMs); 4]>;
 
-/// Keeps a node's changes in time order, returns before takes at one instant. Every change
-/// lies after the pool's now (what happens now is in `free`); `new` and `take_shares` keep it so.
-fn insert(changes: &mut Vec<Change>, c: Change) {
-    let key = (c.at, c.takes());
-    let at = changes.partition_point(|x| (x.at, x.takes()) <= key);
-    changes.insert(at, c);
-}
-
 /// One node's changes after now, in time order (returns before takes at one instant), and
 /// the instant of the latest take among them. Building a pool puts only returns here; a
 /// take comes from a start later than now (a reservation, a held placement).
 #[derive(Debug, Default)]
 struct NodeChanges {
-    /// Named for what a new pool holds; takes are inserted among them.
-    returns: Vec<Change>,
+    /// Every change lies after the pool's now (what happens now is in `free`); `new` and
+    /// `take_shares` keep it so.
+    list: Vec<Change>,
     /// The latest instant at which a share is taken: past it only returns follow, and what
     /// is free only grows. `None`: only returns.
     last_take: Option<TimeMs>,
@@ -980,32 +973,37 @@ struct NodeChanges {
 impl NodeChanges {
     fn with_capacity(n: usize) -> NodeChanges {
         NodeChanges {
-            returns: Vec::with_capacity(n),
+            list: Vec::with_capacity(n),
             last_take: None,
         }
     }
 
+    /// Adds `c` in its place: in time order, returns before takes at one instant.
     fn insert(&mut self, c: Change) {
         if c.takes() {
             self.last_take = self.last_take.max(Some(c.at));
         }
-        insert(&mut self.returns, c);
+        let key = (c.at, c.takes());
+        let at = self.list.partition_point(|x| (x.at, x.takes()) <= key);
+        self.list.insert(at, c);
         debug_assert_eq!(
             self.last_take,
-            self.returns
-                .iter()
-                .filter(|c| c.takes())
-                .map(|c| c.at)
-                .max(),
+            self.list.iter().filter(|c| c.takes()).map(|c| c.at).max(),
             "a node's last take is miscounted"
         );
+    }
+
+    /// Whether a change at `at` lies past the last take, where nothing can block a share
+    /// that fits: only returns follow.
+    fn past_last_take(&self, at: TimeMs) -> bool {
+        self.last_take.is_none_or(|t| at > t)
     }
 
     /// The place from which the changes are all returns: just after the last take (which
     /// sorts after the returns at its instant).
     fn only_returns_from(&self) -> usize {
         self.last_take.map_or(0, |t| {
-            self.returns
+            self.list
                 .partition_point(|c| (c.at, c.takes()) <= (t, true))
         })
     }
@@ -1015,7 +1013,7 @@ impl std::ops::Deref for NodeChanges {
     type Target = [Change];
 
     fn deref(&self) -> &[Change] {
-        &self.returns
+        &self.list
     }
 }
 
@@ -1039,13 +1037,13 @@ fn profile_returns<'a>(
     // In order as they come at any instant from the state's last one on
     // ([`crate::returns::Ends::at`]), as the planners plan: copied, with no list to sort.
     if let Some(r) = indexed.filter(|r| r.moving == 0 && now >= state.applied.now) {
-        changes.returns.extend(
+        changes.list.extend(
             r.fixed
                 .values()
                 .map(|r| Change::of(r.ends.at(now).max(soonest), &r.share, 1)),
         );
         debug_assert!(
-            changes.returns.is_sorted_by_key(|c| c.at),
+            changes.list.is_sorted_by_key(|c| c.at),
             "node {}'s returns are out of order",
             node.spec.name
         );
@@ -1055,7 +1053,7 @@ fn profile_returns<'a>(
     returns.extend(looked_up_returns(state, node, now).map(|(at, u)| (at.max(soonest), u)));
     returns.sort_unstable_by_key(|r| r.0);
     changes
-        .returns
+        .list
         .extend(returns.drain(..).map(|(at, u)| Change::of(at, u, 1)));
 }
 
