@@ -654,15 +654,22 @@ impl State {
     }
 
     /// Why an idle job cannot start now, given what is running.
+    #[inline]
     pub(crate) fn start_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
-        // Looked up once, and only if some account-level rule exists anywhere.
-        let rules = running.rules;
         // No limit anywhere (no MAXPS, no QOS, partition, account or association limit):
         // nothing holds a job back. Every job a pass tries asks, and the four checks that
-        // each find no limit were 3% of a 100,000-job replay.
-        if rules.none() {
+        // each find no limit were 3% of a 100,000-job replay; asked inline, before the call,
+        // since the call alone (the prologue of a large function) was 2% more.
+        if running.rules.none() {
             return None;
         }
+        self.limit_blocker(job, running)
+    }
+
+    /// [`State::start_blocker`] where some limit exists.
+    fn limit_blocker(&self, job: &Job, running: &RunningSummary) -> Option<Reason> {
+        // Looked up once, and only if some account-level rule exists anywhere.
+        let rules = running.rules;
         let account = if rules.own || rules.tree || rules.assoc {
             Some(self.accounts.get(&job.resolved.account)?)
         } else {

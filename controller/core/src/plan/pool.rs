@@ -386,16 +386,22 @@ impl<'a> Pool<'a> {
     /// Finds nodes for `job` from now for `duration` (`None` = for ever) and takes them.
     /// `None`, and the pool unchanged, when it does not fit now.
     pub fn place(&mut self, job: &Job, duration: Option<Seconds>) -> Option<Vec<NodeName>> {
-        // A job's shares ask for its cpus between them (an exclusive job's for whole nodes,
-        // whatever it asks, so it is left to `fit`).
-        if !job.spec.exclusive && i64::try_from(job.cpus()).map_or(true, |c| c > self.cpus_free_now)
-        {
+        if self.too_big_now(job) {
             return None;
         }
         let end = duration.map(|d| self.now.plus(d));
         let chosen = self.fit(job, self.now, end)?;
         self.take(job, &chosen, self.now, end);
         Some(self.names(&chosen))
+    }
+
+    /// Whether `job` asks for more cpus than the pool has free now, so [`Pool::place`] finds
+    /// it no nodes. A job's shares ask for its cpus between them (an exclusive job's for
+    /// whole nodes, whatever it asks, so it is left to `fit`). Most jobs a backfill pass
+    /// walks on a busy machine are turned away here.
+    #[inline]
+    pub fn too_big_now(&self, job: &Job) -> bool {
+        !job.spec.exclusive && i64::try_from(job.cpus()).map_or(true, |c| c > self.cpus_free_now)
     }
 
     /// The earliest start at or after now, among the instants nodes come free (rounded up to
