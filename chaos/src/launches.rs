@@ -1,7 +1,7 @@
 //! The agents' own launch records, checked against the jobs' run log.
 //!
 //! Every real agent keeps a directory per run it was told to launch,
-//! `STATE/agents/NODE/runs/JOB.EPOCH/`: its monitor writes `pgid` once it has started the
+//! `STATE/run/NODE/runs/JOB.EPOCH/` (in its runtime directory): its monitor writes `pgid` once it has started the
 //! job, and an agent that found no monitor after a restart writes `abandoned` (a monitor must
 //! then never start the job). The jobs themselves append `ID NAME start MS NODE` to
 //! `runs.log`. So, whatever crashed in between:
@@ -25,10 +25,10 @@ pub struct LaunchRecord {
     pub abandoned: bool,
 }
 
-/// Reads every agent's run directories under `agents_dir` (`NODE/runs/JOB.EPOCH`).
-pub fn read(agents_dir: &Path) -> Vec<LaunchRecord> {
+/// Reads every agent's run directories under `runtime_dirs` (`NODE/runs/JOB.EPOCH`).
+pub fn read(runtime_dirs: &Path) -> Vec<LaunchRecord> {
     let mut out = Vec::new();
-    let Ok(nodes) = std::fs::read_dir(agents_dir) else {
+    let Ok(nodes) = std::fs::read_dir(runtime_dirs) else {
         return out;
     };
     for node in nodes.flatten() {

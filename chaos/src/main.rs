@@ -582,7 +582,11 @@ async fn verdict(
         .iter()
         .map(|j| (j.job_id, j.requeue_count))
         .collect();
-    report.launches = launches::check(&launches::read(&state.join("agents")), &log, &requeues);
+    report.launches = launches::check(
+        &launches::read(&state.join(docket_deploy::local::RUNTIME_DIR)),
+        &log,
+        &requeues,
+    );
     print!("{}", check::render(&report, seed));
     println!(
         "memory (resident, every daemon; a process a fault restarted starts a new curve):\n{}",

@@ -109,6 +109,8 @@ fn start_agent(agent_bin: &std::path::Path, cluster: &Cluster, work: &std::path:
             .args(common::node_flags("n01"))
             .arg("--state-dir")
             .arg(work.join("agent"))
+            .arg("--runtime-dir")
+            .arg(work.join("agent-run"))
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),

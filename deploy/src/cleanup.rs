@@ -115,6 +115,14 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Detaches every mount at or under `dir`, deepest first; how many.
+pub fn unmount_under(dir: &Path) -> usize {
+    mounts_under(dir)
+        .iter()
+        .filter(|m| nix::mount::umount2(m.as_path(), nix::mount::MntFlags::MNT_DETACH).is_ok())
+        .count()
+}
+
 /// Kills what still names `state_dir` (with its process group), unmounts what is mounted
 /// under it, removes the agents' cgroup directories (children first).
 pub fn sweep(state_dir: &Path, cgroups: &[PathBuf]) -> Sweep {
@@ -132,11 +140,7 @@ pub fn sweep(state_dir: &Path, cgroups: &[PathBuf]) -> Sweep {
     if out.processes > 0 {
         std::thread::sleep(Duration::from_millis(200));
     }
-    for m in mounts_under(state_dir) {
-        if nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH).is_ok() {
-            out.mounts += 1;
-        }
-    }
+    out.mounts = unmount_under(state_dir);
     for dir in cgroups {
         let Ok(children) = std::fs::read_dir(dir) else {
             continue;

@@ -40,6 +40,9 @@ pub struct ReplicaProc {
 pub struct AgentProc {
     pub spec: AgentSpec,
     pub state_dir: PathBuf,
+    /// Its runs' records and its jobs' directories (`--runtime-dir`): `STATE/run/NODE`.
+    #[serde(default)]
+    pub runtime_dir: PathBuf,
     pub log: PathBuf,
     pub pid: Option<i32>,
     /// Its jobs' cgroup directory under the agent's cgroup in each hierarchy (removed at
@@ -155,6 +158,13 @@ fn find_faketime() -> Result<PathBuf, LaunchError> {
         })
 }
 
+/// The agents' runtime directories, `STATE/run/NODE`: one tmpfs for the cluster (mounted by a
+/// launcher running as root), as `/run` is on a host under systemd. What each agent keeps
+/// there lasts as long as the runs it describes; on a disk every file a job creates and
+/// removes costs disk work (on an ext4 without a journal, each new inode skips the ones
+/// freed in the last minutes), which four agents on one host multiply.
+pub const RUNTIME_DIR: &str = "run";
+
 /// A short tag from the state directory: clusters in different directories never share an
 /// agent cgroup name (FNV-1a, 32 bits).
 fn tag_of(dir: &Path) -> String {
@@ -239,6 +249,7 @@ impl LocalCluster {
             children: BTreeMap::new(),
         };
         cluster.mount_data_disks(layout.data_disk_mib)?;
+        cluster.mount_runtime_dir()?;
         cluster.start_authd()?;
         let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
         for id in ids {
@@ -350,6 +361,7 @@ impl LocalCluster {
             .map(|spec| AgentProc {
                 spec: spec.clone(),
                 state_dir: state.join("agents").join(&spec.name),
+                runtime_dir: state.join(RUNTIME_DIR).join(&spec.name),
                 log: state.join("logs").join(format!("agent-{}.log", spec.name)),
                 pid: None,
                 cgroups: Vec::new(),
@@ -419,6 +431,27 @@ impl LocalCluster {
             })?;
         }
         Ok(())
+    }
+
+    /// The agents' runtime directory, `STATE/run`: a tmpfs when this launcher runs as root
+    /// (agents that confine jobs need root anyway), a plain directory otherwise (the agents
+    /// then warn that it is not in memory). Unmounted at `down` with the rest.
+    fn mount_runtime_dir(&self) -> Result<(), LaunchError> {
+        let dir = self.record.state_dir.join(RUNTIME_DIR);
+        std::fs::create_dir_all(&dir)
+            .map_err(LaunchError::io(format!("creating {}", dir.display())))?;
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(());
+        }
+        // Capped: jobs' scripts and run records only, kept a day after their runs.
+        nix::mount::mount(
+            Some("docket-run"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("size=10%,mode=0711"),
+        )
+        .map_err(|e| LaunchError::Invalid(format!("mounting a tmpfs on {}: {e}", dir.display())))
     }
 
     /// What `state_dir` records of its cluster, read only (no access to it is set up).
@@ -700,6 +733,13 @@ impl LocalCluster {
             .args(["--cgroup-name", &cgroup])
             .arg("--state-dir")
             .arg(&a.state_dir)
+            .arg("--runtime-dir")
+            .arg(if a.runtime_dir.as_os_str().is_empty() {
+                // Recorded before runtime directories: beside its state, as it was.
+                a.state_dir.clone()
+            } else {
+                a.runtime_dir.clone()
+            })
             .args([
                 "--cpus",
                 &a.spec.cpus.to_string(),
@@ -1038,6 +1078,12 @@ impl LocalCluster {
             .iter()
             .flat_map(|a| a.cgroups.clone())
             .collect();
+        // The agents' runtime tmpfs is this cluster's own, not a leftover: unmounted before
+        // the sweep counts what was left behind.
+        let _ = nix::mount::umount2(
+            &self.record.state_dir.join(RUNTIME_DIR),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
         let sweep = crate::cleanup::sweep(&self.record.state_dir, &cgroups);
         if let Some(net) = &self.record.net {
             net.destroy();

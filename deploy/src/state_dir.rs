@@ -67,8 +67,14 @@ fn refusal(dir: &Path, doing: &str) -> LaunchError {
 pub fn prepare(dir: &Path) -> Result<(), LaunchError> {
     match ownership(dir)? {
         Ownership::Foreign => return Err(refusal(dir, "empty")),
-        Ownership::Ours => std::fs::remove_dir_all(dir)
-            .map_err(LaunchError::io(format!("emptying {}", dir.display())))?,
+        Ownership::Ours => {
+            // What a cluster that was never brought down left mounted in it (the agents'
+            // runtime tmpfs, jobfs, data disks): its files are not to be deleted one by one
+            // through the mount, and its mount point could not be removed.
+            crate::cleanup::unmount_under(dir);
+            std::fs::remove_dir_all(dir)
+                .map_err(LaunchError::io(format!("emptying {}", dir.display())))?
+        }
         Ownership::Missing | Ownership::Empty => {}
     }
     std::fs::create_dir_all(dir).map_err(LaunchError::io(format!("creating {}", dir.display())))?;

@@ -51,6 +51,8 @@ fn the_units_say_what_the_daemons_need() {
         "KillMode=process",
         "User=root",
         "ExecStart=/usr/local/bin/docket-nodeagent run",
+        "RuntimeDirectory=docket-nodeagent",
+        "RuntimeDirectoryPreserve=yes",
     ] {
         assert!(agent.lines().any(|l| l == line), "{line}");
     }

@@ -123,9 +123,20 @@ struct RunArgs {
         required = true
     )]
     controllers: Vec<String>,
-    /// Where the agent keeps job scripts and state.
+    /// Where the agent keeps what must outlive a reboot: its state file (the runs it holds
+    /// and the ends not yet acknowledged), and jobfs images unless `--jobfs-dir` says.
     #[arg(long, env = "DOCKET_STATE_DIR")]
     state_dir: PathBuf,
+    /// Where the agent keeps what lasts as long as the runs it describes: each run's record
+    /// (its monitor's lock, the job's process group and exit) and the job's script and node
+    /// file. Meant for a tmpfs (systemd's `RuntimeDirectory`): a reboot ends the runs too,
+    /// and a disk pays for every file each job creates and removes.
+    #[arg(
+        long,
+        env = "DOCKET_RUNTIME_DIR",
+        default_value = "/run/docket-nodeagent"
+    )]
+    runtime_dir: PathBuf,
     /// Cpus this agent declares.
     #[arg(long, env = "DOCKET_CPUS")]
     cpus: u32,
@@ -378,21 +389,28 @@ fn load_tls(args: &RunArgs) -> Result<docket_auth::tls::TlsContext> {
     Ok(tls)
 }
 
-/// Checks that only root can replace the state and jobfs directories, and makes the state
-/// directory.
+/// Checks that only root can replace the state, runtime and jobfs directories, and makes
+/// the state and runtime directories.
 fn prepare_state_dir(args: &RunArgs) -> Result<()> {
-    // Nobody but root may be able to replace the state or jobfs directories from above.
+    // Nobody but root may be able to replace them from above.
     docket_nodeagent::rootdir::check_ancestors(&args.state_dir).context("--state-dir")?;
+    docket_nodeagent::rootdir::check_ancestors(&args.runtime_dir).context("--runtime-dir")?;
     if let Some(dir) = &args.jobfs_dir {
         docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
     }
-    // Root's own (0711: jobs reach their own directories in it, nobody lists it).
-    docket_nodeagent::rootdir::RootDir::open_or_create(
-        &args.state_dir,
-        docket_nodeagent::runner::STATE_DIR_MODE,
-    )
-    .with_context(|| format!("--state-dir {}", args.state_dir.display()))?;
-    warn_if_unreachable(&args.state_dir);
+    // Root's own (0711: jobs reach their own directories in them, nobody lists them).
+    for (flag, dir) in [
+        ("--state-dir", &args.state_dir),
+        ("--runtime-dir", &args.runtime_dir),
+    ] {
+        docket_nodeagent::rootdir::RootDir::open_or_create(
+            dir,
+            docket_nodeagent::runner::STATE_DIR_MODE,
+        )
+        .with_context(|| format!("{flag} {}", dir.display()))?;
+        warn_if_unreachable(flag, dir);
+    }
+    warn_if_not_in_memory(&args.runtime_dir);
     Ok(())
 }
 
@@ -410,6 +428,7 @@ fn runner_config(args: &RunArgs) -> Result<RunnerConfig> {
         node: args.node.clone(),
         cluster: args.cluster.clone(),
         state_dir: args.state_dir.clone(),
+        runtime_dir: args.runtime_dir.clone(),
         mode: match args.execution {
             Execution::Real => Mode::Real,
             Execution::Simulated => Mode::Simulated,
@@ -581,22 +600,40 @@ fn shim_args(a: ExecJobArgs) -> docket_nodeagent::shim::ShimArgs {
     }
 }
 
-/// Jobs read their scripts under the state directory as their users: every directory above
-/// it must let others pass (mode o+x).
-fn warn_if_unreachable(state_dir: &std::path::Path) {
+/// Jobs read their scripts under the runtime directory and reach their jobfs under the state
+/// directory as their users: every directory above them must let others pass (mode o+x).
+fn warn_if_unreachable(flag: &str, dir: &std::path::Path) {
     use std::os::unix::fs::PermissionsExt;
-    let Ok(full) = std::fs::canonicalize(state_dir) else {
+    let Ok(full) = std::fs::canonicalize(dir) else {
         return;
     };
-    for dir in full.ancestors().skip(1) {
-        if let Ok(m) = std::fs::metadata(dir)
+    for above in full.ancestors().skip(1) {
+        if let Ok(m) = std::fs::metadata(above)
             && m.permissions().mode() & 0o001 == 0
         {
             tracing::warn!(
-                directory = %dir.display(),
-                "jobs of users other than root cannot reach their scripts under --state-dir: \
+                directory = %above.display(),
+                "jobs of users other than root cannot reach their files under {flag}: \
                  this directory does not let others pass (chmod o+x)"
             );
+        }
+    }
+}
+
+/// Every run creates and removes files in the runtime directory. On a disk that costs more
+/// than the rest of the run's bookkeeping (on an ext4 without a journal each new inode skips
+/// the ones freed in the last minutes), and nothing there needs to outlive a reboot.
+fn warn_if_not_in_memory(dir: &std::path::Path) {
+    match nix::sys::statfs::statfs(dir) {
+        Ok(fs) if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC => {}
+        Ok(fs) => tracing::warn!(
+            directory = %dir.display(),
+            filesystem = ?fs.filesystem_type(),
+            "--runtime-dir is not on a tmpfs: every job's files there cost disk work \
+             (systemd's RuntimeDirectory= under /run is one)"
+        ),
+        Err(e) => {
+            tracing::warn!(directory = %dir.display(), error = %e, "checking --runtime-dir's file system")
         }
     }
 }

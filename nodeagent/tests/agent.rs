@@ -564,6 +564,78 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     remove_agent_cgroups("n03");
 }
 
+/// A reboot ends the jobs and empties the runtime directory (a tmpfs), but not the state
+/// file: the agent after it holds its runs from the state file, finds their records gone,
+/// and reports each lost (a node failure, which the leader requeues or fails by policy),
+/// even one whose exit its monitor had recorded there. It then runs jobs as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reboot_emptied_the_runtime_directory_held_runs_are_reported_lost() {
+    if !privileged("running jobs needs root") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (state, runtime) = (dir.path().join("state"), dir.path().join("tmpfs"));
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let spawn_agent = || {
+        agent(
+            "n07",
+            &addr,
+            &state,
+            &[
+                "--cpus",
+                "2",
+                "--memory-mib",
+                "1024",
+                "--kill-grace-s",
+                "1",
+                "--runtime-dir",
+                runtime.to_str().unwrap(),
+            ],
+        )
+    };
+    let agent = spawn_agent();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    leader
+        .send(launch(1, 2, &work, "#!/bin/sh\nsleep 1\nexit 7\n", 60))
+        .await;
+    let start = Instant::now();
+    while !leader.started(1) {
+        assert!(start.elapsed() < DEADLINE, "the job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(runtime.join("runs").join("1.2").is_dir());
+    assert!(runtime.join("jobs").join("1.2").is_dir());
+    assert!(!state.join("runs").exists() && !state.join("jobs").exists());
+    // The agent dies hard, the job ends (its monitor records the exit in the runtime
+    // directory), and the "reboot" takes the runtime directory with it.
+    drop(agent);
+    let start = Instant::now();
+    while !runtime.join("runs").join("1.2").join("exit").exists() {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the monitor never recorded the exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::remove_dir_all(&runtime).unwrap();
+    leader.0.lock().unwrap().tx = None;
+    let agent = spawn_agent();
+    let (epoch, end) = leader.ended(1).await;
+    assert_eq!((epoch, cause(&end)), (2, "node_failure"), "{end:?}");
+    // The runtime directory is made again, and the next job runs.
+    leader
+        .send(launch(2, 1, &work, "#!/bin/sh\nexit 0\n", 60))
+        .await;
+    let (epoch, end) = leader.ended(2).await;
+    assert_eq!((epoch, cause(&end)), (1, "completed"), "{end:?}");
+    assert!(runtime.join("runs").join("2.1").is_dir());
+    server.abort();
+    drop(agent);
+    remove_agent_cgroups("n07");
+}
+
 /// The launcher of the agent keeping `state`: the process with the launcher's command line
 /// whose parent has another (its forked monitors have the same command line, and the
 /// launcher for a parent).
@@ -801,6 +873,8 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
         .args(&tls)
         .arg("--state-dir")
         .arg(dir.path().join("state"))
+        .arg("--runtime-dir")
+        .arg(dir.path().join("run"))
         .uid(nobody.uid.as_raw())
         .gid(nobody.gid.as_raw())
         .output()

@@ -286,20 +286,25 @@ async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge
     // It tries to write its own exit and process group, to plant symlinks where root writes
     // them, and to list the agent's directories; then fails with 3.
     let script = r#"#!/bin/sh
-runs="$STATE/runs"
+runs="$RUNTIME/runs"
 for f in exit .exit.tmp pgid .pgid.tmp state.json state.0 state.1; do
   echo '{"code":0,"signal":0}' > "$runs/31.1/$f" 2>/dev/null && echo "WROTE $f"
   ln -s "$VICTIM" "$runs/31.1/$f" 2>/dev/null && echo "LINKED $f"
   echo 1 > "$STATE/$f" 2>/dev/null && echo "WROTE state/$f"
+  echo 1 > "$RUNTIME/$f" 2>/dev/null && echo "WROTE runtime/$f"
 done
 ls "$runs" >/dev/null 2>&1 && echo "LISTED runs"
-ls "$STATE/jobs" >/dev/null 2>&1 && echo "LISTED jobs"
+ls "$RUNTIME/jobs" >/dev/null 2>&1 && echo "LISTED jobs"
+ls "$RUNTIME" >/dev/null 2>&1 && echo "LISTED runtime"
+ls "$STATE" >/dev/null 2>&1 && echo "LISTED state"
 mkdir "$(dirname "$PBS_NODEFILE")/tree" 2>/dev/null && echo "WROTE job directory"
 for f in /proc/self/fd/*; do echo forged-launch-failure > "$f"; done 2>/dev/null
 exit 3
 "#;
+    let runtime = state.join("run");
     let env = [
         ("STATE", state.to_str().unwrap()),
+        ("RUNTIME", runtime.to_str().unwrap()),
         ("VICTIM", victim.to_str().unwrap()),
     ];
     leader
@@ -316,8 +321,9 @@ exit 3
     assert_untouched(&victim);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     assert_eq!(mode(&state), 0o711);
-    assert_eq!(mode(&state.join("runs")), 0o700);
-    assert_eq!(std::fs::metadata(state.join("runs")).unwrap().uid(), 0);
+    assert_eq!(mode(&runtime), 0o711);
+    assert_eq!(mode(&runtime.join("runs")), 0o700);
+    assert_eq!(std::fs::metadata(runtime.join("runs")).unwrap().uid(), 0);
 
     // A process that leaves the job's process group and session still gets the job's
     // signals (they go to the job's cgroup), and a process of the same user outside the job
@@ -542,29 +548,41 @@ impl Drop for KillOnDrop {
 
 use std::os::unix::process::CommandExt;
 
-/// A user who could rename a directory above the agent's state directory could swap the tree
-/// root writes in: the agent refuses to start there.
+/// A user who could rename a directory above the agent's state or runtime directory could
+/// swap the tree root writes in (the jobs' scripts, the runs' records): the agent refuses to
+/// start there, and writes nothing.
 #[test]
-fn the_agent_refuses_a_state_directory_a_user_could_replace() {
+fn the_agent_refuses_a_state_or_runtime_directory_a_user_could_replace() {
     if !privileged("the agent runs as root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let theirs = user_dir(dir.path(), "theirs", &nobody());
     std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
-        .args(["run", "--node", "n31", "--controllers", "127.0.0.1:9"])
-        .args(["--cpus", "1", "--memory-mib", "64"])
-        .arg("--state-dir")
-        .arg(theirs.join("state"))
-        .args(tls_flags("n31"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the agent started: {err}");
-    assert!(
-        err.contains("--state-dir") && err.contains(&format!("uid {}", nobody().uid)),
-        "{err}"
-    );
-    assert!(!theirs.join("state").exists(), "the agent wrote there");
+    let ours = dir.path().join("ours");
+    for (flag, state, runtime) in [
+        ("--state-dir", theirs.join("state"), ours.join("run")),
+        ("--runtime-dir", ours.join("state"), theirs.join("run")),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+            .args(["run", "--node", "n31", "--controllers", "127.0.0.1:9"])
+            .args(["--cpus", "1", "--memory-mib", "64"])
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--runtime-dir")
+            .arg(&runtime)
+            .args(tls_flags("n31"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag}: the agent started: {err}");
+        assert!(
+            err.contains(flag) && err.contains(&format!("uid {}", nobody().uid)),
+            "{flag}: {err}"
+        );
+        assert!(
+            !state.exists() && !runtime.exists(),
+            "{flag}: the agent wrote something"
+        );
+    }
 }

@@ -94,15 +94,17 @@ impl Runner {
         let user = job_user(l)?;
         let (uid, gid) = (user.uid.as_raw(), user.gid.as_raw());
         let name = run_name(id);
-        let state = self.state_dir().map_err(failed("the state directory"))?;
+        let runtime = self
+            .runtime_dir()
+            .map_err(failed("the runtime directory"))?;
         // Root's bookkeeping for the run: the monitor's lock, the job's process group and exit.
-        let run_dir = state
+        let run_dir = runtime
             .subdir(RUNS, RUNS_MODE)
             .and_then(|runs| runs.fresh_subdir(&name, crate::shim::RUN_DIR_MODE))
             .map_err(failed("the run's directory"))?;
         // The job's own directory: root's (0711, so the job cannot fill it or grow a tree in
         // it root would have to remove), its files the user's.
-        let job_dir = state
+        let job_dir = runtime
             .subdir(JOBS, JOBS_MODE)
             .and_then(|jobs| jobs.fresh_subdir(&name, 0o711))
             .map_err(failed("the job's directory"))?;
@@ -387,10 +389,13 @@ impl Runner {
                     // the run is released; unconfined, its process group is killed, but only
                     // if its leader is still the process the monitor started (not one that
                     // was given the number since): the same start time, or, recorded by an
-                    // older monitor without one, a command line naming this run's script.
-                    let script = self
-                        .config
-                        .state_dir
+                    // older monitor without one, a command line naming this run's script
+                    // (`jobs/` beside the `runs/` its record is in, whichever directory an
+                    // agent of that time kept them in).
+                    let script = path
+                        .parent()
+                        .and_then(Path::parent)
+                        .unwrap_or(&self.config.runtime_dir)
                         .join(JOBS)
                         .join(run_name(id))
                         .join(SCRIPT);

@@ -14,12 +14,16 @@
 //! tests.
 //!
 //! On disk, under the state directory (root's, 0711): `state.0` and `state.1`, the two slots
-//! of the state file ([`crate::statefile`]); `runs/<job>.<epoch>/`, root's bookkeeping of a
-//! run (0700: the monitor's lock, the job's process group and exit, its environment, emptied
-//! at the run's end), kept a day after the run ended; `jobs/<job>.<epoch>/`, the job's own
-//! directory (root's, 0711; the script and PBS's node file are the user's). Root writes only
-//! in its own directories, through their handles ([`crate::rootdir`]), and reads a run's end
-//! only from what its monitor recorded there.
+//! of the state file ([`crate::statefile`]), which must outlive a reboot (ends the leader has
+//! not acknowledged). Under the runtime directory (root's, 0711; a tmpfs such as `/run`),
+//! what lives only as long as the runs it describes: `runs/<job>.<epoch>/`, root's
+//! bookkeeping of a run (0700: the monitor's lock, the job's process group and exit, its
+//! environment, emptied at the run's end), kept a day after the run ended;
+//! `jobs/<job>.<epoch>/`, the job's own directory (root's, 0711; the script and PBS's node
+//! file are the user's). A reboot that empties the runtime directory ends the runs too: a
+//! restarted agent finds their records gone and reports them lost. Root writes only in its
+//! own directories, through their handles ([`crate::rootdir`]), and reads a run's end only
+//! from what its monitor recorded there.
 
 mod launch;
 mod restore;
@@ -69,6 +73,8 @@ pub struct RunnerConfig {
     pub node: String,
     pub cluster: String,
     pub state_dir: PathBuf,
+    /// Where the runs' records and the jobs' directories live (a tmpfs, normally).
+    pub runtime_dir: PathBuf,
     pub mode: Mode,
     /// Between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
@@ -114,8 +120,9 @@ pub struct Runner {
     /// write, so that saves land in the order they were taken: the file never goes back to
     /// an older state.
     saving: Arc<Mutex<Option<StateFile>>>,
-    /// The state directory's handle, once opened.
+    /// The state and runtime directories' handles, once opened.
     state: Arc<std::sync::OnceLock<RootDir>>,
+    runtime: Arc<std::sync::OnceLock<RootDir>>,
     /// Ends acknowledged, to prune old run records now and then.
     acknowledged: Arc<std::sync::atomic::AtomicU64>,
     /// The monotonic clock's origin, and the clock task's wake-up (a deadline may have
@@ -147,6 +154,7 @@ impl Runner {
                 events,
                 saving: Arc::new(Mutex::new(None)),
                 state: Arc::new(std::sync::OnceLock::new()),
+                runtime: Arc::new(std::sync::OnceLock::new()),
                 acknowledged: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 origin: Instant::now(),
                 wake: Arc::new(Notify::new()),
@@ -424,6 +432,15 @@ impl Runner {
         Ok(self.state.get_or_init(|| dir))
     }
 
+    /// The runtime directory, opened (and checked) once: `runs/` and `jobs/` are in it.
+    fn runtime_dir(&self) -> std::io::Result<&RootDir> {
+        if let Some(dir) = self.runtime.get() {
+            return Ok(dir);
+        }
+        let dir = RootDir::open_or_create(&self.config.runtime_dir, STATE_DIR_MODE)?;
+        Ok(self.runtime.get_or_init(|| dir))
+    }
+
     /// Writes every run to the state file (atomically), so a restarted agent finds them.
     fn persist(&self) {
         if let Err(e) = self.save() {
@@ -612,6 +629,7 @@ mod tests {
             node: "n01".into(),
             cluster: "test".into(),
             state_dir: dir.path().to_path_buf(),
+            runtime_dir: dir.path().join("run"),
             mode: Mode::Simulated,
             kill_grace: Duration::from_secs(1),
             cgroups: None,

@@ -123,23 +123,33 @@ impl Runner {
             .filter(|h| h.running)
             .map(|h| super::run_name((h.job_id, h.epoch)))
             .collect();
-        let Ok(jobs) = self
-            .state_dir()
-            .and_then(|s| s.open_subdir(JOBS, JOBS_MODE))
-        else {
-            return;
-        };
-        let Ok(entries) = std::fs::read_dir(jobs.path()) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let entry = e.file_name().to_string_lossy().into_owned();
-            if !keep.contains(&entry)
-                && let Err(e) = jobs.remove_tree(&entry)
-            {
-                tracing::warn!(error = %e, "removing a stale job directory");
+        for root in self.run_roots() {
+            let Ok(jobs) = root.open_subdir(JOBS, JOBS_MODE) else {
+                continue;
+            };
+            let Ok(entries) = std::fs::read_dir(jobs.path()) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let entry = e.file_name().to_string_lossy().into_owned();
+                if !keep.contains(&entry)
+                    && let Err(e) = jobs.remove_tree(&entry)
+                {
+                    tracing::warn!(error = %e, "removing a stale job directory");
+                }
             }
         }
+    }
+
+    /// The directories `runs/` and `jobs/` are in: the runtime directory, then the state
+    /// directory, where agents before the runtime directory kept them. Their runs are
+    /// re-adopted from the paths the state file records, and what they leave is reaped and
+    /// pruned like the rest.
+    fn run_roots(&self) -> Vec<&crate::rootdir::RootDir> {
+        [self.runtime_dir(), self.state_dir()]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Removes the records (`runs/<job>.<epoch>`) of runs not held here that ended more than
@@ -154,27 +164,26 @@ impl Runner {
             .iter()
             .map(|h| super::run_name((h.job_id, h.epoch)))
             .collect();
-        let Ok(runs) = self
-            .state_dir()
-            .and_then(|s| s.open_subdir(RUNS, RUNS_MODE))
-        else {
-            return;
-        };
-        let Ok(entries) = std::fs::read_dir(runs.path()) else {
-            return;
-        };
         let now = std::time::SystemTime::now();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let old = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > RUN_RECORD_KEEP);
-            if old
-                && !held.contains(&name)
-                && let Err(e) = runs.remove_tree(&name)
-            {
-                tracing::warn!(error = %e, "removing an old run record");
+        for root in self.run_roots() {
+            let Ok(runs) = root.open_subdir(RUNS, RUNS_MODE) else {
+                continue;
+            };
+            let Ok(entries) = std::fs::read_dir(runs.path()) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > RUN_RECORD_KEEP);
+                if old
+                    && !held.contains(&name)
+                    && let Err(e) = runs.remove_tree(&name)
+                {
+                    tracing::warn!(error = %e, "removing an old run record");
+                }
             }
         }
     }
@@ -193,14 +202,18 @@ impl Runner {
         if self.config.mode == Mode::Simulated {
             return;
         }
-        let Ok(state) = self.state_dir() else { return };
+        // A run re-adopted from an agent that kept these in the state directory leaves them
+        // there: the next start reaps them.
+        let Ok(runtime) = self.runtime_dir() else {
+            return;
+        };
         let name = super::run_name(id);
-        if let Ok(jobs) = state.open_subdir(JOBS, JOBS_MODE)
+        if let Ok(jobs) = runtime.open_subdir(JOBS, JOBS_MODE)
             && let Err(e) = jobs.remove_tree(&name)
         {
             tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
         }
-        if let Ok(run) = state
+        if let Ok(run) = runtime
             .open_subdir(RUNS, RUNS_MODE)
             .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
         {

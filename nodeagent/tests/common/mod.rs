@@ -232,6 +232,13 @@ pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) ->
             })
             .arg("--state-dir")
             .arg(state)
+            // Its runs' records and jobs' directories beside the state file, where the tests
+            // look for them (`run/runs`, `run/jobs`), not in the host's /run.
+            .args(if extra.contains(&"--runtime-dir") {
+                Vec::new()
+            } else {
+                vec!["--runtime-dir".into(), state.join("run")]
+            })
             .args(tls_flags(node))
             .args(extra)
             .stdout(Stdio::null())
