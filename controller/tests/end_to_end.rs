@@ -111,6 +111,7 @@ fn start_agent(agent_bin: &std::path::Path, cluster: &Cluster, work: &std::path:
             .arg(work.join("agent"))
             .arg("--runtime-dir")
             .arg(work.join("agent-run"))
+            .args(["--runtime-tmpfs-mib", "0"])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),

@@ -102,23 +102,54 @@ pub fn processes_naming(dir: &Path) -> Vec<i32> {
         .collect()
 }
 
+/// A mount point as `/proc/self/mountinfo` writes it: space, tab, newline and backslash as
+/// octal escapes (`\040`, `\011`, `\012`, `\134`).
+fn unescape_mount_point(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
+            .and_then(|d| {
+                let v = d.iter().fold(0u32, |v, b| v * 8 + u32::from(b - b'0'));
+                u8::try_from(v).ok()
+            });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
 /// Mount points at or under `dir`, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut out: Vec<PathBuf> = text
         .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+        .map(unescape_mount_point)
         .filter(|m| m.starts_with(dir))
         .collect();
     out.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
     out
 }
 
-/// Detaches every mount at or under `dir`, deepest first; how many.
+/// Detaches every mount strictly under `dir` (as it resolves), deepest first; how many.
 pub fn unmount_under(dir: &Path) -> usize {
-    mounts_under(dir)
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    mounts_under(&dir)
         .iter()
+        .filter(|m| m.as_path() != dir)
         .filter(|m| nix::mount::umount2(m.as_path(), nix::mount::MntFlags::MNT_DETACH).is_ok())
         .count()
 }
@@ -157,4 +188,22 @@ pub fn sweep(state_dir: &Path, cgroups: &[PathBuf]) -> Sweep {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_read_as_mountinfo_escapes_them() {
+        assert_eq!(
+            unescape_mount_point(r"/tmp/a\040b\011c\012d\134e"),
+            PathBuf::from("/tmp/a b\tc\nd\\e")
+        );
+        // Not an escape: left as written.
+        assert_eq!(
+            unescape_mount_point(r"/x\9\777\04"),
+            PathBuf::from(r"/x\9\777\04")
+        );
+    }
 }

@@ -158,11 +158,9 @@ fn find_faketime() -> Result<PathBuf, LaunchError> {
         })
 }
 
-/// The agents' runtime directories, `STATE/run/NODE`: one tmpfs for the cluster (mounted by a
-/// launcher running as root), as `/run` is on a host under systemd. What each agent keeps
-/// there lasts as long as the runs it describes; on a disk every file a job creates and
-/// removes costs disk work (on an ext4 without a journal, each new inode skips the ones
-/// freed in the last minutes), which four agents on one host multiply.
+/// The agents' runtime directories, `STATE/run/NODE`: each real agent mounts a tmpfs of its
+/// own there (`docket-nodeagent --runtime-dir`), which lasts until `down`: restarted agents
+/// find their runs' records in it.
 pub const RUNTIME_DIR: &str = "run";
 
 /// A short tag from the state directory: clusters in different directories never share an
@@ -249,7 +247,6 @@ impl LocalCluster {
             children: BTreeMap::new(),
         };
         cluster.mount_data_disks(layout.data_disk_mib)?;
-        cluster.mount_runtime_dir()?;
         cluster.start_authd()?;
         let ids: Vec<u64> = cluster.record.replicas.iter().map(|r| r.id).collect();
         for id in ids {
@@ -431,27 +428,6 @@ impl LocalCluster {
             })?;
         }
         Ok(())
-    }
-
-    /// The agents' runtime directory, `STATE/run`: a tmpfs when this launcher runs as root
-    /// (agents that confine jobs need root anyway), a plain directory otherwise (the agents
-    /// then warn that it is not in memory). Unmounted at `down` with the rest.
-    fn mount_runtime_dir(&self) -> Result<(), LaunchError> {
-        let dir = self.record.state_dir.join(RUNTIME_DIR);
-        std::fs::create_dir_all(&dir)
-            .map_err(LaunchError::io(format!("creating {}", dir.display())))?;
-        if !nix::unistd::geteuid().is_root() {
-            return Ok(());
-        }
-        // Capped: jobs' scripts and run records only, kept a day after their runs.
-        nix::mount::mount(
-            Some("docket-run"),
-            &dir,
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some("size=10%,mode=0711"),
-        )
-        .map_err(|e| LaunchError::Invalid(format!("mounting a tmpfs on {}: {e}", dir.display())))
     }
 
     /// What `state_dir` records of its cluster, read only (no access to it is set up).
@@ -1078,12 +1054,11 @@ impl LocalCluster {
             .iter()
             .flat_map(|a| a.cgroups.clone())
             .collect();
-        // The agents' runtime tmpfs is this cluster's own, not a leftover: unmounted before
+        // The agents' runtime tmpfs are this cluster's own, not leftovers: unmounted before
         // the sweep counts what was left behind.
-        let _ = nix::mount::umount2(
-            &self.record.state_dir.join(RUNTIME_DIR),
-            nix::mount::MntFlags::MNT_DETACH,
-        );
+        for a in &self.record.agents {
+            let _ = nix::mount::umount2(&a.runtime_dir, nix::mount::MntFlags::MNT_DETACH);
+        }
         let sweep = crate::cleanup::sweep(&self.record.state_dir, &cgroups);
         if let Some(net) = &self.record.net {
             net.destroy();

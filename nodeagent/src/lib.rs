@@ -9,6 +9,7 @@
 //! - [`launcher`]: the single-threaded process that forks each run's monitor.
 //! - [`shim`]: the job's first process, which joins the cgroups and becomes the user.
 //! - [`rootdir`]: the agent's private directories, used only through their handles.
+//! - [`runtimedir`]: the runs' records and the jobs' scripts, on a tmpfs of the agent's own.
 //!
 //! - [`jobfs`]: each job's size-capped scratch mount.
 //!
@@ -23,6 +24,7 @@ pub mod launcher;
 pub mod lifecycle;
 pub mod rootdir;
 pub mod runner;
+pub mod runtimedir;
 pub mod session;
 pub mod shim;
 pub mod statefile;

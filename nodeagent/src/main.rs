@@ -129,14 +129,19 @@ struct RunArgs {
     state_dir: PathBuf,
     /// Where the agent keeps what lasts as long as the runs it describes: each run's record
     /// (its monitor's lock, the job's process group and exit) and the job's script and node
-    /// file. Meant for a tmpfs (systemd's `RuntimeDirectory`): a reboot ends the runs too,
-    /// and a disk pays for every file each job creates and removes.
+    /// file. In memory: a reboot ends the runs too, and a disk pays for every file each job
+    /// creates and removes.
     #[arg(
         long,
         env = "DOCKET_RUNTIME_DIR",
         default_value = "/run/docket-nodeagent"
     )]
     runtime_dir: PathBuf,
+    /// The tmpfs the agent mounts on `--runtime-dir` when that is not a mount point already
+    /// (its own, capped, apart from the host's /run), MiB; it allows 256 inodes per MiB.
+    /// 0: use the directory as it is.
+    #[arg(long, env = "DOCKET_RUNTIME_TMPFS_MIB", default_value_t = 512)]
+    runtime_tmpfs_mib: u64,
     /// Cpus this agent declares.
     #[arg(long, env = "DOCKET_CPUS")]
     cpus: u32,
@@ -399,18 +404,50 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
         docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
     }
     // Root's own (0711: jobs reach their own directories in them, nobody lists them).
+    let mut opened = Vec::new();
     for (flag, dir) in [
         ("--state-dir", &args.state_dir),
         ("--runtime-dir", &args.runtime_dir),
     ] {
-        docket_nodeagent::rootdir::RootDir::open_or_create(
+        let handle = docket_nodeagent::rootdir::RootDir::open_or_create(
             dir,
             docket_nodeagent::runner::STATE_DIR_MODE,
         )
         .with_context(|| format!("{flag} {}", dir.display()))?;
+        // Again, now that the directories on the way exist: one made meanwhile under a
+        // sticky directory could be a user's.
+        docket_nodeagent::rootdir::check_ancestors(dir).context(flag)?;
         warn_if_unreachable(flag, dir);
+        opened.push(handle);
     }
-    warn_if_not_in_memory(&args.runtime_dir);
+    // Simulated runs keep nothing there: no mount for them (scale tests run thousands).
+    if matches!(args.execution, Execution::Real)
+        && let Some(runtime) = opened.pop()
+    {
+        use docket_nodeagent::runtimedir::{Prepared, prepare};
+        match prepare(
+            &runtime,
+            args.runtime_tmpfs_mib,
+            docket_nodeagent::runner::STATE_DIR_MODE,
+        )
+        .context("--runtime-dir")?
+        {
+            Prepared::Mounted => tracing::info!(
+                directory = %args.runtime_dir.display(),
+                mib = args.runtime_tmpfs_mib,
+                "mounted the runtime directory's tmpfs"
+            ),
+            Prepared::Found => warn_if_not_in_memory(&args.runtime_dir),
+            Prepared::Plain(why) => {
+                tracing::info!(
+                    directory = %args.runtime_dir.display(),
+                    why,
+                    "no tmpfs of its own on the runtime directory"
+                );
+                warn_if_not_in_memory(&args.runtime_dir);
+            }
+        }
+    }
     Ok(())
 }
 

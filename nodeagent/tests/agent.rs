@@ -564,75 +564,110 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     remove_agent_cgroups("n03");
 }
 
-/// A reboot ends the jobs and empties the runtime directory (a tmpfs), but not the state
-/// file: the agent after it holds its runs from the state file, finds their records gone,
-/// and reports each lost (a node failure, which the leader requeues or fails by policy),
-/// even one whose exit its monitor had recorded there. It then runs jobs as before.
+/// Detaches the mount on its path when dropped (every one stacked there).
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        while nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    }
+}
+
+fn tmpfs(path: &std::path::Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
+/// Sends `launch` and waits for job `job` to start.
+async fn started(leader: &FakeLeader, launch: pb::instruction::Kind, job: u64) {
+    leader.send(launch).await;
+    let start = Instant::now();
+    while !leader.started(job) {
+        assert!(start.elapsed() < DEADLINE, "job {job} never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The agent keeps its runs' records and its jobs' scripts on a tmpfs of its own, capped in
+/// size and inodes, mounted on the runtime directory; a restarted agent uses the mount it
+/// finds. A reboot ends the jobs and that tmpfs, but not the state file: the agent after it
+/// mounts a fresh one, holds its runs from the state file, finds their records gone, and
+/// reports each lost (a node failure, which the leader requeues or fails by policy), even
+/// one whose exit its monitor had recorded there. It then runs jobs as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_reboot_emptied_the_runtime_directory_held_runs_are_reported_lost() {
-    if !privileged("running jobs needs root") {
+async fn the_runtime_tmpfs_is_the_agents_own_and_after_a_reboot_held_runs_are_lost() {
+    if !privileged("running jobs and mounting need root") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let (state, runtime) = (dir.path().join("state"), dir.path().join("tmpfs"));
+    assert!(!tmpfs(dir.path()), "the test needs its directory on a disk");
+    // Unmounted whatever happens below, so the test leaves no mount behind.
+    let _unmount = Unmount(runtime.clone());
     let leader = FakeLeader::default();
     let (addr, server) = serve(&leader).await;
-    let spawn_agent = || {
-        agent(
-            "n07",
-            &addr,
-            &state,
-            &[
-                "--cpus",
-                "2",
-                "--memory-mib",
-                "1024",
-                "--kill-grace-s",
-                "1",
-                "--runtime-dir",
-                runtime.to_str().unwrap(),
-            ],
-        )
-    };
-    let agent = spawn_agent();
+    let flags = [
+        "--cpus",
+        "2",
+        "--memory-mib",
+        "1024",
+        "--kill-grace-s",
+        "1",
+        "--runtime-dir",
+        runtime.to_str().unwrap(),
+        "--runtime-tmpfs-mib",
+        "8",
+    ];
+    let agent1 = agent("n07", &addr, &state, &flags);
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
-    leader
-        .send(launch(1, 2, &work, "#!/bin/sh\nsleep 1\nexit 7\n", 60))
-        .await;
-    let start = Instant::now();
-    while !leader.started(1) {
-        assert!(start.elapsed() < DEADLINE, "the job never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(runtime.join("runs").join("1.2").is_dir());
-    assert!(runtime.join("jobs").join("1.2").is_dir());
+    let ends_with_7 = "#!/bin/sh\nsleep 1\nexit 7\n";
+    started(&leader, launch(1, 2, &work, ends_with_7, 60), 1).await;
+    // On its own tmpfs: 8 MiB, 256 inodes per MiB.
+    let fs = nix::sys::statfs::statfs(&runtime).unwrap();
+    assert!(tmpfs(&runtime));
+    assert_eq!(fs.blocks() as u64 * fs.block_size() as u64, 8 << 20);
+    assert_eq!(fs.files() as u64, 8 * 256);
+    assert!(runtime.join("runs/1.2").is_dir() && runtime.join("jobs/1.2").is_dir());
     assert!(!state.join("runs").exists() && !state.join("jobs").exists());
-    // The agent dies hard, the job ends (its monitor records the exit in the runtime
-    // directory), and the "reboot" takes the runtime directory with it.
-    drop(agent);
+    // The agent dies hard and comes back: it uses the mount it finds (one, not two), and
+    // reports the job's end as its monitor recorded it there.
+    drop(agent1);
+    leader.0.lock().unwrap().tx = None;
+    let agent2 = agent("n07", &addr, &state, &flags);
+    let (epoch, end) = leader.ended(1).await;
+    assert_eq!(
+        (epoch, cause(&end), end.exit_code),
+        (2, "failed", 7),
+        "{end:?}"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let here = runtime.to_str();
+    let stacked = mounts.lines().filter(|l| l.split(' ').nth(4) == here);
+    assert_eq!(stacked.count(), 1, "{mounts}");
+    // Job 3 runs; the agent dies, the job ends, and the "reboot" takes the tmpfs with it.
+    started(&leader, launch(3, 1, &work, ends_with_7, 60), 3).await;
+    drop(agent2);
     let start = Instant::now();
-    while !runtime.join("runs").join("1.2").join("exit").exists() {
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the monitor never recorded the exit"
-        );
+    while !runtime.join("runs/3.1/exit").exists() {
+        assert!(start.elapsed() < DEADLINE, "the monitor recorded no exit");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    std::fs::remove_dir_all(&runtime).unwrap();
+    nix::mount::umount2(&runtime, nix::mount::MntFlags::MNT_DETACH).unwrap();
+    assert!(!tmpfs(&runtime) && !runtime.join("runs").exists());
     leader.0.lock().unwrap().tx = None;
-    let agent = spawn_agent();
-    let (epoch, end) = leader.ended(1).await;
-    assert_eq!((epoch, cause(&end)), (2, "node_failure"), "{end:?}");
-    // The runtime directory is made again, and the next job runs.
+    let agent3 = agent("n07", &addr, &state, &flags);
+    let (epoch, end) = leader.ended(3).await;
+    assert_eq!((epoch, cause(&end)), (1, "node_failure"), "{end:?}");
+    // A fresh tmpfs, and the next job runs.
     leader
-        .send(launch(2, 1, &work, "#!/bin/sh\nexit 0\n", 60))
+        .send(launch(4, 1, &work, "#!/bin/sh\nexit 0\n", 60))
         .await;
-    let (epoch, end) = leader.ended(2).await;
+    let (epoch, end) = leader.ended(4).await;
     assert_eq!((epoch, cause(&end)), (1, "completed"), "{end:?}");
-    assert!(runtime.join("runs").join("2.1").is_dir());
+    assert!(tmpfs(&runtime) && runtime.join("runs/4.1").is_dir());
     server.abort();
-    drop(agent);
+    drop(agent3);
     remove_agent_cgroups("n07");
 }
 
@@ -875,6 +910,7 @@ fn without_writable_cgroups_the_agent_refuses_to_start_unless_told_not_to_confin
         .arg(dir.path().join("state"))
         .arg("--runtime-dir")
         .arg(dir.path().join("run"))
+        .args(["--runtime-tmpfs-mib", "0"])
         .uid(nobody.uid.as_raw())
         .gid(nobody.gid.as_raw())
         .output()

@@ -11,6 +11,10 @@ use crate::lifecycle::{Input, Outcome};
 
 /// How long a finished run's record stays in `runs/` (fault drills read them minutes after).
 const RUN_RECORD_KEEP: Duration = Duration::from_secs(24 * 3600);
+/// At most this many finished runs' records stay, the newest: a record is six inodes and
+/// two pages of the runtime tmpfs (whose inodes are capped), and a node running short jobs
+/// all day would otherwise keep a day's worth.
+const RUN_RECORDS_KEPT: usize = 8192;
 /// Old records are looked for at start and after every this many acknowledged ends.
 pub(super) const PRUNE_EVERY: u64 = 512;
 
@@ -153,7 +157,8 @@ impl Runner {
     }
 
     /// Removes the records (`runs/<job>.<epoch>`) of runs not held here that ended more than
-    /// [`RUN_RECORD_KEEP`] ago, so a node running millions of jobs does not keep them all.
+    /// [`RUN_RECORD_KEEP`] ago or are not among the newest [`RUN_RECORDS_KEPT`], so a node
+    /// running millions of jobs does not keep them all.
     pub(super) fn prune_run_records(&self) {
         if self.config.mode == Mode::Simulated {
             return;
@@ -172,15 +177,23 @@ impl Runner {
             let Ok(entries) = std::fs::read_dir(runs.path()) else {
                 continue;
             };
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > RUN_RECORD_KEEP);
-                if old
-                    && !held.contains(&name)
-                    && let Err(e) = runs.remove_tree(&name)
+            // Finished runs' records, newest first (one whose age cannot be read, first).
+            let mut finished: Vec<(Duration, String)> = entries
+                .flatten()
+                .map(|e| {
+                    let age = e
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .map(|t| now.duration_since(t).unwrap_or_default())
+                        .unwrap_or_default();
+                    (age, e.file_name().to_string_lossy().into_owned())
+                })
+                .filter(|(_, name)| !held.contains(name))
+                .collect();
+            finished.sort_unstable();
+            for (i, (age, name)) in finished.iter().enumerate() {
+                if (i >= RUN_RECORDS_KEPT || *age > RUN_RECORD_KEEP)
+                    && let Err(e) = runs.remove_tree(name)
                 {
                     tracing::warn!(error = %e, "removing an old run record");
                 }
@@ -202,22 +215,20 @@ impl Runner {
         if self.config.mode == Mode::Simulated {
             return;
         }
-        // A run re-adopted from an agent that kept these in the state directory leaves them
-        // there: the next start reaps them.
-        let Ok(runtime) = self.runtime_dir() else {
-            return;
-        };
         let name = super::run_name(id);
-        if let Ok(jobs) = runtime.open_subdir(JOBS, JOBS_MODE)
-            && let Err(e) = jobs.remove_tree(&name)
-        {
-            tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
-        }
-        if let Ok(run) = runtime
-            .open_subdir(RUNS, RUNS_MODE)
-            .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
-        {
-            let _ = run.empty(ENVIRON);
+        // In the state directory only for a run re-adopted from an agent that kept them there.
+        for root in self.run_roots() {
+            if let Ok(jobs) = root.open_subdir(JOBS, JOBS_MODE)
+                && let Err(e) = jobs.remove_tree(&name)
+            {
+                tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
+            }
+            if let Ok(run) = root
+                .open_subdir(RUNS, RUNS_MODE)
+                .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
+            {
+                let _ = run.empty(ENVIRON);
+            }
         }
     }
 }

@@ -233,11 +233,17 @@ pub fn agent(node: &str, addr: &str, state: &std::path::Path, extra: &[&str]) ->
             .arg("--state-dir")
             .arg(state)
             // Its runs' records and jobs' directories beside the state file, where the tests
-            // look for them (`run/runs`, `run/jobs`), not in the host's /run.
+            // look for them (`run/runs`, `run/jobs`), not in the host's /run; on a tmpfs of
+            // its own only where a test asks (and unmounts it).
             .args(if extra.contains(&"--runtime-dir") {
                 Vec::new()
             } else {
                 vec!["--runtime-dir".into(), state.join("run")]
+            })
+            .args(if extra.contains(&"--runtime-tmpfs-mib") {
+                &[][..]
+            } else {
+                &["--runtime-tmpfs-mib", "0"][..]
             })
             .args(tls_flags(node))
             .args(extra)
