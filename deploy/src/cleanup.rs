@@ -131,8 +131,9 @@ fn unescape_mount_point(field: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
-/// Mount points at or under `dir`, deepest first.
+/// Mount points at or under `dir` (as it resolves: mountinfo names them so), deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let dir = &std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut out: Vec<PathBuf> = text
         .lines()

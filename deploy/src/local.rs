@@ -711,11 +711,15 @@ impl LocalCluster {
             .arg(&a.state_dir)
             .arg("--runtime-dir")
             .arg(if a.runtime_dir.as_os_str().is_empty() {
-                // Recorded before runtime directories: beside its state, as it was.
-                a.state_dir.clone()
+                // Recorded before runtime directories: in its state directory (never the
+                // state directory itself, which a tmpfs would hide).
+                a.state_dir.join(RUNTIME_DIR)
             } else {
                 a.runtime_dir.clone()
             })
+            // Room for a long soak's run records (chaos checks every launch against them):
+            // about 43,000 per agent, in memory only as they are written.
+            .args(["--runtime-tmpfs-mib", "2048"])
             .args([
                 "--cpus",
                 &a.spec.cpus.to_string(),

@@ -54,12 +54,26 @@ fn the_units_say_what_the_daemons_need() {
     ] {
         assert!(agent.lines().any(|l| l == line), "{line}");
     }
-    // systemd would empty a RuntimeDirectory= when the agent stops: the runs' records of
-    // the jobs it re-adopts when it starts again are on the tmpfs it mounts itself.
-    assert!(
-        !agent.lines().any(|l| l.starts_with("RuntimeDirectory")),
-        "{agent}"
-    );
+    // The runs' records of the jobs it re-adopts when it starts again are on the tmpfs it
+    // mounts itself, in the host's mount namespace: no RuntimeDirectory= of systemd's, and
+    // no option that would give the service a namespace of its own (gone at each restart).
+    for option in [
+        "RuntimeDirectory",
+        "PrivateTmp",
+        "ProtectSystem",
+        "ProtectHome",
+        "ReadWritePaths",
+        "ReadOnlyPaths",
+        "InaccessiblePaths",
+        "TemporaryFileSystem",
+        "PrivateMounts",
+        "MountFlags",
+    ] {
+        assert!(
+            !agent.lines().any(|l| l.starts_with(option)),
+            "{option}: {agent}"
+        );
+    }
 }
 
 #[test]

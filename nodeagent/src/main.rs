@@ -429,6 +429,7 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
             &runtime,
             args.runtime_tmpfs_mib,
             docket_nodeagent::runner::STATE_DIR_MODE,
+            &args.state_dir,
         )
         .context("--runtime-dir")?
         {
@@ -667,7 +668,7 @@ fn warn_if_not_in_memory(dir: &std::path::Path) {
             directory = %dir.display(),
             filesystem = ?fs.filesystem_type(),
             "--runtime-dir is not on a tmpfs: every job's files there cost disk work \
-             (systemd's RuntimeDirectory= under /run is one)"
+             (leave --runtime-tmpfs-mib above 0 and the directory empty at start)"
         ),
         Err(e) => {
             tracing::warn!(directory = %dir.display(), error = %e, "checking --runtime-dir's file system")

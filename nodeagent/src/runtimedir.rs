@@ -17,6 +17,9 @@
 //! A restarted agent finds its mount and uses it as it is (its runs' records are there); a
 //! reboot leaves an empty directory, and the runs the state file still holds are reported
 //! lost. A directory that is already a mount point (one the site made) is used as it is.
+//! So is one that holds anything: records of runs still going (an agent that kept them
+//! there on the directory's own file system), or what must outlive a reboot (a runtime
+//! directory that is, or holds, the state directory); a tmpfs over it would hide them.
 
 use std::io;
 use std::path::Path;
@@ -37,23 +40,56 @@ pub enum Prepared {
     Plain(String),
 }
 
-/// Whether `dir` is a mount point: its device differs from its parent's.
+/// Whether `dir` is a mount point: the kernel's own word (`statx`'s `STATX_ATTR_MOUNT_ROOT`,
+/// Linux 5.8), which also knows bind mounts from the same file system; on older kernels,
+/// whether its device differs from its parent's.
 pub fn is_mount_point(dir: &RootDir) -> io::Result<bool> {
+    use rustix::fs::{AtFlags, StatxAttributes, StatxFlags};
+    match rustix::fs::statx(
+        dir.fd(),
+        "",
+        AtFlags::EMPTY_PATH | AtFlags::NO_AUTOMOUNT,
+        StatxFlags::empty(),
+    ) {
+        Ok(st) if st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) => {
+            return Ok(st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+        }
+        Ok(_) | Err(rustix::io::Errno::NOSYS) => {}
+        Err(e) => return Err(e.into()),
+    }
     let own = nix::sys::stat::fstat(dir.fd()).map_err(io::Error::from)?;
     let parent = nix::sys::stat::fstatat(dir.fd(), "..", nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
         .map_err(io::Error::from)?;
     Ok(own.st_dev != parent.st_dev || own.st_ino == parent.st_ino)
 }
 
-/// Mounts a tmpfs of `size_mib` (0: none) on `dir` unless it is a mount point already. The
-/// mount goes through the directory's handle (`/proc/self/fd/N`), so it lands on the
-/// directory that was checked, whatever is renamed meanwhile.
-pub fn prepare(dir: &RootDir, size_mib: u64, mode: u32) -> io::Result<Prepared> {
+/// Mounts a tmpfs of `size_mib` (0: none) on `dir` unless it is a mount point already, holds
+/// anything, or is `keep` or above it (the state directory, whose file must outlive a
+/// reboot). The mount goes through the directory's handle (`/proc/self/fd/N`), so it lands on
+/// the directory that was checked, whatever is renamed meanwhile.
+pub fn prepare(dir: &RootDir, size_mib: u64, mode: u32, keep: &Path) -> io::Result<Prepared> {
     if is_mount_point(dir)? {
         return Ok(Prepared::Found);
     }
     if size_mib == 0 {
         return Ok(Prepared::Plain("asked not to mount one".into()));
+    }
+    let (here, keep) = (
+        std::fs::canonicalize(dir.path())?,
+        std::fs::canonicalize(keep)?,
+    );
+    if keep.starts_with(&here) {
+        return Ok(Prepared::Plain(format!(
+            "it holds {}, which must outlive a reboot",
+            keep.display()
+        )));
+    }
+    if std::fs::read_dir(dir.path())?.next().is_some() {
+        return Ok(Prepared::Plain(
+            "it holds files from before (runs an agent kept there may still be going); \
+             empty it, with no jobs running, to have a tmpfs mounted there"
+                .into(),
+        ));
     }
     let inodes = size_mib.saturating_mul(INODES_PER_MIB);
     let target =
@@ -85,10 +121,37 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         let dir = RootDir::open_or_create(&base.path().join("run"), 0o711).unwrap();
         assert!(!is_mount_point(&dir).unwrap());
+        let state = base.path().join("state");
+        std::fs::create_dir(&state).unwrap();
         assert!(matches!(
-            prepare(&dir, 0, 0o711).unwrap(),
+            prepare(&dir, 0, 0o711, &state).unwrap(),
             Prepared::Plain(_)
         ));
+        assert!(!is_mount_point(&dir).unwrap());
+    }
+
+    /// Nothing is mounted over what must not be hidden: the state directory (the runtime
+    /// directory is it, or holds it), or files from before. Refused before any mount, so
+    /// this runs unprivileged.
+    #[test]
+    fn no_tmpfs_over_the_state_directory_or_over_files_from_before() {
+        let base = tempfile::tempdir().unwrap();
+        let dir = RootDir::open_or_create(&base.path().join("run"), 0o711).unwrap();
+        for keep in [base.path().join("run"), base.path().join("run/state")] {
+            std::fs::create_dir_all(&keep).unwrap();
+            let Prepared::Plain(why) = prepare(&dir, 8, 0o711, &keep).unwrap() else {
+                panic!("mounted over {}", keep.display());
+            };
+            assert!(why.contains("outlive a reboot"), "{why}");
+        }
+        std::fs::remove_dir(base.path().join("run/state")).unwrap();
+        std::fs::create_dir_all(base.path().join("run/runs/7.1")).unwrap();
+        let elsewhere = base.path().join("state");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let Prepared::Plain(why) = prepare(&dir, 8, 0o711, &elsewhere).unwrap() else {
+            panic!("mounted over a run's record");
+        };
+        assert!(why.contains("files from before"), "{why}");
         assert!(!is_mount_point(&dir).unwrap());
     }
 }

@@ -11,10 +11,9 @@ use crate::lifecycle::{Input, Outcome};
 
 /// How long a finished run's record stays in `runs/` (fault drills read them minutes after).
 const RUN_RECORD_KEEP: Duration = Duration::from_secs(24 * 3600);
-/// At most this many finished runs' records stay, the newest: a record is six inodes and
-/// two pages of the runtime tmpfs (whose inodes are capped), and a node running short jobs
-/// all day would otherwise keep a day's worth.
-const RUN_RECORDS_KEPT: usize = 8192;
+/// The inodes a finished run's record holds: its directory, the monitor's lock and log, the
+/// environment (emptied), the process group, the exit.
+const RECORD_INODES: u64 = 6;
 /// Old records are looked for at start and after every this many acknowledged ends.
 pub(super) const PRUNE_EVERY: u64 = 512;
 
@@ -157,8 +156,9 @@ impl Runner {
     }
 
     /// Removes the records (`runs/<job>.<epoch>`) of runs not held here that ended more than
-    /// [`RUN_RECORD_KEEP`] ago or are not among the newest [`RUN_RECORDS_KEPT`], so a node
-    /// running millions of jobs does not keep them all.
+    /// [`RUN_RECORD_KEEP`] ago or are not among the newest that fill half the file system's
+    /// inodes ([`records_kept`]), so a node running millions of jobs does not keep them all
+    /// and its launches always find room on the runtime tmpfs, whose inodes are capped.
     pub(super) fn prune_run_records(&self) {
         if self.config.mode == Mode::Simulated {
             return;
@@ -177,6 +177,7 @@ impl Runner {
             let Ok(entries) = std::fs::read_dir(runs.path()) else {
                 continue;
             };
+            let kept = records_kept(&runs);
             // Finished runs' records, newest first (one whose age cannot be read, first).
             let mut finished: Vec<(Duration, String)> = entries
                 .flatten()
@@ -192,7 +193,7 @@ impl Runner {
                 .collect();
             finished.sort_unstable();
             for (i, (age, name)) in finished.iter().enumerate() {
-                if (i >= RUN_RECORDS_KEPT || *age > RUN_RECORD_KEEP)
+                if (i >= kept || *age > RUN_RECORD_KEEP)
                     && let Err(e) = runs.remove_tree(name)
                 {
                     tracing::warn!(error = %e, "removing an old run record");
@@ -230,5 +231,16 @@ impl Runner {
                 let _ = run.empty(ENVIRON);
             }
         }
+    }
+}
+
+/// How many finished runs' records `runs` may hold: half its file system's inodes' worth
+/// (the default 512 MiB runtime tmpfs allows 131,072 inodes: 10,922 records).
+fn records_kept(runs: &crate::rootdir::RootDir) -> usize {
+    let inodes = nix::sys::statfs::fstatfs(runs.fd()).map_or(0, |fs| fs.files());
+    match inodes {
+        // Not counted (some file systems say 0): the age limit alone.
+        0 => usize::MAX,
+        n => usize::try_from(n / (2 * RECORD_INODES)).unwrap_or(usize::MAX),
     }
 }
