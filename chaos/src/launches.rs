@@ -1,9 +1,9 @@
 //! The agents' own launch records, checked against the jobs' run log.
 //!
-//! Every real agent keeps a directory per run it was told to launch,
-//! `STATE/run/NODE/runs/JOB.EPOCH/` (in its runtime directory): its monitor writes `pgid` once it has started the
-//! job, and an agent that found no monitor after a restart writes `abandoned` (a monitor must
-//! then never start the job). The jobs themselves append `ID NAME start MS NODE` to
+//! Every real agent keeps a directory per run it was told to launch, in its runtime
+//! directory, `STATE/run/NODE/runs/JOB.EPOCH/`: its monitor writes `pgid` once it has started
+//! the job, and an agent that found no monitor after a restart writes `abandoned` (a monitor
+//! must then never start the job). The jobs themselves append `ID NAME start MS NODE` to
 //! `runs.log`. So, whatever crashed in between:
 //!
 //! - every start a job logged on a node is backed by a run its agent started there;
