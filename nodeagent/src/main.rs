@@ -404,11 +404,7 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
         docket_nodeagent::rootdir::check_ancestors(dir).context("--jobfs-dir")?;
     }
     // Root's own (0711: jobs reach their own directories in them, nobody lists them).
-    let mut opened = Vec::new();
-    for (flag, dir) in [
-        ("--state-dir", &args.state_dir),
-        ("--runtime-dir", &args.runtime_dir),
-    ] {
+    let open = |flag: &str, dir: &std::path::Path| -> Result<_> {
         let handle = docket_nodeagent::rootdir::RootDir::open_or_create(
             dir,
             docket_nodeagent::runner::STATE_DIR_MODE,
@@ -416,14 +412,14 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
         .with_context(|| format!("{flag} {}", dir.display()))?;
         // Again, now that the directories on the way exist: one made meanwhile under a
         // sticky directory could be a user's.
-        docket_nodeagent::rootdir::check_ancestors(dir).context(flag)?;
+        docket_nodeagent::rootdir::check_ancestors(dir).context(flag.to_owned())?;
         warn_if_unreachable(flag, dir);
-        opened.push(handle);
-    }
+        Ok(handle)
+    };
+    open("--state-dir", &args.state_dir)?;
+    let runtime = open("--runtime-dir", &args.runtime_dir)?;
     // Simulated runs keep nothing there: no mount for them (scale tests run thousands).
-    if matches!(args.execution, Execution::Real)
-        && let Some(runtime) = opened.pop()
-    {
+    if matches!(args.execution, Execution::Real) {
         use docket_nodeagent::runtimedir::{Prepared, prepare};
         match prepare(
             &runtime,

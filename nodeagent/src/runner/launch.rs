@@ -392,9 +392,7 @@ impl Runner {
                     // older monitor without one, a command line naming this run's script
                     // (`jobs/` beside the `runs/` its record is in, whichever directory an
                     // agent of that time kept them in).
-                    let script = path
-                        .parent()
-                        .and_then(Path::parent)
+                    let script = super::records_root(path)
                         .unwrap_or(&self.config.runtime_dir)
                         .join(JOBS)
                         .join(run_name(id))

@@ -55,6 +55,24 @@ const RUNS_MODE: u32 = 0o700;
 const JOBS: &str = "jobs";
 const JOBS_MODE: u32 = 0o711;
 
+/// `cell`'s directory, opened (and checked) at the first call.
+fn open_once<'a>(
+    cell: &'a std::sync::OnceLock<RootDir>,
+    path: &std::path::Path,
+) -> std::io::Result<&'a RootDir> {
+    if let Some(dir) = cell.get() {
+        return Ok(dir);
+    }
+    let dir = RootDir::open_or_create(path, STATE_DIR_MODE)?;
+    Ok(cell.get_or_init(|| dir))
+}
+
+/// The directory a run's record `ROOT/runs/<job>.<epoch>` is in: `ROOT`, where its `jobs/`
+/// is too.
+fn records_root(run_dir: &std::path::Path) -> Option<&std::path::Path> {
+    run_dir.parent().and_then(std::path::Path::parent)
+}
+
 /// A run's name in `runs/` and `jobs/`.
 fn run_name((job, epoch): RunId) -> String {
     format!("{job}.{epoch}")
@@ -369,7 +387,7 @@ impl Runner {
         if let Some(scratch) = &held.scratch {
             scratch.remove();
         }
-        self.remove_directories(id);
+        self.remove_directories(id, held.run_dir.as_deref());
     }
 
     /// Takes `n` free cpus of the pool for run `id` (lowest first). Fewer than `n` free (an
@@ -425,20 +443,23 @@ impl Runner {
 
     /// The state directory, opened (and checked) once: every save writes through it.
     fn state_dir(&self) -> std::io::Result<&RootDir> {
-        if let Some(dir) = self.state.get() {
-            return Ok(dir);
-        }
-        let dir = RootDir::open_or_create(&self.config.state_dir, STATE_DIR_MODE)?;
-        Ok(self.state.get_or_init(|| dir))
+        open_once(&self.state, &self.config.state_dir)
     }
 
     /// The runtime directory, opened (and checked) once: `runs/` and `jobs/` are in it.
     fn runtime_dir(&self) -> std::io::Result<&RootDir> {
-        if let Some(dir) = self.runtime.get() {
-            return Ok(dir);
+        open_once(&self.runtime, &self.config.runtime_dir)
+    }
+
+    /// The directory holding the `runs/` and `jobs/` of the run recorded in `run_dir`: the
+    /// state directory for a run re-adopted from an agent that kept them there, else the
+    /// runtime directory.
+    fn root_of(&self, run_dir: Option<&std::path::Path>) -> std::io::Result<&RootDir> {
+        if run_dir.and_then(records_root) == Some(self.config.state_dir.as_path()) {
+            self.state_dir()
+        } else {
+            self.runtime_dir()
         }
-        let dir = RootDir::open_or_create(&self.config.runtime_dir, STATE_DIR_MODE)?;
-        Ok(self.runtime.get_or_init(|| dir))
     }
 
     /// Writes every run to the state file (atomically), so a restarted agent finds them.

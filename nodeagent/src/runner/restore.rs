@@ -2,7 +2,7 @@
 //! file's runs re-adopted, job directories and run records nobody needs removed.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::launch::ENVIRON;
@@ -212,24 +212,27 @@ impl Runner {
     /// `recently_deleted`), and the run records' group allocates six per run. Removing the
     /// environment made each of those walk one more freed inode per run of the last minute
     /// (docs/node-agent.md has the measurements).
-    pub(super) fn remove_directories(&self, id: RunId) {
+    ///
+    /// They are where the run's record `run_dir` is (the runtime directory unless the run was
+    /// re-adopted from an agent that kept them in the state directory).
+    pub(super) fn remove_directories(&self, id: RunId, run_dir: Option<&Path>) {
         if self.config.mode == Mode::Simulated {
             return;
         }
+        let Ok(root) = self.root_of(run_dir) else {
+            return;
+        };
         let name = super::run_name(id);
-        // In the state directory only for a run re-adopted from an agent that kept them there.
-        for root in self.run_roots() {
-            if let Ok(jobs) = root.open_subdir(JOBS, JOBS_MODE)
-                && let Err(e) = jobs.remove_tree(&name)
-            {
-                tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
-            }
-            if let Ok(run) = root
-                .open_subdir(RUNS, RUNS_MODE)
-                .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
-            {
-                let _ = run.empty(ENVIRON);
-            }
+        if let Ok(jobs) = root.open_subdir(JOBS, JOBS_MODE)
+            && let Err(e) = jobs.remove_tree(&name)
+        {
+            tracing::warn!(job = id.0, epoch = id.1, error = %e, "removing a finished job's directory");
+        }
+        if let Ok(run) = root
+            .open_subdir(RUNS, RUNS_MODE)
+            .and_then(|runs| runs.open_subdir(&name, crate::shim::RUN_DIR_MODE))
+        {
+            let _ = run.empty(ENVIRON);
         }
     }
 }
