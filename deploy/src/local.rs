@@ -865,14 +865,24 @@ impl LocalCluster {
     }
 
     /// Stops the agent of node `name` as an operator's restart does (SIGTERM; its jobs'
-    /// monitors live on), waiting up to 5 s for it to exit, then SIGKILL.
+    /// monitors live on), waiting up to 5 s for it to exit, then SIGKILL and up to 5 s more,
+    /// so the next agent finds the state directory's lock free.
     pub fn stop_agent(&mut self, name: &str) -> Result<(), LaunchError> {
         let pid = self.agent_pid(name)?;
         self.signal(pid, Signal::SIGTERM)?;
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut deadline = Instant::now() + Duration::from_secs(5);
+        let mut killed = false;
         while self.agent_alive(name) {
             if Instant::now() >= deadline {
-                return self.signal(pid, Signal::SIGKILL);
+                if killed {
+                    // In the kernel (state D): a new agent would find its lock held.
+                    return Err(LaunchError::Invalid(format!(
+                        "agent {name} (pid {pid}) is still alive 5 s after SIGKILL"
+                    )));
+                }
+                self.signal(pid, Signal::SIGKILL)?;
+                killed = true;
+                deadline = Instant::now() + Duration::from_secs(5);
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -21,6 +21,7 @@ pub mod devices;
 pub mod gpu;
 pub mod jobfs;
 pub mod launcher;
+pub mod lend;
 pub mod lifecycle;
 pub mod rootdir;
 pub mod runner;

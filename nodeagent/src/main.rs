@@ -9,6 +9,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use docket_nodeagent::runner::{Mode, Runner, RunnerConfig};
 use docket_nodeagent::session::{self, SessionConfig};
 
+/// The state directory's lock file, held by the agent that uses the directory.
+const AGENT_LOCK: &str = "agent.lock";
+/// How long a starting agent waits for the state directory's lock.
+const AGENT_LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Docket's agent on one compute node.
 ///
 /// Registers the node with the leader, launches each job it is told to start as the
@@ -300,7 +305,8 @@ fn run(args: RunArgs) -> Result<()> {
         docket_nodeagent::crash::arm(point).map_err(anyhow::Error::msg)?;
     }
     let tls = load_tls(&args)?;
-    prepare_state_dir(&args)?;
+    // Held while this process lives (close-on-exec: neither the launcher nor a job has it).
+    let _one_agent = prepare_state_dir(&args)?;
     let runner_config = runner_config(&args)?;
     let cgroups_for_reaping = runner_config.cgroups.clone();
     let jobfs_for_reaping = runner_config.jobfs.clone();
@@ -394,9 +400,12 @@ fn load_tls(args: &RunArgs) -> Result<docket_auth::tls::TlsContext> {
     Ok(tls)
 }
 
-/// Checks that only root can replace the state, runtime and jobfs directories, and makes
-/// the state and runtime directories.
-fn prepare_state_dir(args: &RunArgs) -> Result<()> {
+/// Checks that only root can replace the state, runtime and jobfs directories, makes the
+/// state and runtime directories, and takes the state directory's lock: one agent per state
+/// directory. A second one would re-adopt, reap and prune the first one's runs under it, save
+/// the same state file, and stack a second tmpfs on the runtime directory, hiding the first
+/// one's records.
+fn prepare_state_dir(args: &RunArgs) -> Result<nix::fcntl::Flock<std::fs::File>> {
     // Nobody but root may be able to replace them from above.
     docket_nodeagent::rootdir::check_ancestors(&args.state_dir).context("--state-dir")?;
     docket_nodeagent::rootdir::check_ancestors(&args.runtime_dir).context("--runtime-dir")?;
@@ -416,7 +425,8 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
         warn_if_unreachable(flag, dir);
         Ok(handle)
     };
-    open("--state-dir", &args.state_dir)?;
+    let state = open("--state-dir", &args.state_dir)?;
+    let one_agent = lock_state_dir(&state, &args.state_dir)?;
     let runtime = open("--runtime-dir", &args.runtime_dir)?;
     // Simulated runs keep nothing there: no mount for them (scale tests run thousands).
     if matches!(args.execution, Execution::Real) {
@@ -445,7 +455,48 @@ fn prepare_state_dir(args: &RunArgs) -> Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(one_agent)
+}
+
+/// Takes the state directory's lock. A previous agent just killed may still be exiting (a
+/// supervisor that restarts it at once): the lock is waited for [`AGENT_LOCK_WAIT`], then
+/// refused.
+fn lock_state_dir(
+    state: &docket_nodeagent::rootdir::RootDir,
+    path: &std::path::Path,
+) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let deadline = std::time::Instant::now() + AGENT_LOCK_WAIT;
+    let mut lock = state
+        .open_lock(AGENT_LOCK)
+        .with_context(|| format!("--state-dir {}", path.display()))?;
+    let mut waited = false;
+    loop {
+        match Flock::lock(lock, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(held),
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                if !waited {
+                    tracing::warn!(
+                        lock = %path.join(AGENT_LOCK).display(),
+                        "another agent holds the state directory; waiting for it to exit"
+                    );
+                    waited = true;
+                }
+                lock = file;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => anyhow::bail!(
+                "--state-dir {}: another docket-nodeagent holds {AGENT_LOCK} (waited \
+                 {AGENT_LOCK_WAIT:?}); one agent per state directory",
+                path.display()
+            ),
+            Err((_, e)) => anyhow::bail!(
+                "--state-dir {}: locking {AGENT_LOCK}: {e} (one agent per state directory; \
+                 keep the state directory on a local file system)",
+                path.display()
+            ),
+        }
+    }
 }
 
 /// Sets up what runs jobs on this node (cgroups, cpus, jobfs, GPUs), in that order.

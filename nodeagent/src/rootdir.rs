@@ -9,7 +9,7 @@
 //! (`O_NOFOLLOW`, `O_EXCL` for new files). A name is one path component, never `..`.
 //!
 //! This is also where a job's own directory (its script and node file) is made: root's, with
-//! the files written while root's and given to the user by `fchown` on their handles.
+//! the files written while root's and lent to the user on their handles ([`crate::lend`]).
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};

@@ -368,6 +368,70 @@ async fn simulated_runs_occupy_their_time_without_processes() {
     server.abort();
 }
 
+/// One agent per state directory: a second one started on it (a unit started twice, a
+/// mistyped node name) exits after a short wait for the lock, naming the directory, and leaves
+/// the first one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_the_same_state_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let leader = FakeLeader::default();
+    let (addr, server) = serve(&leader).await;
+    let simulated = [
+        "--cpus",
+        "4",
+        "--memory-mib",
+        "4096",
+        "--execution",
+        "simulated",
+    ];
+    let mut first = agent("lock01", &addr, &state, &simulated);
+    // Its runtime directory is made after the lock is taken.
+    wait_for("the first agent's runtime directory", || {
+        state.join("run").exists()
+    })
+    .await;
+    let second = Command::new(env!("CARGO_BIN_EXE_docket-nodeagent"))
+        .args(["run", "--node", "lock02", "--controllers", &addr])
+        .args(simulated)
+        .arg("--state-dir")
+        .arg(&state)
+        .arg("--runtime-dir")
+        .arg(state.join("run"))
+        .args(tls_flags("lock02"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut second = Agent(second);
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = second.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(began.elapsed() < DEADLINE, "the second agent kept running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut second.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("one agent per state directory") && err.contains(state.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(
+        first.0.try_wait().unwrap().is_none(),
+        "the first agent stopped"
+    );
+    // And the first one still runs jobs (a simulated run lasts its script's first sleep).
+    leader
+        .send(launch(1, 1, dir.path(), "#!/bin/sh\nsleep 0\n", 60))
+        .await;
+    assert_eq!(cause(&leader.ended(1).await.1), "completed");
+    drop(first);
+    server.abort();
+}
+
 /// A local user who takes the step port first does not keep the agent from starting: it
 /// registers with the step address and runs jobs, and binds the port once it is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -284,7 +284,8 @@ async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge
     let victim = victim(dir.path());
 
     // It tries to write its own exit and process group, to plant symlinks where root writes
-    // them, and to list the agent's directories; then fails with 3.
+    // them, to grow its own script and node file, and to list the agent's directories; then
+    // fails with 3.
     let script = r#"#!/bin/sh
 runs="$RUNTIME/runs"
 for f in exit .exit.tmp pgid .pgid.tmp state.json state.0 state.1; do
@@ -298,7 +299,15 @@ ls "$RUNTIME/jobs" >/dev/null 2>&1 && echo "LISTED jobs"
 ls "$RUNTIME" >/dev/null 2>&1 && echo "LISTED runtime"
 ls "$STATE" >/dev/null 2>&1 && echo "LISTED state"
 mkdir "$(dirname "$PBS_NODEFILE")/tree" 2>/dev/null && echo "WROTE job directory"
-for f in /proc/self/fd/*; do echo forged-launch-failure > "$f"; done 2>/dev/null
+for f in "$0" "$PBS_NODEFILE"; do
+  chmod u+w "$f" 2>/dev/null && echo "CHMODDED $f"
+  echo grow >> "$f" 2>/dev/null && echo "WROTE $f"
+  truncate -s 1G "$f" 2>/dev/null && echo "WROTE (truncate) $f"
+  [ -r "$f" ] || echo "UNREADABLE $f"
+  echo "STAT $(stat -c '%a %u %g' "$f")"
+done
+head -c 9 "$0" | grep -q '^#!/bin/sh' || echo "UNREADABLE script"
+for f in /proc/self/fd/*; do echo forged-launch-failure >> "$f"; done 2>/dev/null
 exit 3
 "#;
     let runtime = state.join("run");
@@ -315,9 +324,15 @@ exit 3
     let (_, end) = leader.ended(31).await;
     assert_eq!((cause(&end), end.exit_code), ("failed", 3), "{end:?}");
     let out = std::fs::read_to_string(work.join("slurm-31.out")).unwrap();
-    for word in ["WROTE", "LINKED", "LISTED"] {
+    for word in ["WROTE", "LINKED", "LISTED", "CHMODDED", "UNREADABLE"] {
         assert!(!out.contains(word), "the job got in: {out}");
     }
+    // Its script and node file are root's, lent to it read-only, so it cannot grow them
+    // until the runtime tmpfs is full.
+    // (The group's bits are the ACL's mask; its group entry gives the group nothing.)
+    let gid = nobody().gid;
+    assert!(out.contains(&format!("STAT 550 0 {gid}\n")), "{out}");
+    assert!(out.contains(&format!("STAT 440 0 {gid}\n")), "{out}");
     assert_untouched(&victim);
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     assert_eq!(mode(&state), 0o711);

@@ -10,6 +10,7 @@ use docket_proto::v1 as pb;
 
 use super::{JOBS, JOBS_MODE, RUNS, RUNS_MODE, RunId, Runner, cpu_list, run_name, signal_group};
 use crate::crash::CrashPoint;
+use crate::lend::{Access, Lent, lend_file};
 use crate::lifecycle::{Input, Outcome};
 use crate::rootdir::RootDir;
 use crate::shim::Monitor;
@@ -103,7 +104,7 @@ impl Runner {
             .and_then(|runs| runs.fresh_subdir(&name, crate::shim::RUN_DIR_MODE))
             .map_err(failed("the run's directory"))?;
         // The job's own directory: root's (0711, so the job cannot fill it or grow a tree in
-        // it root would have to remove), its files the user's.
+        // it root would have to remove), its files root's and lent to the user read-only.
         let job_dir = runtime
             .subdir(JOBS, JOBS_MODE)
             .and_then(|jobs| jobs.fresh_subdir(&name, 0o711))
@@ -123,7 +124,8 @@ impl Runner {
         Ok(Prepared { run_dir, shim })
     }
 
-    /// Writes the job's script and node file into `job_dir`, the user's; their paths.
+    /// Writes the job's script and node file into `job_dir` and lends them to the user
+    /// read-only; their paths.
     fn write_job_files(
         &self,
         job_dir: &RootDir,
@@ -131,18 +133,29 @@ impl Runner {
         uid: u32,
         gid: u32,
     ) -> Result<(PathBuf, PathBuf), String> {
-        job_dir
+        let script = job_dir
             .write_new(SCRIPT, &l.script, 0o500)
-            .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
+            .and_then(|f| lend_file(&f, uid, gid, Access::ReadExecute))
             .map_err(failed("writing the script"))?;
-        job_dir
+        let nodefile = job_dir
             .write_new(
                 NODEFILE,
                 world::nodefile_contents(l, &self.config.node).as_bytes(),
                 0o400,
             )
-            .and_then(|f| crate::rootdir::give_file(&f, uid, gid))
+            .and_then(|f| lend_file(&f, uid, gid, Access::Read))
             .map_err(failed("writing the node file"))?;
+        if script == Lent::Given || nodefile == Lent::Given {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(
+                    dir = %job_dir.path().display(),
+                    "the runtime directory's file system has no POSIX ACLs: jobs' scripts are \
+                     their users' own files, and a job could grow its script until the file \
+                     system is full"
+                );
+            });
+        }
         Ok((job_dir.path().join(SCRIPT), job_dir.path().join(NODEFILE)))
     }
 

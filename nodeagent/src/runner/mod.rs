@@ -20,7 +20,7 @@
 //! bookkeeping of a run (0700: the monitor's lock, the job's process group and exit, its
 //! environment, emptied at the run's end), kept a day after the run ended;
 //! `jobs/<job>.<epoch>/`, the job's own directory (root's, 0711; the script and PBS's node
-//! file are the user's). A reboot that empties the runtime directory ends the runs too: a
+//! file are root's too, lent to the user read-only by an ACL, [`crate::lend`]). A reboot that empties the runtime directory ends the runs too: a
 //! restarted agent finds their records gone and reports them lost. Root writes only in its
 //! own directories, through their handles ([`crate::rootdir`]), and reads a run's end only
 //! from what its monitor recorded there.
@@ -51,7 +51,8 @@ const STATE_FILE: &str = "state";
 const RUNS: &str = "runs";
 const RUNS_MODE: u32 = 0o700;
 /// Each job's own directory, `jobs/<job>.<epoch>` (root's, 0711): its script and node
-/// file, which are the user's. Jobs pass through to theirs; nobody lists the others.
+/// file, root's and lent to the user read-only. Jobs pass through to theirs; nobody lists
+/// the others.
 const JOBS: &str = "jobs";
 const JOBS_MODE: u32 = 0o711;
 
