@@ -8,7 +8,8 @@
 //! adds one named-user entry for the job's user (`user:UID:r-x` for the script, `r--` for the
 //! node file) with a matching mask: the user reads and runs them, and, not being their owner,
 //! can neither change their mode nor their ACL nor write to them. Nobody else gets anything
-//! (group and other `---`; the directories above are root's, 0711).
+//! (the group's and others' entries are `---`; the directories above are root's, 0711). The
+//! file's group is the user's, for tools that read the mode bits ([`lend_file`]).
 //!
 //! The ACL is written as the kernel's `system.posix_acl_access` extended attribute
 //! (`include/uapi/linux/posix_acl_xattr.h`; acl(5)): five entries of eight bytes after a
