@@ -628,25 +628,6 @@ async fn a_restarted_agent_re_adopts_running_jobs_and_reports_what_ended_meanwhi
     remove_agent_cgroups("n03");
 }
 
-/// Detaches the mount on its path when dropped (every one stacked there).
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        while nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
-    }
-}
-
-/// How many mounts are stacked on `path` (as it resolves: mountinfo names them so).
-fn mounts_at(path: &std::path::Path) -> usize {
-    let here = std::fs::canonicalize(path).unwrap();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    mounts
-        .lines()
-        .filter(|l| l.split(' ').nth(4) == here.to_str())
-        .count()
-}
-
 fn tmpfs(path: &std::path::Path) -> bool {
     nix::sys::statfs::statfs(path)
         .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)

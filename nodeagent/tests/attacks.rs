@@ -280,7 +280,9 @@ async fn a_job_can_neither_reach_the_agents_records_nor_forge_its_exit_nor_dodge
         agent,
         state,
         work,
-    } = nobodys_agent("a03", &["--kill-grace-s", "1"]).await;
+    } = nobodys_agent("a03", &["--kill-grace-s", "1", "--runtime-tmpfs-mib", "8"]).await;
+    // On a tmpfs of the agent's own, as in production, whose ACLs the job's files rely on.
+    let _unmount = Unmount(state.join("run"));
     let victim = victim(dir.path());
 
     // It tries to write its own exit and process group, to plant symlinks where root writes
@@ -334,6 +336,11 @@ exit 3
     assert!(out.contains(&format!("STAT 550 0 {gid}\n")), "{out}");
     assert!(out.contains(&format!("STAT 440 0 {gid}\n")), "{out}");
     assert_untouched(&victim);
+    assert_eq!(
+        mounts_at(&runtime),
+        1,
+        "the runtime directory is not the agent's tmpfs"
+    );
     let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
     assert_eq!(mode(&state), 0o711);
     assert_eq!(mode(&runtime), 0o711);

@@ -512,3 +512,22 @@ pub fn job_frozen(node: &str, job: u64, epoch: u64) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// Detaches the mount on its path when dropped (every one stacked there).
+pub struct Unmount(pub std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        while nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH).is_ok() {}
+    }
+}
+
+/// How many mounts are stacked on `path` (as it resolves: mountinfo names them so).
+pub fn mounts_at(path: &std::path::Path) -> usize {
+    let here = std::fs::canonicalize(path).unwrap();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mounts
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == here.to_str())
+        .count()
+}
