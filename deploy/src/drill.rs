@@ -310,6 +310,40 @@ async fn members(addrs: &[String]) -> Result<(u64, String, Vec<(u64, String)>), 
     Ok((leader, leader_addr, members))
 }
 
+/// How long a drill waits for a leader that lists its jobs before its fault.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// The leader (id, address), the members, and the jobs the leader has not finished: what a
+/// drill starts from. Asked again for up to [`SETTLE`]: right after a fault is healed (an
+/// earlier drill's), leadership may still move (a resumed leader steps down once it hears
+/// the newer term), and a replica that has just stopped leading fails the listing.
+async fn before_fault(
+    addrs: &[String],
+) -> Result<
+    (
+        u64,
+        String,
+        Vec<(u64, String)>,
+        std::collections::BTreeSet<u64>,
+    ),
+    LaunchError,
+> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let failed = match members(addrs).await {
+            Ok((old, old_addr, members)) => match unfinished(&old_addr).await {
+                Some(before) => return Ok((old, old_addr, members, before)),
+                None => LaunchError::Rpc(format!("the leader {old_addr} did not list its jobs")),
+            },
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            return Err(failed);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The jobs not yet finished in the queue the replica at `addr` serves (a finished job may
 /// leave the queue for the archive during the drill; it is not lost).
 async fn unfinished(addr: &str) -> Option<std::collections::BTreeSet<u64>> {
@@ -371,10 +405,7 @@ pub async fn run(
     addrs: &[String],
     options: &DrillOptions,
 ) -> Result<DrillReport, LaunchError> {
-    let (old, old_addr, members) = members(addrs).await?;
-    let before = unfinished(&old_addr)
-        .await
-        .ok_or_else(|| LaunchError::Rpc(format!("the leader {old_addr} did not list its jobs")))?;
+    let (old, old_addr, members, before) = before_fault(addrs).await?;
     let others: Vec<String> = members
         .iter()
         .filter(|(id, _)| *id != old)
