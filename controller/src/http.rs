@@ -144,6 +144,11 @@ fn describe_scheduler_and_rpc_metrics() {
         "docket_raft_leader_changes_total",
         "Leaders this replica has seen come to power."
     );
+    describe_counter!(
+        "docket_raft_read_indexes_total",
+        "Read indexes this replica named as leader, by how its leadership was confirmed: \
+         from a quorum's saved votes, or by openraft's slower check when those fell short."
+    );
     for kind in crate::stats::PassKind::ALL {
         let pass = kind.name();
         metrics::counter!("docket_sched_jobs_started_total", "pass" => pass).absolute(0);
@@ -237,6 +242,10 @@ async fn metrics(AxumState(state): AxumState<HttpState>) -> axum::response::Resp
     metrics::gauge!("docket_raft_last_log_index").set(raft.last_log_index.unwrap_or(0) as f64);
     metrics::gauge!("docket_raft_applied_index").set(raft.applied_index.unwrap_or(0) as f64);
     metrics::gauge!("docket_raft_snapshot_index").set(raft.snapshot_index.unwrap_or(0) as f64);
+    let (by_votes, by_openraft) = state.replica.read_index_counts();
+    metrics::counter!("docket_raft_read_indexes_total", "confirmed" => "votes").absolute(by_votes);
+    metrics::counter!("docket_raft_read_indexes_total", "confirmed" => "openraft")
+        .absolute(by_openraft);
     for m in &raft.members {
         if let Some(lag) = m.lag {
             metrics::gauge!("docket_raft_replica_lag_entries", "replica" => m.id.0.to_string())

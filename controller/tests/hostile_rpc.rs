@@ -312,7 +312,12 @@ fn agent_health_and_raft_methods() -> Vec<Method> {
         ("/docket.v1.Raft/Vote", Peer, raft::vote()),
         ("/docket.v1.Raft/InstallSnapshot", Peer, vec![e.clone()]),
         ("/docket.v1.Raft/Forward", Peer, raft::forward()),
-        ("/docket.v1.Raft/ReadIndex", Peer, vec![e.clone()]),
+        ("/docket.v1.Raft/ReadIndex", Peer, raft::read_index()),
+        (
+            "/docket.v1.Raft/ConfirmLeader",
+            Peer,
+            raft::confirm_leader(),
+        ),
         ("/docket.v1.Raft/Status", Peer, vec![e]),
     ]
 }
@@ -324,9 +329,10 @@ mod raft {
     use docket_core::job::{BlobId, JobSpec};
     use docket_core::{Command, Envelope};
     use docket_raft::codec::encode;
+    use docket_raft::read_index::{ConfirmLeaderRequest, ReadIndexRequest};
     use docket_raft::{Batch, ReplicaId, TypeConfig};
     use openraft::raft::{AppendEntriesRequest, VoteRequest};
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LeaderId, LogId, Vote};
     use prost::Message;
 
     use super::pb;
@@ -363,6 +369,31 @@ mod raft {
             prev_log_id: None,
             entries: vec![entry],
             leader_commit: None,
+        };
+        vec![payload(encode(&request).unwrap())]
+    }
+
+    pub fn read_index() -> Vec<Vec<u8>> {
+        let mut seeds = read_index_as(9);
+        // A replica of a release that vouched for nobody sent an empty request.
+        seeds.push(payload(Vec::new()));
+        seeds
+    }
+
+    /// A read-index request of a replica claiming to be replica `id`, vouching for replica
+    /// 1's leadership in the current term.
+    pub fn read_index_as(id: u64) -> Vec<Vec<u8>> {
+        let request = ReadIndexRequest {
+            from: ReplicaId(id),
+            holds: Some(LeaderId::new(1, ReplicaId(1))),
+        };
+        vec![payload(encode(&request).unwrap())]
+    }
+
+    pub fn confirm_leader() -> Vec<Vec<u8>> {
+        let request = ConfirmLeaderRequest {
+            to: ReplicaId(1),
+            leadership: LeaderId::new(1, ReplicaId(1)),
         };
         vec![payload(encode(&request).unwrap())]
     }
@@ -604,7 +635,8 @@ async fn mutated_requests_to_every_method_are_answered_and_change_nothing_unsafe
 }
 
 /// A replica's certificate proves which replica calls: replica 9's cannot send appends as the
-/// leader replica 1, nor ask for votes as replica 1; in its own name the same calls are heard.
+/// leader replica 1, ask for votes as replica 1, nor vouch for a read index as replica 1; in
+/// its own name the same calls are heard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_certificate_cannot_lead_or_campaign_in_another_replica_s_name() {
     let cluster = Cluster::start(1).await;
@@ -624,6 +656,12 @@ async fn a_replica_certificate_cannot_lead_or_campaign_in_another_replica_s_name
             raft::append_entries_as(9),
         ),
         ("/docket.v1.Raft/Vote", raft::vote_as(1), raft::vote_as(9)),
+        // Vouching for the leader in replica 1's name would make up a quorum for a read.
+        (
+            "/docket.v1.Raft/ReadIndex",
+            raft::read_index_as(1),
+            raft::read_index_as(9),
+        ),
     ] {
         let mut call = async |body: Vec<u8>| {
             grpc.ready().await.unwrap();

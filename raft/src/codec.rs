@@ -15,7 +15,8 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, postcard::Err
     postcard::to_stdvec(value)
 }
 
-/// Decodes a `T` that must fill `bytes` exactly.
+/// Decodes a `T` from the start of `bytes`; bytes after it are ignored (postcard's
+/// `from_bytes`), which lets a replica read a request a newer release extended.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
     postcard::from_bytes(bytes)
 }

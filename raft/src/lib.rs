@@ -17,6 +17,8 @@
 //!   streamed through files.
 //! - [`network`]: the gRPC service replicas serve and the client they call each other with.
 //! - [`proposer`]: group commit (many writes, one entry) and forwarding to the leader.
+//! - [`read`] and [`read_index`]: linearizable reads on any replica, by a read index the
+//!   leader confirms from the replicas' saved votes.
 //! - [`replica`]: one running replica and the cluster operations on it.
 //! - [`kv`]: a key-value machine for tests and the benchmark.
 
@@ -38,6 +40,7 @@ pub mod machine_store;
 pub mod network;
 pub mod proposer;
 pub mod read;
+pub mod read_index;
 pub mod replica;
 pub mod rocks_memory;
 pub mod snapshot;

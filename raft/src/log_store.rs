@@ -21,12 +21,13 @@ use std::fmt::Debug;
 use std::io;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{ErrorSubject, ErrorVerb, LogState, OptionalSend, RaftLogId, RaftLogReader};
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, LogState, OptionalSend, RaftLogId, RaftLogReader,
+};
 
 use crate::codec::{decode, encode, storage_error};
 use crate::db::{DataDir, cf};
@@ -47,10 +48,69 @@ fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
+/// The vote `db` holds now: what this replica has promised, on disk. openraft saves a vote
+/// before it acts on it (grants it, or follows the leader it names), so no replica has
+/// acted on a vote newer than the one this returns.
+pub fn persisted_vote(db: &DataDir) -> Result<Option<Vote>, StorageError> {
+    get_meta(db, VOTE_KEY, ErrorSubject::Vote)
+}
+
+/// The value under `key` in the meta column family.
+fn get_meta<T: serde::de::DeserializeOwned>(
+    db: &DataDir,
+    key: &[u8],
+    subject: ErrorSubject<crate::ReplicaId>,
+) -> Result<Option<T>, StorageError> {
+    let bytes = db
+        .get(cf::META, key)
+        .map_err(|e| storage_error(subject.clone(), ErrorVerb::Read, &e))?;
+    bytes
+        .map(|b| decode(&b).map_err(|e| storage_error(subject, ErrorVerb::Read, &e)))
+        .transpose()
+}
+
+/// The indexes of the membership entries this process appended that are still in the log.
+///
+/// openraft's effective membership is the last one in the log, committed or not, and its
+/// metrics publish it only after the core has handled the append: [`crate::read_index`]
+/// counts its quorum in the published membership only when no entry here is newer.
+/// Membership entries are rare (an operator adds or removes a replica), and those a purge
+/// or a truncation removes leave this list with them: the check needs only what the log
+/// still holds.
+#[derive(Debug, Clone, Default)]
+pub struct MembershipEntries(Arc<Mutex<Vec<u64>>>);
+
+impl MembershipEntries {
+    /// The index of the last membership entry appended and still in the log, if any.
+    pub fn last(&self) -> Option<u64> {
+        self.lock().last().copied()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn appended(&self, index: u64) {
+        let mut entries = self.lock();
+        entries.retain(|i| *i < index);
+        entries.push(index);
+    }
+
+    fn truncated_from(&self, index: u64) {
+        self.lock().retain(|i| *i < index);
+    }
+
+    /// Drops the entries a purge removed from the log.
+    fn purged_upto(&self, index: u64) {
+        self.lock().retain(|i| *i > index);
+    }
+}
+
 /// The RocksDB log store of one replica. Clones share the database and the flusher.
 pub struct LogStore<M> {
     db: Arc<DataDir>,
     flusher: Arc<Flusher>,
+    memberships: MembershipEntries,
     _machine: PhantomData<fn() -> M>,
 }
 
@@ -59,6 +119,7 @@ impl<M> Clone for LogStore<M> {
         LogStore {
             db: self.db.clone(),
             flusher: self.flusher.clone(),
+            memberships: self.memberships.clone(),
             _machine: PhantomData,
         }
     }
@@ -79,8 +140,14 @@ impl<M: StateMachine> LogStore<M> {
         Ok(LogStore {
             db,
             flusher,
+            memberships: MembershipEntries::default(),
             _machine: PhantomData,
         })
+    }
+
+    /// The membership entries this store appends, as they stand ([`MembershipEntries`]).
+    pub fn memberships(&self) -> MembershipEntries {
+        self.memberships.clone()
     }
 
     fn get_meta<T: serde::de::DeserializeOwned>(
@@ -88,13 +155,7 @@ impl<M: StateMachine> LogStore<M> {
         key: &[u8],
         subject: ErrorSubject<crate::ReplicaId>,
     ) -> Result<Option<T>, StorageError> {
-        let bytes = self
-            .db
-            .get(cf::META, key)
-            .map_err(|e| storage_error(subject.clone(), ErrorVerb::Read, &e))?;
-        bytes
-            .map(|b| decode(&b).map_err(|e| storage_error(subject, ErrorVerb::Read, &e)))
-            .transpose()
+        get_meta(&self.db, key, subject)
     }
 
     fn refuse_if_failed(&self) -> Result<(), StorageError> {
@@ -105,7 +166,8 @@ impl<M: StateMachine> LogStore<M> {
         Ok(())
     }
 
-    fn last_entry_log_id(&self) -> Result<Option<LogId>, StorageError> {
+    /// The id of the last entry in the log (not counting the purge mark).
+    pub fn last_entry_log_id(&self) -> Result<Option<LogId>, StorageError> {
         let read_err = |e: &(dyn std::error::Error + 'static)| {
             let e = io::Error::other(e.to_string());
             storage_error(ErrorSubject::Logs, ErrorVerb::Read, &e)
@@ -229,7 +291,11 @@ impl<M: StateMachine> RaftLogStorage<TypeConfig<M>> for LogStore<M> {
             storage_error(ErrorSubject::Logs, ErrorVerb::Write, e)
         };
         let mut batch = self.db.batch();
+        let mut memberships = Vec::new();
         for entry in entries {
+            if matches!(entry.payload, EntryPayload::Membership(_)) {
+                memberships.push(entry.get_log_id().index);
+            }
             let bytes = encode(&entry).map_err(|e| write_err(&e))?;
             self.db
                 .batch_put(
@@ -239,6 +305,10 @@ impl<M: StateMachine> RaftLogStorage<TypeConfig<M>> for LogStore<M> {
                     &bytes,
                 )
                 .map_err(|e| write_err(&e))?;
+        }
+        // Before they can be read back (replicated) or published as the effective membership.
+        for index in memberships {
+            self.memberships.appended(index);
         }
         self.db.write(batch, false).map_err(|e| write_err(&e))?;
         // Durable (and acknowledged) only when the flusher has synced the WAL.
@@ -268,7 +338,9 @@ impl<M: StateMachine> RaftLogStorage<TypeConfig<M>> for LogStore<M> {
         self.db.write(batch, true).map_err(|e| {
             self.flusher.mark_failed();
             write_err(&e)
-        })
+        })?;
+        self.memberships.truncated_from(log_id.index);
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -292,6 +364,7 @@ impl<M: StateMachine> RaftLogStorage<TypeConfig<M>> for LogStore<M> {
             )
             .map_err(|e| write_err(&e))?;
         self.db.write(batch, false).map_err(|e| write_err(&e))?;
+        self.memberships.purged_upto(log_id.index);
         // What was purged leaves memory only with the memtable that holds it; without a
         // flush the log's memtable fills to its write buffer (8 MiB) before anything of a
         // purged entry is freed. A failed request costs memory, not correctness: logged.
@@ -383,5 +456,34 @@ impl Drop for Flusher {
         {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MembershipEntries;
+
+    #[test]
+    fn membership_entries_follow_appends_truncations_and_purges() {
+        let m = MembershipEntries::default();
+        assert_eq!(m.last(), None);
+        for index in [3, 10, 20] {
+            m.appended(index);
+        }
+        assert_eq!(m.last(), Some(20));
+        // A truncation removes the entries at and after it.
+        m.truncated_from(20);
+        assert_eq!(m.last(), Some(10));
+        // An entry appended again at an index replaces what was there and after.
+        m.appended(25);
+        m.appended(8);
+        assert_eq!(m.last(), Some(8));
+        assert_eq!(*m.lock(), [3, 8]);
+        // A purge drops what it removed from the log.
+        m.appended(30);
+        m.purged_upto(8);
+        assert_eq!(*m.lock(), [30]);
+        m.purged_upto(40);
+        assert_eq!(m.last(), None);
     }
 }

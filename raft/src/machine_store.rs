@@ -61,6 +61,9 @@ pub enum OpenError {
 
 struct Shared<M> {
     applied: RwLock<Applied<M>>,
+    /// A copy of `applied.last_applied`, set before the lock is released: readable while a
+    /// long reader holds the machine and a writer waits (a read index needs only this).
+    last_applied: Mutex<Option<LogId>>,
     db: Arc<DataDir>,
     snapshots: SnapshotDir,
     /// The current snapshot's metadata. Also serialises making a snapshot current.
@@ -159,6 +162,7 @@ impl<M: StateMachine> MachineStore<M> {
                     last_applied,
                     membership,
                 }),
+                last_applied: Mutex::new(last_applied),
                 db,
                 snapshots,
                 current: Mutex::new(meta),
@@ -189,6 +193,23 @@ impl<M: StateMachine> MachineStore<M> {
             .applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last log entry applied, without waiting for the machine's lock.
+    pub fn last_applied(&self) -> Option<LogId> {
+        *self
+            .shared
+            .last_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_last_applied(&self, log_id: Option<LogId>) {
+        *self
+            .shared
+            .last_applied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = log_id;
     }
 
     fn write_guard(&self) -> RwLockWriteGuard<'_, Applied<M>> {
@@ -300,6 +321,7 @@ impl<M: StateMachine> MachineStore<M> {
             restore(&mut applied.machine).map_err(|e| snapshot_error(meta, ErrorVerb::Read, &e))?;
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
+            self.set_last_applied(applied.last_applied);
         }
         self.make_current(temp, meta)
     }
@@ -371,6 +393,8 @@ impl<M: StateMachine> RaftStateMachine<TypeConfig<M>> for MachineStore<M> {
                 }
             }
         }
+        // Before openraft answers any of these writes.
+        self.set_last_applied(applied.last_applied);
         Ok(responses)
     }
 

@@ -1,9 +1,9 @@
 //! Linearizable reads on any replica, by Raft's read index.
 //!
 //! The leader confirms with a quorum that it still leads and names the log index every write
-//! acknowledged so far is at or below; the reading replica waits until it has applied that
-//! index and then reads its own machine. The leader does one round of heartbeats per read;
-//! nothing goes through the log. A stale read skips all of this and reads what the replica has.
+//! acknowledged so far is at or below ([`crate::read_index`]); the reading replica waits until
+//! it has applied that index and then reads its own machine. Nothing goes through the log. A
+//! stale read skips all of this and reads what the replica has.
 
 use openraft::error::{CheckIsLeaderError, RaftError};
 use serde::{Deserialize, Serialize};

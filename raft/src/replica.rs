@@ -27,12 +27,13 @@ use tokio::task::JoinHandle;
 use crate::db::{DataDir, DbError, FaultInjection};
 use crate::election_gate::CommitSeen;
 use crate::ids::{ReplicaAddr, ReplicaId};
-use crate::log_store::LogStore;
+use crate::log_store::{LogStore, persisted_vote};
 use crate::machine::StateMachine;
 use crate::machine_store::{Applied, MachineStore, OpenError};
 use crate::network::{Channels, NetworkConfig, NetworkFactory, RaftGrpc};
 use crate::proposer::{Proposer, ProposerConfig, WriteError};
 use crate::read::ReadError;
+use crate::read_index::{ReadIndexer, Reopened};
 use crate::status::{ReplicaStatus, Role};
 use crate::types::Raft;
 
@@ -206,6 +207,8 @@ pub struct Replica<M: StateMachine> {
     commit_seen: CommitSeen,
     /// Whether this replica's leader is lost ([`Replica::leader_lost`]).
     contact: crate::leader_contact::LeaderContact,
+    /// Read indexes for linearizable reads ([`crate::read_index`]).
+    reads: ReadIndexer<M>,
 }
 
 impl<M: StateMachine> Clone for Replica<M> {
@@ -224,6 +227,7 @@ impl<M: StateMachine> Clone for Replica<M> {
             app_version: self.app_version,
             commit_seen: self.commit_seen.clone(),
             contact: self.contact.clone(),
+            reads: self.reads.clone(),
         }
     }
 }
@@ -256,6 +260,16 @@ impl<M: StateMachine> Replica<M> {
         let db = Arc::new(DataDir::open(&config.data_dir)?);
         let faults = db.faults().clone();
         let log = LogStore::<M>::new(db.clone()).map_err(ReplicaError::Thread)?;
+        let memberships = log.memberships();
+        let reopened = Reopened {
+            leadership: persisted_vote(&db)
+                .map_err(|e| ReplicaError::Raft(e.to_string()))?
+                .map(|v| *v.leader_id()),
+            last_index: log
+                .last_entry_log_id()
+                .map_err(|e| ReplicaError::Raft(e.to_string()))?
+                .map(|id| id.index),
+        };
         let machine = MachineStore::open(db.clone(), fresh)?;
         let network = NetworkFactory::new(config.id, channels.clone());
         let raft = openraft::Raft::new(config.id, raft_config, network, log, machine.clone())
@@ -287,9 +301,19 @@ impl<M: StateMachine> Replica<M> {
             config.tuning.heartbeat,
             config.tuning.election_timeout_max,
         );
+        let reads = ReadIndexer::new(
+            config.id,
+            raft.clone(),
+            db.clone(),
+            machine.clone(),
+            channels.clone(),
+            (memberships, reopened),
+            config.tuning.heartbeat,
+        );
         Ok(Replica {
             id: config.id,
             addr: config.addr,
+            reads,
             raft,
             machine,
             proposer,
@@ -351,6 +375,7 @@ impl<M: StateMachine> Replica<M> {
             status_page: self.status_page.clone(),
             app_version: self.app_version,
             commit_seen: self.commit_seen.clone(),
+            reads: self.reads.clone(),
         };
         RaftGrpc::server(parts, proof)
     }
@@ -528,6 +553,12 @@ impl<M: StateMachine> Replica<M> {
             .ok_or_else(|| WriteError::Indeterminate("the machine gave no response".into()))
     }
 
+    /// How the read indexes this replica named as leader were confirmed
+    /// ([`crate::read_index`]): (from a quorum's saved votes, by openraft's check).
+    pub fn read_index_counts(&self) -> (u64, u64) {
+        self.reads.counts().get()
+    }
+
     /// Reads what this replica has applied, without asking anyone (may be behind the leader).
     pub fn read_stale<T>(&self, f: impl FnOnce(&Applied<M>) -> T) -> T {
         self.machine.read(f)
@@ -542,18 +573,15 @@ impl<M: StateMachine> Replica<M> {
     ) -> Result<T, ReadError> {
         let status = self.status();
         let read_index = match (status.role, status.leader_addr) {
-            (Role::Leader, _) => self
-                .raft
-                .get_read_log_id()
-                .await
-                .map_err(ReadError::from_leader_check)?
-                .0
-                .map(|id| id.index),
+            (Role::Leader, _) => self.reads.read_index(None).await?,
             (Role::Shutdown, _) => {
                 return Err(ReadError::Stopped(status.stopped.unwrap_or_default()));
             }
             (_, None) => return Err(ReadError::NoLeader),
-            (_, Some(addr)) => self.channels.read_index(&addr, timeout).await?,
+            (_, Some(addr)) => {
+                let request = self.reads.request();
+                self.channels.read_index(&addr, &request, timeout).await?
+            }
         };
         if let Some(index) = read_index {
             self.wait_applied(index, timeout)

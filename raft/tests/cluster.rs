@@ -67,6 +67,15 @@ async fn three_replicas_elect_replicate_forward_and_survive_leader_shutdown() {
         .await
         .unwrap();
     assert_eq!(seen, Some(60));
+    // And on the leader. Both read indexes were confirmed from the saved votes (the follower
+    // vouched for the leader, and the leader asked one follower), none by openraft's check.
+    let seen = cluster
+        .replica(leader)
+        .read_linearizable(DEADLINE, |a| a.machine.map.get("k").map(Vec::len))
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(60));
+    assert_eq!(cluster.replica(leader).read_index_counts(), (2, 0));
 
     // The leader goes away; the others elect a new one and keep taking writes.
     let old_term = status.term;

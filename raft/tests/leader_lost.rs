@@ -22,8 +22,10 @@ use docket_raft::ReplicaId;
 use docket_raft::kv::{KvCommand, KvMachine};
 use docket_raft::network::{ChannelMaker, Channels, NetworkConfig};
 use docket_raft::proposer::WriteError;
+use docket_raft::read_index::ConfirmLeaderRequest;
 use docket_raft::replica::{Replica, ReplicaConfig, ServerHandle};
 use docket_raft::status::Role;
+use openraft::LeaderId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -292,4 +294,76 @@ async fn a_silent_leader_is_replaced_as_its_lease_ends() {
     cluster.cut(old, false);
     let leader = cluster.leader(&[1, 2, 3]).await;
     assert_ne!(leader, old);
+}
+
+/// A leader cut off from the others still holds its saved vote, has applied its own entries
+/// and believes it leads for a while: only the quorum of saved votes stops it from naming a
+/// read index that misses what the new leader acknowledged. Its read fails; the new side reads
+/// the new write, confirmed from the saved votes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_names_no_read_index_that_misses_a_newer_leaders_write() {
+    let cluster = LinkedCluster::start().await;
+    let old = cluster.leader(&[1, 2, 3]).await;
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let read = |id: u64| {
+        cluster.replicas[&id].read_linearizable(Duration::from_secs(2), |a| {
+            a.machine.map.get("k").cloned().unwrap_or_default()
+        })
+    };
+    cluster.replicas[&old]
+        .write_one(append("before"))
+        .await
+        .unwrap();
+    assert_eq!(
+        within("a read on the leader", read(old)).await.unwrap(),
+        ["before"]
+    );
+    assert_eq!(cluster.replicas[&old].read_index_counts(), (1, 0));
+
+    let old_leadership = LeaderId::new(cluster.replicas[&old].status().term, ReplicaId(old));
+    cluster.cut(old, true);
+    let new = cluster.leader(&others).await;
+    cluster.replicas[&new]
+        .write_one(append("after"))
+        .await
+        .unwrap();
+    // Asked directly, the new side's voters hold the new leadership and not the old one.
+    let new_leadership = LeaderId::new(cluster.replicas[&new].status().term, ReplicaId(new));
+    let direct = Channels::tcp(NetworkConfig::default());
+    let ask = |to: u64, leadership| ConfirmLeaderRequest {
+        to: ReplicaId(to),
+        leadership,
+    };
+    let ttl = Duration::from_secs(2);
+    for id in &others {
+        let addr = cluster.replicas[id].addr();
+        let held = direct
+            .confirm_leader(addr, &ask(*id, new_leadership), ttl)
+            .await;
+        assert!(held, "replica {id}");
+        let held = direct
+            .confirm_leader(addr, &ask(*id, old_leadership), ttl)
+            .await;
+        assert!(!held, "replica {id} holds the old leadership");
+        // Asked as another voter, it does not answer for that one.
+        let other = (1..=3).find(|o| o != id).unwrap();
+        let held = direct
+            .confirm_leader(addr, &ask(other, new_leadership), ttl)
+            .await;
+        assert!(!held, "replica {id} answered as replica {other}");
+    }
+    let (votes_before, _) = cluster.replicas[&old].read_index_counts();
+    let stale = within("a read on the cut-off leader", read(old)).await;
+    assert!(stale.is_err(), "the cut-off leader served {stale:?}");
+    assert_eq!(
+        cluster.replicas[&old].read_index_counts().0,
+        votes_before,
+        "no quorum of saved votes confirmed the cut-off leader"
+    );
+    for id in &others {
+        let seen = within("a read on the new side", read(*id)).await.unwrap();
+        assert_eq!(seen, ["before", "after"], "replica {id}");
+    }
+    assert!(cluster.replicas[&new].read_index_counts().0 >= 2);
+    cluster.cut(old, false);
 }

@@ -39,6 +39,7 @@ use crate::ids::{ReplicaAddr, ReplicaId};
 use crate::machine::StateMachine;
 use crate::proposer::WriteError;
 use crate::read::ReadError;
+use crate::read_index::{ConfirmLeaderRequest, ReadIndexRequest};
 use crate::status::ReplicaStatus;
 use crate::types::{RaftError, RpcError, TypeConfig};
 
@@ -142,14 +143,19 @@ impl Channels {
 }
 
 impl Channels {
-    /// Asks the leader at `addr` for the read index (see [`crate::read`]).
-    pub async fn read_index(&self, addr: &str, ttl: Duration) -> Result<Option<u64>, ReadError> {
+    /// Asks the leader at `addr` for the read index (see [`crate::read_index`]).
+    pub async fn read_index(
+        &self,
+        addr: &str,
+        request: &ReadIndexRequest,
+        ttl: Duration,
+    ) -> Result<Option<u64>, ReadError> {
         let unreachable = |message: String| ReadError::LeaderUnreachable {
             addr: addr.to_owned(),
             message,
         };
         let mut client = self.client(addr).map_err(unreachable)?;
-        let data = encode(&()).map_err(|e| unreachable(e.to_string()))?;
+        let data = encode(request).map_err(|e| unreachable(e.to_string()))?;
         let reply = match tokio::time::timeout(ttl, client.read_index(RaftPayload { data })).await {
             Err(_) => return Err(unreachable(format!("no answer within {ttl:?}"))),
             Ok(Err(status)) => return Err(unreachable(status.to_string())),
@@ -157,6 +163,31 @@ impl Channels {
         };
         decode::<Result<Option<u64>, ReadError>>(&reply.data)
             .map_err(|e| unreachable(format!("malformed answer: {e}")))?
+    }
+
+    /// Whether the replica at `addr` answers, within `ttl`, that it is `request.to` and its
+    /// saved vote holds `request.leadership` ([`crate::read_index`]). Any failure is a no.
+    pub async fn confirm_leader(
+        &self,
+        addr: &str,
+        request: &ConfirmLeaderRequest,
+        ttl: Duration,
+    ) -> bool {
+        let answer = async {
+            let mut client = self.client(addr)?;
+            let data = encode(request).map_err(|e| e.to_string())?;
+            let call = client.confirm_leader(RaftPayload { data });
+            let reply = match tokio::time::timeout(ttl, call).await {
+                Err(_) => return Err(format!("no answer within {ttl:?}")),
+                Ok(Err(status)) => return Err(status.to_string()),
+                Ok(Ok(reply)) => reply.into_inner(),
+            };
+            decode::<bool>(&reply.data).map_err(|e| format!("malformed answer: {e}"))
+        };
+        answer.await.unwrap_or_else(|e| {
+            tracing::debug!(%addr, error = %e, "no confirmation of the leadership");
+            false
+        })
     }
 
     /// Whether the replica at `addr` is certainly gone: a connection to it is refused or

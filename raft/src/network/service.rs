@@ -21,7 +21,7 @@ use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
 use crate::machine_store::MachineStore;
 use crate::proposer::Proposer;
-use crate::read::ReadError;
+use crate::read_index::{ConfirmLeaderRequest, ReadIndexRequest, ReadIndexer};
 use crate::status::ReplicaStatus;
 use crate::types::Raft;
 
@@ -36,6 +36,8 @@ pub struct RaftGrpc<M: StateMachine> {
     app_version: Option<u16>,
     /// Commit indexes of accepted appends, for [`crate::election_gate`].
     commit_seen: CommitSeen,
+    /// Names read indexes and answers for this replica's vote ([`crate::read_index`]).
+    reads: ReadIndexer<M>,
     /// Whether every call but `Status` must come with the replica its transport proved.
     proof: PeerProof,
     /// The snapshot being received and how many of its bytes arrived, so a chunk past them
@@ -55,6 +57,7 @@ pub struct ServiceParts<M: StateMachine> {
     pub app_version: Option<u16>,
     /// Commit indexes of accepted appends, for [`crate::election_gate`].
     pub commit_seen: CommitSeen,
+    pub reads: ReadIndexer<M>,
 }
 
 impl<M: StateMachine> std::fmt::Debug for ServiceParts<M> {
@@ -95,6 +98,7 @@ impl<M: StateMachine> RaftGrpc<M> {
             status_page: parts.status_page,
             app_version: parts.app_version,
             commit_seen: parts.commit_seen,
+            reads: parts.reads,
             proof,
             receiving: Arc::default(),
         })
@@ -331,13 +335,26 @@ impl<M: StateMachine> RaftRpc for RaftGrpc<M> {
     }
 
     async fn read_index(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        self.proven("ReadIndex", &req)?;
-        let () = request("ReadIndex", req)?;
-        let answer: Result<Option<u64>, ReadError> = match self.raft.get_read_log_id().await {
-            Ok((read_log_id, _applied)) => Ok(read_log_id.map(|id| id.index)),
-            Err(e) => Err(ReadError::from_leader_check(e)),
+        let proven = self.proven("ReadIndex", &req)?;
+        // An empty request is a replica that vouches for nobody.
+        let vouch: Option<ReadIndexRequest> = if req.get_ref().data.is_empty() {
+            None
+        } else {
+            Some(request("ReadIndex", req)?)
         };
-        reply("ReadIndex", &answer)
+        if let Some(v) = &vouch {
+            speaks_for_itself("ReadIndex", proven, v.from)?;
+        }
+        reply("ReadIndex", &self.reads.read_index(vouch.as_ref()).await)
+    }
+
+    async fn confirm_leader(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.proven("ConfirmLeader", &req)?;
+        let asked: ConfirmLeaderRequest = request("ConfirmLeader", req)?;
+        reply("ConfirmLeader", &self.reads.confirms(&asked))
     }
 
     async fn status(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
