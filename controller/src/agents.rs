@@ -613,6 +613,13 @@ impl Agents for AgentsService {
         }
         let id = {
             let mut hub = self.hub.lock();
+            // Elected, but the dispatcher has not yet taken up the leadership, which starts
+            // with no sessions: a session made now would be dropped with the others.
+            if hub.leader_since.is_none() {
+                return Err(Status::unavailable(
+                    "this replica has just been elected and is taking up its agents; retry",
+                ));
+            }
             hub.next_session += 1;
             let id = format!("{}-{}", self.hub.replica.status().term, hub.next_session);
             hub.sessions.insert(

@@ -62,8 +62,10 @@ pub enum OpenError {
 struct Shared<M> {
     applied: RwLock<Applied<M>>,
     /// A copy of `applied.last_applied`, set before the lock is released: readable while a
-    /// long reader holds the machine and a writer waits (a read index needs only this).
-    last_applied: Mutex<Option<LogId>>,
+    /// long reader holds the machine and a writer waits, and waited on by a read for its
+    /// read index, which then wakes as the entry is applied, not when openraft's core next
+    /// publishes its metrics (between log flushes).
+    last_applied: tokio::sync::watch::Sender<Option<LogId>>,
     db: Arc<DataDir>,
     snapshots: SnapshotDir,
     /// The current snapshot's metadata. Also serialises making a snapshot current.
@@ -162,7 +164,7 @@ impl<M: StateMachine> MachineStore<M> {
                     last_applied,
                     membership,
                 }),
-                last_applied: Mutex::new(last_applied),
+                last_applied: tokio::sync::watch::Sender::new(last_applied),
                 db,
                 snapshots,
                 current: Mutex::new(meta),
@@ -197,19 +199,18 @@ impl<M: StateMachine> MachineStore<M> {
 
     /// The last log entry applied, without waiting for the machine's lock.
     pub fn last_applied(&self) -> Option<LogId> {
-        *self
-            .shared
-            .last_applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        *self.shared.last_applied.borrow()
+    }
+
+    /// Waits until log index `index` is applied; false if `timeout` passed first.
+    pub async fn wait_applied(&self, index: u64, timeout: std::time::Duration) -> bool {
+        let mut applied = self.shared.last_applied.subscribe();
+        let reached = applied.wait_for(|id| id.is_some_and(|id| id.index >= index));
+        matches!(tokio::time::timeout(timeout, reached).await, Ok(Ok(_)))
     }
 
     fn set_last_applied(&self, log_id: Option<LogId>) {
-        *self
-            .shared
-            .last_applied
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = log_id;
+        self.shared.last_applied.send_replace(log_id);
     }
 
     fn write_guard(&self) -> RwLockWriteGuard<'_, Applied<M>> {

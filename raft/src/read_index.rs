@@ -24,21 +24,28 @@
 //!    be behind what it acknowledged. So while it holds the leadership it reopened with, the
 //!    read index is at least the log's last index at reopening ([`Reopened`]), here and on
 //!    openraft's path, which has the same gap.
-//! 3. **A quorum of voters still holds that vote**, each checked after 1 and 2: the leader
-//!    itself, the follower that asks (it reads its own saved vote when the read begins and
-//!    sends it along), and, only if those are not a quorum, the other voters asked with
+//! 3. **A quorum of voters still holds that vote**, each checked after the read began: the
+//!    leader itself, the follower that asks (it reads its own saved vote when the read begins
+//!    and sends it along), and, only if those are not a quorum, the other voters asked with
 //!    `ConfirmLeader`. Votes never go back, and any later leader needed votes from a quorum,
 //!    which meets this one: none was elected before the read began.
 //!
 //! The quorum is counted in the membership openraft publishes, and only when no membership
 //! entry this replica appended is newer ([`crate::log_store::MembershipEntries`]); a joint
-//! membership needs a quorum of each half. A voter asked names itself in its answer's request
-//! (`to`), so one process cannot answer for two voters. With three replicas a read on a
+//! membership needs a quorum of each half. A voter answers only a request that names it
+//! (`to`), so a replica reached at another voter's address does not answer for that voter.
+//! (The transport proves that a replica answers, not which one: a process holding one
+//! replica's certificate at another's address could still answer as it, as it could answer
+//! openraft's appends.) With three replicas a read on a
 //! follower needs no RPC beyond its request to the leader, and a read on the leader the first
 //! of the other two voters' confirmations. Whatever
 //! falls short (a new leader that has not applied its first entry, a membership change in
 //! flight, voters that do not answer within a heartbeat) falls back to openraft's check,
-//! which is slower and always right.
+//! which is slower, and is right once floored for a restarted leader as in step 2.
+//!
+//! Not done: reads that arrive together each run their own confirmation round, where one
+//! round begun after all of them could serve them all (Ongaro §6.4). A read on a follower
+//! needs no round with three replicas; one on the leader asks the other voters.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -226,19 +233,20 @@ impl<M: StateMachine> ReadIndexer<M> {
             self.counts.by_votes.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(index));
         }
+        // openraft's check has the restarted leader's gap too (module doc, step 2). The floor
+        // is taken before the check: a vote saved after it (a newer leadership) must not
+        // lift the floor from a read index the check confirmed in the old one.
+        let floor = persisted_vote(&self.db)
+            .ok()
+            .flatten()
+            .and_then(|vote| self.reopened.floor(vote.leader_id()));
         let (read_log_id, _applied) = self
             .raft
             .get_read_log_id()
             .await
             .map_err(ReadError::from_leader_check)?;
         self.counts.by_openraft.fetch_add(1, Ordering::Relaxed);
-        let index = read_log_id.map(|id| id.index);
-        // openraft's check has the restarted leader's gap too (module doc, step 2).
-        let floor = persisted_vote(&self.db)
-            .ok()
-            .flatten()
-            .and_then(|vote| self.reopened.floor(vote.leader_id()));
-        Ok(index.max(floor))
+        Ok(read_log_id.map(|id| id.index).max(floor))
     }
 
     /// Steps 1 and 2 of the module doc: this replica leads, by its saved vote, and has

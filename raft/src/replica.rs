@@ -583,13 +583,15 @@ impl<M: StateMachine> Replica<M> {
                 self.channels.read_index(&addr, &request, timeout).await?
             }
         };
-        if let Some(index) = read_index {
-            self.wait_applied(index, timeout)
-                .await
-                .map_err(|_| ReadError::Lagging {
-                    index,
-                    timeout_ms: timeout.as_millis() as u64,
-                })?;
+        // On the machine's own record of what it applied, not openraft's metrics, which its
+        // core publishes only between log flushes.
+        if let Some(index) = read_index
+            && !self.machine.wait_applied(index, timeout).await
+        {
+            return Err(ReadError::Lagging {
+                index,
+                timeout_ms: timeout.as_millis() as u64,
+            });
         }
         Ok(self.machine.read(f))
     }
