@@ -272,3 +272,92 @@ async fn sighup_reloads_a_servers_certificate_at_once() {
     }
     watch.abort();
 }
+
+/// The handshake kind of one connection to `addr` with `config` (after one byte each way,
+/// so a server's session tickets, sent after the handshake, have been read).
+async fn handshake_kind(
+    addr: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> rustls::HandshakeKind {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = connector.connect(name, tcp).await.unwrap();
+    stream.write_all(b"x").await.unwrap();
+    let mut b = [0u8; 1];
+    stream.read_exact(&mut b).await.unwrap();
+    stream.get_ref().1.handshake_kind().unwrap()
+}
+
+/// A server of `config` on a fresh port, echoing one byte per connection: a rustls
+/// configuration of the test's own, not the daemons'.
+async fn echo_server_with(config: std::sync::Arc<rustls::ServerConfig>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut b = [0u8; 1];
+                if stream.read_exact(&mut b).await.is_ok() {
+                    let _ = stream.write_all(&b).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// No session is resumed: a server sends no tickets and keeps no sessions, so even a client
+/// that would resume makes a full handshake, verified by the configuration in force; and the
+/// daemons' and commands' clients never try, even with a server that offers tickets.
+#[tokio::test]
+async fn every_connection_makes_a_full_handshake() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let replica = TlsContext::load(ours.issue(&Role::Replica(1), &localhost).unwrap()).unwrap();
+    let server = replica.server_config().unwrap();
+    let addr = echo_server(replica).await;
+    let anonymous = TlsContext::load(ours.anonymous()).unwrap();
+    let node = TlsContext::load(ours.issue(&Role::Node("n01".into()), &[]).unwrap()).unwrap();
+
+    // A client that would resume, with rustls' default cache.
+    let mut resuming = (*anonymous.client_config()).clone();
+    resuming.resumption = rustls::client::Resumption::default();
+    let resuming = std::sync::Arc::new(resuming);
+
+    // rustls' defaults resume: a server sending tickets, and the client above.
+    let mut offering = (*server).clone();
+    offering.send_tls13_tickets = 2;
+    offering.session_storage = rustls::server::ServerSessionMemoryCache::new(64);
+    let offering = echo_server_with(std::sync::Arc::new(offering)).await;
+    assert_eq!(
+        handshake_kind(&offering, resuming.clone()).await,
+        rustls::HandshakeKind::Full
+    );
+    assert_eq!(
+        handshake_kind(&offering, resuming.clone()).await,
+        rustls::HandshakeKind::Resumed,
+        "the check must see a resumption where there is one"
+    );
+
+    // Our server offers nothing to resume.
+    for _ in 0..3 {
+        let kind = handshake_kind(&addr, resuming.clone()).await;
+        assert_eq!(kind, rustls::HandshakeKind::Full);
+    }
+    // Our clients, anonymous and a node's, resume nothing, even where it is offered.
+    for config in [anonymous.client_config(), node.client_config()] {
+        for at in [&addr, &offering, &offering] {
+            assert_eq!(
+                handshake_kind(at, config.clone()).await,
+                rustls::HandshakeKind::Full
+            );
+        }
+    }
+}

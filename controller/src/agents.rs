@@ -291,9 +291,10 @@ impl AgentHub {
     /// A dispatch round runs when something may have changed what an agent should run: a
     /// command committed (the state machine wakes it), an agent registered or opened its
     /// stream, or a step was created. Between them, a round every `LIVENESS_PERIOD` finds
-    /// silent nodes. Raft's metrics only tell when leadership changes.
+    /// silent nodes. Raft's server metrics only tell when leadership changes (not the whole
+    /// metrics, published after every message openraft handles).
     pub async fn run(self) {
-        let mut metrics = self.replica.raft().metrics();
+        let mut metrics = self.replica.raft().server_metrics();
         loop {
             let leading = metrics.borrow_and_update().state == openraft::ServerState::Leader;
             let became = {
@@ -323,8 +324,8 @@ impl AgentHub {
             if became {
                 self.tick().await;
             }
-            // Rounds until leadership may have changed. An interval, not a sleep: Raft's
-            // metrics change at every heartbeat and would restart a sleep for ever.
+            // Rounds until leadership may have changed. An interval, not a sleep: a change of
+            // the server metrics that leaves this replica leading must not restart it.
             let mut liveness = tokio::time::interval(LIVENESS_PERIOD);
             liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -103,7 +103,8 @@ pub struct LoopContext {
 /// Runs forever: waits for leadership, schedules while leading.
 pub async fn run(ctx: LoopContext) {
     let leading = Arc::new(AtomicBool::new(false));
-    let mut metrics = ctx.replica.raft().metrics();
+    // The server metrics: the leader, the role and the vote, published when they change.
+    let mut metrics = ctx.replica.raft().server_metrics();
     let mut last_leader = None;
     loop {
         let is_leader = {
@@ -118,7 +119,7 @@ pub async fn run(ctx: LoopContext) {
                         .leader_seen(crate::stats::LeaderSeen {
                             at_ms: docket_proto::unix_ms(),
                             leader: leader.0,
-                            term: m.current_term,
+                            term: m.vote.leader_id().term,
                         });
                 }
             }

@@ -111,7 +111,9 @@ pub fn may_campaign(last_log_index: Option<u64>, committed: Option<u64>) -> bool
 
 /// Keeps `raft`'s elections enabled exactly while the replica leads, or [`may_campaign`]
 /// holds and it has heard from a leader or started more than `grace` ago; checked on every
-/// change of its metrics and every `every`. Ends with the replica.
+/// change of its role, vote, leader or membership and every `every` (a follower catching up
+/// is seen within `every`: waking on every change of the whole metrics cost a wake-up of this
+/// task per message openraft handles). Ends with the replica.
 pub fn spawn<M: StateMachine>(
     raft: Raft<M>,
     seen: CommitSeen,
@@ -120,11 +122,13 @@ pub fn spawn<M: StateMachine>(
 ) -> JoinHandle<()> {
     let started = tokio::time::Instant::now();
     tokio::spawn(async move {
-        let mut metrics = raft.metrics();
+        let mut server = raft.server_metrics();
+        let metrics = raft.metrics();
         let mut enabled = true;
         loop {
+            server.mark_unchanged();
             let (state, last, voters) = {
-                let m = metrics.borrow_and_update();
+                let m = metrics.borrow();
                 (
                     m.state,
                     m.last_log_index,
@@ -151,7 +155,7 @@ pub fn spawn<M: StateMachine>(
                 }
             }
             tokio::select! {
-                changed = metrics.changed() => {
+                changed = server.changed() => {
                     if changed.is_err() {
                         return;
                     }

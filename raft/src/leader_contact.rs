@@ -82,6 +82,12 @@ impl LeaderContact {
         }
     }
 
+    /// How often a wait that gives up on a lost leader looks again: nothing wakes it when
+    /// acknowledgements or appends stop coming, so it looks four times a lease.
+    pub fn recheck_every(&self) -> Duration {
+        (self.lease / 4).max(Duration::from_millis(10))
+    }
+
     /// Whether the leader is lost, as `metrics` and the last contact say now.
     pub fn lost_now(&self, metrics: &RaftMetrics) -> bool {
         lost(self.view(metrics), self.lease)
@@ -89,7 +95,8 @@ impl LeaderContact {
 }
 
 /// Returns once a forward to `leader`, sent in `term`, should be given up: the term
-/// moved on or another leader is known. Checked on every change of the metrics. Silence
+/// moved on or another leader is known. Checked on every change of the server metrics
+/// (the vote, the role, the leader; the term is the saved vote's). Silence
 /// alone is no reason: on a host too loaded to deliver heartbeats in time the forward
 /// would most likely still succeed, and giving it up leaves its client an unknown
 /// outcome; an election, which does follow a real loss, changes the term.
@@ -98,12 +105,13 @@ pub async fn forward_abandoned(
     leader: Option<ReplicaId>,
     term: u64,
 ) -> String {
-    let mut metrics = raft.metrics();
+    let mut metrics = raft.server_metrics();
     loop {
         {
             let m = metrics.borrow_and_update();
-            if m.current_term != term {
-                return format!("the term moved on from {term} to {}", m.current_term);
+            let now = m.vote.leader_id().term;
+            if now != term {
+                return format!("the term moved on from {term} to {now}");
             }
             if m.current_leader != leader {
                 return format!(

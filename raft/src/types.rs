@@ -87,3 +87,9 @@ pub type RaftError<E = openraft::error::Infallible> = openraft::error::RaftError
 pub type RpcError<E = openraft::error::Infallible> =
     openraft::error::RPCError<ReplicaId, ReplicaAddr, RaftError<E>>;
 pub type RaftMetrics = openraft::RaftMetrics<ReplicaId, ReplicaAddr>;
+/// The part of [`RaftMetrics`] that changes only with the vote, the role, the leader or the
+/// membership. Tasks that wait for those subscribe to it: openraft publishes the whole
+/// [`RaftMetrics`] after every message its core handles (several per entry, on every
+/// replica), and each publication wakes every task waiting on it, where this one is
+/// published only when it differs.
+pub type ServerMetrics = openraft::metrics::RaftServerMetrics<ReplicaId, ReplicaAddr>;

@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, tuning};
@@ -29,12 +29,14 @@ use openraft::LeaderId;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// A relay to `upstream` that stops moving bytes (and holds new connections) while frozen.
-async fn link(upstream: String, frozen: Arc<AtomicBool>) -> String {
+/// A relay to `upstream` that stops moving bytes (and holds new connections) while frozen,
+/// counting the connections made through it in `dialed`.
+async fn link(upstream: String, frozen: Arc<AtomicBool>, dialed: Arc<AtomicUsize>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         while let Ok((inbound, _)) = listener.accept().await {
+            dialed.fetch_add(1, Ordering::SeqCst);
             let (upstream, frozen) = (upstream.clone(), frozen.clone());
             tokio::spawn(async move {
                 while frozen.load(Ordering::SeqCst) {
@@ -80,6 +82,8 @@ struct LinkedCluster {
     _servers: Vec<ServerHandle>,
     /// The switch of the link from one replica to another.
     links: BTreeMap<(u64, u64), Arc<AtomicBool>>,
+    /// How many connections each link has carried.
+    dialed: BTreeMap<(u64, u64), Arc<AtomicUsize>>,
     /// Declared last, so dropped last: after the replicas whose data it holds.
     _dir: tempfile::TempDir,
 }
@@ -96,7 +100,7 @@ impl LinkedCluster {
             .iter()
             .map(|(id, (a, _))| (*id, a.clone()))
             .collect();
-        let mut links = BTreeMap::new();
+        let (mut links, mut dialed) = (BTreeMap::new(), BTreeMap::new());
         let (mut replicas, mut servers) = (BTreeMap::new(), Vec::new());
         for (id, (addr, listener)) in listeners {
             // Replica `id` reaches the others' addresses through its own links to them.
@@ -104,11 +108,13 @@ impl LinkedCluster {
             for (other, other_addr) in &addrs {
                 if *other != id {
                     let frozen = Arc::new(AtomicBool::new(false));
+                    let count = Arc::new(AtomicUsize::new(0));
                     via.insert(
                         other_addr.clone(),
-                        link(other_addr.clone(), frozen.clone()).await,
+                        link(other_addr.clone(), frozen.clone(), count.clone()).await,
                     );
                     links.insert((id, *other), frozen);
+                    dialed.insert((id, *other), count);
                 }
             }
             let maker: ChannelMaker = Arc::new(move |target: &str| {
@@ -142,6 +148,7 @@ impl LinkedCluster {
             replicas,
             _servers: servers,
             links,
+            dialed,
         }
     }
 
@@ -190,6 +197,27 @@ async fn within<T>(what: &str, write: impl std::future::Future<Output = T>) -> T
     tokio::time::timeout(DEADLINE, write)
         .await
         .unwrap_or_else(|_| panic!("{what} still hung after {DEADLINE:?}"))
+}
+
+/// A follower opens its connection to the leader as soon as it follows it, before it has
+/// anything to pass on: the first read or write it forwards does not wait for a handshake.
+/// Nothing else makes a follower dial its leader while the leader is heard (the leader dials
+/// the followers for its appends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_connects_to_its_leader_before_it_passes_anything_on() {
+    let cluster = LinkedCluster::start().await;
+    let leader = cluster.leader(&[1, 2, 3]).await;
+    let start = Instant::now();
+    for follower in (1..=3).filter(|id| *id != leader) {
+        let dialed = &cluster.dialed[&(follower, leader)];
+        while dialed.load(Ordering::SeqCst) == 0 {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "replica {follower} never connected to its leader {leader}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

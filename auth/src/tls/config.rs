@@ -11,6 +11,13 @@
 //! [`TlsContext::reload`] re-reads the files (a bad new set is refused and the old one kept),
 //! and [`TlsContext::watch`] reloads on SIGHUP and whenever the files change. New connections
 //! use the new material; established ones keep theirs until they close.
+//!
+//! Sessions are never resumed: every connection makes a full handshake and every peer is
+//! verified by the configuration in force when it connects. Resumption would buy nothing
+//! here: replicas and agents keep their connections for hours, and a command is a new
+//! process with an empty session cache. Yet a server left at rustls' default made and sent
+//! two session tickets after every handshake, which each `sbatch` then decrypted and stored
+//! for nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -172,6 +179,7 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
         None => client_builder.with_no_client_auth(),
     };
     client.alpn_protocols = vec![b"h2".to_vec()];
+    client.resumption = rustls::client::Resumption::disabled();
     let server = match &identity {
         Some((chain, key, _)) => {
             let verifier =
@@ -186,6 +194,8 @@ fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
                 .with_single_cert(chain.clone(), key.clone_key())
                 .map_err(rustls_error)?;
             server.alpn_protocols = vec![b"h2".to_vec()];
+            server.send_tls13_tickets = 0;
+            server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
             Some(Arc::new(server))
         }
         None => None,
@@ -255,6 +265,7 @@ impl TlsContext {
             )))
             .with_no_client_auth();
         client.alpn_protocols = vec![b"h2".to_vec()];
+        client.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(client))
     }
 
