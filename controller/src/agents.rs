@@ -292,7 +292,7 @@ impl AgentHub {
     /// command committed (the state machine wakes it), an agent registered or opened its
     /// stream, or a step was created. Between them, a round every `LIVENESS_PERIOD` finds
     /// silent nodes. Raft's server metrics only tell when leadership changes (not the whole
-    /// metrics, published after every message openraft handles).
+    /// metrics, published at every turn of openraft's core).
     pub async fn run(self) {
         let mut metrics = self.replica.raft().server_metrics();
         loop {

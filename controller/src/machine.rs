@@ -156,12 +156,25 @@ impl StateMachine for CoreMachine {
     }
 
     fn write_snapshot(&self, out: &mut dyn io::Write) -> io::Result<()> {
-        let bytes = self.state.to_snapshot().map_err(io::Error::other)?;
-        out.write_all(MAGIC)?;
-        out.write_all(&FORMAT.to_be_bytes())?;
-        out.write_all(&(bytes.len() as u64).to_be_bytes())?;
-        out.write_all(&bytes)?;
-        out.write_all(&[u8::from(self.archive.is_some())])
+        write_queue(&self.state, self.archive.is_some(), out)
+    }
+
+    /// The queue shares its jobs with a copy ([`State::snapshot_copy`]), so the copy is taken
+    /// under the lock and encoded after it: with 240,000 jobs the encoding held the lock, and
+    /// so every apply, for 0.2–0.3 s.
+    fn freeze_snapshot(&self) -> io::Result<Option<SnapshotTail>> {
+        let state = self.state.snapshot_copy();
+        let archived = self.archive.is_some();
+        let tail = self.snapshot_tail()?;
+        Ok(Some(Box::new(move |out: &mut dyn io::Write| {
+            write_queue(&state, archived, out)?;
+            // Shares nothing from here on: changes to the queue copy no more jobs.
+            drop(state);
+            match tail {
+                Some(tail) => tail(out),
+                None => Ok(()),
+            }
+        })))
     }
 
     fn snapshot_tail(&self) -> io::Result<Option<SnapshotTail>> {
@@ -222,6 +235,17 @@ impl StateMachine for CoreMachine {
 
 fn invalid(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+/// The machine's part of a snapshot: the queue `state` (its magic, format and length, then
+/// the state in its own format), then whether the archive's records follow.
+fn write_queue(state: &State, archived: bool, out: &mut dyn io::Write) -> io::Result<()> {
+    let bytes = state.to_snapshot().map_err(io::Error::other)?;
+    out.write_all(MAGIC)?;
+    out.write_all(&FORMAT.to_be_bytes())?;
+    out.write_all(&(bytes.len() as u64).to_be_bytes())?;
+    out.write_all(&bytes)?;
+    out.write_all(&[u8::from(archived)])
 }
 
 /// The queue a snapshot holds: its magic, format and length, then the state.
@@ -378,6 +402,47 @@ mod tests {
             tail(&mut bytes).unwrap();
         }
         bytes
+    }
+
+    /// What the machine store writes after the lock is released is the snapshot as it was
+    /// when the machine froze it, archive included, whatever is applied meanwhile.
+    #[test]
+    fn a_frozen_snapshot_is_the_snapshot_at_the_freeze() {
+        use crate::archive::tests::{finished, held_job, ids};
+        use docket_core::job::{JobRef, JobState};
+        let dir = tempfile::tempdir().unwrap();
+        let (state, job, _) = held_job();
+        let mut m = CoreMachine::with_archive(state, sink(dir.path(), "a"));
+        let archive = m.archive.clone().unwrap().archive;
+        archive.put(1, &finished([1, 2])).unwrap();
+        let whole = snapshot_of(&m);
+        let frozen = m
+            .freeze_snapshot()
+            .unwrap()
+            .expect("the controller's machine freezes its snapshots");
+
+        // After the freeze: the held job is cancelled, and the archive takes a record more.
+        let cancel = Command::CancelJobs {
+            jobs: vec![JobRef { job, task: None }],
+        };
+        m.apply(ctx(1_000, 0), Envelope::controller(cancel))
+            .unwrap();
+        assert_eq!(m.state.jobs[&job].state, JobState::Cancelled);
+        archive
+            .put(core_position(1_000, 1), &finished([3]))
+            .unwrap();
+        assert_eq!(ids(&archive), [1, 2, 3]);
+        assert_ne!(snapshot_of(&m), whole, "the state changed");
+
+        let mut bytes = Vec::new();
+        frozen(&mut bytes).unwrap();
+        assert_eq!(
+            bytes, whole,
+            "the frozen snapshot is the state at the freeze"
+        );
+        let mut restored = CoreMachine::new(State::new(SchedConfig::default()));
+        restored.restore(&mut bytes.as_slice()).unwrap();
+        assert_eq!(restored.state.jobs[&job].state, JobState::Pending);
     }
 
     #[test]

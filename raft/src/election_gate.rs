@@ -113,7 +113,7 @@ pub fn may_campaign(last_log_index: Option<u64>, committed: Option<u64>) -> bool
 /// holds and it has heard from a leader or started more than `grace` ago; checked on every
 /// change of its role, vote, leader or membership and every `every` (a follower catching up
 /// is seen within `every`: waking on every change of the whole metrics cost a wake-up of this
-/// task per message openraft handles). Ends with the replica.
+/// task at every turn of openraft's core). Ends with the replica.
 pub fn spawn<M: StateMachine>(
     raft: Raft<M>,
     seen: CommitSeen,
@@ -126,15 +126,16 @@ pub fn spawn<M: StateMachine>(
         let metrics = raft.metrics();
         let mut enabled = true;
         loop {
-            server.mark_unchanged();
-            let (state, last, voters) = {
-                let m = metrics.borrow();
+            // Role and voters from the server metrics, which may be newer than the whole
+            // metrics that wake nothing here (openraft publishes them first).
+            let (state, voters) = {
+                let m = server.borrow_and_update();
                 (
                     m.state,
-                    m.last_log_index,
                     m.membership_config.membership().voter_ids().count(),
                 )
             };
+            let last = metrics.borrow().last_log_index;
             let settled = seen.heard() || started.elapsed() >= grace;
             let allow = state == ServerState::Leader
                 || voters <= 1

@@ -83,9 +83,10 @@ impl LeaderContact {
     }
 
     /// How often a wait that gives up on a lost leader looks again: nothing wakes it when
-    /// acknowledgements or appends stop coming, so it looks four times a lease.
+    /// acknowledgements or appends stop coming, so it looks eight times a lease (before, it
+    /// looked at each turn of openraft's core, which a lost leader's ticks still make).
     pub fn recheck_every(&self) -> Duration {
-        (self.lease / 4).max(Duration::from_millis(10))
+        (self.lease / 8).max(Duration::from_millis(10))
     }
 
     /// Whether the leader is lost, as `metrics` and the last contact say now.

@@ -29,7 +29,8 @@
 //!
 //! Only liveness changes: an election is safe whenever it starts. A follower the election gate
 //! keeps out ([`crate::election_gate`]) does not stand. The cost is a status request to the
-//! leader per heartbeat while it is silent.
+//! leader per heartbeat while it is silent, and one when a new leader is followed (which
+//! opens the connection reads and writes are passed on over).
 
 use std::time::Duration;
 
@@ -42,7 +43,7 @@ use crate::election_gate::CommitSeen;
 use crate::machine::StateMachine;
 use crate::network::Channels;
 use crate::network::client::Probe;
-use crate::types::{Raft, RaftMetrics};
+use crate::types::{Raft, ServerMetrics};
 
 /// When a follower of rank `rank` among the voters that may stand does so, having last heard
 /// from its leader at `heard_at`: once the lease renewed then has run out, plus a margin, plus
@@ -108,8 +109,10 @@ struct View {
 }
 
 impl View {
-    /// The view of metrics `m`.
-    fn of(m: &RaftMetrics) -> Self {
+    /// The view of server metrics `m` and the last log index `last`. (openraft publishes its
+    /// server metrics just before its whole metrics: woken by the former, the latter may
+    /// still be the previous ones, so role, vote and leader come from the server metrics.)
+    fn of(m: &ServerMetrics, last: Option<u64>) -> Self {
         let membership = m.membership_config.membership();
         let leader = m.current_leader;
         let addr = leader
@@ -134,14 +137,14 @@ impl View {
         View {
             state: m.state,
             me: m.id,
-            term: m.current_term,
+            term: m.vote.leader_id().term,
             vote: *m.vote.leader_id(),
             leader,
             addr,
             rank,
             ahead,
             others,
-            last: m.last_log_index,
+            last,
         }
     }
 }
@@ -150,7 +153,7 @@ impl<M: StateMachine> Watch<M> {
     /// Looks at the leader whenever the role, the vote or the leader changes, when the
     /// leader has been silent for two heartbeats, and at least once a heartbeat, until the
     /// replica's metrics end. (Not at every change of the whole metrics: openraft publishes
-    /// them after each message its core handles, and each append woke this task.)
+    /// them at every turn of its core's loop, and each append woke this task.)
     async fn run(mut self) {
         let mut server = self.raft.server_metrics();
         let metrics = self.raft.metrics();
@@ -163,17 +166,19 @@ impl<M: StateMachine> Watch<M> {
                 }
                 () = tokio::time::sleep_until(self.next_look()) => {}
             }
-            server.mark_unchanged();
-            let view = View::of(&metrics.borrow());
+            let last = metrics.borrow().last_log_index;
+            let view = View::of(&server.borrow_and_update(), last);
             self.warm(&view);
             self.look(view).await;
         }
     }
 
-    /// Opens this replica's connection to a leader it has just come to follow, so that the
-    /// first read or write it passes on does not wait for TCP and the TLS handshake (12–21 ms
-    /// on a loaded host: the first listing after each election paid them). A status request
-    /// makes it, in a task of its own; its answer does not matter. Once per leader address.
+    /// Opens this replica's connection to a leader it has come to follow, at its first look
+    /// after the change, so that the first read or write it passes on does not wait for TCP
+    /// and the TLS handshake (12–21 ms on a loaded host: the first listing of every storm
+    /// benchmark paid them). A status request makes it, in a task of its own; its answer does
+    /// not matter. Once per leader address (a leader re-elected at the same address is
+    /// reached over the connection already made, or tonic reconnects on the first call).
     fn warm(&mut self, view: &View) {
         let (Some(leader), Some(addr)) = (view.leader, view.addr.as_ref()) else {
             return;

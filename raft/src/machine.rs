@@ -18,7 +18,9 @@
 //!   [`StateMachine::restore`] replaces the state with what such a stream holds. A machine
 //!   with a large part kept outside memory (the controller's accounting archive) captures a
 //!   consistent view of it in [`StateMachine::snapshot_tail`] and writes it after the read
-//!   lock is released, so applies do not wait for it.
+//!   lock is released, so applies do not wait for it. A machine that can copy its state
+//!   cheaply (the controller's shares its jobs) takes the copy in
+//!   [`StateMachine::freeze_snapshot`] and encodes all of it after the lock is released.
 
 use std::fmt::Debug;
 use std::io;
@@ -62,6 +64,14 @@ pub trait StateMachine: Send + Sync + 'static {
     /// of the snapshot as it is now, and returns what writes it after the lock is released.
     /// `None` (the default): the snapshot is complete.
     fn snapshot_tail(&self) -> io::Result<Option<SnapshotTail>> {
+        Ok(None)
+    }
+
+    /// Called under the read lock instead of [`StateMachine::write_snapshot`] and
+    /// [`StateMachine::snapshot_tail`]: captures the whole snapshot as the state is now, and
+    /// returns what writes it (the same bytes they would) after the lock is released, so
+    /// applies do not wait for the encoding. `None` (the default): they run under the lock.
+    fn freeze_snapshot(&self) -> io::Result<Option<SnapshotTail>> {
         Ok(None)
     }
 

@@ -239,6 +239,9 @@ impl<M: StateMachine> MachineStore<M> {
             let write = || -> io::Result<_> {
                 let file = std::fs::File::create(&temp)?;
                 let mut out = BufWriter::new(file);
+                if let Some(frozen) = applied.machine.freeze_snapshot()? {
+                    return Ok((out, Some(frozen)));
+                }
                 applied.machine.write_snapshot(&mut out)?;
                 let tail = applied.machine.snapshot_tail()?;
                 Ok((out, tail))

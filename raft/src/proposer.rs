@@ -314,9 +314,9 @@ async fn write_while_leading<M: StateMachine>(
     openraft::raft::ClientWriteResponse<crate::types::TypeConfig<M>>,
     crate::types::RaftError<ClientWriteError<crate::ids::ReplicaId, ReplicaAddr>>,
 > {
-    // The server metrics change with the role and the vote only; the whole metrics, after
-    // every message openraft's core handles, and waking each write in flight at each of
-    // them cost more than the write itself on a lightly loaded leader.
+    // The server metrics change with the role and the vote only; the whole metrics change
+    // at every turn of openraft's core, several times per entry, and woke each write in
+    // flight at each of them.
     let mut server = raft.server_metrics();
     let (leading, term) = {
         let m = server.borrow_and_update();

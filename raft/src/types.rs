@@ -89,7 +89,7 @@ pub type RpcError<E = openraft::error::Infallible> =
 pub type RaftMetrics = openraft::RaftMetrics<ReplicaId, ReplicaAddr>;
 /// The part of [`RaftMetrics`] that changes only with the vote, the role, the leader or the
 /// membership. Tasks that wait for those subscribe to it: openraft publishes the whole
-/// [`RaftMetrics`] after every message its core handles (several per entry, on every
-/// replica), and each publication wakes every task waiting on it, where this one is
-/// published only when it differs.
+/// [`RaftMetrics`] at every turn of its core's loop (several per entry, on every replica),
+/// and each publication wakes every task waiting on it, where this one is published only
+/// when it differs (and just before the whole metrics of the same turn).
 pub type ServerMetrics = openraft::metrics::RaftServerMetrics<ReplicaId, ReplicaAddr>;

@@ -201,8 +201,9 @@ async fn within<T>(what: &str, write: impl std::future::Future<Output = T>) -> T
 
 /// A follower opens its connection to the leader as soon as it follows it, before it has
 /// anything to pass on: the first read or write it forwards does not wait for a handshake.
-/// Nothing else makes a follower dial its leader while the leader is heard (the leader dials
-/// the followers for its appends).
+/// While the leader is heard, only a campaign of its own would make a follower dial it (the
+/// leader dials the followers for its appends); replica 1 bootstraps the cluster and almost
+/// always wins the first election before the others' timers run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_connects_to_its_leader_before_it_passes_anything_on() {
     let cluster = LinkedCluster::start().await;

@@ -11,9 +11,16 @@
 //!
 //! Invariant: `order` holds exactly the keys of `by_id`. Every method that changes one
 //! changes the other; [`JobTable::check`] verifies it.
+//!
+//! Each job is shared (`Arc`) and copied when it changes while shared, so a copy of the
+//! table costs a reference per job, not a copy of each: a snapshot takes one under the
+//! machine's lock and encodes it after the lock is released. Copying 240,000 jobs one by one
+//! took 0.4–0.6 s, longer than encoding them; encoding them under the lock stopped every
+//! apply on the replica for 0.2–0.3 s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::{Index, RangeBounds};
+use std::sync::Arc;
 
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -22,12 +29,17 @@ use crate::ids::JobId;
 use crate::job::Job;
 use crate::lookup::NameMap;
 
-/// Jobs by id; iterates in id order. Boxed: a job is about half a kilobyte, and the table
-/// moves its entries when it grows.
+/// Jobs by id; iterates in id order. Behind a pointer: a job is about half a kilobyte, and
+/// the table moves its entries when it grows. Cloning shares the jobs (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct JobTable {
-    by_id: NameMap<JobId, Box<Job>>,
+    by_id: NameMap<JobId, Arc<Job>>,
     order: BTreeSet<JobId>,
+}
+
+/// `job` owned alone: moved out if no copy of the table shares it, else copied.
+fn unshared(job: Arc<Job>) -> Box<Job> {
+    Box::new(Arc::unwrap_or_clone(job))
 }
 
 impl JobTable {
@@ -47,8 +59,9 @@ impl JobTable {
         self.by_id.get(id).map(|j| &**j)
     }
 
+    /// The job `id` to change; copied first if a copy of the table shares it.
     pub fn get_mut(&mut self, id: &JobId) -> Option<&mut Job> {
-        self.by_id.get_mut(id).map(|j| &mut **j)
+        self.by_id.get_mut(id).map(Arc::make_mut)
     }
 
     pub fn contains_key(&self, id: &JobId) -> bool {
@@ -58,12 +71,12 @@ impl JobTable {
     /// Holds `job` as `id`; the job it replaces, if any.
     pub fn insert(&mut self, id: JobId, job: Box<Job>) -> Option<Box<Job>> {
         self.order.insert(id);
-        self.by_id.insert(id, job)
+        self.by_id.insert(id, Arc::from(job)).map(unshared)
     }
 
     pub fn remove(&mut self, id: &JobId) -> Option<Box<Job>> {
         self.order.remove(id);
-        self.by_id.remove(id)
+        self.by_id.remove(id).map(unshared)
     }
 
     /// Every job with its id, in id order.
@@ -93,7 +106,9 @@ impl JobTable {
     pub fn retain(&mut self, mut keep: impl FnMut(&JobId, &mut Job) -> bool) {
         let by_id = &mut self.by_id;
         self.order.retain(|id| {
-            let kept = by_id.get_mut(id).is_some_and(|job| keep(id, job));
+            let kept = by_id
+                .get_mut(id)
+                .is_some_and(|job| keep(id, Arc::make_mut(job)));
             if !kept {
                 by_id.remove(id);
             }

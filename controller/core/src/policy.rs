@@ -422,10 +422,11 @@ impl State {
             .filter(|q| self.qos.contains_key(q))
         {
             for id in &pending {
-                let exhausted = self.jobs.get(id).is_some_and(|j| self.grant_exhausted(j));
-                if let Some(job) = self.jobs.get_mut(id)
-                    && exhausted
-                {
+                let moves = self
+                    .jobs
+                    .get(id)
+                    .is_some_and(|j| j.resolved.qos != bonus && self.grant_exhausted(j));
+                if moves && let Some(job) = self.jobs.get_mut(id) {
                     job.resolved.qos = bonus.clone();
                 }
             }
@@ -1048,17 +1049,25 @@ impl State {
     /// Records where a pending job stands ([`set_pending`]); one that changed part may have
     /// entered or left the idle queue, which the queue index learns.
     fn set_pending(&mut self, id: JobId, part: Part, reason: Reason, now: TimeMs) {
-        if let Some(job) = self.jobs.get_mut(&id) {
-            let moved = job.part != part;
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let moved = job.part != part;
+        // A job already where it stands is only read: while a snapshot's copy of the state
+        // shares it, changing it would copy it ([`crate::job_table`]), and every tick
+        // re-places every pending job on sites with per-user limits.
+        let accruing = part == Part::Idle && reason.is_eligible();
+        let unchanged = !moved && job.reason == reason && job.eligible_since.is_some() == accruing;
+        if !unchanged && let Some(job) = self.jobs.get_mut(&id) {
             set_pending(job, part, reason, now);
-            if placed_by_clock(job) {
-                self.clocked.insert(id);
-            } else {
-                self.clocked.remove(&id);
-            }
-            if moved {
-                self.queue_index.touch(id);
-            }
+        }
+        if self.jobs.get(&id).is_some_and(placed_by_clock) {
+            self.clocked.insert(id);
+        } else {
+            self.clocked.remove(&id);
+        }
+        if moved {
+            self.queue_index.touch(id);
         }
     }
 

@@ -46,6 +46,77 @@ pub enum SnapshotError {
 }
 
 impl State {
+    /// What a snapshot holds of this state, to encode later: every replicated field, the
+    /// jobs shared with this state (a job is copied when either side changes it, see
+    /// [`crate::job_table`]), and none of the state's derived indexes, which snapshots do
+    /// not hold (each user's entry is copied whole, its derived sets of live and stored jobs
+    /// with it; the blobs, scripts and environments, are copied too). Its
+    /// [`State::to_snapshot`] gives the same bytes as this state's did when it was taken, so
+    /// a replica takes it under its machine's lock and encodes it after releasing the lock.
+    /// Not a state to apply to: its indexes are empty.
+    pub fn snapshot_copy(&self) -> State {
+        // Every field by name, so that a field added to the state is a compile error here
+        // until it is decided whether snapshots hold it.
+        let State {
+            applied,
+            config,
+            nodes,
+            partitions,
+            qos,
+            reservations,
+            accounts,
+            assocs,
+            users,
+            jobs,
+            blobs,
+            usage,
+            next_job_id,
+            next_epoch,
+            command_version,
+            applying_version,
+            holding: _,
+            suspended_shares: _,
+            relations: _,
+            account_rules: _,
+            partition_caps: _,
+            partition_members: _,
+            finished: _,
+            queue_index: _,
+            returns: _,
+            ended: _,
+            clocked: _,
+        } = self;
+        State {
+            applied: *applied,
+            config: config.clone(),
+            nodes: nodes.clone(),
+            partitions: partitions.clone(),
+            qos: qos.clone(),
+            reservations: reservations.clone(),
+            accounts: accounts.clone(),
+            assocs: assocs.clone(),
+            users: users.clone(),
+            jobs: jobs.clone(),
+            blobs: blobs.clone(),
+            usage: usage.clone(),
+            next_job_id: *next_job_id,
+            next_epoch: *next_epoch,
+            command_version: *command_version,
+            applying_version: *applying_version,
+            holding: Default::default(),
+            suspended_shares: Default::default(),
+            relations: Default::default(),
+            account_rules: Default::default(),
+            partition_caps: Default::default(),
+            partition_members: Default::default(),
+            finished: Default::default(),
+            queue_index: Default::default(),
+            returns: Default::default(),
+            ended: Default::default(),
+            clocked: Default::default(),
+        }
+    }
+
     pub fn to_snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
         let mut out = Vec::with_capacity(64 + self.jobs.len() * 256);
         out.extend_from_slice(MAGIC);

@@ -992,3 +992,35 @@ fn a_returned_node_takes_jobs_again() {
     c.start(jr(id), &["n001"]).unwrap();
     assert_eq!(c.job(id).state, JobState::Running);
 }
+
+/// A snapshot's copy of the state (taken under the machine's lock, encoded after it) encodes
+/// to the bytes the state had when it was taken, whatever is applied meanwhile; the state goes
+/// on changing on its own, and the copy's bytes restore to a whole state.
+#[test]
+fn a_snapshot_copy_encodes_the_state_as_it_was_when_taken() {
+    let mut c = Cluster::new(SchedConfig::default(), 2);
+    let ids = c.submit(vec![c.spec("alice"); 5]);
+    c.start(jr(ids[0]), &["n001"]).unwrap();
+    let before = c.snapshot();
+    let copy = c.state.snapshot_copy();
+    assert_eq!(copy.to_snapshot().unwrap(), before);
+
+    // After the copy: a job ends, another starts, more are submitted.
+    c.end(ids[0], EndCause::Exited, 0);
+    c.start(jr(ids[1]), &["n002"]).unwrap();
+    let spec = c.spec("bob");
+    c.submit(vec![spec; 2]);
+    let after = c.snapshot();
+    assert_ne!(after, before);
+    assert_eq!(
+        copy.to_snapshot().unwrap(),
+        before,
+        "the copy changed with the state"
+    );
+    assert_eq!(c.state.snapshot_copy().to_snapshot().unwrap(), after);
+    assert!(c.job(ids[0]).end_time.is_some());
+    assert!(copy.jobs[&ids[0]].end_time.is_none());
+
+    let restored = docket_core::State::from_snapshot(&before).unwrap();
+    assert_eq!(restored.to_snapshot().unwrap(), before);
+}

@@ -85,6 +85,22 @@ fn site_commands() -> Vec<Command> {
 
 /// A queue holding one job of alice's, cancelled at 1,700,000,000 s after the epoch.
 pub(crate) fn cancelled_job() -> (State, JobId) {
+    let (mut state, id, mut index) = held_job();
+    apply_next(
+        &mut state,
+        &mut index,
+        Command::CancelJobs {
+            jobs: vec![JobRef {
+                job: id,
+                task: None,
+            }],
+        },
+    );
+    (state, id)
+}
+
+/// A queue holding one held job of alice's, and the last core position applied.
+pub(crate) fn held_job() -> (State, JobId, u64) {
     let mut state = State::new(SchedConfig::default());
     let mut index = 0;
     for command in site_commands() {
@@ -103,17 +119,7 @@ pub(crate) fn cancelled_job() -> (State, JobId) {
         Response::Submitted(mut r) => r.remove(0).expect("accepted"),
         other => panic!("{other:?}"),
     };
-    apply_next(
-        &mut state,
-        &mut index,
-        Command::CancelJobs {
-            jobs: vec![JobRef {
-                job: id,
-                task: None,
-            }],
-        },
-    );
-    (state, id)
+    (state, id, index)
 }
 
 /// Jobs `ids`, each ended at its id in seconds.

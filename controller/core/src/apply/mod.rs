@@ -266,11 +266,14 @@ impl State {
             ));
         }
         for (id, r) in reasons {
-            if let Some(job) = self.jobs.get_mut(id)
-                && job.state == crate::job::JobState::Pending
-                && job.part == crate::job::Part::Idle
-                && job.reason.is_eligible()
-            {
+            // Looked at before it is taken to change (see `crate::job_table`).
+            let takes = self.jobs.get(id).is_some_and(|job| {
+                job.state == crate::job::JobState::Pending
+                    && job.part == crate::job::Part::Idle
+                    && job.reason.is_eligible()
+                    && job.reason != *r
+            });
+            if takes && let Some(job) = self.jobs.get_mut(id) {
                 job.reason = *r;
             }
         }
