@@ -22,16 +22,39 @@ async fn echo_server(tls: TlsContext) -> String {
     let addr = listener.local_addr().unwrap().to_string();
     let mut incoming = docket_auth::tls::serve::incoming(listener, tls);
     tokio::spawn(async move {
-        while let Some(Ok(mut stream)) = incoming.next().await {
-            tokio::spawn(async move {
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).await.is_ok() {
-                    let _ = stream.write_all(&b).await;
-                }
-            });
+        while let Some(Ok(stream)) = incoming.next().await {
+            tokio::spawn(echo_one_byte(stream));
         }
     });
     addr
+}
+
+/// What the test servers do with a connection: echo one byte.
+async fn echo_one_byte(mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin) {
+    let mut b = [0u8; 1];
+    if stream.read_exact(&mut b).await.is_ok() {
+        let _ = stream.write_all(&b).await;
+    }
+}
+
+/// A connection to `addr` with `config` that has sent one byte and read it back, or why not.
+/// TLS 1.3 reports a refused client certificate only on the first read, and a server's
+/// session tickets, sent after the handshake, have been read by then.
+async fn echoed(
+    addr: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream.write_all(b"x").await.map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    stream.read_exact(&mut b).await.map_err(|e| e.to_string())?;
+    Ok(stream)
 }
 
 /// Connects to `addr` as `client`; the server's leaf certificate, or the handshake's error.
@@ -47,17 +70,7 @@ async fn connect_with(
     addr: &str,
     config: std::sync::Arc<rustls::ClientConfig>,
 ) -> Result<rustls_pki_types::CertificateDer<'static>, String> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let connector = tokio_rustls::TlsConnector::from(config);
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let mut stream = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    // TLS 1.3 reports a refused client certificate only on the first read.
-    stream.write_all(b"x").await.map_err(|e| e.to_string())?;
-    let mut b = [0u8; 1];
-    stream.read_exact(&mut b).await.map_err(|e| e.to_string())?;
+    let stream = echoed(addr, config).await?;
     let (_, session) = stream.get_ref();
     Ok(session.peer_certificates().unwrap()[0].clone())
 }
@@ -273,19 +286,12 @@ async fn sighup_reloads_a_servers_certificate_at_once() {
     watch.abort();
 }
 
-/// The handshake kind of one connection to `addr` with `config` (after one byte each way,
-/// so a server's session tickets, sent after the handshake, have been read).
+/// The handshake kind of one connection to `addr` with `config` ([`echoed`]).
 async fn handshake_kind(
     addr: &str,
     config: std::sync::Arc<rustls::ClientConfig>,
 ) -> rustls::HandshakeKind {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let connector = tokio_rustls::TlsConnector::from(config);
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let mut stream = connector.connect(name, tcp).await.unwrap();
-    stream.write_all(b"x").await.unwrap();
-    let mut b = [0u8; 1];
-    stream.read_exact(&mut b).await.unwrap();
+    let stream = echoed(addr, config).await.unwrap();
     stream.get_ref().1.handshake_kind().unwrap()
 }
 
@@ -299,12 +305,8 @@ async fn echo_server_with(config: std::sync::Arc<rustls::ServerConfig>) -> Strin
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(mut stream) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut b = [0u8; 1];
-                if stream.read_exact(&mut b).await.is_ok() {
-                    let _ = stream.write_all(&b).await;
+                if let Ok(stream) = acceptor.accept(tcp).await {
+                    echo_one_byte(stream).await;
                 }
             });
         }
