@@ -6,6 +6,22 @@
 //! offline. Every command finds the controllers in `--addr` or `DOCKET_ADDR`, follows the
 //! leader and waits out elections; its exit status says what happened (see `exit` below).
 
+// Every command prints through these (they shadow std's for the whole crate): a reader that
+// closes the pipe early ends the command quietly instead of in a panic (see `stdout`).
+macro_rules! println {
+    () => {
+        $crate::stdout::line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::line(format_args!($($arg)*))
+    };
+}
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::stdout::text(format_args!($($arg)*))
+    };
+}
+
 mod admin;
 mod aliases;
 mod allocation;
@@ -13,6 +29,7 @@ mod client;
 mod cluster;
 #[cfg(test)]
 mod hostile;
+mod listing;
 mod pbs;
 mod pbs_interactive;
 mod pbsdsh;
@@ -34,6 +51,7 @@ mod squeue;
 mod squeue_format;
 mod srun;
 mod sshare;
+mod stdout;
 
 use std::process::ExitCode;
 

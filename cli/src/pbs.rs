@@ -408,19 +408,14 @@ pub fn pbs_state(j: &pb::JobInfo) -> &'static str {
 pub fn qstat(a: QstatArgs) -> Result<()> {
     let client = Client::new(a.addr.as_deref())?;
     let ids: Vec<u64> = a.jobs.iter().map(|j| pbs_id(j)).collect::<Result<_>>()?;
-    let jobs = runtime()?
-        .block_on(rpc!(
-            client,
-            jobs_read,
-            list_jobs,
-            pb::ListJobsRequest {
-                users: a.user.iter().cloned().collect(),
-                job_ids: ids.clone(),
-                page_size: 10_000,
-                ..Default::default()
-            }
-        ))?
-        .jobs;
+    let jobs = runtime()?.block_on(crate::listing::all_jobs(
+        &client,
+        pb::ListJobsRequest {
+            users: a.user.iter().cloned().collect(),
+            job_ids: ids.clone(),
+            ..Default::default()
+        },
+    ))?;
     let jobs: Vec<_> = jobs
         .into_iter()
         .filter(|j| a.finished || pbs_state(j) != "F")

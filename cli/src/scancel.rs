@@ -153,7 +153,8 @@ pub fn run(a: ScancelArgs) -> Result<()> {
 }
 
 /// The jobs `-u -p -t -n` select (among `refs`, if any are named) that can be cancelled,
-/// or signalled when `signal` is given (running or suspended ones only).
+/// or signalled when `signal` is given (running or suspended ones only), from every page of
+/// the listing.
 fn matching_jobs(
     client: &Client,
     runtime: &tokio::runtime::Runtime,
@@ -161,27 +162,30 @@ fn matching_jobs(
     refs: &[pb::JobRef],
     signal: Option<i32>,
 ) -> Result<Vec<pb::JobRef>> {
-    let listed = runtime.block_on(rpc!(
+    let live: &[&str] = match signal {
+        Some(_) => &["R", "S"],
+        None => &["PD", "R", "S"],
+    };
+    // Without `-t`, only the jobs that can be acted on are listed (not the finished ones
+    // still kept in the queue).
+    let states = match &a.state {
+        Some(s) => vec![s.clone()],
+        None => live.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    let listed = runtime.block_on(crate::listing::all_jobs(
         client,
-        jobs_read,
-        list_jobs,
         pb::ListJobsRequest {
             users: a.user.iter().cloned().collect(),
             partitions: a.partition.iter().cloned().collect(),
-            states: a.state.iter().cloned().collect(),
+            states,
             job_ids: refs.iter().map(|r| r.job_id).collect(),
-            page_size: 10_000,
             ..Default::default()
-        }
+        },
     ))?;
     Ok(listed
-        .jobs
         .iter()
         .filter(|j| a.name.as_ref().is_none_or(|n| &j.name == n))
-        .filter(|j| match signal {
-            Some(_) => matches!(j.state_code.as_str(), "R" | "S"),
-            None => matches!(j.state_code.as_str(), "PD" | "R" | "S"),
-        })
+        .filter(|j| live.contains(&j.state_code.as_str()))
         .map(|j| pb::JobRef {
             job_id: j.job_id,
             task: j.array_task.filter(|_| false),
@@ -189,8 +193,28 @@ fn matching_jobs(
         .collect())
 }
 
-/// Cancels the jobs `refs`, or sends them `signal` when one is given.
+/// How many jobs one cancel (or signal) request names: well under the controllers' limit
+/// per request, so `scancel -u USER` of any queue is a few requests, not a refused one.
+const REFS_PER_REQUEST: usize = 10_000;
+
+/// Cancels the jobs `refs`, or sends them `signal` when one is given, [`REFS_PER_REQUEST`]
+/// at a time; the answers of every request, in order.
 fn cancel_or_signal(
+    client: &Client,
+    runtime: &tokio::runtime::Runtime,
+    refs: &[pb::JobRef],
+    signal: Option<i32>,
+) -> Result<pb::PerJobResponse> {
+    let mut all = pb::PerJobResponse::default();
+    for batch in refs.chunks(REFS_PER_REQUEST) {
+        let r = cancel_or_signal_batch(client, runtime, batch, signal)?;
+        all.results.extend(r.results);
+    }
+    Ok(all)
+}
+
+/// One cancel (or signal) request for `refs`.
+fn cancel_or_signal_batch(
     client: &Client,
     runtime: &tokio::runtime::Runtime,
     refs: &[pb::JobRef],

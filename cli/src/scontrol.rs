@@ -464,18 +464,13 @@ fn show_jobs(s: &Session, rest: &[&str]) -> Result<()> {
                 .map_err(|_| usage(format!("{s:?} is not a job id")))
         })
         .collect::<Result<_>>()?;
-    let jobs =
-        s.rt.block_on(rpc!(
-            s.client,
-            jobs_read,
-            list_jobs,
-            pb::ListJobsRequest {
-                job_ids: ids.clone(),
-                page_size: 10_000,
-                ..Default::default()
-            }
-        ))?
-        .jobs;
+    let jobs = s.rt.block_on(crate::listing::all_jobs(
+        s.client,
+        pb::ListJobsRequest {
+            job_ids: ids.clone(),
+            ..Default::default()
+        },
+    ))?;
     if jobs.is_empty() && !ids.is_empty() {
         return Err(anyhow!(
             "Invalid job id specified: no job {}",

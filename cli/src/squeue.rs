@@ -7,7 +7,6 @@ use clap::Parser;
 use docket_proto::v1 as pb;
 
 use crate::client::Client;
-use crate::client::rpc;
 use crate::squeue_format;
 
 /// Show the queue.
@@ -97,29 +96,16 @@ pub fn run(a: SqueueArgs) -> Result<()> {
         a.states.clone()
     };
     let runtime = crate::client::runtime()?;
-    let mut jobs = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = runtime.block_on(rpc!(
-            client,
-            jobs_read,
-            list_jobs,
-            pb::ListJobsRequest {
-                users: users.clone(),
-                partitions: a.partitions.clone(),
-                states: states.clone(),
-                job_ids: a.jobs.clone(),
-                page_size: 10_000,
-                page_token: token.clone(),
-                ..Default::default()
-            }
-        ))?;
-        jobs.extend(page.jobs);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let mut jobs = runtime.block_on(crate::listing::all_jobs(
+        &client,
+        pb::ListJobsRequest {
+            users,
+            partitions: a.partitions.clone(),
+            states,
+            job_ids: a.jobs.clone(),
+            ..Default::default()
+        },
+    ))?;
     // squeue shows the queue: finished jobs only when asked for by state.
     if a.states.is_empty() {
         // (Not with `-t all`, which names every state.)

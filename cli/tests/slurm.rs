@@ -57,6 +57,8 @@ fn sbatch_squeue_and_scancel_speak_slurm() {
     scancel_by_id_and_by_filter(d, &addr, id, second);
     // Errors: one line on stderr saying what is wrong; a non-zero exit.
     errors_are_one_line_and_a_failure(d, &addr);
+    // `squeue | head -1`: a reader that goes away ends the command quietly.
+    a_reader_that_goes_away_ends_the_command_quietly(d, &addr);
     // sinfo: partitions with their nodes folded; -N one line per node.
     sinfo_folds_nodes_and_lists_them(d, &addr);
     // scontrol: ping in Slurm's words, show job, update, hold/release.
@@ -245,6 +247,34 @@ fn errors_are_one_line_and_a_failure(d: &Path, addr: &str) {
     let o = run(d, addr, "scancel", &["999999"], None);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("999999"));
+}
+
+/// Each listing command, its stdout a pipe whose reader has already closed it (as
+/// `squeue | head -1` does once it has its line): no panic, no backtrace, nothing on stderr,
+/// and the status a shell shows for death by SIGPIPE.
+fn a_reader_that_goes_away_ends_the_command_quietly(d: &Path, addr: &str) {
+    for (name, args) in [
+        ("squeue", &[][..]),
+        ("sinfo", &[][..]),
+        ("sacct", &["-a"][..]),
+    ] {
+        let mut child = Command::new(d.join(name))
+            .args(args)
+            .current_dir(d)
+            .env("DOCKET_ADDR", addr)
+            .envs(auth_env(d))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before the command prints its first line.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(141), "{name}: {:?} {err}", o.status);
+        assert!(err.is_empty(), "{name} said on stderr: {err}");
+    }
 }
 
 /// sinfo folds the partition's nodes into `n[01-02]`; `sinfo -N` has a line per node.

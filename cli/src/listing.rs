@@ -1,0 +1,159 @@
+//! Every job a listing selects, page after page.
+//!
+//! The controllers answer `ListJobs` a page at a time (at most 10,000 jobs, then a token for
+//! the next page), so one answer is not the queue. Every command that acts on or shows "all
+//! the jobs that match" (`squeue`, `scancel -n/-u/-p/-t`, `qstat`, `scontrol show job`) reads
+//! through here; reading one page only would make `scancel -n NAME` report success and leave
+//! the jobs past the first 10,000 in the queue.
+
+use std::future::Future;
+
+use anyhow::{Result, anyhow};
+use docket_proto::v1 as pb;
+
+use crate::client::{Client, rpc};
+
+/// The most jobs a page may hold (the controllers' limit).
+pub const PAGE_SIZE: u32 = 10_000;
+
+/// How many pages one listing may read before it is refused: 10,000 pages of 10,000 jobs
+/// is far more than any queue, and a server that keeps answering "more" ends here.
+const MAX_PAGES: usize = 10_000;
+
+/// Every job `request` selects, asking the controllers page after page.
+pub async fn all_jobs(client: &Client, request: pb::ListJobsRequest) -> Result<Vec<pb::JobInfo>> {
+    all_pages(request, |req| async move {
+        rpc!(client, jobs_read, list_jobs, req.clone()).await
+    })
+    .await
+}
+
+/// Every job of the pages `fetch` answers for `request`, following each page's token until
+/// a page says it is the last. A token that does not move on (the same one twice) is an
+/// error, not a loop.
+pub async fn all_pages<F, Fut>(
+    mut request: pb::ListJobsRequest,
+    mut fetch: F,
+) -> Result<Vec<pb::JobInfo>>
+where
+    F: FnMut(pb::ListJobsRequest) -> Fut,
+    Fut: Future<Output = Result<pb::ListJobsResponse>>,
+{
+    if request.page_size == 0 {
+        request.page_size = PAGE_SIZE;
+    }
+    let mut jobs = Vec::new();
+    for _ in 0..MAX_PAGES {
+        let page = fetch(request.clone()).await?;
+        jobs.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(jobs);
+        }
+        if page.next_page_token == request.page_token {
+            return Err(anyhow!(
+                "the controller answered the page after {:?} with the same token",
+                request.page_token
+            ));
+        }
+        request.page_token = page.next_page_token;
+    }
+    Err(anyhow!(
+        "the listing did not end within {MAX_PAGES} pages of {} jobs",
+        request.page_size
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue of `n` jobs named by parity, answered `page` at a time as the controllers do
+    /// (the token is the last job id of the page).
+    fn serve(n: u64, page: usize, req: &pb::ListJobsRequest) -> pb::ListJobsResponse {
+        let after: u64 = req.page_token.parse().unwrap_or(0);
+        let jobs: Vec<pb::JobInfo> = (after + 1..=n)
+            .take(page)
+            .map(|id| pb::JobInfo {
+                job_id: id,
+                name: if id % 2 == 0 { "even" } else { "odd" }.into(),
+                ..Default::default()
+            })
+            .collect();
+        let more = jobs.last().is_some_and(|j| j.job_id < n);
+        pb::ListJobsResponse {
+            next_page_token: if more {
+                jobs.last()
+                    .map(|j| j.job_id.to_string())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            },
+            jobs,
+        }
+    }
+
+    fn block_on<T>(f: impl Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    #[test]
+    fn every_page_is_read_and_the_last_page_ends_the_listing() {
+        let mut asked = 0;
+        let jobs = block_on(all_pages(pb::ListJobsRequest::default(), |req| {
+            asked += 1;
+            assert_eq!(req.page_size, PAGE_SIZE, "the request asks for full pages");
+            let page = serve(25_001, 10_000, &req);
+            async move { Ok(page) }
+        }))
+        .expect("the listing");
+        assert_eq!(asked, 3);
+        assert_eq!(jobs.len(), 25_001);
+        let ids: Vec<u64> = jobs.iter().map(|j| j.job_id).collect();
+        assert!(
+            ids.windows(2).all(|w| w[1] == w[0] + 1),
+            "in order, once each"
+        );
+        // What `scancel -n odd` would cancel: the matches on every page, not the first's.
+        let odd = jobs.iter().filter(|j| j.name == "odd").count();
+        assert_eq!(odd, 12_501);
+    }
+
+    #[test]
+    fn a_token_that_does_not_move_on_is_an_error_not_a_loop() {
+        let mut asked = 0;
+        let err = block_on(all_pages(pb::ListJobsRequest::default(), |_| {
+            asked += 1;
+            async {
+                Ok(pb::ListJobsResponse {
+                    jobs: Vec::new(),
+                    next_page_token: "7".into(),
+                })
+            }
+        }))
+        .expect_err("a stuck token");
+        assert!(err.to_string().contains("same token"), "{err}");
+        assert_eq!(asked, 2);
+    }
+
+    #[test]
+    fn an_error_on_a_later_page_is_the_listings_error() {
+        let mut asked = 0;
+        let err = block_on(all_pages(pb::ListJobsRequest::default(), |req| {
+            asked += 1;
+            let page = serve(30_000, 10_000, &req);
+            let fail = asked == 2;
+            async move {
+                if fail {
+                    Err(anyhow!("no controller answered"))
+                } else {
+                    Ok(page)
+                }
+            }
+        }))
+        .expect_err("the second page failed");
+        assert!(err.to_string().contains("no controller"), "{err}");
+    }
+}
