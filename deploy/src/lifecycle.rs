@@ -63,8 +63,13 @@ pub struct Phase {
     pub agent_cpu_ms: Vec<u64>,
 }
 
-/// Runs the phases `spec` asks for against the cluster in `state_dir`.
-pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
+/// Runs the phases `spec` asks for against the cluster in `state_dir`, handing each to
+/// `done` as it ends (a later phase that fails does not lose the figures of the earlier).
+pub async fn run(
+    spec: &BenchSpec,
+    state_dir: &Path,
+    mut done: impl FnMut(&Phase),
+) -> Result<Vec<Phase>> {
     let cluster = LocalCluster::open(state_dir)?;
     let bin = state_dir.join("bin");
     let sbatch = bin.join("sbatch");
@@ -93,13 +98,19 @@ pub async fn run(spec: &BenchSpec, state_dir: &Path) -> Result<Vec<Phase>> {
     let mut phases = Vec::new();
     if spec.held {
         let name = format!("bench-held-{nonce}");
-        phases.push(loops_phase(spec, &cluster, &submitter, &name, true).await?);
+        let phase = loops_phase(spec, &cluster, &submitter, &name, true).await?;
+        done(&phase);
+        phases.push(phase);
     }
     let name = format!("bench-loops-{nonce}");
-    phases.push(loops_phase(spec, &cluster, &submitter, &name, false).await?);
+    let phase = loops_phase(spec, &cluster, &submitter, &name, false).await?;
+    done(&phase);
+    phases.push(phase);
     if spec.array {
         let name = format!("bench-array-{nonce}");
-        phases.push(array_phase(spec, &cluster, &submitter, &name).await?);
+        let phase = array_phase(spec, &cluster, &submitter, &name).await?;
+        done(&phase);
+        phases.push(phase);
     }
     Ok(phases)
 }

@@ -468,10 +468,7 @@ async fn run_bench(spec: &lifecycle::BenchSpec, state_dir: &std::path::Path) -> 
         c.record.agents.len()
     );
     drop(c);
-    let phases = lifecycle::run(spec, state_dir).await?;
-    for p in &phases {
-        print!("{}", p.render());
-    }
+    let phases = lifecycle::run(spec, state_dir, |p| print!("{}", p.render())).await?;
     if phases.iter().all(|p| p.not_completed.is_empty()) {
         Ok(())
     } else {
