@@ -363,3 +363,47 @@ async fn every_connection_makes_a_full_handshake() {
         }
     }
 }
+
+/// A replica dials a peer by its id: a server at that address holding another replica's
+/// certificate is refused before anything is sent (one replica answering for another would
+/// be counted twice in a quorum), while a connection that accepts any replica (the command
+/// line, a status probe) takes it.
+#[tokio::test]
+async fn a_replica_dialled_by_id_must_be_that_replica() {
+    use docket_auth::tls::connect::Connector;
+    use tower::Service;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ours = secrets(dir.path(), "ours");
+    let localhost = ["127.0.0.1".to_owned()];
+    let replica = |id| TlsContext::load(ours.issue(&Role::Replica(id), &localhost).unwrap());
+    let at_2 = echo_server(replica(2).unwrap()).await;
+    let node = ours.issue(&Role::Node("n01".into()), &localhost).unwrap();
+    let node_served = echo_server(TlsContext::load(node).unwrap()).await;
+    let dialler = replica(1).unwrap();
+    let dial = |mut connector: Connector, addr: &str| {
+        let uri: http::Uri = format!("http://{addr}").parse().unwrap();
+        async move {
+            connector
+                .call(uri)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    dial(Connector::to_replica(dialler.clone(), 2), &at_2)
+        .await
+        .unwrap();
+    let e = dial(Connector::to_replica(dialler.clone(), 3), &at_2)
+        .await
+        .unwrap_err();
+    assert!(e.contains("answered as replica 2, not replica 3"), "{e}");
+    // Not a node's certificate either (refused already as no replica's).
+    let e = dial(Connector::to_replica(dialler.clone(), 2), &node_served)
+        .await
+        .unwrap_err();
+    assert!(e.contains("not a controller replica"), "{e}");
+    // Any replica will do for a connection that asks for none in particular.
+    dial(Connector::new(dialler), &at_2).await.unwrap();
+}

@@ -20,7 +20,7 @@ pub async fn leaders(addrs: Vec<String>, history: History, stop: Arc<AtomicBool>
     };
     let channels = Channels::with_maker(
         NetworkConfig::default(),
-        Arc::new(move |addr: &str| {
+        Arc::new(move |_, addr: &str| {
             docket_auth::tls::connect::channel(addr, &access.tls, Duration::from_millis(500), None)
         }),
     );

@@ -542,7 +542,7 @@ async fn reported_leader(access: &Access, addrs: &BTreeMap<u64, String>) -> Resu
         let tls = access.tls.clone();
         docket_raft::network::Channels::with_maker(
             docket_raft::network::NetworkConfig::default(),
-            std::sync::Arc::new(move |addr: &str| {
+            std::sync::Arc::new(move |_, addr: &str| {
                 docket_auth::tls::connect::channel(addr, &tls, Duration::from_secs(2), None)
             }),
         )

@@ -322,8 +322,18 @@ async fn open_replica(
         let connect_timeout = network.connect_timeout;
         docket_raft::network::Channels::with_maker(
             network,
-            Arc::new(move |addr: &str| {
-                docket_auth::tls::connect::channel_with_keepalive(addr, &tls, connect_timeout)
+            // A peer's Raft messages, forwards and reads go to that replica and no other (its
+            // certificate names it); a status probe by address takes whichever is there.
+            Arc::new(move |to: Option<ReplicaId>, addr: &str| match to {
+                Some(id) => docket_auth::tls::connect::replica_channel_with_keepalive(
+                    addr,
+                    id.0,
+                    &tls,
+                    connect_timeout,
+                ),
+                None => {
+                    docket_auth::tls::connect::channel_with_keepalive(addr, &tls, connect_timeout)
+                }
             }),
         )
     };

@@ -1,7 +1,8 @@
 //! Attacks on the controllers' transport and roles, each refused with a clear error and
 //! nothing changed: plain text; Raft calls (appends, votes, a forged `Forward` of an admin
 //! command) from certificates that are not replicas', or from no certificate; credentials
-//! expired, from the future, or too long-lived; a user over their request rate.
+//! expired, from the future, or too long-lived; a user over their request rate; a replica
+//! answering at another's address.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -118,6 +119,45 @@ async fn raft_answers_replicas_only() {
     let mut replica = raft_as(&addr, docket_auth::tls::Role::Replica(9));
     replica.forward(forged_drain()).await.unwrap();
     assert!(n01_drained(&cluster).await);
+}
+
+/// The membership says replica 2 is at replica 3's address and 3 at 2's (ports moved, a
+/// connection redirected): replica 1 dials each peer by its id and refuses the one that
+/// answers there with another replica's certificate. No vote is counted for a replica that
+/// did not cast it, so no leader is elected. (Taken on their word, the two answers would
+/// make a quorum of impostors.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_answering_at_anothers_address_is_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: std::collections::BTreeMap<u64, String> =
+        (1..=3).map(|id| (id, common::free_addr())).collect();
+    let mut cluster = Cluster {
+        extra: vec!["--agent-fence-ms".into(), "0".into()],
+        config: common::site_config(),
+        dir,
+        http: (1..=3).map(|id| (id, common::free_addr())).collect(),
+        addrs: addrs.clone(),
+        procs: std::collections::BTreeMap::new(),
+        raft: common::raft_channels(),
+    };
+    let swapped = format!("1={},2={},3={}", addrs[&1], addrs[&3], addrs[&2]);
+    cluster.spawn(1, Some(&swapped));
+    cluster.spawn(2, None);
+    cluster.spawn(3, None);
+    // Several election timeouts (300-600 ms each); a leader would be elected within one or
+    // two of them.
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    let mut answered = false;
+    while std::time::Instant::now() < until {
+        for addr in addrs.values() {
+            if let Ok(s) = cluster.raft.status(addr, Duration::from_millis(500)).await {
+                answered = true;
+                assert_eq!(s.leader, None, "{addr} knows a leader: {s:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(answered, "no replica ever answered a status request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

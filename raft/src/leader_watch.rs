@@ -188,8 +188,9 @@ impl<M: StateMachine> Watch<M> {
         }
         self.warmed = Some(addr.clone());
         let (channels, addr, ttl) = (self.channels.clone(), addr.clone(), self.lease);
+        // The channel its forwards and reads will take: to that replica, proven.
         tokio::spawn(async move {
-            if let Err(why) = channels.status(&addr, ttl).await {
+            if let Err(why) = channels.status_of(Some(leader), &addr, ttl).await {
                 tracing::debug!(%why, "opening the connection to the leader");
             }
         });

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::encode;
-use crate::ids::ReplicaAddr;
+use crate::ids::{ReplicaAddr, ReplicaId};
 use crate::leader_contact::LeaderContact;
 use crate::machine::StateMachine;
 use crate::network::Channels;
@@ -267,7 +267,7 @@ async fn propose<M: StateMachine>(
         Ok(response) => Ok(response.data),
         Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to_leader))) => {
             // Not proposed here, or truncated away: either way not applied.
-            Err(to_leader.leader_node)
+            Err(to_leader.leader_id.zip(to_leader.leader_node))
         }
         Err(RaftError::APIError(e)) => {
             return answer_all(replies, WriteError::Indeterminate(e.to_string()));
@@ -295,7 +295,7 @@ async fn propose<M: StateMachine>(
             }
             debug_assert_eq!(offset, sizes.iter().sum::<usize>());
             if let (Some(leader), false) = (leader, local.is_empty()) {
-                forward(raft, channels, &leader, local).await;
+                forward(raft, channels, leader, local).await;
             }
         }
     }
@@ -356,7 +356,7 @@ async fn write_while_leading<M: StateMachine>(
 async fn forward<M: StateMachine>(
     raft: &Raft<M>,
     channels: &Channels,
-    leader: &ReplicaAddr,
+    (leader, at): (ReplicaId, ReplicaAddr),
     local: Vec<(Reply<M>, Vec<M::Command>)>,
 ) {
     let sizes: Vec<usize> = local.iter().map(|(_, c)| c.len()).collect();
@@ -372,10 +372,10 @@ async fn forward<M: StateMachine>(
         (m.vote.leader_id().term, m.current_leader)
     };
     let answer = tokio::select! {
-        answer = channels.forward::<M>(&leader.addr, commands) => answer,
+        answer = channels.forward::<M>(leader, &at.addr, commands) => answer,
         why = crate::leader_contact::forward_abandoned(raft, known.1, known.0) => {
             Err(WriteError::Indeterminate(format!(
-                "forwarded to the leader at {leader}, given up because {why}"
+                "forwarded to the leader at {at}, given up because {why}"
             )))
         }
     };

@@ -572,15 +572,17 @@ impl<M: StateMachine> Replica<M> {
         f: impl FnOnce(&Applied<M>) -> T,
     ) -> Result<T, ReadError> {
         let status = self.status();
-        let read_index = match (status.role, status.leader_addr) {
+        let read_index = match (status.role, status.leader.zip(status.leader_addr)) {
             (Role::Leader, _) => self.reads.read_index(None).await?,
             (Role::Shutdown, _) => {
                 return Err(ReadError::Stopped(status.stopped.unwrap_or_default()));
             }
             (_, None) => return Err(ReadError::NoLeader),
-            (_, Some(addr)) => {
+            (_, Some((leader, addr))) => {
                 let request = self.reads.request();
-                self.channels.read_index(&addr, &request, timeout).await?
+                self.channels
+                    .read_index(leader, &addr, &request, timeout)
+                    .await?
             }
         };
         // On the machine's own record of what it applied, not openraft's metrics, which its

@@ -117,7 +117,7 @@ impl LinkedCluster {
                     dialed.insert((id, *other), count);
                 }
             }
-            let maker: ChannelMaker = Arc::new(move |target: &str| {
+            let maker: ChannelMaker = Arc::new(move |_, target: &str| {
                 let relay = via
                     .get(target)
                     .cloned()

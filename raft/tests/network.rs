@@ -167,6 +167,7 @@ async fn a_write_forwarded_to_a_leader_nobody_listens_on_was_certainly_not_appli
     let channels = Channels::tcp(NetworkConfig::default());
     let err = channels
         .forward::<KvMachine>(
+            ReplicaId(1),
             &addr,
             vec![KvCommand::Set {
                 key: "k".into(),
@@ -213,4 +214,62 @@ async fn the_mounted_service_refuses_callers_no_transport_proved() {
     // Status stays open to tools.
     client.status(empty).await.unwrap();
     server.abort();
+}
+
+/// A peer's Raft messages go over a channel made for that replica (the daemon's TLS maker
+/// then refuses any other replica answering at its address), and forwarded writes and read
+/// indexes over one made for the leader they name; only status probes by address take
+/// whichever replica is there.
+#[tokio::test]
+async fn raft_messages_go_over_channels_pinned_to_their_replica() {
+    use std::sync::{Arc, Mutex};
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    type Made = Vec<(Option<ReplicaId>, String)>;
+    let made: Arc<Mutex<Made>> = Arc::default();
+    let record = made.clone();
+    let maker: docket_raft::network::ChannelMaker = Arc::new(move |to, at: &str| {
+        record.lock().unwrap().push((to, at.to_owned()));
+        Ok(
+            tonic::transport::Endpoint::from_shared(format!("http://{at}"))
+                .map_err(|e| e.to_string())?
+                .connect_timeout(Duration::from_millis(500))
+                .connect_lazy(),
+        )
+    });
+    let channels = Channels::with_maker(NetworkConfig::default(), maker);
+    let mut factory = NetworkFactory::new(ReplicaId(1), channels.clone());
+    let mut peer = <NetworkFactory as RaftNetworkFactory<TypeConfig<KvMachine>>>::new_client(
+        &mut factory,
+        ReplicaId(2),
+        &ReplicaAddr { addr: addr.clone() },
+    )
+    .await;
+    let _ = RaftNetwork::<TypeConfig<KvMachine>>::vote(
+        &mut peer,
+        vote_request(),
+        RPCOption::new(Duration::from_secs(2)),
+    )
+    .await;
+    let _ = channels
+        .forward::<KvMachine>(ReplicaId(3), &addr, Vec::new())
+        .await;
+    let _ = channels.status(&addr, Duration::from_secs(1)).await;
+    // A second message to replica 2 reuses its channel.
+    let _ = RaftNetwork::<TypeConfig<KvMachine>>::vote(
+        &mut peer,
+        vote_request(),
+        RPCOption::new(Duration::from_secs(2)),
+    )
+    .await;
+    assert_eq!(
+        *made.lock().unwrap(),
+        vec![
+            (Some(ReplicaId(2)), addr.clone()),
+            (Some(ReplicaId(3)), addr.clone()),
+            (None, addr.clone()),
+        ]
+    );
 }

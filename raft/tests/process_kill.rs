@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use docket_raft::ReplicaId;
 use docket_raft::kv::{KvCommand, KvMachine};
 use docket_raft::network::{Channels, NetworkConfig};
 use docket_raft::replica::{Replica, ReplicaConfig};
@@ -59,12 +60,15 @@ fn spawn(id: u64, addr: &str, data: &Path, bootstrap: Option<&str>) -> Child {
     child
 }
 
-async fn leader_addr(channels: &Channels, addrs: &BTreeMap<u64, String>) -> Option<String> {
-    for addr in addrs.values() {
+async fn leader_addr(
+    channels: &Channels,
+    addrs: &BTreeMap<u64, String>,
+) -> Option<(ReplicaId, String)> {
+    for (id, addr) in addrs {
         if let Ok(status) = channels.status(addr, Duration::from_millis(500)).await
             && status.role == Role::Leader
         {
-            return Some(addr.clone());
+            return Some((ReplicaId(*id), addr.clone()));
         }
     }
     None
@@ -111,7 +115,7 @@ async fn killing_the_leader_mid_write_loses_no_acknowledged_write() {
         assert!(start.elapsed() < DEADLINE, "writes stalled before the kill");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let killed = *addrs.iter().find(|(_, a)| **a == first_leader).unwrap().0;
+    let killed = first_leader.0.0;
     let mut child = procs.0.remove(&killed).unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -156,7 +160,7 @@ async fn write_sixty(
         written.push(value.clone());
         let begin = Instant::now();
         loop {
-            let Some(leader) = leader_addr(channels, addrs).await else {
+            let Some((leader, at)) = leader_addr(channels, addrs).await else {
                 assert!(begin.elapsed() < DEADLINE, "no leader for {value}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -165,7 +169,10 @@ async fn write_sixty(
                 key: "k".into(),
                 value: value.clone(),
             };
-            match channels.forward::<KvMachine>(&leader, vec![command]).await {
+            match channels
+                .forward::<KvMachine>(leader, &at, vec![command])
+                .await
+            {
                 Ok(_) => {
                     acked.push(value.clone());
                     acked_total.fetch_add(1, Ordering::SeqCst);

@@ -4,7 +4,8 @@
 //! [`Connector`] is the tower service tonic's `Endpoint::connect_with_connector_lazy` calls
 //! for each new connection: TCP (no Nagle delay), then a TLS handshake with the client
 //! configuration in force at that moment, checking that the server is a controller replica
-//! for the name dialled. The channel itself speaks plain `http://` to that stream.
+//! for the name dialled (and, between replicas, the very replica dialled). The channel itself
+//! speaks plain `http://` to that stream.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,26 +19,76 @@ use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::tls::config::TlsContext;
+use crate::tls::role::Role;
 
-/// Makes TLS connections to controllers, or to the agent of one node.
+/// Makes TLS connections to controllers, to one replica, or to the agent of one node.
 #[derive(Debug, Clone)]
 pub struct Connector {
     tls: TlsContext,
-    /// The node whose agent we dial; None: a controller.
-    node: Option<String>,
+    dialled: Dialled,
+}
+
+/// Whom a connection must reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Dialled {
+    /// Any controller replica (the command line, agents, status probes).
+    AnyReplica,
+    /// This replica and no other: a replica's Raft messages to a peer. Without the check, a
+    /// replica answering at another's address (a moved port, a redirected connection, a
+    /// compromised host) would be counted as that other in every quorum.
+    Replica(u64),
+    /// The agent of this node.
+    Node(String),
 }
 
 impl Connector {
     pub fn new(tls: TlsContext) -> Self {
-        Connector { tls, node: None }
+        Connector {
+            tls,
+            dialled: Dialled::AnyReplica,
+        }
+    }
+
+    /// Connections that accept only replica `id`.
+    pub fn to_replica(tls: TlsContext, id: u64) -> Self {
+        Connector {
+            tls,
+            dialled: Dialled::Replica(id),
+        }
     }
 
     /// Connections that accept only the agent of `node`.
     pub fn to_node(tls: TlsContext, node: &str) -> Self {
         Connector {
             tls,
-            node: Some(node.to_owned()),
+            dialled: Dialled::Node(node.to_owned()),
         }
+    }
+}
+
+/// Refuses a connection whose server is not replica `want` (its certificate, verified
+/// during the handshake as a replica's of the cluster CA, names another).
+fn check_replica(stream: &TlsStream<TcpStream>, want: u64, at: &str) -> std::io::Result<()> {
+    let role = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .map(|leaf| Role::of_certificate(leaf));
+    match role {
+        Some(Ok(Role::Replica(id))) if id == want => Ok(()),
+        Some(Ok(other)) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{at} answered as {other}, not replica {want}"),
+        )),
+        Some(Err(e)) => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{at}: the server's certificate: {e}"),
+        )),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{at} presented no certificate"),
+        )),
     }
 }
 
@@ -54,9 +105,13 @@ impl tower::Service<http::Uri> for Connector {
     }
 
     fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let config = match &self.node {
-            None => Ok(self.tls.client_config()),
-            Some(node) => self.tls.node_client_config(node),
+        let config = match &self.dialled {
+            Dialled::AnyReplica | Dialled::Replica(_) => Ok(self.tls.client_config()),
+            Dialled::Node(node) => self.tls.node_client_config(node),
+        };
+        let pinned = match self.dialled {
+            Dialled::Replica(id) => Some(id),
+            _ => None,
         };
         Box::pin(async move {
             let invalid =
@@ -78,6 +133,9 @@ impl tower::Service<http::Uri> for Connector {
             let stream = tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
                 .await?;
+            if let Some(id) = pinned {
+                check_replica(&stream, id, &format!("{host}:{port}"))?;
+            }
             Ok(TokioIo::new(stream))
         })
     }
@@ -132,6 +190,18 @@ pub fn channel_with_keepalive(
 ) -> Result<Channel, String> {
     let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(5))?;
     Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
+}
+
+/// [`channel_with_keepalive`] to replica `id` at `addr`, and to no other: a connection whose
+/// server presents another replica's certificate is refused before anything is sent on it.
+pub fn replica_channel_with_keepalive(
+    addr: &str,
+    id: u64,
+    tls: &TlsContext,
+    connect_timeout: Duration,
+) -> Result<Channel, String> {
+    let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(5))?;
+    Ok(endpoint.connect_with_connector_lazy(Connector::to_replica(tls.clone(), id)))
 }
 
 /// Like [`channel`], with an HTTP/2 ping whenever nothing has arrived for `ping`: when one is

@@ -81,7 +81,7 @@ pub fn channel(addr: &str) -> Channel {
 pub fn raft_channels() -> Channels {
     Channels::with_maker(
         NetworkConfig::default(),
-        std::sync::Arc::new(|addr: &str| {
+        std::sync::Arc::new(|_, addr: &str| {
             docket_auth::tls::connect::channel(addr, &secrets().tls, Duration::from_secs(2), None)
         }),
     )
@@ -104,7 +104,8 @@ pub fn site_config() -> PathBuf {
         .join("tests/data/two-partitions.toml")
 }
 
-fn free_addr() -> String {
+/// A loopback address no one listens on now.
+pub fn free_addr() -> String {
     docket_auth::local::free_loopback_addr().unwrap()
 }
 

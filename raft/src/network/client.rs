@@ -43,16 +43,24 @@ use crate::read_index::{ConfirmLeaderRequest, ReadIndexRequest};
 use crate::status::ReplicaStatus;
 use crate::types::{RaftError, RpcError, TypeConfig};
 
-/// Builds the channel to a peer address (`host:port`). The default connects over TCP, lazily.
-pub type ChannelMaker = Arc<dyn Fn(&str) -> Result<Channel, String> + Send + Sync>;
+/// Builds the channel to a peer address (`host:port`): to the replica named, which must
+/// prove it is that one (a TLS maker checks its certificate), or to whichever replica is
+/// there when none is named (status probes by address). The default connects over TCP,
+/// lazily, and proves nothing.
+pub type ChannelMaker =
+    Arc<dyn Fn(Option<ReplicaId>, &str) -> Result<Channel, String> + Send + Sync>;
 
 /// How long a forwarded write may take, from sending it to the leader to its answer.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The channels to every peer this replica has talked to. Cheap to clone; clones share.
+/// Which channel: the address, and the replica that must answer there (None: any).
+type ChannelKey = (Option<ReplicaId>, String);
+
+/// The channels to every peer this replica has talked to, one per address and replica
+/// expected there. Cheap to clone; clones share.
 #[derive(Clone)]
 pub struct Channels {
-    cache: Arc<Mutex<HashMap<String, Channel>>>,
+    cache: Arc<Mutex<HashMap<ChannelKey, Channel>>>,
     maker: ChannelMaker,
     config: NetworkConfig,
 }
@@ -69,7 +77,7 @@ impl Channels {
     /// Channels over TCP.
     pub fn tcp(config: NetworkConfig) -> Self {
         let connect_timeout = config.connect_timeout;
-        let maker: ChannelMaker = Arc::new(move |addr: &str| {
+        let maker: ChannelMaker = Arc::new(move |_, addr: &str| {
             let endpoint = Endpoint::from_shared(format!("http://{addr}"))
                 .map_err(|e| format!("bad replica address {addr:?}: {e}"))?
                 .connect_timeout(connect_timeout)
@@ -95,14 +103,26 @@ impl Channels {
         &self.config
     }
 
-    /// A client for the Raft service at `addr`, on the shared channel.
+    /// A client for the Raft service of whichever replica is at `addr` (status probes), on
+    /// the shared channel.
     pub fn client(&self, addr: &str) -> Result<RaftClient<Channel>, String> {
+        self.client_of(None, addr)
+    }
+
+    /// A client for the Raft service of replica `to` at `addr` (a peer's Raft messages,
+    /// forwarded writes and reads), or of whichever replica is there when `to` is None.
+    pub fn client_of(
+        &self,
+        to: Option<ReplicaId>,
+        addr: &str,
+    ) -> Result<RaftClient<Channel>, String> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let channel = match cache.get(addr) {
+        let key = (to, addr.to_owned());
+        let channel = match cache.get(&key) {
             Some(channel) => channel.clone(),
             None => {
-                let channel = (self.maker)(addr)?;
-                cache.insert(addr.to_owned(), channel.clone());
+                let channel = (self.maker)(to, addr)?;
+                cache.insert(key, channel.clone());
                 channel
             }
         };
@@ -111,13 +131,17 @@ impl Channels {
             .max_encoding_message_size(self.config.max_message_bytes))
     }
 
-    /// Sends `commands` to the leader at `addr` and returns its responses once applied.
+    /// Sends `commands` to the leader `leader` at `addr` and returns its responses once
+    /// applied.
     pub async fn forward<M: StateMachine>(
         &self,
+        leader: ReplicaId,
         addr: &str,
         commands: Vec<M::Command>,
     ) -> Result<Vec<M::Response>, WriteError> {
-        let mut client = self.client(addr).map_err(WriteError::Indeterminate)?;
+        let mut client = self
+            .client_of(Some(leader), addr)
+            .map_err(WriteError::Indeterminate)?;
         let data = encode(&commands)
             .map_err(|e| WriteError::Stopped(format!("cannot encode the commands: {e}")))?;
         let call = client.forward(RaftPayload { data });
@@ -143,9 +167,10 @@ impl Channels {
 }
 
 impl Channels {
-    /// Asks the leader at `addr` for the read index (see [`crate::read_index`]).
+    /// Asks the leader `leader` at `addr` for the read index (see [`crate::read_index`]).
     pub async fn read_index(
         &self,
+        leader: ReplicaId,
         addr: &str,
         request: &ReadIndexRequest,
         ttl: Duration,
@@ -154,7 +179,7 @@ impl Channels {
             addr: addr.to_owned(),
             message,
         };
-        let mut client = self.client(addr).map_err(unreachable)?;
+        let mut client = self.client_of(Some(leader), addr).map_err(unreachable)?;
         let data = encode(request).map_err(|e| unreachable(e.to_string()))?;
         let reply = match tokio::time::timeout(ttl, client.read_index(RaftPayload { data })).await {
             Err(_) => return Err(unreachable(format!("no answer within {ttl:?}"))),
@@ -174,7 +199,7 @@ impl Channels {
         ttl: Duration,
     ) -> bool {
         let answer = async {
-            let mut client = self.client(addr)?;
+            let mut client = self.client_of(Some(request.to), addr)?;
             let data = encode(request).map_err(|e| e.to_string())?;
             let call = client.confirm_leader(RaftPayload { data });
             let reply = match tokio::time::timeout(ttl, call).await {
@@ -214,7 +239,17 @@ impl Channels {
 
     /// Asks the replica at `addr` for its status.
     pub async fn status(&self, addr: &str, ttl: Duration) -> Result<ReplicaStatus, String> {
-        let mut client = self.client(addr)?;
+        self.status_of(None, addr, ttl).await
+    }
+
+    /// Asks replica `to` at `addr` (whichever is there when None) for its status.
+    pub async fn status_of(
+        &self,
+        to: Option<ReplicaId>,
+        addr: &str,
+        ttl: Duration,
+    ) -> Result<ReplicaStatus, String> {
+        let mut client = self.client_of(to, addr)?;
         let data = encode(&()).map_err(|e| e.to_string())?;
         let reply = match tokio::time::timeout(ttl, client.status(RaftPayload { data })).await {
             Err(_) => return Err(format!("{addr}: no answer within {ttl:?}")),
@@ -327,7 +362,7 @@ impl Peer {
         }
         let client = self
             .channels
-            .client(&self.node.addr)
+            .client_of(Some(self.target), &self.node.addr)
             .map_err(Failure::Unreachable)?;
         let reply = match tokio::time::timeout(ttl, call(client, RaftPayload { data })).await {
             Err(_) => return Err(Failure::Timeout),
