@@ -16,9 +16,10 @@ use crate::client::{Client, rpc};
 /// The most jobs a page may hold (the controllers' limit).
 pub const PAGE_SIZE: u32 = 10_000;
 
-/// How many pages one listing may read before it is refused: 10,000 pages of 10,000 jobs
-/// is far more than any queue, and a server that keeps answering "more" ends here.
-const MAX_PAGES: usize = 10_000;
+/// The most jobs one listing gathers before it is refused: far more than any queue holds
+/// (the controllers' own limits keep it to a few million), and a server that keeps
+/// answering "more" ends here, not in memory.
+const MAX_JOBS: usize = 20_000_000;
 
 /// Every job `request` selects, asking the controllers page after page.
 pub async fn all_jobs(client: &Client, request: pb::ListJobsRequest) -> Result<Vec<pb::JobInfo>> {
@@ -29,8 +30,8 @@ pub async fn all_jobs(client: &Client, request: pb::ListJobsRequest) -> Result<V
 }
 
 /// Every job of the pages `fetch` answers for `request`, following each page's token until
-/// a page says it is the last. A token that does not move on (the same one twice) is an
-/// error, not a loop.
+/// a page says it is the last. A token seen before (a server going round in circles) is an
+/// error, not a loop, and so is a listing past [`MAX_JOBS`].
 pub async fn all_pages<F, Fut>(
     mut request: pb::ListJobsRequest,
     mut fetch: F,
@@ -43,24 +44,27 @@ where
         request.page_size = PAGE_SIZE;
     }
     let mut jobs = Vec::new();
-    for _ in 0..MAX_PAGES {
+    let mut seen = std::collections::HashSet::new();
+    loop {
         let page = fetch(request.clone()).await?;
         jobs.extend(page.jobs);
         if page.next_page_token.is_empty() {
             return Ok(jobs);
         }
-        if page.next_page_token == request.page_token {
+        if jobs.len() > MAX_JOBS {
             return Err(anyhow!(
-                "the controller answered the page after {:?} with the same token",
-                request.page_token
+                "the listing did not end within {MAX_JOBS} jobs; narrow it (-u, -p, -t, job ids)"
+            ));
+        }
+        if !seen.insert(page.next_page_token.clone()) {
+            return Err(anyhow!(
+                "the controller answered the page after {:?} with a token it gave before ({:?})",
+                request.page_token,
+                page.next_page_token
             ));
         }
         request.page_token = page.next_page_token;
     }
-    Err(anyhow!(
-        "the listing did not end within {MAX_PAGES} pages of {} jobs",
-        request.page_size
-    ))
 }
 
 #[cfg(test)]
@@ -134,8 +138,27 @@ mod tests {
             }
         }))
         .expect_err("a stuck token");
-        assert!(err.to_string().contains("same token"), "{err}");
+        assert!(err.to_string().contains("a token it gave before"), "{err}");
         assert_eq!(asked, 2);
+    }
+
+    #[test]
+    fn tokens_that_go_round_in_circles_are_an_error_not_a_loop() {
+        let mut asked = 0;
+        let err = block_on(all_pages(pb::ListJobsRequest::default(), |req| {
+            asked += 1;
+            // A, B, A, B, ...
+            let next = if req.page_token == "A" { "B" } else { "A" };
+            async move {
+                Ok(pb::ListJobsResponse {
+                    jobs: vec![pb::JobInfo::default()],
+                    next_page_token: next.into(),
+                })
+            }
+        }))
+        .expect_err("a cycle of tokens");
+        assert!(err.to_string().contains("a token it gave before"), "{err}");
+        assert_eq!(asked, 3);
     }
 
     #[test]

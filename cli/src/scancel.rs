@@ -198,7 +198,8 @@ fn matching_jobs(
 const REFS_PER_REQUEST: usize = 10_000;
 
 /// Cancels the jobs `refs`, or sends them `signal` when one is given, [`REFS_PER_REQUEST`]
-/// at a time; the answers of every request, in order.
+/// at a time; the answers of every request, in order. A request that fails ends the run:
+/// the answers before it are reported first, and the error says how far it got.
 fn cancel_or_signal(
     client: &Client,
     runtime: &tokio::runtime::Runtime,
@@ -206,9 +207,21 @@ fn cancel_or_signal(
     signal: Option<i32>,
 ) -> Result<pb::PerJobResponse> {
     let mut all = pb::PerJobResponse::default();
-    for batch in refs.chunks(REFS_PER_REQUEST) {
-        let r = cancel_or_signal_batch(client, runtime, batch, signal)?;
-        all.results.extend(r.results);
+    let batches = refs.len().div_ceil(REFS_PER_REQUEST);
+    for (k, batch) in refs.chunks(REFS_PER_REQUEST).enumerate() {
+        match cancel_or_signal_batch(client, runtime, batch, signal) {
+            Ok(r) => all.results.extend(r.results),
+            Err(e) if k == 0 => return Err(e),
+            Err(e) => {
+                let _ = report_job_failures(&all, signal);
+                return Err(e.context(format!(
+                    "request {} of {batches} failed, after {} of {} jobs were answered",
+                    k + 1,
+                    all.results.len(),
+                    refs.len()
+                )));
+            }
+        }
     }
     Ok(all)
 }

@@ -122,11 +122,11 @@ impl Admin for AdminService {
             }));
         }
         // The leader's view has every member's lag; ask it when we are not it.
-        let leader_view = match (&me.role, &me.leader_addr) {
+        let leader_view = match (&me.role, me.leader.zip(me.leader_addr.as_ref())) {
             (Role::Leader, _) => Some(me.clone()),
-            (_, Some(addr)) => self
+            (_, Some((leader, addr))) => self
                 .channels
-                .status(addr, Duration::from_secs(1))
+                .status_of(Some(leader), addr, Duration::from_secs(1))
                 .await
                 .ok(),
             _ => None,
@@ -140,9 +140,20 @@ impl Admin for AdminService {
             let answer = if member.id == me.id {
                 Ok(me.clone())
             } else {
+                // Whichever replica answers there, so that one in the wrong place is named.
                 self.channels
                     .status(&member.addr, Duration::from_secs(1))
                     .await
+                    .and_then(|s| {
+                        if s.id == member.id {
+                            Ok(s)
+                        } else {
+                            Err(format!(
+                                "{}: replica {} answers there, not replica {}",
+                                member.addr, s.id.0, member.id.0
+                            ))
+                        }
+                    })
             };
             replicas.push(match answer {
                 Ok(s) => pb::ReplicaInfo {

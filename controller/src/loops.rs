@@ -485,7 +485,9 @@ async fn raise_command_version(ctx: &LoopContext) {
         let version = ctx
             .replica
             .channels()
-            .status(&member.addr, Duration::from_secs(1))
+            // That replica's own answer: another's, at its address, would speak for a build
+            // that may not be the one it runs.
+            .status_of(Some(member.id), &member.addr, Duration::from_secs(1))
             .await
             .ok()
             .and_then(|s| s.app_version);

@@ -84,8 +84,8 @@ struct Watch<M: StateMachine> {
     handled: Option<Instant>,
     /// The leader and term followed, and since when: a lease is never older than that.
     following: Option<(u64, LeaderId<ReplicaId>, Instant)>,
-    /// The leader address a connection was last opened to ([`Self::warm`]).
-    warmed: Option<String>,
+    /// The leader, and its address, a connection was last opened to ([`Self::warm`]).
+    warmed: Option<(ReplicaId, String)>,
 }
 
 /// What one look needs of the replica's metrics.
@@ -177,16 +177,17 @@ impl<M: StateMachine> Watch<M> {
     /// after the change, so that the first read or write it passes on does not wait for TCP
     /// and the TLS handshake (12–21 ms on a loaded host: the first listing of every storm
     /// benchmark paid them). A status request makes it, in a task of its own; its answer does
-    /// not matter. Once per leader address (a leader re-elected at the same address is
+    /// not matter. Once per leader and address (a leader re-elected at the same address is
     /// reached over the connection already made, or tonic reconnects on the first call).
     fn warm(&mut self, view: &View) {
         let (Some(leader), Some(addr)) = (view.leader, view.addr.as_ref()) else {
             return;
         };
-        if leader == view.me || self.warmed.as_ref() == Some(addr) {
+        let wanted = (leader, addr.clone());
+        if leader == view.me || self.warmed.as_ref() == Some(&wanted) {
             return;
         }
-        self.warmed = Some(addr.clone());
+        self.warmed = Some(wanted);
         let (channels, addr, ttl) = (self.channels.clone(), addr.clone(), self.lease);
         // The channel its forwards and reads will take: to that replica, proven.
         tokio::spawn(async move {

@@ -273,3 +273,56 @@ async fn raft_messages_go_over_channels_pinned_to_their_replica() {
         ]
     );
 }
+
+/// A connector that refuses every connection as a TLS layer refuses a server that is not the
+/// replica dialled (after the handshake, before anything is sent).
+#[derive(Clone)]
+struct WrongReplica;
+
+impl tower::Service<http::Uri> for WrongReplica {
+    type Response = hyper_util::rt::TokioIo<tokio::net::TcpStream>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        std::future::ready(Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "answered as replica 3, not replica 2",
+        )))
+    }
+}
+
+/// A write forwarded to a leader whose connection is refused by the connector (the server
+/// at its address is another replica) was certainly not applied: nothing was sent, and the
+/// caller may send it again.
+#[tokio::test]
+async fn a_write_whose_connection_the_connector_refused_was_certainly_not_applied() {
+    let maker: docket_raft::network::ChannelMaker = std::sync::Arc::new(|_, at: &str| {
+        Ok(
+            tonic::transport::Endpoint::from_shared(format!("http://{at}"))
+                .map_err(|e| e.to_string())?
+                .connect_with_connector_lazy(WrongReplica),
+        )
+    });
+    let channels = Channels::with_maker(NetworkConfig::default(), maker);
+    let err = channels
+        .forward::<KvMachine>(
+            ReplicaId(2),
+            "127.0.0.1:9",
+            vec![KvCommand::Set {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err, WriteError::NoLeader, "{err}");
+    assert!(err.certainly_not_applied());
+}

@@ -151,8 +151,10 @@ impl Channels {
                     "no answer from the leader at {addr} within {FORWARD_TIMEOUT:?}"
                 )));
             }
-            // No connection could be made: the request never left, so it was not applied.
-            Ok(Err(status)) if connect_failed(&status) => return Err(WriteError::NoLeader),
+            // No connection could be made (refused, unreachable, a handshake that failed, a
+            // server that is not the leader named): the request never left, so it was not
+            // applied.
+            Ok(Err(status)) if never_sent(&status) => return Err(WriteError::NoLeader),
             Ok(Err(status)) => {
                 return Err(WriteError::Indeterminate(format!(
                     "forwarding to the leader at {addr}: {status}"
@@ -287,6 +289,24 @@ pub fn connect_failed(status: &tonic::Status) -> bool {
                     | std::io::ErrorKind::NetworkUnreachable
                     | std::io::ErrorKind::AddrNotAvailable
             );
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// True when `status` says the call's connection was never made, so nothing of the call was
+/// sent: a failed connect ([`connect_failed`]) or any failure of the connector (tonic wraps
+/// those, and only those, in a `ConnectError`: a TLS handshake refused, a server whose
+/// certificate names another replica than the one dialled).
+pub fn never_sent(status: &tonic::Status) -> bool {
+    if connect_failed(status) {
+        return true;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
         }
         source = e.source();
     }
