@@ -125,40 +125,35 @@ mod tests {
         assert_eq!(odd, 12_501);
     }
 
-    #[test]
-    fn a_token_that_does_not_move_on_is_an_error_not_a_loop() {
+    /// Lists from a server whose next token after `token` is `next(token)`, which must be
+    /// refused as a token given before; how many pages were asked for.
+    fn pages_before_a_repeated_token_is_refused(next: fn(&str) -> &'static str) -> usize {
         let mut asked = 0;
-        let err = block_on(all_pages(pb::ListJobsRequest::default(), |_| {
+        let err = block_on(all_pages(pb::ListJobsRequest::default(), |req| {
             asked += 1;
-            async {
+            let token = next(&req.page_token);
+            async move {
                 Ok(pb::ListJobsResponse {
-                    jobs: Vec::new(),
-                    next_page_token: "7".into(),
+                    jobs: vec![pb::JobInfo::default()],
+                    next_page_token: token.into(),
                 })
             }
         }))
-        .expect_err("a stuck token");
+        .expect_err("a repeated token");
         assert!(err.to_string().contains("a token it gave before"), "{err}");
-        assert_eq!(asked, 2);
+        asked
+    }
+
+    #[test]
+    fn a_token_that_does_not_move_on_is_an_error_not_a_loop() {
+        assert_eq!(pages_before_a_repeated_token_is_refused(|_| "7"), 2);
     }
 
     #[test]
     fn tokens_that_go_round_in_circles_are_an_error_not_a_loop() {
-        let mut asked = 0;
-        let err = block_on(all_pages(pb::ListJobsRequest::default(), |req| {
-            asked += 1;
-            // A, B, A, B, ...
-            let next = if req.page_token == "A" { "B" } else { "A" };
-            async move {
-                Ok(pb::ListJobsResponse {
-                    jobs: vec![pb::JobInfo::default()],
-                    next_page_token: next.into(),
-                })
-            }
-        }))
-        .expect_err("a cycle of tokens");
-        assert!(err.to_string().contains("a token it gave before"), "{err}");
-        assert_eq!(asked, 3);
+        // A, B, A, ...
+        let cycle = |t: &str| if t == "A" { "B" } else { "A" };
+        assert_eq!(pages_before_a_repeated_token_is_refused(cycle), 3);
     }
 
     #[test]

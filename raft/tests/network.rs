@@ -165,10 +165,16 @@ async fn a_write_forwarded_to_a_leader_nobody_listens_on_was_certainly_not_appli
         l.local_addr().unwrap().to_string()
     };
     let channels = Channels::tcp(NetworkConfig::default());
+    assert_forward_not_applied(&channels, ReplicaId(1), &addr).await;
+}
+
+/// Forwards a write to `leader` at `addr` through `channels` and checks it failed as
+/// certainly not applied (safe to send again).
+async fn assert_forward_not_applied(channels: &Channels, leader: ReplicaId, addr: &str) {
     let err = channels
         .forward::<KvMachine>(
-            ReplicaId(1),
-            &addr,
+            leader,
+            addr,
             vec![KvCommand::Set {
                 key: "k".into(),
                 value: "v".into(),
@@ -312,17 +318,5 @@ async fn a_write_whose_connection_the_connector_refused_was_certainly_not_applie
         )
     });
     let channels = Channels::with_maker(NetworkConfig::default(), maker);
-    let err = channels
-        .forward::<KvMachine>(
-            ReplicaId(2),
-            "127.0.0.1:9",
-            vec![KvCommand::Set {
-                key: "k".into(),
-                value: "v".into(),
-            }],
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(err, WriteError::NoLeader, "{err}");
-    assert!(err.certainly_not_applied());
+    assert_forward_not_applied(&channels, ReplicaId(2), "127.0.0.1:9").await;
 }
