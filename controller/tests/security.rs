@@ -158,6 +158,26 @@ async fn a_replica_answering_at_anothers_address_is_not_counted() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(answered, "no replica ever answered a status request");
+    // `docket cluster status` names what it found at each address.
+    let status = cluster
+        .admin(1)
+        .await
+        .cluster_status(as_user("root", pb::ClusterStatusRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    let errors: Vec<(u64, String)> = status
+        .replicas
+        .iter()
+        .map(|r| (r.id, r.error.clone()))
+        .collect();
+    for (id, other) in [(2, 3), (3, 2)] {
+        let error = &errors.iter().find(|(i, _)| *i == id).unwrap().1;
+        assert!(
+            error.contains(&format!("replica {other} answers there, not replica {id}")),
+            "{errors:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
