@@ -75,21 +75,16 @@ fn check_replica(stream: &TlsStream<TcpStream>, want: u64, at: &str) -> std::io:
         .peer_certificates()
         .and_then(|certs| certs.first())
         .map(|leaf| Role::of_certificate(leaf));
-    match role {
-        Some(Ok(Role::Replica(id))) if id == want => Ok(()),
-        Some(Ok(other)) => Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("{at} answered as {other}, not replica {want}"),
-        )),
-        Some(Err(e)) => Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("{at}: the server's certificate: {e}"),
-        )),
-        None => Err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            format!("{at} presented no certificate"),
-        )),
-    }
+    let why = match role {
+        Some(Ok(Role::Replica(id))) if id == want => return Ok(()),
+        Some(Ok(other)) => format!("{at} answered as {other}, not replica {want}"),
+        Some(Err(e)) => format!("{at}: the server's certificate: {e}"),
+        None => format!("{at} presented no certificate"),
+    };
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        why,
+    ))
 }
 
 type Connecting =

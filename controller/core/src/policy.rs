@@ -1056,9 +1056,9 @@ impl State {
         // A job already where it stands is only read: while a snapshot's copy of the state
         // shares it, changing it would copy it ([`crate::job_table`]), and every tick
         // re-places every pending job on sites with per-user limits.
-        let accruing = part == Part::Idle && reason.is_eligible();
-        let unchanged = !moved && job.reason == reason && job.eligible_since.is_some() == accruing;
-        if !unchanged && let Some(job) = self.jobs.get_mut(&id) {
+        if !stands(job, part, reason)
+            && let Some(job) = self.jobs.get_mut(&id)
+        {
             set_pending(job, part, reason, now);
         }
         if self.jobs.get(&id).is_some_and(placed_by_clock) {
@@ -1106,8 +1106,7 @@ pub(crate) fn placement_moves_with_time(job: &Job) -> bool {
 /// Records a pending job's part and reason, and keeps its eligible-time clock: it runs only
 /// while the job is idle with nothing stopping it.
 pub(crate) fn set_pending(job: &mut Job, part: Part, reason: Reason, now: TimeMs) {
-    let accruing = part == Part::Idle && reason.is_eligible();
-    match (job.eligible_since, accruing) {
+    match (job.eligible_since, accrues(part, reason)) {
         (None, true) => job.eligible_since = Some(now),
         (Some(since), false) => {
             job.eligible_accrued += now.since(since);
@@ -1117,6 +1116,18 @@ pub(crate) fn set_pending(job: &mut Job, part: Part, reason: Reason, now: TimeMs
     }
     job.part = part;
     job.reason = reason;
+}
+
+/// Whether a pending job in `part` for `reason` accrues eligible time.
+fn accrues(part: Part, reason: Reason) -> bool {
+    part == Part::Idle && reason.is_eligible()
+}
+
+/// Whether [`set_pending`] with `part` and `reason` would leave `job` as it is.
+fn stands(job: &Job, part: Part, reason: Reason) -> bool {
+    job.part == part
+        && job.reason == reason
+        && job.eligible_since.is_some() == accrues(part, reason)
 }
 
 /// Stops a job's eligible-time clock (it starts, is cancelled, or leaves the queue).

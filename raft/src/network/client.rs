@@ -275,24 +275,26 @@ pub enum Probe {
     Unknown,
 }
 
+/// `status`'s sources, the nearest first.
+fn sources(status: &tonic::Status) -> impl Iterator<Item = &(dyn std::error::Error + 'static)> {
+    std::iter::successors(std::error::Error::source(status), |e| e.source())
+}
+
 /// True when `status` reports that no connection could be made (refused, unreachable, timed
 /// out connecting): the request was never sent. Found by walking the error's sources for the
 /// I/O error of a failed connect.
 pub fn connect_failed(status: &tonic::Status) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return matches!(
+    sources(status)
+        .find_map(|e| e.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| {
+            matches!(
                 io.kind(),
                 std::io::ErrorKind::ConnectionRefused
                     | std::io::ErrorKind::HostUnreachable
                     | std::io::ErrorKind::NetworkUnreachable
                     | std::io::ErrorKind::AddrNotAvailable
-            );
-        }
-        source = e.source();
-    }
-    false
+            )
+        })
 }
 
 /// True when `status` says the call's connection was never made, so nothing of the call was
@@ -300,17 +302,7 @@ pub fn connect_failed(status: &tonic::Status) -> bool {
 /// those, and only those, in a `ConnectError`: a TLS handshake refused, a server whose
 /// certificate names another replica than the one dialled).
 pub fn never_sent(status: &tonic::Status) -> bool {
-    if connect_failed(status) {
-        return true;
-    }
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(e) = source {
-        if e.downcast_ref::<tonic::ConnectError>().is_some() {
-            return true;
-        }
-        source = e.source();
-    }
-    false
+    connect_failed(status) || sources(status).any(|e| e.is::<tonic::ConnectError>())
 }
 
 /// openraft's network factory: one [`Peer`] per target, sharing [`Channels`].
