@@ -358,10 +358,12 @@ exit 3
         .spawn()
         .unwrap();
     let bystander = KillOnDrop(bystander);
+    // The main shell's trap is set before the escaped process exists: the test signals once
+    // that process has written its pid, which could come before a trap set after it.
     let script = r#"#!/bin/sh
 cd "$WORK"
-setsid sh -c 'trap "echo escaped-got-usr1 >> marks; exit 0" USR1; echo $$ > escaped.pid; while :; do sleep 0.1; done' &
 trap 'echo main-got-usr1 >> marks' USR1
+setsid sh -c 'trap "echo escaped-got-usr1 >> marks; exit 0" USR1; echo $$ > escaped.pid; while :; do sleep 0.1; done' &
 while :; do sleep 0.1; done
 "#;
     leader
