@@ -7,7 +7,9 @@
 //! leader and waits out elections; its exit status says what happened (see `exit` below).
 
 // Every command prints through these (they shadow std's for the whole crate): a reader that
-// closes the pipe early ends the command quietly instead of in a panic (see `stdout`).
+// closes the pipe early ends the command quietly instead of in a panic (see `stdout`). Not in
+// the unit tests, whose output libtest must capture, as it captures only std's macros.
+#[cfg(not(test))]
 macro_rules! println {
     () => {
         $crate::stdout::line(format_args!(""))
@@ -16,6 +18,7 @@ macro_rules! println {
         $crate::stdout::line(format_args!($($arg)*))
     };
 }
+#[cfg(not(test))]
 macro_rules! print {
     ($($arg:tt)*) => {
         $crate::stdout::text(format_args!($($arg)*))

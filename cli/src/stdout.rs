@@ -8,6 +8,9 @@
 //! with the status a shell shows for a command killed by SIGPIPE (128 + 13). Any other
 //! failure to write is said on stderr and is a failure.
 
+// The unit tests print with std's macros (see `main.rs`), so nothing calls these there.
+#![cfg_attr(test, allow(dead_code))]
+
 use std::fmt;
 use std::io::{self, Write};
 

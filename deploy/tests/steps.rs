@@ -1134,6 +1134,8 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
     let Some(python) = python_tools() else {
         return;
     };
+    // Declared before the site: it sweeps after the site is down and the workers are gone.
+    let _leaks = SemaphoreSweep::begin();
     let Some(site) = Site::start(1) else {
         return;
     };
@@ -1207,6 +1209,73 @@ fn dask_jobqueue_computes_on_workers_from_both_dialects() {
             "workers left in the queue: {left}"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Removes, when dropped, the POSIX semaphores (`/dev/shm/sem.mp-*`) that appeared since
+/// [`SemaphoreSweep::begin`] and that no process has mapped any more.
+///
+/// A dask worker's `multiprocessing` names its semaphores in the host's `/dev/shm`, and its
+/// resource tracker unlinks them when the worker's processes have gone. A cancelled job's
+/// processes are killed together (a batch system ends the whole job), the tracker with them,
+/// so the names stay behind: 5 to 18 files a run. A semaphore some process still uses
+/// (another test's Python, running beside this one) is mapped by it and left alone.
+struct SemaphoreSweep {
+    before: std::collections::HashSet<std::ffi::OsString>,
+}
+
+impl SemaphoreSweep {
+    const DIR: &'static str = "/dev/shm";
+
+    fn begin() -> Self {
+        SemaphoreSweep {
+            before: Self::names(),
+        }
+    }
+
+    fn names() -> std::collections::HashSet<std::ffi::OsString> {
+        std::fs::read_dir(Self::DIR)
+            .map(|d| {
+                d.filter_map(|e| Some(e.ok()?.file_name()))
+                    .filter(|n| n.to_string_lossy().starts_with("sem.mp-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The inode of every file of `/dev/shm` some process has mapped now. By inode, not
+    /// by name: glibc's `sem_open` maps a temporary file it then links under the name, so a
+    /// live semaphore's mapping names the temporary, deleted.
+    fn mapped() -> std::collections::HashSet<u64> {
+        let mut mapped = std::collections::HashSet::new();
+        for proc in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(maps) = std::fs::read_to_string(proc.path().join("maps")) else {
+                continue;
+            };
+            for line in maps.lines().filter(|l| l.contains(Self::DIR)) {
+                // address perms offset device inode path
+                if let Some(inode) = line.split_whitespace().nth(4).and_then(|i| i.parse().ok()) {
+                    mapped.insert(inode);
+                }
+            }
+        }
+        mapped
+    }
+}
+
+impl Drop for SemaphoreSweep {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        let mapped = Self::mapped();
+        for name in Self::names().difference(&self.before) {
+            let path = Path::new(Self::DIR).join(name);
+            match std::fs::metadata(&path) {
+                Ok(m) if !mapped.contains(&m.ino()) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                _ => {}
+            }
+        }
     }
 }
 
