@@ -1,7 +1,10 @@
-//! Links the `docket` command as a position-dependent executable on Linux with glibc.
+//! Links the `docket` command for a quick start on Linux with glibc: at a fixed address, and
+//! with gcc's unwinder inside it rather than loaded from `libgcc_s.so.1`.
 //!
 //! Every `sbatch`, `squeue` or `qsub` is a new process, and a site's scripts and portals
-//! start thousands of them. A position-independent executable of this size carries about
+//! start thousands of them.
+//!
+//! **A fixed address.** A position-independent executable of this size carries about
 //! 15,000 relative relocations: at every start the dynamic loader writes each of them,
 //! copying every page of `.data.rel.ro` it touches, before `main` runs. Linked at a fixed
 //! address the loader has nothing to relocate, and those pages stay shared with every other
@@ -18,6 +21,19 @@
 //! (controller, agent, authd), which hold rights a user must not reach, stay
 //! position-independent.
 //!
+//! **The unwinder linked in** (what gcc's `-static-libgcc` does for a C++ program, and what
+//! rustc does itself for a static glibc target). Rust's standard library unwinds panics and
+//! walks backtraces with libgcc's `_Unwind_*`, which it takes from `libgcc_s.so.1`: one more
+//! library for the loader to map, relocate and bind at every start, whose constructor then
+//! probes the CPU (`__cpu_indicator_init`: `cpuid`, which traps to the hypervisor in a
+//! virtual machine). The command links the whole of `libgcc_eh.a` instead, the same unwinder
+//! as an archive, ahead of the standard library's `-lgcc_s`: every `_Unwind_*` symbol is then
+//! defined in the executable, so one unwinder serves every frame, and the linker (rustc asks
+//! for `--as-needed`) records no need of `libgcc_s.so.1`. Measured (`perf stat -r 300
+//! sbatch --version`, three runs each): 0.72–0.74 ms of cpu and 118–119 page faults per start
+//! with the library, 0.62–0.63 ms and 110–112 without. `tests/slurm.rs` checks that the
+//! library stays out and that a panic still unwinds and reports.
+//!
 //! Only on Linux with glibc: with musl `-no-pie` would cancel rustc's `-static-pie`, and other
 //! systems' linkers do not take it.
 fn main() {
@@ -25,6 +41,8 @@ fn main() {
     let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
     if os == "linux" && env == "gnu" {
         println!("cargo:rustc-link-arg-bin=docket=-no-pie");
+        // Whole: every member, so that no `_Unwind_*` is left for `libgcc_s` to define.
+        println!("cargo:rustc-link-lib=static:+whole-archive,-bundle=gcc_eh");
     }
     println!("cargo:rerun-if-changed=build.rs");
 }
