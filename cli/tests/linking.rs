@@ -1,9 +1,11 @@
 //! How the `docket` command is linked on Linux with glibc (`build.rs`): gcc's unwinder is
 //! inside the executable, and `libgcc_s.so.1` is not loaded at all.
 //!
-//! Cargo links every target of this package the same way (it has no library target, so the
-//! build script's `rustc-link-lib` reaches the tests too): this test process unwinds with the
-//! unwinder the command has, and checks first that it is so.
+//! Cargo links every target of this package with the build script's `rustc-link-lib` (it has
+//! no library target, so the instruction reaches the tests too): this test process unwinds
+//! with the same unwinder, linked in, and checks that `libgcc_s` was never loaded. It is
+//! linked position-independent (`-no-pie` is for the command alone), which the unwinder does
+//! not depend on.
 
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 #![allow(clippy::unwrap_used)]
@@ -47,11 +49,6 @@ fn descend(depth: u32) -> u32 {
 
 #[test]
 fn a_panic_unwinds_every_frame_and_is_caught() {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    assert!(
-        !maps.contains("libgcc_s"),
-        "this test must run with the command's unwinder, not libgcc_s:\n{maps}"
-    );
     let before = DROPPED.load(Ordering::SeqCst);
     let caught = std::panic::catch_unwind(|| descend(3));
     assert!(caught.is_err());
@@ -70,5 +67,11 @@ fn a_panic_unwinds_every_frame_and_is_caught() {
             .to_string()
             .contains("a_panic_unwinds_every_frame_and_is_caught"),
         "{trace}"
+    );
+    // And all of it without libgcc_s, which nothing loaded meanwhile either.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(
+        !maps.contains("libgcc_s"),
+        "this test must unwind with the linked-in unwinder, not libgcc_s:\n{maps}"
     );
 }
