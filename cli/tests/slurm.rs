@@ -502,6 +502,8 @@ fn admins_look_and_act_in_slurm_and_pbs_words() {
     scontrol_shows_nodes_partitions_and_config(d, &addr);
     // Drain with a reason, see it in sinfo -R and pbsnodes, resume.
     drain_with_a_reason_and_resume(d, &addr);
+    // `docket node drain n[01-02] | head -1`: the reader going away stops the printing only.
+    a_reader_that_goes_away_does_not_stop_a_drain(d, &addr);
     // Reservations: create, show, delete.
     reservations_are_created_shown_and_deleted(d, &addr);
 
@@ -617,6 +619,42 @@ fn drain_with_a_reason_and_resume(d: &Path, addr: &str) {
         &["update", "NodeName=n02", "State=RESUME"],
         None,
     ));
+    let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
+    assert!(out.is_empty(), "{out}");
+}
+
+/// `docket node drain` with its stdout a pipe already closed drains every node it names,
+/// then ends as a command killed by SIGPIPE would (141), quietly; `docket node resume`
+/// returns them.
+fn a_reader_that_goes_away_does_not_stop_a_drain(d: &Path, addr: &str) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["node", "drain", "n[01-02]", "--reason", "rack power"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{:?} {err}", o.status);
+    assert!(err.is_empty(), "said on stderr: {err}");
+    let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
+    assert!(
+        out.starts_with("rack power") && out.contains("n[01-02]"),
+        "both nodes drained: {out}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_docket"))
+        .args(["node", "resume", "n[01-02]"])
+        .current_dir(d)
+        .env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .output()
+        .unwrap();
+    assert_eq!(text(&o), "n01: resumed\nn02: resumed\n", "{o:?}");
     let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
     assert!(out.is_empty(), "{out}");
 }
