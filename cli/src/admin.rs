@@ -181,19 +181,21 @@ pub fn node(a: NodeArgs) -> Result<()> {
             json: false,
             addr: a.addr,
         }),
-        NodeCommand::Drain { nodes, reason } => each_node(&hosts(&nodes)?, |node| {
-            rt.block_on(rpc!(
-                client,
-                admin_call,
-                drain_node,
-                pb::DrainNodeRequest {
-                    node: node.to_owned(),
-                    reason: reason.clone(),
-                }
-            ))?;
-            Ok(format!("{node}: draining ({reason})"))
-        }),
-        NodeCommand::Resume { nodes } => each_node(&hosts(&nodes)?, |node| {
+        NodeCommand::Drain { nodes, reason } => {
+            crate::stdout::act_then_say(&hosts(&nodes)?, |node| {
+                rt.block_on(rpc!(
+                    client,
+                    admin_call,
+                    drain_node,
+                    pb::DrainNodeRequest {
+                        node: node.to_owned(),
+                        reason: reason.clone(),
+                    }
+                ))?;
+                Ok(Some(format!("{node}: draining ({reason})")))
+            })
+        }
+        NodeCommand::Resume { nodes } => crate::stdout::act_then_say(&hosts(&nodes)?, |node| {
             rt.block_on(rpc!(
                 client,
                 admin_call,
@@ -202,31 +204,9 @@ pub fn node(a: NodeArgs) -> Result<()> {
                     node: node.to_owned()
                 }
             ))?;
-            Ok(format!("{node}: resumed"))
+            Ok(Some(format!("{node}: resumed")))
         }),
     }
-}
-
-/// Does `act` to each of `nodes` in turn, up to the first that fails, and only then prints
-/// what each one that succeeded says: a reader that stops early (`docket node drain
-/// n[01-64] | head -1`) ends the printing, never the draining. The first failure is the
-/// command's error, after the lines of the nodes done before it.
-fn each_node(nodes: &[String], mut act: impl FnMut(&str) -> Result<String>) -> Result<()> {
-    let mut said = Vec::with_capacity(nodes.len());
-    let mut failed = None;
-    for node in nodes {
-        match act(node) {
-            Ok(line) => said.push(line),
-            Err(e) => {
-                failed = Some(e);
-                break;
-            }
-        }
-    }
-    for line in said {
-        println!("{line}");
-    }
-    failed.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -676,23 +676,20 @@ pub fn sacctmgr(a: SacctmgrArgs) -> Result<()> {
         let (kind, names) = deletion(rest)?;
         let client = Client::new(a.addr.as_deref())?;
         let rt = runtime()?;
-        for name in names {
+        return crate::stdout::act_then_say(&names, |name| {
             let r = rt.block_on(rpc!(
                 client,
                 admin_call,
                 remove_object,
-                crate::client::remove_request(kind, &name)
+                crate::client::remove_request(kind, name)
             ))?;
-            if !a.quiet {
-                let why = if r.message.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", r.message)
-                };
-                println!(" Deleting {kind}: {name}{why}");
-            }
-        }
-        return Ok(());
+            let why = if r.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.message)
+            };
+            Ok((!a.quiet).then(|| format!(" Deleting {kind}: {name}{why}")))
+        });
     }
     let client = Client::new(a.addr.as_deref())?;
     let r = runtime()?.block_on(rpc!(
