@@ -258,23 +258,29 @@ fn a_reader_that_goes_away_ends_the_command_quietly(d: &Path, addr: &str) {
         ("sinfo", &[][..]),
         ("sacct", &["-a"][..]),
     ] {
-        let mut child = Command::new(d.join(name))
-            .args(args)
-            .current_dir(d)
-            .env("DOCKET_ADDR", addr)
-            .envs(auth_env(d))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // The reader is gone before the command prints its first line.
-        drop(child.stdout.take());
-        let o = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(141), "{name}: {:?} {err}", o.status);
-        assert!(err.is_empty(), "{name} said on stderr: {err}");
+        ended_quietly_for_a_reader_gone(d, addr, &d.join(name), args);
     }
+}
+
+/// Runs `program args` with its stdout a pipe whose reader is gone before the command
+/// prints its first line: it must end as a command killed by SIGPIPE (141), saying nothing.
+fn ended_quietly_for_a_reader_gone(d: &Path, addr: &str, program: &Path, args: &[&str]) {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(d)
+        .env("DOCKET_ADDR", addr)
+        .envs(auth_env(d))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let what = program.display();
+    assert_eq!(o.status.code(), Some(141), "{what}: {:?} {err}", o.status);
+    assert!(err.is_empty(), "{what} said on stderr: {err}");
 }
 
 /// sinfo folds the partition's nodes into `n[01-02]`; `sinfo -N` has a line per node.
@@ -627,21 +633,9 @@ fn drain_with_a_reason_and_resume(d: &Path, addr: &str) {
 /// then ends as a command killed by SIGPIPE would (141), quietly; `docket node resume`
 /// returns them.
 fn a_reader_that_goes_away_does_not_stop_a_drain(d: &Path, addr: &str) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_docket"))
-        .args(["node", "drain", "n[01-02]", "--reason", "rack power"])
-        .current_dir(d)
-        .env("DOCKET_ADDR", addr)
-        .envs(auth_env(d))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let o = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(141), "{:?} {err}", o.status);
-    assert!(err.is_empty(), "said on stderr: {err}");
+    let docket = Path::new(env!("CARGO_BIN_EXE_docket"));
+    let drain = ["node", "drain", "n[01-02]", "--reason", "rack power"];
+    ended_quietly_for_a_reader_gone(d, addr, docket, &drain);
     let out = ok(run(d, addr, "sinfo", &["-R", "-h"], None));
     assert!(
         out.starts_with("rack power") && out.contains("n[01-02]"),
