@@ -1,10 +1,10 @@
-//! Every job a listing selects, page after page.
+//! Every job (or accounting record) a listing selects, page after page.
 //!
-//! The controllers answer `ListJobs` a page at a time (at most 10,000 jobs, then a token for
-//! the next page), so one answer is not the queue. Every command that acts on or shows "all
-//! the jobs that match" (`squeue`, `scancel -n/-u/-p/-t`, `qstat`, `scontrol show job`) reads
-//! through here; reading one page only would make `scancel -n NAME` report success and leave
-//! the jobs past the first 10,000 in the queue.
+//! The controllers answer `ListJobs` and `Accounting` a page at a time (at most 10,000
+//! entries, then a token for the next page), so one answer is not the whole. Every command
+//! that acts on or shows "all that match" (`squeue`, `scancel -n/-u/-p/-t`, `qstat`,
+//! `scontrol show job`, `sacct`) reads through here; reading one page only would make
+//! `scancel -n NAME` report success and leave the jobs past the first 10,000 in the queue.
 
 use std::future::Future;
 
@@ -13,13 +13,59 @@ use docket_proto::v1 as pb;
 
 use crate::client::{Client, rpc};
 
-/// The most jobs a page may hold (the controllers' limit).
+/// The most entries a page may hold (the controllers' limit).
 pub const PAGE_SIZE: u32 = 10_000;
 
-/// The most jobs one listing gathers before it is refused: far more than any queue holds
-/// (the controllers' own limits keep it to a few million), and a server that keeps
-/// answering "more" ends here, not in memory.
-const MAX_JOBS: usize = 20_000_000;
+/// The most entries one listing gathers before it is refused: far more than any queue or
+/// accounting window holds (the controllers' own limits keep it to a few million), and a
+/// server that keeps answering "more" ends here, not in memory.
+const MAX_ENTRIES: usize = 20_000_000;
+
+/// A request the controllers answer a page at a time.
+pub trait PagedRequest: Clone {
+    /// The page size asked for (0: the controllers' default).
+    fn page_size(&mut self) -> &mut u32;
+    /// The token of the page asked for (empty: the first).
+    fn page_token(&mut self) -> &mut String;
+}
+
+/// One page of an answer: its entries, and the token of the next page (empty on the last).
+pub trait Page {
+    type Entry;
+    fn into_parts(self) -> (Vec<Self::Entry>, String);
+}
+
+impl PagedRequest for pb::ListJobsRequest {
+    fn page_size(&mut self) -> &mut u32 {
+        &mut self.page_size
+    }
+    fn page_token(&mut self) -> &mut String {
+        &mut self.page_token
+    }
+}
+
+impl Page for pb::ListJobsResponse {
+    type Entry = pb::JobInfo;
+    fn into_parts(self) -> (Vec<pb::JobInfo>, String) {
+        (self.jobs, self.next_page_token)
+    }
+}
+
+impl PagedRequest for pb::AccountingRequest {
+    fn page_size(&mut self) -> &mut u32 {
+        &mut self.page_size
+    }
+    fn page_token(&mut self) -> &mut String {
+        &mut self.page_token
+    }
+}
+
+impl Page for pb::AccountingResponse {
+    type Entry = pb::AccountingRecord;
+    fn into_parts(self) -> (Vec<pb::AccountingRecord>, String) {
+        (self.records, self.next_page_token)
+    }
+}
 
 /// Every job `request` selects, asking the controllers page after page.
 pub async fn all_jobs(client: &Client, request: pb::ListJobsRequest) -> Result<Vec<pb::JobInfo>> {
@@ -29,41 +75,51 @@ pub async fn all_jobs(client: &Client, request: pb::ListJobsRequest) -> Result<V
     .await
 }
 
-/// Every job of the pages `fetch` answers for `request`, following each page's token until
-/// a page says it is the last. A token seen before (a server going round in circles) is an
-/// error, not a loop, and so is a listing past [`MAX_JOBS`].
-pub async fn all_pages<F, Fut>(
-    mut request: pb::ListJobsRequest,
-    mut fetch: F,
-) -> Result<Vec<pb::JobInfo>>
+/// Every accounting record `request` selects, page after page.
+pub async fn all_records(
+    client: &Client,
+    request: pb::AccountingRequest,
+) -> Result<Vec<pb::AccountingRecord>> {
+    all_pages(request, |req| async move {
+        rpc!(client, jobs_read, accounting, req.clone()).await
+    })
+    .await
+}
+
+/// Every entry of the pages `fetch` answers for `request`, following each page's token
+/// until a page says it is the last. A token seen before (a server going round in circles)
+/// is an error, not a loop, and so is a listing past [`MAX_ENTRIES`].
+pub async fn all_pages<R, P, F, Fut>(mut request: R, mut fetch: F) -> Result<Vec<P::Entry>>
 where
-    F: FnMut(pb::ListJobsRequest) -> Fut,
-    Fut: Future<Output = Result<pb::ListJobsResponse>>,
+    R: PagedRequest,
+    P: Page,
+    F: FnMut(R) -> Fut,
+    Fut: Future<Output = Result<P>>,
 {
-    if request.page_size == 0 {
-        request.page_size = PAGE_SIZE;
+    if *request.page_size() == 0 {
+        *request.page_size() = PAGE_SIZE;
     }
-    let mut jobs = Vec::new();
+    let mut entries = Vec::new();
     let mut seen = std::collections::HashSet::new();
     loop {
-        let page = fetch(request.clone()).await?;
-        jobs.extend(page.jobs);
-        if page.next_page_token.is_empty() {
-            return Ok(jobs);
+        let (page, next) = fetch(request.clone()).await?.into_parts();
+        entries.extend(page);
+        if next.is_empty() {
+            return Ok(entries);
         }
-        if jobs.len() > MAX_JOBS {
+        if entries.len() > MAX_ENTRIES {
             return Err(anyhow!(
-                "the listing did not end within {MAX_JOBS} jobs; narrow it (-u, -p, -t, job ids)"
+                "the listing did not end within {MAX_ENTRIES} entries; narrow it (users, \
+                 partitions, states, job ids, times)"
             ));
         }
-        if !seen.insert(page.next_page_token.clone()) {
+        if !seen.insert(next.clone()) {
             return Err(anyhow!(
-                "the controller answered the page after {:?} with a token it gave before ({:?})",
-                request.page_token,
-                page.next_page_token
+                "the controller answered the page after {:?} with a token it gave before ({next:?})",
+                request.page_token(),
             ));
         }
-        request.page_token = page.next_page_token;
+        *request.page_token() = next;
     }
 }
 

@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use docket_proto::v1 as pb;
 
-use crate::client::{Client, rpc, runtime};
+use crate::client::{Client, runtime};
 use crate::slurmtime;
 use docket_proto::unix_ms;
 
@@ -448,30 +448,17 @@ pub fn sacct(a: SacctArgs) -> Result<()> {
         a.users.clone()
     };
     let rt = runtime()?;
-    let mut records = Vec::new();
-    let mut token = String::new();
-    loop {
-        let page = rt.block_on(rpc!(
-            client,
-            jobs_read,
-            accounting,
-            pb::AccountingRequest {
-                users: users.clone(),
-                states: a.states.clone(),
-                job_ids: a.jobs.clone(),
-                start_unix_ms: start.map(|s| s as i64),
-                end_unix_ms: end.map(|e| e as i64),
-                page_size: 10_000,
-                page_token: token.clone(),
-                ..Default::default()
-            }
-        ))?;
-        records.extend(page.records);
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        token = page.next_page_token;
-    }
+    let records = rt.block_on(crate::listing::all_records(
+        &client,
+        pb::AccountingRequest {
+            users,
+            states: a.states.clone(),
+            job_ids: a.jobs.clone(),
+            start_unix_ms: start.map(|s| s as i64),
+            end_unix_ms: end.map(|e| e as i64),
+            ..Default::default()
+        },
+    ))?;
     if a.json {
         let rows = records
             .iter()

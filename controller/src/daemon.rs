@@ -324,16 +324,13 @@ async fn open_replica(
             network,
             // A peer's Raft messages, forwards and reads go to that replica and no other (its
             // certificate names it); a status probe by address takes whichever is there.
-            Arc::new(move |to: Option<ReplicaId>, addr: &str| match to {
-                Some(id) => docket_auth::tls::connect::replica_channel_with_keepalive(
+            Arc::new(move |to: Option<ReplicaId>, addr: &str| {
+                docket_auth::tls::connect::channel_with_keepalive(
                     addr,
-                    id.0,
+                    to.map(|id| id.0),
                     &tls,
                     connect_timeout,
-                ),
-                None => {
-                    docket_auth::tls::connect::channel_with_keepalive(addr, &tls, connect_timeout)
-                }
+                )
             }),
         )
     };

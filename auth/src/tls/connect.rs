@@ -177,26 +177,21 @@ pub async fn connect(
 }
 
 /// Like [`channel`], with HTTP/2 keep-alives (for long-lived channels between replicas and
-/// from agents, which must notice a dead peer).
+/// from agents, which must notice a dead peer). With `replica`, to that replica at `addr`
+/// and to no other: a connection whose server presents another replica's certificate is
+/// refused before anything is sent on it.
 pub fn channel_with_keepalive(
     addr: &str,
+    replica: Option<u64>,
     tls: &TlsContext,
     connect_timeout: Duration,
 ) -> Result<Channel, String> {
     let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(5))?;
-    Ok(endpoint.connect_with_connector_lazy(Connector::new(tls.clone())))
-}
-
-/// [`channel_with_keepalive`] to replica `id` at `addr`, and to no other: a connection whose
-/// server presents another replica's certificate is refused before anything is sent on it.
-pub fn replica_channel_with_keepalive(
-    addr: &str,
-    id: u64,
-    tls: &TlsContext,
-    connect_timeout: Duration,
-) -> Result<Channel, String> {
-    let endpoint = keepalive_endpoint(addr, connect_timeout, Duration::from_secs(5))?;
-    Ok(endpoint.connect_with_connector_lazy(Connector::to_replica(tls.clone(), id)))
+    let connector = match replica {
+        Some(id) => Connector::to_replica(tls.clone(), id),
+        None => Connector::new(tls.clone()),
+    };
+    Ok(endpoint.connect_with_connector_lazy(connector))
 }
 
 /// Like [`channel`], with an HTTP/2 ping whenever nothing has arrived for `ping`: when one is
