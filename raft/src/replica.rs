@@ -132,6 +132,13 @@ impl ReplicaConfig {
                 "proposer.max_batch_commands and proposer.max_in_flight must be at least 1".into(),
             ));
         }
+        const MAX_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
+        if self.proposer.busy_hold > MAX_HOLD {
+            return Err(ReplicaError::Invalid(format!(
+                "proposer.busy_hold ({:?}) must be at most {MAX_HOLD:?}: every write may wait it",
+                self.proposer.busy_hold
+            )));
+        }
         Ok(())
     }
 
