@@ -651,3 +651,19 @@ impl ServerHandle {
         self.task.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_longer_than_a_tenth_of_a_second_is_refused_naming_the_field() {
+        let mut config = ReplicaConfig::new(1, "127.0.0.1:1", "/nonexistent");
+        assert!(config.validate().is_ok());
+        config.proposer.busy_hold = std::time::Duration::from_millis(101);
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("proposer.busy_hold"), "{err}");
+        config.proposer.busy_hold = std::time::Duration::from_millis(100);
+        assert!(config.validate().is_ok());
+    }
+}
