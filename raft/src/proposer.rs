@@ -5,7 +5,8 @@
 //! commands and [`ProposerConfig::max_batch_bytes`] bytes, and proposes them as one entry (one
 //! append, one fsync on each replica); up to [`ProposerConfig::max_in_flight`] entries are in
 //! flight at once, and writes arriving meanwhile wait and form the next batch. Under load the
-//! batch grows by itself; with one writer it is one command and adds no delay.
+//! batch grows by itself; with one writer it is one command, and adds no delay unless that
+//! writer writes back to back (below).
 //!
 //! An entry counts as in flight only while this replica leads the term it was proposed in. A
 //! leader deposed with entries in its log (stopped, cut off) waits for them until the new
@@ -18,9 +19,12 @@
 //! every 2 ms, more than an entry takes to commit), so each would be an entry of its own. A
 //! write that finds the proposer busy (the last entry proposed less than
 //! [`ProposerConfig::busy_within`] before) and nobody else waiting is held for
-//! [`ProposerConfig::busy_hold`] so that the next ones join it, as PostgreSQL's
-//! `commit_delay` waits only while `commit_siblings` other transactions are active. A writer
-//! alone, whose writes come further apart, is never held.
+//! [`ProposerConfig::busy_hold`] so that the next ones join it, an idea similar to
+//! PostgreSQL's `commit_delay`, which waits only while `commit_siblings` other transactions
+//! are active. A write is held at most once: not again when it did not fit the entry it was
+//! held for, nor on the leader after a follower held it. A writer alone whose writes come
+//! further apart is never held; one writing back to back (the scheduler's proposals after a
+//! pass) waits the hold before each write.
 //!
 //! On a follower the batch is forwarded to the leader's proposer over the Raft service, where
 //! it joins the leader's own writes. A write is answered only after its entry is committed and
@@ -92,9 +96,10 @@ pub struct ProposerConfig {
     pub max_in_flight: usize,
     /// How long a write waits for others to join its entry when the proposer is busy
     /// ([`ProposerConfig::busy_within`]) and nobody else is waiting; zero never waits. One
-    /// millisecond, the runtime's timer granularity. On the 2-core build machine (3 replicas,
-    /// 4 agents), 2,000 held `sbatch` from eight loops took 1,200-1,340 entries instead of
-    /// 1,800-1,860 and the leader's context switches per submission fell from 25 to 21;
+    /// millisecond, which the runtime's timer (1 ms ticks, rounding up) makes 1-2 ms. On the
+    /// 2-core build machine (3 replicas, 4 agents), 2,000 held `sbatch` from eight loops took
+    /// 1,200-1,340 entries instead of 1,800-1,860, the leader's context switches per
+    /// submission fell from 25 to 21;
     /// `docket-local bench --held`, four alternating pairs without and with the hold: held
     /// submissions 482, 430, 475, 495 -> 555, 549, 536, 498/s (the leader's cpu per
     /// submission 1.0-1.1 -> 0.8-0.9 ms, each `sbatch` p50 13-16 -> 13-14 ms), jobs to
@@ -118,12 +123,25 @@ impl Default for ProposerConfig {
     }
 }
 
+/// What the proposer knows of the write at the head of the next entry when it decides whether
+/// to hold it.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    /// Since the last entry was proposed (None: no entry yet).
+    since_last: Option<Duration>,
+    /// Other writes are already waiting: they join this entry without a hold.
+    others_waiting: bool,
+    /// The write has waited once already: it did not fit the last entry (carried over), or
+    /// a follower held it before forwarding it here.
+    waited: bool,
+}
+
 impl ProposerConfig {
-    /// How long a write that found nobody else waiting is held before its entry is proposed,
-    /// `since_last` after the last entry was (None: no entry yet).
-    fn hold(&self, since_last: Option<Duration>, others_waiting: bool) -> Option<Duration> {
-        let busy = since_last.is_some_and(|d| d < self.busy_within);
-        (busy && !others_waiting && !self.busy_hold.is_zero()).then_some(self.busy_hold)
+    /// How long the write at the head of the next entry is held for others to join it.
+    fn hold(&self, head: Head) -> Option<Duration> {
+        let busy = head.since_last.is_some_and(|d| d < self.busy_within);
+        let alone = !head.others_waiting && !head.waited;
+        (busy && alone && !self.busy_hold.is_zero()).then_some(self.busy_hold)
     }
 }
 
@@ -238,14 +256,19 @@ async fn run<M: StateMachine>(
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
-        let first = match carry.take() {
-            Some(p) => p,
+        let (first, carried) = match carry.take() {
+            Some(p) => (p, true),
             None => match rx.recv().await {
-                Some(p) => p,
+                Some(p) => (p, false),
                 None => return,
             },
         };
-        if let Some(hold) = config.hold(last_proposed.map(|t| t.elapsed()), !rx.is_empty()) {
+        let head = Head {
+            since_last: last_proposed.map(|t| t.elapsed()),
+            others_waiting: !rx.is_empty(),
+            waited: carried || first.forwarded,
+        };
+        if let Some(hold) = config.hold(head) {
             tokio::time::sleep(hold).await;
         }
         last_proposed = Some(Instant::now());
@@ -455,22 +478,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_write_is_held_only_while_the_proposer_is_busy_and_nobody_else_waits() {
+    fn a_write_is_held_only_while_the_proposer_is_busy_and_it_is_alone_and_has_not_waited() {
         let config = ProposerConfig::default();
         let ms = Duration::from_millis;
-        // Busy (the last entry 1 ms ago), alone: held for busy_hold.
-        assert_eq!(config.hold(Some(ms(1)), false), Some(ms(1)));
+        let head = |since_last: Option<u64>, others_waiting, waited| Head {
+            since_last: since_last.map(ms),
+            others_waiting,
+            waited,
+        };
+        // Busy (the last entry 2 ms ago), alone, not yet waited: held for busy_hold.
+        assert_eq!(config.hold(head(Some(2), false, false)), Some(ms(1)));
+        assert_eq!(config.hold(head(Some(0), false, false)), Some(ms(1)));
         // Others already waiting: they join this entry at once.
-        assert_eq!(config.hold(Some(ms(1)), true), None);
+        assert_eq!(config.hold(head(Some(2), true, false)), None);
+        // Carried over from the last entry, or held by a follower before it was forwarded.
+        assert_eq!(config.hold(head(Some(2), false, true)), None);
         // A writer alone, its writes further apart than busy_within, or the very first write.
-        assert_eq!(config.hold(Some(ms(3)), false), None);
-        assert_eq!(config.hold(Some(ms(7)), false), None);
-        assert_eq!(config.hold(None, false), None);
-        // A zero hold never waits.
+        assert_eq!(config.hold(head(Some(3), false, false)), None);
+        assert_eq!(config.hold(head(Some(7), false, false)), None);
+        assert_eq!(config.hold(head(None, false, false)), None);
+        // A zero hold never waits; a longer one is what is configured.
         let never = ProposerConfig {
             busy_hold: Duration::ZERO,
             ..ProposerConfig::default()
         };
-        assert_eq!(never.hold(Some(ms(1)), false), None);
+        assert_eq!(never.hold(head(Some(2), false, false)), None);
+        let longer = ProposerConfig {
+            busy_hold: ms(5),
+            busy_within: ms(10),
+            ..ProposerConfig::default()
+        };
+        assert_eq!(longer.hold(head(Some(7), false, false)), Some(ms(5)));
     }
 }
