@@ -96,14 +96,9 @@ pub struct ProposerConfig {
     pub max_in_flight: usize,
     /// How long a write waits for others to join its entry when the proposer is busy
     /// ([`ProposerConfig::busy_within`]) and nobody else is waiting; zero never waits. One
-    /// millisecond, which the runtime's timer (1 ms ticks, rounding up) makes 1-2 ms. On the
-    /// 2-core build machine (3 replicas, 4 agents), 2,000 held `sbatch` from eight loops took
-    /// 1,200-1,340 entries instead of 1,800-1,860, the leader's context switches per
-    /// submission fell from 25 to 21;
-    /// `docket-local bench --held`, four alternating pairs without and with the hold: held
-    /// submissions 482, 430, 475, 495 -> 555, 549, 536, 498/s (the leader's cpu per
-    /// submission 1.0-1.1 -> 0.8-0.9 ms, each `sbatch` p50 13-16 -> 13-14 ms), jobs to
-    /// completion 218, 216, 207, 235 -> 216, 237, 235, 243/s, submit-to-start p50 unchanged.
+    /// millisecond, which the runtime's timer (1 ms ticks, rounding up) makes 1-2 ms: enough
+    /// for eight `sbatch` loops' writes to share entries (a third fewer; what that gave is
+    /// measured in docs/replication.md, "Group commit: the proposer").
     pub busy_hold: Duration,
     /// The proposer counts as busy while the last entry was proposed less than this long ago.
     /// Three milliseconds: over an entry's commit on a loaded machine, under the gap between
