@@ -1,17 +1,21 @@
 //! Three replicas over real tonic on loopback: election, replication, forwarding, leader loss,
-//! restart from disk, catch-up by snapshot, membership changes, an injected fsync failure.
+//! restart from disk, catch-up by snapshot, membership changes, an injected fsync failure,
+//! group commit and its hold.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{DEADLINE, TestCluster, append, assert_exactly_once};
 use docket_raft::ReplicaId;
-use docket_raft::kv::KvCommand;
+use docket_raft::codec::encode;
+use docket_raft::kv::{KvCommand, KvMachine};
+use docket_raft::proposer::ProposerConfig;
 use docket_raft::replica::ClusterError;
+use docket_raft::replica::Replica;
 use docket_raft::status::Role;
 
 /// Writes `n` values `prefix-i` under `key`, spreading them over `via` replicas, and returns
@@ -351,6 +355,123 @@ async fn concurrent_writes_share_log_entries() {
         entries.len() < indexes.len() / 2,
         "640 concurrent writes took {} log entries; group commit should batch them",
         entries.len()
+    );
+    cluster.shutdown().await;
+}
+
+/// Writes `command` at `replica` in a task of its own: the index of its entry and how long it
+/// took, from before it was handed to the proposer.
+fn timed_write(
+    replica: &Replica<KvMachine>,
+    command: KvCommand,
+) -> tokio::task::JoinHandle<(u64, Duration)> {
+    let replica = replica.clone();
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let response = replica.write_one(command).await.unwrap();
+        (response.index, start.elapsed())
+    })
+}
+
+fn append_command(key: &str, value: String) -> KvCommand {
+    KvCommand::Append {
+        key: key.into(),
+        value,
+    }
+}
+
+/// The proposer's hold in its loop, end to end (the rule alone is unit-tested in
+/// `proposer.rs`). A write that finds the proposer busy and nobody waiting is held, and a
+/// write arriving meanwhile joins its entry; a write carried over from an entry it did not
+/// fit, or forwarded by a follower, is not held again; a write arriving after `busy_within`
+/// is not held.
+///
+/// A held write takes at least the hold, always, so "held" is asserted on every write that
+/// must be. "Not held" can only be seen as taking less than the hold, which a slow commit on
+/// a loaded machine could also exceed; so each of those cases is tried three times and one
+/// of them must be under it (a write that is wrongly held never is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it() {
+    // The longest hold `ReplicaConfig::validate` accepts.
+    const HOLD: Duration = Duration::from_millis(100);
+    const BUSY_WITHIN: Duration = Duration::from_secs(1);
+    const LIMIT: usize = 4096;
+    const TRIES: usize = 3;
+    let proposer = ProposerConfig {
+        busy_hold: HOLD,
+        busy_within: BUSY_WITHIN,
+        max_batch_bytes: LIMIT,
+        ..ProposerConfig::default()
+    };
+    let cluster = TestCluster::start_with(3, 10_000, proposer).await;
+    let leader = cluster.leader().await;
+    let at_leader = cluster.replica(leader).clone();
+    let via_follower = cluster.replica(cluster.follower_of(leader)).clone();
+
+    // A small write and a large one that fits an entry alone but not beside the small one.
+    let small = append_command("small", "1".into());
+    let small_bytes = encode(&vec![small.clone()]).unwrap().len();
+    let large = (0..LIMIT)
+        .rev()
+        .map(|n| append_command("large", "x".repeat(n)))
+        .find(|c| encode(&vec![c.clone()]).unwrap().len() <= LIMIT)
+        .unwrap();
+    let large_bytes = encode(&vec![large.clone()]).unwrap().len();
+    assert!(small_bytes + large_bytes > LIMIT && large_bytes <= LIMIT);
+
+    let (mut alone, mut forwarded, mut carried) = (Vec::new(), Vec::new(), Vec::new());
+    let mut joined = 0;
+    for _ in 0..TRIES {
+        // Both proposers idle for longer than busy_within: a lone write is not held.
+        tokio::time::sleep(BUSY_WITHIN + BUSY_WITHIN / 5).await;
+        let (_, took) = timed_write(&at_leader, append_command("alone", "1".into()))
+            .await
+            .unwrap();
+        alone.push(took);
+
+        // Forwarded by the idle follower to the busy leader: held by neither.
+        let (_, took) = timed_write(&via_follower, append_command("forwarded", "1".into()))
+            .await
+            .unwrap();
+        forwarded.push(took);
+
+        // The leader busy and the write alone: held; one arriving 20 ms later joins it.
+        let held = timed_write(&at_leader, append_command("held", "1".into()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let joining = timed_write(&at_leader, append_command("joining", "1".into()));
+        let (held_index, held_took) = held.await.unwrap();
+        let (joining_index, _) = joining.await.unwrap();
+        assert!(held_took >= HOLD, "a write was not held: {held_took:?}");
+        joined += usize::from(joining_index == held_index);
+
+        // Held again; the large write arriving 20 ms later does not fit beside it, is carried
+        // over to the next entry and proposed when the hold ends, not held a second time
+        // (which would make it take at least 80 + 100 ms).
+        let first = timed_write(&at_leader, small.clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let second = timed_write(&at_leader, large.clone());
+        let (first_index, first_took) = first.await.unwrap();
+        let (second_index, second_took) = second.await.unwrap();
+        assert!(first_took >= HOLD, "a write was not held: {first_took:?}");
+        assert_ne!(second_index, first_index, "the large write shares an entry");
+        carried.push(second_took);
+    }
+    let fastest = |took: &[Duration]| took.iter().min().copied().unwrap();
+    assert!(
+        fastest(&alone) < HOLD,
+        "a lone write after a pause was held: {alone:?}"
+    );
+    assert!(
+        fastest(&forwarded) < HOLD,
+        "a forwarded write was held: {forwarded:?}"
+    );
+    assert!(
+        fastest(&carried) < HOLD + HOLD * 6 / 10,
+        "a carried-over write was held again: {carried:?}"
+    );
+    assert!(
+        joined > 0,
+        "no write arriving during a hold joined the held write's entry"
     );
     cluster.shutdown().await;
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use docket_raft::ReplicaId;
 use docket_raft::kv::{KvCommand, KvMachine, KvResponse};
-use docket_raft::proposer::WriteError;
+use docket_raft::proposer::{ProposerConfig, WriteError};
 use docket_raft::replica::{RaftTuning, Replica, ReplicaConfig, ServerHandle};
 use docket_raft::status::Role;
 
@@ -61,6 +61,11 @@ async fn start_member(config: ReplicaConfig, listener: tokio::net::TcpListener) 
 impl TestCluster {
     /// Starts `n` replicas and bootstraps them as one cluster with a leader.
     pub async fn start(n: u64, snapshot_every: u64) -> Self {
+        Self::start_with(n, snapshot_every, ProposerConfig::default()).await
+    }
+
+    /// Like [`TestCluster::start`], every replica's proposer configured as `proposer`.
+    pub async fn start_with(n: u64, snapshot_every: u64, proposer: ProposerConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
@@ -71,6 +76,7 @@ impl TestCluster {
             let addr = l.local_addr().unwrap().to_string();
             let mut config = ReplicaConfig::new(id, addr, dir.path().join(format!("r{id}")));
             config.tuning = tuning(snapshot_every);
+            config.proposer = proposer.clone();
             members.insert(id, start_member(config, l).await);
         }
         let cluster = TestCluster {
