@@ -15,7 +15,7 @@ use docket_raft::codec::encode;
 use docket_raft::kv::{KvCommand, KvMachine};
 use docket_raft::proposer::ProposerConfig;
 use docket_raft::replica::ClusterError;
-use docket_raft::replica::Replica;
+use docket_raft::replica::{RaftTuning, Replica};
 use docket_raft::status::Role;
 
 /// Writes `n` values `prefix-i` under `key`, spreading them over `via` replicas, and returns
@@ -359,6 +359,45 @@ async fn concurrent_writes_share_log_entries() {
     cluster.shutdown().await;
 }
 
+/// A leader killed soon after another replica restarted. The restarted voter counts
+/// openraft's lease from its start and refuses every vote until it ends, which here is after
+/// the survivor's first stand; the survivor stands again a heartbeat later
+/// (`raft/src/leader_watch.rs`) instead of waiting out openraft's random timeout. The
+/// timeouts are made long and close together (2.9–3 s) so that the two outcomes are more
+/// than two seconds apart: with the second stand a leader about 3.4 s after the kill, without
+/// it 5.8 s at the earliest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stand_refused_by_a_just_restarted_voter_is_made_again_a_heartbeat_later() {
+    let tuning = RaftTuning {
+        election_timeout_min: Duration::from_millis(2900),
+        election_timeout_max: Duration::from_millis(3000),
+        ..common::tuning(10_000)
+    };
+    let mut cluster = TestCluster::start_with(3, tuning.clone(), ProposerConfig::default()).await;
+    let leader = cluster.leader().await;
+    let restarted = cluster.follower_of(leader);
+    cluster.stop(restarted).await;
+    append(cluster.replica(leader), "k", "while one is down".into())
+        .await
+        .unwrap();
+
+    let killed_at = Instant::now();
+    cluster.crash(leader).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.restart(restarted).await;
+    let new = cluster.leader().await;
+    let took = killed_at.elapsed();
+    assert_ne!(new, leader);
+    let openraft_earliest =
+        tuning.election_timeout_max + tuning.election_timeout_min - tuning.heartbeat;
+    assert!(
+        took < tuning.election_timeout_max + Duration::from_millis(1500),
+        "a new leader {took:?} after the kill; the restarted voter's lease ended about 3.3 s \
+         after it, and openraft's own timer stands again {openraft_earliest:?} at the earliest"
+    );
+    cluster.shutdown().await;
+}
+
 /// Writes `command` at `replica` in a task of its own: the index of its entry and how long it
 /// took, from before it was handed to the proposer.
 fn timed_write(
@@ -403,7 +442,7 @@ async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it(
         max_batch_bytes: LIMIT,
         ..ProposerConfig::default()
     };
-    let cluster = TestCluster::start_with(3, 10_000, proposer).await;
+    let cluster = TestCluster::start_with(3, common::tuning(10_000), proposer).await;
     let leader = cluster.leader().await;
     let at_leader = cluster.replica(leader).clone();
     let via_follower = cluster.replica(cluster.follower_of(leader)).clone();

@@ -61,11 +61,12 @@ async fn start_member(config: ReplicaConfig, listener: tokio::net::TcpListener) 
 impl TestCluster {
     /// Starts `n` replicas and bootstraps them as one cluster with a leader.
     pub async fn start(n: u64, snapshot_every: u64) -> Self {
-        Self::start_with(n, snapshot_every, ProposerConfig::default()).await
+        Self::start_with(n, tuning(snapshot_every), ProposerConfig::default()).await
     }
 
-    /// Like [`TestCluster::start`], every replica's proposer configured as `proposer`.
-    pub async fn start_with(n: u64, snapshot_every: u64, proposer: ProposerConfig) -> Self {
+    /// Like [`TestCluster::start`], with these timings and every replica's proposer
+    /// configured as `proposer`.
+    pub async fn start_with(n: u64, tuning: RaftTuning, proposer: ProposerConfig) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut listeners = BTreeMap::new();
         for id in 1..=n {
@@ -75,7 +76,7 @@ impl TestCluster {
         for (id, l) in listeners {
             let addr = l.local_addr().unwrap().to_string();
             let mut config = ReplicaConfig::new(id, addr, dir.path().join(format!("r{id}")));
-            config.tuning = tuning(snapshot_every);
+            config.tuning = tuning.clone();
             config.proposer = proposer.clone();
             members.insert(id, start_member(config, l).await);
         }
