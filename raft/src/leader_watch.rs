@@ -20,16 +20,18 @@
 //! this replica, so its appends are only late. The lease is counted from the later of the
 //! leader's last append and the moment this replica began following it.
 //!
-//! It stands once per silence, and again a heartbeat later while that stand was refused (it
-//! is still a candidate and no leader is known), for at most a lease. openraft counts a
-//! voter's lease from its start too, and a voter refuses every vote while its lease runs: a
-//! leader killed within a heartbeat of another voter's restart was last heard before that
-//! restart, so this replica's stand comes a little before the restarted voter's lease ends
-//! and is refused (back-to-back failover drills traced 6 ms and 0 ms before). The refused
-//! candidate would otherwise wait out openraft's random timeout, 300–600 ms more. It
-//! does not stand again when another voter has a longer log: refused for its own log, a new
-//! term would only stand in the way of that voter's campaign. openraft's own timer goes on
-//! as before.
+//! It stands once per silence, and again a heartbeat later while that stand was refused, for
+//! at most a lease. openraft counts a voter's lease from its start too, and a voter refuses
+//! every vote while its lease runs: when the leader dies just after another voter restarted
+//! and was last heard more than half a heartbeat before that restart, this replica stands a
+//! little before the restarted voter's lease ends and is refused (back-to-back failover
+//! drills traced 6 ms and 0 ms before). It would otherwise wait out openraft's random
+//! timeout, 300–600 ms more. "Refused" is what the other voters' status says: each answers
+//! with a term below the candidate's (one that granted the vote has taken that term, and its
+//! answer may still be on its way) and a log no longer than the candidate's (refused for its
+//! own log, a new term would only stand in the way of the longer log's campaign). One that
+//! does not answer is not known to have refused. openraft's own timer counts from the last
+//! stand.
 //!
 //! Standing against a silent leader costs nothing openraft's timer would not: the timer
 //! stands against it too, a random timeout later, and no voter grants a vote before the lease
@@ -326,27 +328,55 @@ impl<M: StateMachine> Watch<M> {
             if Instant::now() >= until {
                 return;
             }
-            let (refused, last) = {
-                let metrics = self.raft.metrics();
-                let m = metrics.borrow();
-                (
-                    m.state == ServerState::Candidate && m.current_leader.is_none(),
-                    m.last_log_index,
-                )
+            let Some((term, last)) = self.campaigning() else {
+                return;
             };
-            if !refused || !self.seen.standing() {
+            if !all_refused(&self.channels, others, term, last, patience).await
+                || self.campaigning() != Some((term, last))
+            {
                 return;
             }
-            if longer_log_elsewhere(&self.channels, others, last, patience).await {
-                return;
-            }
-            tracing::info!("the stand was refused, a voter's lease may still run: standing again");
+            tracing::info!(
+                term,
+                "every other voter refused the stand (a lease still ran): standing again"
+            );
             if let Err(e) = self.raft.trigger().elect().await {
                 tracing::debug!(error = %e, "standing for election again");
                 return;
             }
         }
     }
+
+    /// This replica's term and last log index while it campaigns and the election gate lets
+    /// it.
+    fn campaigning(&self) -> Option<(u64, Option<u64>)> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        (m.state == ServerState::Candidate && self.seen.standing())
+            .then_some((m.current_term, m.last_log_index))
+    }
+}
+
+/// Whether every voter at `others` refused a candidate of `term` whose log ends at `last`
+/// without its refusal being a reason to wait: each answered, its term below `term` (one that
+/// granted the vote has taken the term: its answer may be on its way; one at a higher term
+/// stands itself) and its log no longer than `last` (refused for this replica's log, it
+/// should stand instead). One that does not answer within `patience` is not known to have
+/// refused.
+async fn all_refused(
+    channels: &Channels,
+    others: &[String],
+    term: u64,
+    last: Option<u64>,
+    patience: Duration,
+) -> bool {
+    for addr in others {
+        match channels.status(addr, patience).await {
+            Ok(status) if status.term < term && status.last_log_index <= last => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// How many of the voters at `addrs` are not certainly gone (each asked at once, for at

@@ -359,13 +359,13 @@ async fn concurrent_writes_share_log_entries() {
     cluster.shutdown().await;
 }
 
-/// A leader killed soon after another replica restarted. The restarted voter counts
+/// A leader killed 300 ms before another voter restarts. The restarted voter counts
 /// openraft's lease from its start and refuses every vote until it ends, which here is after
 /// the survivor's first stand; the survivor stands again a heartbeat later
 /// (`raft/src/leader_watch.rs`) instead of waiting out openraft's random timeout. The
-/// timeouts are made long and close together (2.9–3 s) so that the two outcomes are more
-/// than two seconds apart: with the second stand a leader about 3.4 s after the kill, without
-/// it 5.8 s at the earliest.
+/// timeouts are made long and close together (2.9–3 s) so that the two outcomes are about
+/// two seconds apart: with the second stand a leader about 3.1 s after the restart, without
+/// it over 5.5 s after the kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stand_refused_by_a_just_restarted_voter_is_made_again_a_heartbeat_later() {
     let tuning = RaftTuning {
@@ -381,34 +381,43 @@ async fn a_stand_refused_by_a_just_restarted_voter_is_made_again_a_heartbeat_lat
         .await
         .unwrap();
 
-    let killed_at = Instant::now();
+    let term_before = cluster.replica(leader).status().term;
     cluster.crash(leader).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.restart(restarted).await;
+    let restarted_at = Instant::now();
     let new = cluster.leader().await;
-    let took = killed_at.elapsed();
+    let took = restarted_at.elapsed();
     assert_ne!(new, leader);
-    let openraft_earliest =
-        tuning.election_timeout_max + tuning.election_timeout_min - tuning.heartbeat;
+    // The first stand was refused (a term), the next granted (another).
+    let term = cluster.replica(new).status().term;
     assert!(
-        took < tuning.election_timeout_max + Duration::from_millis(1500),
-        "a new leader {took:?} after the kill; the restarted voter's lease ended about 3.3 s \
-         after it, and openraft's own timer stands again {openraft_earliest:?} at the earliest"
+        term >= term_before + 2,
+        "elected in term {term} after {term_before}: the first stand was not refused, the \
+         test did not exercise a second one"
+    );
+    // The restarted voter's lease ends the lease after it opened, before `restart` returned;
+    // the survivor stood a little before that. Its own timer would stand again at least
+    // election_timeout_min after that stand: over 5.5 s after the kill.
+    assert!(
+        took < tuning.election_timeout_max + Duration::from_millis(1200),
+        "a new leader {took:?} after the restart: not a heartbeat after the restarted \
+         voter's lease ended"
     );
     cluster.shutdown().await;
 }
 
-/// Writes `command` at `replica` in a task of its own: the index of its entry and how long it
-/// took, from before it was handed to the proposer.
+/// Writes `command` at `replica` in a task of its own: the index of its entry, how long it
+/// took from before it was handed to the proposer, and when it was done.
 fn timed_write(
     replica: &Replica<KvMachine>,
     command: KvCommand,
-) -> tokio::task::JoinHandle<(u64, Duration)> {
+) -> tokio::task::JoinHandle<(u64, Duration, Instant)> {
     let replica = replica.clone();
     tokio::spawn(async move {
         let start = Instant::now();
         let response = replica.write_one(command).await.unwrap();
-        (response.index, start.elapsed())
+        (response.index, start.elapsed(), Instant::now())
     })
 }
 
@@ -425,10 +434,11 @@ fn append_command(key: &str, value: String) -> KvCommand {
 /// fit, or forwarded by a follower, is not held again; a write arriving after `busy_within`
 /// is not held.
 ///
-/// A held write takes at least the hold, always, so "held" is asserted on every write that
-/// must be. "Not held" can only be seen as taking less than the hold, which a slow commit on
-/// a loaded machine could also exceed; so each of those cases is tried three times and one
-/// of them must be under it (a write that is wrongly held never is).
+/// A held write takes at least the hold, always; "not held" can only be seen as taking less,
+/// which a slow commit on a loaded machine could also exceed, and a stall of the machine can
+/// queue two writes meant to arrive apart. So each case is tried three times and must show
+/// in at least one try, which a wrong proposer never passes: a write wrongly held always
+/// takes the hold, and one never held never does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it() {
     // The longest hold `ReplicaConfig::validate` accepts.
@@ -459,58 +469,64 @@ async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it(
     assert!(small_bytes + large_bytes > LIMIT && large_bytes <= LIMIT);
 
     let (mut alone, mut forwarded, mut carried) = (Vec::new(), Vec::new(), Vec::new());
-    let mut joined = 0;
+    let mut held_and_joined = 0;
     for _ in 0..TRIES {
         // Both proposers idle for longer than busy_within: a lone write is not held.
         tokio::time::sleep(BUSY_WITHIN + BUSY_WITHIN / 5).await;
-        let (_, took) = timed_write(&at_leader, append_command("alone", "1".into()))
+        let (_, took, _) = timed_write(&at_leader, append_command("alone", "1".into()))
             .await
             .unwrap();
         alone.push(took);
 
         // Forwarded by the idle follower to the busy leader: held by neither.
-        let (_, took) = timed_write(&via_follower, append_command("forwarded", "1".into()))
+        let (_, took, _) = timed_write(&via_follower, append_command("forwarded", "1".into()))
             .await
             .unwrap();
         forwarded.push(took);
 
-        // The leader busy and the write alone: held; one arriving 20 ms later joins it.
+        // The leader busy and the write alone: held; one arriving 20 ms later joins it. (Not
+        // if a stall of the machine queued both before the proposer took the first: then
+        // they share an entry without a hold.)
         let held = timed_write(&at_leader, append_command("held", "1".into()));
         tokio::time::sleep(Duration::from_millis(20)).await;
         let joining = timed_write(&at_leader, append_command("joining", "1".into()));
-        let (held_index, held_took) = held.await.unwrap();
-        let (joining_index, _) = joining.await.unwrap();
-        assert!(held_took >= HOLD, "a write was not held: {held_took:?}");
-        joined += usize::from(joining_index == held_index);
+        let (held_index, held_took, _) = held.await.unwrap();
+        let (joining_index, _, _) = joining.await.unwrap();
+        held_and_joined += usize::from(held_took >= HOLD && joining_index == held_index);
 
-        // Held again; the large write arriving 20 ms later does not fit beside it, is carried
-        // over to the next entry and proposed when the hold ends, not held a second time
-        // (which would make it take at least 80 + 100 ms).
+        // Held again; the large write arriving meanwhile does not fit beside it, is carried
+        // over to the next entry and proposed when the hold ends: it is done about a hold
+        // after the first began. Held a second time, it would be done two holds after at
+        // the earliest, however late it arrived during the first hold.
+        let first_began = Instant::now();
         let first = timed_write(&at_leader, small.clone());
         tokio::time::sleep(Duration::from_millis(20)).await;
         let second = timed_write(&at_leader, large.clone());
-        let (first_index, first_took) = first.await.unwrap();
-        let (second_index, second_took) = second.await.unwrap();
-        assert!(first_took >= HOLD, "a write was not held: {first_took:?}");
+        let (first_index, first_took, _) = first.await.unwrap();
+        let (second_index, _, second_done) = second.await.unwrap();
         assert_ne!(second_index, first_index, "the large write shares an entry");
-        carried.push(second_took);
+        if first_took >= HOLD {
+            carried.push(second_done - first_began);
+        }
     }
-    let fastest = |took: &[Duration]| took.iter().min().copied().unwrap();
+    let fastest = |took: &[Duration]| took.iter().min().copied();
     assert!(
-        fastest(&alone) < HOLD,
+        fastest(&alone) < Some(HOLD),
         "a lone write after a pause was held: {alone:?}"
     );
     assert!(
-        fastest(&forwarded) < HOLD,
+        fastest(&forwarded) < Some(HOLD),
         "a forwarded write was held: {forwarded:?}"
     );
     assert!(
-        fastest(&carried) < HOLD + HOLD * 6 / 10,
-        "a carried-over write was held again: {carried:?}"
+        held_and_joined > 0,
+        "in no try was a write held and joined by the next"
     );
+    let carried_bound = HOLD + HOLD * 6 / 10;
     assert!(
-        joined > 0,
-        "no write arriving during a hold joined the held write's entry"
+        fastest(&carried).is_some_and(|t| t < carried_bound),
+        "no carried-over write done within {carried_bound:?} of the held one's start (held \
+         again, or never carried): {carried:?}"
     );
     cluster.shutdown().await;
 }
