@@ -26,12 +26,13 @@
 //! and was last heard more than half a heartbeat before that restart, this replica stands a
 //! little before the restarted voter's lease ends and is refused (back-to-back failover
 //! drills traced 6 ms and 0 ms before). It would otherwise wait out openraft's random
-//! timeout, 300–600 ms more. "Refused" is what the other voters' status says: each answers
-//! with a term below the candidate's (one that granted the vote has taken that term, and its
-//! answer may still be on its way) and a log no longer than the candidate's (refused for its
-//! own log, a new term would only stand in the way of the longer log's campaign). One that
-//! does not answer is not known to have refused. openraft's own timer counts from the last
-//! stand.
+//! timeout, 300–600 ms more. "Refused" is what the other voters answered this replica's
+//! vote requests (noted by its network, [`crate::network::client::VoteAnswer`]): every one
+//! answered the current term, and none granted it or refused for the candidate's log (that
+//! voter should stand, and a new term would stand in the way of its campaign). A voter that
+//! has not answered yet may still grant, so a slow disk delays a second stand instead of
+//! throwing a grant away; with a voter down or slow there is no second stand. openraft's own
+//! timer counts from the last stand.
 //!
 //! Standing against a silent leader costs nothing openraft's timer would not: the timer
 //! stands against it too, a random timeout later, and no voter grants a vote before the lease
@@ -44,8 +45,7 @@
 //!
 //! Only liveness changes: an election is safe whenever it starts. A follower the election gate
 //! keeps out ([`crate::election_gate`]) does not stand. The cost is a status request to the
-//! leader per heartbeat while it is silent, one to each other voter per refused stand, and
-//! one when a new leader is followed (which opens the connection reads and writes are passed
+//! leader per heartbeat while it is silent, and one when a new leader is followed (which opens the connection reads and writes are passed
 //! on over).
 
 use std::time::Duration;
@@ -120,6 +120,8 @@ struct View {
     ahead: Vec<String>,
     /// The addresses of the voters other than the leader and this replica.
     others: Vec<String>,
+    /// Those voters' ids.
+    other_ids: Vec<ReplicaId>,
     /// This replica's last log index.
     last: Option<u64>,
 }
@@ -150,6 +152,7 @@ impl View {
             .filter(|v| **v != m.id)
             .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
             .collect();
+        let other_ids: Vec<ReplicaId> = voters.iter().copied().filter(|v| *v != m.id).collect();
         View {
             state: m.state,
             me: m.id,
@@ -160,6 +163,7 @@ impl View {
             rank,
             ahead,
             others,
+            other_ids,
             last,
         }
     }
@@ -228,9 +232,12 @@ impl<M: StateMachine> Watch<M> {
     /// One look: stands for election if the leader is gone or silent, once per silence.
     async fn look(&mut self, view: View) {
         let since = self.follow(view.term, view.vote);
-        let (Some(heard_at), Some(leader), Some(addr), Some(_)) =
-            (self.seen.heard_at(), view.leader, view.addr, view.rank)
-        else {
+        let (Some(heard_at), Some(leader), Some(addr), Some(_)) = (
+            self.seen.heard_at(),
+            view.leader,
+            view.addr.clone(),
+            view.rank,
+        ) else {
             return;
         };
         let heard_at = heard_at.max(since);
@@ -259,8 +266,7 @@ impl<M: StateMachine> Watch<M> {
         if !self.still_silent(leader, heard_at, since) {
             return;
         }
-        self.stand(leader, heard_at, probe, &view.others, view.last, patience)
-            .await;
+        self.stand(leader, heard_at, probe, &view, patience).await;
     }
 
     /// Notes the term and leader followed now; since when this replica follows them.
@@ -288,19 +294,19 @@ impl<M: StateMachine> Watch<M> {
             && self.seen.standing()
     }
 
-    /// Stands for election, unless a voter at one of `others` has a log longer than `last`.
+    /// Stands for election, unless one of the other voters in `view` has a log longer than
+    /// this replica's.
     async fn stand(
         &self,
         leader: ReplicaId,
         heard_at: Instant,
         probe: Probe,
-        others: &[String],
-        last: Option<u64>,
+        view: &View,
         patience: Duration,
     ) {
         // A voter with a longer log would refuse this replica and then be refused in the
         // same term: leave the election to it.
-        if longer_log_elsewhere(&self.channels, others, last, patience).await {
+        if longer_log_elsewhere(&self.channels, &view.others, view.last, patience).await {
             tracing::info!(
                 "the leader is gone, but another voter has a longer log: leaving it to stand"
             );
@@ -316,24 +322,22 @@ impl<M: StateMachine> Watch<M> {
             tracing::debug!(error = %e, "standing for election");
             return;
         }
-        self.stand_again_while_refused(others, patience).await;
+        self.stand_again_while_refused(&view.other_ids).await;
     }
 
     /// Stands again a heartbeat after each refused stand, for at most a lease: see the module
     /// docs.
-    async fn stand_again_while_refused(&self, others: &[String], patience: Duration) {
+    async fn stand_again_while_refused(&self, others: &[ReplicaId]) {
         let until = Instant::now() + self.lease;
         loop {
             tokio::time::sleep(self.heartbeat).await;
             if Instant::now() >= until {
                 return;
             }
-            let Some((term, last)) = self.campaigning() else {
+            let Some(term) = self.campaigning() else {
                 return;
             };
-            if !all_refused(&self.channels, others, term, last, patience).await
-                || self.campaigning() != Some((term, last))
-            {
+            if !all_refused(&self.channels, others, term) {
                 return;
             }
             tracing::info!(
@@ -347,36 +351,25 @@ impl<M: StateMachine> Watch<M> {
         }
     }
 
-    /// This replica's term and last log index while it campaigns and the election gate lets
-    /// it.
-    fn campaigning(&self) -> Option<(u64, Option<u64>)> {
+    /// This replica's term while it campaigns and the election gate lets it.
+    fn campaigning(&self) -> Option<u64> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
-        (m.state == ServerState::Candidate && self.seen.standing())
-            .then_some((m.current_term, m.last_log_index))
+        (m.state == ServerState::Candidate && self.seen.standing()).then_some(m.current_term)
     }
 }
 
-/// Whether every voter at `others` refused a candidate of `term` whose log ends at `last`
-/// without its refusal being a reason to wait: each answered, its term below `term` (one that
-/// granted the vote has taken the term: its answer may be on its way; one at a higher term
-/// stands itself) and its log no longer than `last` (refused for this replica's log, it
-/// should stand instead). One that does not answer within `patience` is not known to have
-/// refused.
-async fn all_refused(
-    channels: &Channels,
-    others: &[String],
-    term: u64,
-    last: Option<u64>,
-    patience: Duration,
-) -> bool {
-    for addr in others {
-        match channels.status(addr, patience).await {
-            Ok(status) if status.term < term && status.last_log_index <= last => {}
-            _ => return false,
-        }
-    }
-    true
+/// Whether every voter in `others` has answered this replica's vote request for `term`, and
+/// refused it for a reason other than this replica's log (a lease still running). A voter
+/// that has not answered may yet grant the vote; one that refused for the log should stand
+/// itself, and a new term would stand in its way.
+fn all_refused(channels: &Channels, others: &[ReplicaId], term: u64) -> bool {
+    !others.is_empty()
+        && others.iter().all(|id| {
+            channels
+                .vote_answer(*id)
+                .is_some_and(|a| a.term == term && !a.granted && !a.voter_log_newer)
+        })
 }
 
 /// How many of the voters at `addrs` are not certainly gone (each asked at once, for at

@@ -437,8 +437,9 @@ fn append_command(key: &str, value: String) -> KvCommand {
 /// A held write takes at least the hold, always; "not held" can only be seen as taking less,
 /// which a slow commit on a loaded machine could also exceed, and a stall of the machine can
 /// queue two writes meant to arrive apart. So each case is tried three times and must show
-/// in at least one try, which a wrong proposer never passes: a write wrongly held always
-/// takes the hold, and one never held never does.
+/// in at least one try. A write wrongly held always takes the hold, so the "not held" cases
+/// cannot pass wrongly; a proposer that never holds passes the "held" case only if a stall
+/// of the machine delays its write by the whole hold in the same try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it() {
     // The longest hold `ReplicaConfig::validate` accepts.
@@ -522,7 +523,8 @@ async fn a_write_finding_the_proposer_busy_is_held_once_for_the_next_to_join_it(
         held_and_joined > 0,
         "in no try was a write held and joined by the next"
     );
-    let carried_bound = HOLD + HOLD * 6 / 10;
+    // Held twice, a carried-over write is done after two holds and its commit.
+    let carried_bound = HOLD * 2;
     assert!(
         fastest(&carried).is_some_and(|t| t < carried_bound),
         "no carried-over write done within {carried_bound:?} of the held one's start (held \

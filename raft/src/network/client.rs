@@ -57,12 +57,26 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 type ChannelKey = (Option<ReplicaId>, String);
 
 /// The channels to every peer this replica has talked to, one per address and replica
-/// expected there. Cheap to clone; clones share.
+/// expected there, and what each voter last answered this replica's vote requests. Cheap to
+/// clone; clones share.
 #[derive(Clone)]
 pub struct Channels {
     cache: Arc<Mutex<HashMap<ChannelKey, Channel>>>,
     maker: ChannelMaker,
     config: NetworkConfig,
+    votes: Arc<Mutex<HashMap<ReplicaId, VoteAnswer>>>,
+}
+
+/// A voter's answer to one of this replica's vote requests, as the leader watch needs it to
+/// tell a refused stand from one still being answered ([`crate::leader_watch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VoteAnswer {
+    /// The term the vote was asked for.
+    pub term: u64,
+    pub granted: bool,
+    /// The voter's log is more up to date than the candidate's (by last term, then index):
+    /// it refused for the candidate's log.
+    pub voter_log_newer: bool,
 }
 
 impl std::fmt::Debug for Channels {
@@ -95,7 +109,25 @@ impl Channels {
             cache: Arc::new(Mutex::new(HashMap::new())),
             maker,
             config,
+            votes: Arc::default(),
         }
+    }
+
+    /// What voter `id` last answered a vote request of this replica's (None: it has not
+    /// answered one since this replica started, or the answer never came).
+    pub fn vote_answer(&self, id: ReplicaId) -> Option<VoteAnswer> {
+        self.votes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied()
+    }
+
+    fn note_vote_answer(&self, id: ReplicaId, answer: VoteAnswer) {
+        self.votes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, answer);
     }
 
     /// The limits in force.
@@ -474,6 +506,18 @@ impl<M: StateMachine> RaftNetwork<TypeConfig<M>> for Peer {
         let outcome = self
             .unary(&rpc, ttl, |mut c, p| async move { c.vote(p).await })
             .await;
-        self.typed(RPCTypes::Vote, ttl, outcome, 0)
+        let answer: Result<VoteResponse<ReplicaId>, RpcError> =
+            self.typed(RPCTypes::Vote, ttl, outcome, 0);
+        if let Ok(response) = &answer {
+            self.channels.note_vote_answer(
+                self.target,
+                VoteAnswer {
+                    term: rpc.vote.leader_id().term,
+                    granted: response.vote_granted,
+                    voter_log_newer: response.last_log_id > rpc.last_log_id,
+                },
+            );
+        }
+        answer
     }
 }
