@@ -30,8 +30,8 @@
 //! vote requests (noted by its network, [`crate::network::client::VoteAnswer`]): every one
 //! answered the current term, and none granted it or refused for the candidate's log (that
 //! voter should stand, and a new term would stand in the way of its campaign). A voter that
-//! has not answered yet may still grant, so a slow disk delays a second stand instead of
-//! throwing a grant away; with a voter down or slow there is no second stand. openraft's own
+//! has not answered yet may still grant: then there is no second stand, so no grant is ever
+//! thrown away, and with a voter down or slow openraft's timer stands again as before. That
 //! timer counts from the last stand.
 //!
 //! Standing against a silent leader costs nothing openraft's timer would not: the timer

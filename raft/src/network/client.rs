@@ -74,8 +74,8 @@ pub struct VoteAnswer {
     /// The term the vote was asked for.
     pub term: u64,
     pub granted: bool,
-    /// The voter's log is more up to date than the candidate's (by last term, then index):
-    /// it refused for the candidate's log.
+    /// The voter's last log id is above the candidate's (openraft's order: the leader id
+    /// that wrote it, then the index): it refused for the candidate's log.
     pub voter_log_newer: bool,
 }
 
@@ -123,11 +123,13 @@ impl Channels {
             .copied()
     }
 
+    /// Notes `answer` from voter `id`, unless an answer for a later term is noted already
+    /// (a late answer to an earlier request).
     fn note_vote_answer(&self, id: ReplicaId, answer: VoteAnswer) {
-        self.votes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, answer);
+        let mut votes = self.votes.lock().unwrap_or_else(|p| p.into_inner());
+        if votes.get(&id).is_none_or(|noted| noted.term <= answer.term) {
+            votes.insert(id, answer);
+        }
     }
 
     /// The limits in force.
