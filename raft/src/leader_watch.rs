@@ -45,8 +45,8 @@
 //!
 //! Only liveness changes: an election is safe whenever it starts. A follower the election gate
 //! keeps out ([`crate::election_gate`]) does not stand. The cost is a status request to the
-//! leader per heartbeat while it is silent, and one when a new leader is followed (which opens the connection reads and writes are passed
-//! on over).
+//! leader per heartbeat while it is silent, and one when a new leader is followed (which
+//! opens the connection reads and writes are passed on over).
 
 use std::time::Duration;
 
@@ -120,7 +120,7 @@ struct View {
     ahead: Vec<String>,
     /// The addresses of the voters other than the leader and this replica.
     others: Vec<String>,
-    /// Those voters' ids.
+    /// Those voters' ids (a voter with no address in the membership has an id only).
     other_ids: Vec<ReplicaId>,
     /// This replica's last log index.
     last: Option<u64>,
@@ -147,12 +147,11 @@ impl View {
             .take(rank.unwrap_or(0))
             .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
             .collect();
-        let others: Vec<String> = voters
+        let other_ids: Vec<ReplicaId> = voters.iter().copied().filter(|v| *v != m.id).collect();
+        let others: Vec<String> = other_ids
             .iter()
-            .filter(|v| **v != m.id)
             .filter_map(|v| membership.get_node(v).map(|n| n.addr.clone()))
             .collect();
-        let other_ids: Vec<ReplicaId> = voters.iter().copied().filter(|v| *v != m.id).collect();
         View {
             state: m.state,
             me: m.id,
